@@ -1,0 +1,96 @@
+"""Token log-probabilities and entropy from logits, memory-aware.
+
+Vocabularies are ~150k wide, so `[B, T, V]` float32 temporaries dominate
+memory. Both functions upcast inside fused reductions only (XLA fuses the
+convert into the reduce), and `token_logprobs` has a custom VJP whose backward
+writes the single `[B, T, V]` cotangent directly in the logits' dtype instead
+of autodiff's softmax + scattered one-hot + sum.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.kernels import _validation as v
+
+
+def _check_logits_tokens(logits, tokens):
+  if jnp.ndim(logits) != jnp.ndim(tokens) + 1:
+    raise ValueError(f"logits must have one more axis (vocab) than tokens; got "
+                     f"logits {jnp.shape(logits)}, tokens {jnp.shape(tokens)}.")
+  if jnp.shape(logits)[:-1] != jnp.shape(tokens):
+    raise ValueError(f"logits {jnp.shape(logits)} and tokens {jnp.shape(tokens)} "
+                     "disagree on the leading axes.")
+  v.check_floating(logits, "logits")
+  v.check_integer(tokens, "tokens")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _token_logprobs(logits, tokens, temperature):
+  scaled_lse = jax.nn.logsumexp(logits.astype(jnp.float32) / temperature, axis=-1)
+  picked = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
+  return picked.astype(jnp.float32) / temperature - scaled_lse
+
+
+def _token_logprobs_fwd(logits, tokens, temperature):
+  out = _token_logprobs(logits, tokens, temperature)
+  # Residual: the per-position logsumexp, [B, T] only (not the softmax).
+  lse = (jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
+         .astype(jnp.float32) / temperature - out)
+  return out, (logits, tokens, lse)
+
+
+def _token_logprobs_bwd(temperature, residuals, g):
+  logits, tokens, lse = residuals
+  # d/dlogits [x_k/τ − lse(x/τ)] = (onehot_k − softmax(x/τ)) / τ, one fused pass.
+  probs = jnp.exp(logits.astype(jnp.float32) / temperature - lse[..., None])
+  onehot = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == tokens[..., None]
+  grad = (onehot.astype(jnp.float32) - probs) * (g / temperature)[..., None]
+  return grad.astype(logits.dtype), None
+
+
+_token_logprobs.defvjp(_token_logprobs_fwd, _token_logprobs_bwd)
+
+
+def token_logprobs(logits: chex.Array, tokens: chex.Array, *,
+                   temperature: float = 1.0) -> chex.Array:
+  """log softmax(logits / τ)[token] for every position.
+
+      log π(a_t|s_t) = x_{t,a_t}/τ − log Σ_v exp(x_{t,v}/τ)
+
+  Logits must already be aligned with the tokens they score (logits at t−1
+  predict token t: shift before calling).
+
+  Args:
+    logits: [..., V] float (bfloat16 or float32).
+    tokens: [...] int token ids.
+    temperature: τ > 0; the sampler's temperature when scoring its draws.
+  Returns:
+    [...] float32 log-probabilities.
+  """
+  _check_logits_tokens(logits, tokens)
+  v.check_range("temperature", temperature, low=0.0, low_inclusive=False)
+  return _token_logprobs(logits, tokens, temperature)
+
+
+def entropy_from_logits(logits: chex.Array, *, temperature: float = 1.0) -> chex.Array:
+  """Entropy of softmax(logits / τ) at every position.
+
+      H = log Σ_v e^{z_v} − Σ_v p_v·z_v,   z = x/τ, p = softmax(z)
+
+  Args:
+    logits: [..., V] float.
+    temperature: τ > 0.
+  Returns:
+    [...] float32 entropies (nats).
+  """
+  v.check_floating(logits, "logits")
+  v.check_range("temperature", temperature, low=0.0, low_inclusive=False)
+  z = logits.astype(jnp.float32) / temperature
+  lse = jax.nn.logsumexp(z, axis=-1)
+  probs = jnp.exp(z - lse[..., None])
+  return lse - jnp.sum(probs * z, axis=-1)

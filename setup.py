@@ -1,0 +1,49 @@
+"""Package metadata for rlhf-jax.
+
+The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
+  test     pytest, hypothesis, notebook execution (nbclient), matplotlib
+  hf       safetensors, tokenizers (HF checkpoints and tokenizers)
+  tfds     tensorflow-datasets with array_record / grain data loading (no TensorFlow)
+  bench    what benchmarks/ needs beyond the core (torch comes from the peers' venv)
+"""
+
+from setuptools import find_packages
+from setuptools import setup
+
+CORE = [
+    "jax>=0.10",
+    "flax>=0.12",
+    "optax>=0.2.8",
+    "orbax-checkpoint>=0.11",
+    "chex>=0.1.90",
+    "ml-collections>=1.0",
+    "numpy>=2.0",
+    "absl-py>=2.1",
+]
+
+EXTRAS = {
+    "test": [
+        "pytest>=8",
+        "pytest-xdist>=3.5",
+        "hypothesis>=6.100",
+        "nbclient>=0.10",
+        "nbformat>=5.10",
+        "ipykernel>=6.29",
+        "matplotlib>=3.8",
+    ],
+    "hf": ["safetensors>=0.4", "tokenizers>=0.20"],
+    "tfds": ["tensorflow-datasets>=4.9", "array-record>=0.5", "grain>=0.2"],
+}
+
+setup(
+    name="rlhf-jax",
+    version="0.1.0",
+    description="Reinforcement learning of language models in JAX: the PPO family for reasoning.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["rlhf_jax", "rlhf_jax.*"]),
+    install_requires=CORE,
+    extras_require=EXTRAS,
+    license="Apache-2.0",
+)

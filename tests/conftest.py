@@ -1,0 +1,16 @@
+"""Test-wide settings: strict rank promotion, deterministic hypothesis runs."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Implicit rank promotion hides [B] vs [B, T] broadcasting bugs; tests forbid it.
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# Few examples, fixed seed: property tests stay quick and never flake in CI.
+settings.register_profile("rlhf_jax", max_examples=25, deadline=None, derandomize=True,
+                          print_blob=True)
+settings.load_profile("rlhf_jax")

@@ -1,0 +1,311 @@
+"""Advantage estimators against plain NumPy loops written from the papers' formulas."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlhf_jax import kernels
+from tests.kernels.batches import random_batch
+from tests.kernels.batches import ragged_mask
+
+
+# ---------------------------------------------------------------- references
+
+
+def gae_reference(rewards, values, mask, gamma, lam, bootstrap=None):
+  """Schulman et al. Eq. 16 over the valid positions of each row, one row at a time."""
+  batch, time = rewards.shape
+  lam = np.broadcast_to(np.asarray(lam, np.float64), (batch,))
+  advantages = np.zeros((batch, time))
+  returns = np.zeros((batch, time))
+  for i in range(batch):
+    valid = [t for t in range(time) if mask[i, t] > 0]
+    next_value = 0.0 if bootstrap is None else float(bootstrap[i])
+    running = 0.0
+    for t in reversed(valid):
+      delta = rewards[i, t] + gamma * next_value - values[i, t]
+      running = delta + gamma * lam[i] * running
+      advantages[i, t] = running
+      returns[i, t] = running + values[i, t]
+      next_value = values[i, t]
+  return advantages, returns
+
+
+def reward_to_go(rewards, mask, gamma=1.0):
+  out = np.zeros(rewards.shape)
+  for i in range(rewards.shape[0]):
+    running = 0.0
+    for t in reversed(range(rewards.shape[1])):
+      if mask[i, t] > 0:
+        running = rewards[i, t] + gamma * running
+        out[i, t] = running
+  return out
+
+
+def whiten_reference(x, mask):
+  vals = x[mask > 0]
+  return np.where(mask > 0, (x - vals.mean()) / np.sqrt(vals.var(ddof=1) + 1e-8), 0.0)
+
+
+# --------------------------------------------------------------------- tests
+
+
+class GaeTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(method=["scan", "associative"], gamma=[1.0, 0.9],
+                         lam=[1.0, 0.95, 0.0])
+  def test_matches_reference(self, method, gamma, lam):
+    rewards, values, mask = random_batch(seed=1)
+    fn = self.variant(functools.partial(kernels.gae, gamma=gamma, lam=lam, method=method))
+    advantages, returns = fn(rewards, values, mask)
+    ref_adv, ref_ret = gae_reference(rewards, values, mask, gamma, lam)
+    np.testing.assert_allclose(advantages, ref_adv, atol=1e-5)
+    np.testing.assert_allclose(returns, ref_ret, atol=1e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_per_row_lambda_and_bootstrap(self):
+    rewards, values, mask = random_batch(seed=2)
+    lam = np.linspace(0.0, 1.0, rewards.shape[0]).astype(np.float32)
+    bootstrap = np.random.default_rng(3).standard_normal(rewards.shape[0]).astype(np.float32)
+    fn = self.variant(functools.partial(kernels.gae, gamma=1.0))
+    advantages, returns = fn(rewards, values, mask, lam=lam, bootstrap_values=bootstrap)
+    ref_adv, ref_ret = gae_reference(rewards, values, mask, 1.0, lam, bootstrap)
+    np.testing.assert_allclose(advantages, ref_adv, atol=1e-5)
+    np.testing.assert_allclose(returns, ref_ret, atol=1e-5)
+
+  def test_extended_gae_truncated_row(self):
+    # T-PPO: a row truncated at length l bootstraps with V(s_l) := V(s_{l-1}),
+    # so with zero rewards its last TD error is 0.
+    values = np.array([[0.3, 0.5, 0.7, 0.0]], np.float32)
+    mask = np.array([[1, 1, 1, 0]], np.float32)
+    rewards = np.zeros_like(values)
+    advantages, _ = kernels.gae(rewards, values, mask, gamma=1.0, lam=1.0,
+                                bootstrap_values=values[:, 2])
+    np.testing.assert_allclose(advantages[0, :3], [0.4, 0.2, 0.0], atol=1e-6)
+
+  def test_masked_positions_are_zero_and_ignored(self):
+    rewards, values, mask = random_batch(seed=4)
+    advantages, returns = kernels.gae(rewards, values, mask, gamma=1.0, lam=0.95)
+    self.assertTrue(np.all(np.asarray(advantages)[mask == 0] == 0))
+    self.assertTrue(np.all(np.asarray(returns)[mask == 0] == 0))
+    # Changing rewards/values where mask is 0 must not change anything.
+    noise = np.where(mask == 0, 100.0, 0.0).astype(np.float32)
+    advantages2, returns2 = kernels.gae(rewards + noise, values - noise, mask,
+                                        gamma=1.0, lam=0.95)
+    np.testing.assert_array_equal(advantages, advantages2)
+    np.testing.assert_array_equal(returns, returns2)
+
+  def test_bfloat16_inputs(self):
+    rewards, values, mask = random_batch(seed=5)
+    advantages, _ = kernels.gae(jnp.asarray(rewards, jnp.bfloat16),
+                                jnp.asarray(values, jnp.bfloat16), mask, gamma=1.0, lam=0.95)
+    self.assertEqual(advantages.dtype, jnp.float32)
+    rounded = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)
+    ref_adv, _ = gae_reference(rounded(rewards), rounded(values), mask, 1.0, 0.95)
+    np.testing.assert_allclose(advantages, ref_adv, atol=1e-5)
+
+  def test_scan_and_associative_agree_on_long_rows(self):
+    rng = np.random.default_rng(6)
+    mask = ragged_mask(rng, 4, 2048)
+    rewards = rng.standard_normal((4, 2048)).astype(np.float32)
+    values = rng.standard_normal((4, 2048)).astype(np.float32)
+    a, _ = kernels.gae(rewards, values, mask, gamma=1.0, lam=0.99, method="scan")
+    b, _ = kernels.gae(rewards, values, mask, gamma=1.0, lam=0.99, method="associative")
+    np.testing.assert_allclose(a, b, atol=2e-3, rtol=1e-4)
+
+  def test_second_call_does_not_recompile(self):
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def fn(rewards, values, mask):
+      return kernels.gae(rewards, values, mask, gamma=1.0, lam=0.95)
+
+    for seed in range(3):
+      rewards, values, mask = random_batch(seed=seed)
+      jax.block_until_ready(fn(rewards, values, mask))
+
+  def test_bad_inputs_raise_with_names(self):
+    rewards, values, mask = random_batch()
+    with self.assertRaisesRegex(ValueError, "lam=1.5"):
+      kernels.gae(rewards, values, mask, gamma=1.0, lam=1.5)
+    with self.assertRaisesRegex(ValueError, "gamma=-0.1"):
+      kernels.gae(rewards, values, mask, gamma=-0.1, lam=1.0)
+    with self.assertRaisesRegex(ValueError, "shape mismatch"):
+      kernels.gae(rewards, values[:, :-1], mask, gamma=1.0, lam=1.0)
+    with self.assertRaisesRegex(ValueError, "bootstrap_values"):
+      kernels.gae(rewards, values, mask, gamma=1.0, lam=1.0, bootstrap_values=np.zeros(2))
+    with self.assertRaisesRegex(ValueError, "lam must have shape"):
+      kernels.gae(rewards, values, mask, gamma=1.0, lam=np.zeros(2))
+    with self.assertRaisesRegex(ValueError, "method='fast'"):
+      kernels.gae(rewards, values, mask, gamma=1.0, lam=1.0, method="fast")
+    with self.assertRaisesRegex(TypeError, "rewards must be a floating"):
+      kernels.gae(rewards.astype(np.int32), values, mask, gamma=1.0, lam=1.0)
+
+
+@st.composite
+def masked_batches(draw):
+  seed = draw(st.integers(0, 2**16))
+  batch = draw(st.integers(1, 4))
+  time = draw(st.integers(1, 12))
+  return random_batch(seed=seed, batch=batch, time=time,
+                      holes=draw(st.booleans()), empty_row=draw(st.booleans()))
+
+
+class GaePropertiesTest(absltest.TestCase):
+
+  @given(masked_batches())
+  def test_gamma_lambda_one_is_reward_to_go_minus_value(self, batch):
+    rewards, values, mask = batch
+    advantages, returns = kernels.gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    rtg = reward_to_go(rewards, mask)
+    np.testing.assert_allclose(advantages, (rtg - values) * mask, atol=1e-4)
+    np.testing.assert_allclose(returns, rtg, atol=1e-4)
+
+  @given(masked_batches())
+  def test_lambda_zero_is_one_step_td(self, batch):
+    rewards, values, mask = batch
+    advantages, _ = kernels.gae(rewards, values, mask, gamma=0.9, lam=0.0)
+    ref, _ = gae_reference(rewards, values, mask, 0.9, 0.0)
+    np.testing.assert_allclose(advantages, ref, atol=1e-5)
+
+
+class DecoupledGaeTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_actor_and_critic_lambdas(self):
+    rewards, values, mask = random_batch(seed=7)
+    lengths = mask.sum(axis=1)
+    actor_lam = np.asarray(kernels.length_adaptive_lambda(lengths, alpha=0.5))
+    fn = self.variant(functools.partial(kernels.decoupled_gae, gamma=1.0, critic_lam=1.0))
+    advantages, returns = fn(rewards, values, mask, actor_lam=actor_lam)
+    ref_adv, _ = gae_reference(rewards, values, mask, 1.0, actor_lam)
+    np.testing.assert_allclose(advantages, ref_adv, atol=1e-5)
+    # λ_critic = 1 with γ = 1: Monte-Carlo targets, independent of V.
+    np.testing.assert_allclose(returns, reward_to_go(rewards, mask), atol=1e-5)
+
+  def test_critic_lambda_other_than_one(self):
+    rewards, values, mask = random_batch(seed=8)
+    _, returns = kernels.decoupled_gae(rewards, values, mask, gamma=0.99, actor_lam=0.9,
+                                       critic_lam=0.5)
+    _, ref_ret = gae_reference(rewards, values, mask, 0.99, 0.5)
+    np.testing.assert_allclose(returns, ref_ret, atol=1e-5)
+
+
+class LengthAdaptiveLambdaTest(absltest.TestCase):
+
+  def test_formula_and_clamp(self):
+    lengths = np.array([0, 10, 20, 21, 1000, 10000])
+    lam = np.asarray(kernels.length_adaptive_lambda(lengths, alpha=0.05))
+    expected = [0.0, 0.0, 0.0, 1 - 1 / (0.05 * 21), 0.98, 0.998]
+    np.testing.assert_allclose(lam, expected, rtol=1e-5)
+    self.assertTrue(np.all((lam >= 0) & (lam < 1)))
+    huge = kernels.length_adaptive_lambda(np.array([1e12]), alpha=0.05)
+    self.assertLess(float(huge[0]), 1.0)
+
+  def test_bad_alpha(self):
+    with self.assertRaisesRegex(ValueError, "alpha=0"):
+      kernels.length_adaptive_lambda(np.array([10]), alpha=0)
+
+
+class GroupEstimatorsTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(True, False)
+  def test_group_advantages(self, normalize_by_std):
+    scores = np.random.default_rng(9).standard_normal(12).astype(np.float32)
+    fn = self.variant(functools.partial(kernels.group_advantages, group_size=4,
+                                        normalize_by_std=normalize_by_std))
+    out = np.asarray(fn(scores))
+    for g in range(3):
+      group = scores[4 * g:4 * g + 4].astype(np.float64)
+      expected = group - group.mean()
+      if normalize_by_std:
+        expected = expected / (np.sqrt(np.sum((group - group.mean())**2) / 3) + 1e-6)
+      np.testing.assert_allclose(out[4 * g:4 * g + 4], expected, rtol=1e-5, atol=1e-6)
+
+  def test_identical_rewards_give_zero_advantage(self):
+    out = kernels.group_advantages(np.ones(8, np.float32), group_size=4)
+    np.testing.assert_array_equal(out, np.zeros(8))
+
+  def test_group_of_one_keeps_score(self):
+    # verl's convention: mean 0, std 1, so A = R / (1 + eps).
+    scores = np.array([0.5, -2.0], np.float32)
+    np.testing.assert_allclose(kernels.group_advantages(scores, group_size=1, eps=1e-6),
+                               scores / (1 + 1e-6), rtol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_rloo_is_leave_one_out(self):
+    scores = np.random.default_rng(10).standard_normal(9).astype(np.float32)
+    out = np.asarray(self.variant(functools.partial(kernels.rloo_advantages,
+                                                    group_size=3))(scores))
+    expected = []
+    for i in range(9):
+      group = range(3 * (i // 3), 3 * (i // 3) + 3)
+      others = [scores[j] for j in group if j != i]
+      expected.append(scores[i] - np.mean(others))
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+
+  def test_group_errors(self):
+    with self.assertRaisesRegex(ValueError, "not a multiple of group_size=4"):
+      kernels.group_advantages(np.zeros(6, np.float32), group_size=4)
+    with self.assertRaisesRegex(ValueError, "group_size=0"):
+      kernels.group_advantages(np.zeros(6, np.float32), group_size=0)
+    with self.assertRaisesRegex(ValueError, "group_size=1 must be >= 2 for RLOO"):
+      kernels.rloo_advantages(np.zeros(6, np.float32), group_size=1)
+
+  @given(st.integers(1, 5), st.integers(1, 6), st.integers(0, 1000), st.booleans())
+  def test_zero_mean_per_group(self, groups, group_size, seed, normalize):
+    scores = np.random.default_rng(seed).standard_normal(groups * group_size).astype(np.float32)
+    out = np.asarray(kernels.group_advantages(scores, group_size=group_size,
+                                              normalize_by_std=normalize))
+    if group_size > 1:
+      np.testing.assert_allclose(out.reshape(groups, group_size).mean(axis=1), 0.0,
+                                 atol=1e-5)
+    rloo = np.asarray(kernels.rloo_advantages(scores, group_size=max(group_size, 2))
+                      ) if groups * group_size % max(group_size, 2) == 0 else None
+    if rloo is not None:
+      np.testing.assert_allclose(rloo.reshape(-1, max(group_size, 2)).mean(axis=1), 0.0,
+                                 atol=1e-5)
+
+
+class ReinforceTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_reinforce_pp(self):
+    rewards, _, mask = random_batch(seed=11)
+    fn = self.variant(functools.partial(kernels.reinforce_pp_advantages, gamma=0.9))
+    advantages, returns = fn(rewards, mask)
+    ref_ret = reward_to_go(rewards, mask, gamma=0.9)
+    np.testing.assert_allclose(returns, ref_ret, atol=1e-5)
+    np.testing.assert_allclose(advantages, whiten_reference(ref_ret, mask), atol=1e-4)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_reinforce_pp_baseline(self):
+    rng = np.random.default_rng(12)
+    scores = rng.standard_normal(6).astype(np.float32)
+    mask = ragged_mask(rng, 6, 5, empty_row=False)
+    fn = self.variant(functools.partial(kernels.reinforce_pp_baseline_advantages, group_size=3))
+    out = fn(scores, mask)
+    centred = scores.reshape(2, 3) - scores.reshape(2, 3).mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(out, whiten_reference(centred.reshape(6, 1) * mask, mask),
+                               atol=1e-4)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_remax(self):
+    rewards, _, mask = random_batch(seed=13)
+    baseline = np.random.default_rng(14).standard_normal(rewards.shape[0]).astype(np.float32)
+    advantages, returns = self.variant(kernels.remax_advantages)(rewards, baseline, mask)
+    rtg = reward_to_go(rewards, mask)
+    np.testing.assert_allclose(returns, rtg, atol=1e-5)
+    np.testing.assert_allclose(advantages, (rtg - baseline[:, None]) * mask, atol=1e-5)
+
+
+if __name__ == "__main__":
+  absltest.main()
