@@ -29,9 +29,23 @@ def _check_logits_tokens(logits, tokens):
   v.check_integer(tokens, "tokens")
 
 
+def _scaled_logsumexp(logits: chex.Array, temperature: float) -> chex.Array:
+  """log Σ_v exp(x_v/τ) in float32 without a float32 copy of the logits.
+
+  The max is taken in the logits' own dtype (exact for any float dtype), so the
+  upcast feeds a single fused reduction; `jax.nn.logsumexp` on upcast logits
+  feeds two reductions and makes XLA materialise a float32 [.., V] buffer.
+  """
+  shift = jax.lax.stop_gradient(jnp.max(logits, axis=-1).astype(jnp.float32) / temperature)
+  shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
+  total = jnp.sum(jnp.exp(logits.astype(jnp.float32) / temperature - shift[..., None]),
+                  axis=-1)
+  return shift + jnp.log(total)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _token_logprobs(logits, tokens, temperature):
-  scaled_lse = jax.nn.logsumexp(logits.astype(jnp.float32) / temperature, axis=-1)
+  scaled_lse = _scaled_logsumexp(logits, temperature)
   picked = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
   return picked.astype(jnp.float32) / temperature - scaled_lse
 
@@ -77,10 +91,36 @@ def token_logprobs(logits: chex.Array, tokens: chex.Array, *,
   return _token_logprobs(logits, tokens, temperature)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _entropy(logits, temperature):
+  return _entropy_fwd(logits, temperature)[0]
+
+
+def _entropy_fwd(logits, temperature):
+  lse = _scaled_logsumexp(logits, temperature)
+  z = logits.astype(jnp.float32) / temperature
+  entropy = lse - jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
+  return entropy, (logits, lse, entropy)
+
+
+def _entropy_bwd(temperature, residuals, g):
+  logits, lse, entropy = residuals
+  # ∂H/∂z_v = −p_v·(log p_v + H), z = x/τ: one fused pass, no saved softmax.
+  log_probs = logits.astype(jnp.float32) / temperature - lse[..., None]
+  grad = -jnp.exp(log_probs) * (log_probs + entropy[..., None]) * (g / temperature)[..., None]
+  return (grad.astype(logits.dtype),)
+
+
+_entropy.defvjp(_entropy_fwd, _entropy_bwd)
+
+
 def entropy_from_logits(logits: chex.Array, *, temperature: float = 1.0) -> chex.Array:
   """Entropy of softmax(logits / τ) at every position.
 
       H = log Σ_v e^{z_v} − Σ_v p_v·z_v,   z = x/τ, p = softmax(z)
+
+  Differentiable (custom VJP ∂H/∂z = −p·(log p + H), one fused pass) so it
+  can serve as an entropy bonus.
 
   Args:
     logits: [..., V] float.
@@ -90,7 +130,4 @@ def entropy_from_logits(logits: chex.Array, *, temperature: float = 1.0) -> chex
   """
   v.check_floating(logits, "logits")
   v.check_range("temperature", temperature, low=0.0, low_inclusive=False)
-  z = logits.astype(jnp.float32) / temperature
-  lse = jax.nn.logsumexp(z, axis=-1)
-  probs = jnp.exp(z - lse[..., None])
-  return lse - jnp.sum(probs * z, axis=-1)
+  return _entropy(logits, temperature)

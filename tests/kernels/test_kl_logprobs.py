@@ -1,0 +1,187 @@
+"""KL estimators, straight-through variants, token log-probs and entropy."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+from hypothesis import given
+from hypothesis import strategies as st
+from jax.test_util import check_grads
+
+from rlhf_jax import kernels
+
+
+def kl_reference(logp, ref_logp, estimator):
+  delta = logp.astype(np.float64) - ref_logp
+  base = estimator.rstrip("+")
+  if base == "k1":
+    return delta
+  if base == "k2":
+    return 0.5 * delta**2
+  if base == "abs":
+    return np.abs(delta)
+  log_ratio = np.clip(-delta, -20, 20)
+  return np.clip(np.exp(log_ratio) - log_ratio - 1, -10, 10)
+
+
+class KlTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*kernels.KL_ESTIMATORS)
+  def test_values(self, estimator):
+    rng = np.random.default_rng(50)
+    logp = -rng.uniform(0, 3, (3, 6)).astype(np.float32)
+    ref = -rng.uniform(0, 3, (3, 6)).astype(np.float32)
+    out = self.variant(functools.partial(kernels.kl_penalty, estimator=estimator))(logp, ref)
+    np.testing.assert_allclose(out, kl_reference(logp, ref, estimator), rtol=1e-5, atol=1e-6)
+
+  def test_k3_clamps(self):
+    # |Δ| = 50: the log-ratio is clamped to ±20, then k3 (≥ 19 there) to 10.
+    out = kernels.kl_penalty(np.array([-50.0, 50.0, 3.0], np.float32), np.zeros(3, np.float32),
+                             estimator="k3")
+    np.testing.assert_allclose(out, [10.0, 10.0, np.exp(-3.0) - 1.0 + 3.0], rtol=1e-6)
+
+  def test_unknown_estimator_mentions_verl_names(self):
+    with self.assertRaisesRegex(ValueError, "low_var_kl=k3"):
+      kernels.kl_penalty(np.zeros(2, np.float32), np.zeros(2, np.float32),
+                         estimator="low_var_kl")
+
+  @given(st.sampled_from(["k1+", "k3+"]), st.integers(0, 1000))
+  def test_straight_through_value_and_gradient(self, estimator, seed):
+    rng = np.random.default_rng(seed)
+    logp = -rng.uniform(0, 3, 5).astype(np.float32)
+    ref = -rng.uniform(0, 3, 5).astype(np.float32)
+    value = kernels.kl_penalty(logp, ref, estimator=estimator)
+    np.testing.assert_allclose(value, kl_reference(logp, ref, estimator), rtol=1e-5, atol=1e-6)
+    grad = jax.grad(lambda lp: jnp.sum(kernels.kl_penalty(lp, ref, estimator=estimator)))(logp)
+    np.testing.assert_allclose(grad, logp - ref, rtol=1e-5, atol=1e-6)  # ∇ ½Δ² = Δ
+
+  def test_adaptive_controller(self):
+    # Ziegler et al.: e = clip(KL/target − 1, ±0.2); β ← β(1 + e·n/horizon).
+    new = kernels.adaptive_kl_coefficient(0.1, 0.3, target=0.1, horizon=10000, n_steps=256)
+    np.testing.assert_allclose(new, 0.1 * (1 + 0.2 * 256 / 10000), rtol=1e-6)
+    new = kernels.adaptive_kl_coefficient(0.1, 0.09, target=0.1, horizon=10000, n_steps=256)
+    np.testing.assert_allclose(new, 0.1 * (1 - 0.1 * 256 / 10000), rtol=1e-6)
+
+
+def log_softmax_reference(logits, tokens, temperature=1.0):
+  z = logits.astype(np.float64) / temperature
+  z = z - z.max(axis=-1, keepdims=True)
+  logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+  return np.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0], logp
+
+
+class LogprobsTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(1.0, 0.7, 30.0)
+  def test_token_logprobs(self, temperature):
+    rng = np.random.default_rng(51)
+    logits = (5 * rng.standard_normal((2, 3, 37))).astype(np.float32)
+    tokens = rng.integers(0, 37, (2, 3)).astype(np.int32)
+    out = self.variant(functools.partial(kernels.token_logprobs, temperature=temperature))(
+        logits, tokens)
+    np.testing.assert_allclose(out, log_softmax_reference(logits, tokens, temperature)[0],
+                               rtol=1e-5, atol=1e-5)
+
+  def test_extreme_logits_are_finite(self):
+    logits = np.array([[[1e4, -1e4, 0.0]]], np.float32)
+    out = kernels.token_logprobs(logits, np.array([[1]], np.int32))
+    np.testing.assert_allclose(out, [[-2e4]], rtol=1e-6)
+
+  def test_custom_vjp_matches_autodiff_and_finite_differences(self):
+    rng = np.random.default_rng(52)
+    logits = rng.standard_normal((2, 3, 11)).astype(np.float32)
+    tokens = rng.integers(0, 11, (2, 3)).astype(np.int32)
+    weights = rng.standard_normal((2, 3)).astype(np.float32)
+
+    def ours(x):
+      return jnp.sum(weights * kernels.token_logprobs(x, tokens, temperature=0.8))
+
+    def naive(x):
+      logp = jax.nn.log_softmax(x / 0.8, axis=-1)
+      return jnp.sum(weights * jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0])
+
+    np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(naive)(logits), atol=1e-6)
+    check_grads(ours, (logits,), order=1, modes=("rev",), eps=1e-3, atol=1e-2, rtol=1e-2)
+
+  def test_bfloat16_logits_and_gradient_dtype(self):
+    rng = np.random.default_rng(53)
+    logits = jnp.asarray(rng.standard_normal((2, 4, 64)), jnp.bfloat16)
+    tokens = rng.integers(0, 64, (2, 4)).astype(np.int32)
+    out = kernels.token_logprobs(logits, tokens)
+    self.assertEqual(out.dtype, jnp.float32)
+    ref, _ = log_softmax_reference(np.asarray(logits, np.float32), tokens)
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+    grad = jax.grad(lambda x: jnp.sum(kernels.token_logprobs(x, tokens)))(logits)
+    self.assertEqual(grad.dtype, jnp.bfloat16)
+
+  @parameterized.parameters("logprobs", "entropy")
+  def test_no_float32_vocab_copies(self, which):
+    # Forward and backward hold no [B,T,V] float32 temporary for float32 logits.
+    # For bfloat16 logits XLA:CPU's reduce fusion will not take the bf16->f32
+    # convert inside and materialises it; there we only require no more than
+    # autodiff of the textbook formula.
+    batch, time, vocab = 2, 8, 4096
+    tokens = jnp.zeros((batch, time), jnp.int32)
+    if which == "logprobs":
+      ours = lambda x: jnp.sum(kernels.token_logprobs(x, tokens))
+      naive = lambda x: jnp.sum(jnp.take_along_axis(
+          jax.nn.log_softmax(x.astype(jnp.float32), axis=-1), tokens[..., None], axis=-1))
+    else:
+      ours = lambda x: jnp.sum(kernels.entropy_from_logits(x))
+      naive = lambda x: jnp.sum(-jax.nn.softmax(x.astype(jnp.float32)) *
+                                jax.nn.log_softmax(x.astype(jnp.float32)))
+    buffer = batch * time * vocab * 4
+
+    def temp_bytes(fn, dtype):
+      compiled = jax.jit(fn).lower(jnp.zeros((batch, time, vocab), dtype)).compile()
+      return compiled.memory_analysis().temp_size_in_bytes
+
+    for fn in (ours, jax.grad(ours)):
+      self.assertLess(temp_bytes(fn, jnp.float32), buffer // 8)
+    self.assertLess(temp_bytes(jax.grad(ours), jnp.float32),
+                    temp_bytes(jax.grad(naive), jnp.float32))
+    self.assertLessEqual(temp_bytes(jax.grad(ours), jnp.bfloat16),
+                         temp_bytes(jax.grad(naive), jnp.bfloat16))
+
+  def test_entropy_gradient(self):
+    rng = np.random.default_rng(55)
+    logits = rng.standard_normal((2, 3, 13)).astype(np.float32)
+    weights = rng.standard_normal((2, 3)).astype(np.float32)
+
+    def naive(x):
+      logp = jax.nn.log_softmax(x / 1.3, axis=-1)
+      return jnp.sum(weights * -jnp.sum(jnp.exp(logp) * logp, axis=-1))
+
+    ours = lambda x: jnp.sum(weights * kernels.entropy_from_logits(x, temperature=1.3))
+    np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(naive)(logits), atol=1e-6)
+    check_grads(ours, (logits,), order=1, modes=("rev",), eps=1e-3, atol=1e-2, rtol=1e-2)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_entropy(self):
+    rng = np.random.default_rng(54)
+    logits = (3 * rng.standard_normal((2, 5, 23))).astype(np.float32)
+    _, logp = log_softmax_reference(logits, np.zeros((2, 5), np.int64))
+    expected = -np.sum(np.exp(logp) * logp, axis=-1)
+    np.testing.assert_allclose(self.variant(kernels.entropy_from_logits)(logits), expected,
+                               rtol=1e-5, atol=1e-6)
+    uniform = kernels.entropy_from_logits(np.zeros((1, 23), np.float32))
+    np.testing.assert_allclose(uniform, [np.log(23)], rtol=1e-6)
+
+  def test_shape_and_type_errors(self):
+    with self.assertRaisesRegex(ValueError, "one more axis"):
+      kernels.token_logprobs(np.zeros((2, 3), np.float32), np.zeros((2, 3), np.int32))
+    with self.assertRaisesRegex(TypeError, "tokens must be an integer"):
+      kernels.token_logprobs(np.zeros((2, 3, 4), np.float32), np.zeros((2, 3), np.float32))
+    with self.assertRaisesRegex(ValueError, "temperature=0"):
+      kernels.token_logprobs(np.zeros((2, 3, 4), np.float32), np.zeros((2, 3), np.int32),
+                             temperature=0)
+
+
+if __name__ == "__main__":
+  absltest.main()
