@@ -12,11 +12,16 @@ ensure_venv() {  # ensure_venv EXTRAS  (e.g. "test")
     "$PY" -c 'import sys; assert sys.version_info >= (3, 11), f"rlhf_jax needs Python >= 3.11, got {sys.version}"'
     echo "[rlhf_jax] creating virtualenv $VENV" >&2
     "$PY" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
   fi
   # Re-running is cheap when everything is installed; it also picks up new requirements.
   echo "[rlhf_jax] installing rlhf-jax[$extras] into $VENV" >&2
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[$extras]" 2>&1 \
-    | { grep -v "^WARNING: Location" || true; } >&2
+  local log="$VENV/pip-install.log"
+  if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -e "$ROOT[$extras]" \
+      >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "[rlhf_jax] pip install failed (log above, kept in $log)" >&2
+    return 1
+  fi
   "$VENV/bin/python" -c "import rlhf_jax" >/dev/null
 }
