@@ -24,6 +24,7 @@ CORE = [
 EXTRAS = {
     "test": [
         "pytest>=8",
+        "packaging>=23",
         "pytest-xdist>=3.5",
         "hypothesis>=6.100",
         "nbclient>=0.10",
