@@ -131,6 +131,14 @@ class PreferenceTest(parameterized.TestCase):
     self.assertTrue(np.all(np.asarray(grads[0]) < 0))
     self.assertTrue(np.all(np.asarray(grads[1]) > 0))
 
+  @parameterized.parameters("sigmoid", "ipo", "hinge")
+  def test_dpo_gradient_against_finite_differences(self, kind):
+    from jax.test_util import check_grads
+    chosen, rejected, ref_chosen, ref_rejected = [x / 10 for x in self.pairs(seed=73, n=4)]
+    check_grads(lambda c, r: kernels.dpo_loss(c, r, ref_chosen, ref_rejected, beta=0.5,
+                                              kind=kind)[0],
+                (chosen, rejected), order=1, modes=("rev",), eps=1e-3, atol=1e-2, rtol=1e-2)
+
   def test_dpo_errors(self):
     chosen, rejected, ref_chosen, ref_rejected = self.pairs()
     with self.assertRaisesRegex(ValueError, "kind='kto'"):
