@@ -1,7 +1,8 @@
 """Package metadata for rlhf-jax.
 
 The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
-  test     pytest, hypothesis, notebook execution (nbclient), matplotlib
+  test     pytest, hypothesis, notebook execution (nbclient), matplotlib, and torch +
+           transformers for the parity tests (test-only; never imported by rlhf_jax)
   hf       safetensors, tokenizers (HF checkpoints and tokenizers)
   tfds     tensorflow-datasets with array_record / grain data loading (no TensorFlow)
   bench    what benchmarks/ needs beyond the core (torch comes from the peers' venv)
@@ -31,6 +32,12 @@ EXTRAS = {
         "nbformat>=5.10",
         "ipykernel>=6.29",
         "matplotlib>=3.8",
+        # Parity tests against transformers. torch is pinned: 2.13.0 is the CPU wheel on
+        # this project's machines; an unpinned torch pulls a multi-GB CUDA build.
+        "torch==2.13.0",
+        "transformers==5.23.0",
+        "safetensors>=0.4",
+        "tokenizers>=0.20",
     ],
     "hf": ["safetensors>=0.4", "tokenizers>=0.20"],
     "tfds": ["tensorflow-datasets>=4.9", "array-record>=0.5", "grain>=0.2"],

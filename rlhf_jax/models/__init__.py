@@ -1,0 +1,20 @@
+"""rlhf_jax.models: Flax NNX decoder LMs (Qwen2 / Llama) with KV cache, value and reward
+heads, HF safetensors import/export, and a tokenizer wrapper."""
+
+from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.config import RopeScaling
+from rlhf_jax.models.config import config_from_hf
+from rlhf_jax.models.config import config_to_hf
+from rlhf_jax.models.decoder import DecoderLM
+from rlhf_jax.models.decoder import KVCache
+from rlhf_jax.models.functional import FunctionalModel
+from rlhf_jax.models.functional import init_model
+from rlhf_jax.models.hf import load_hf_checkpoint
+from rlhf_jax.models.hf import read_hf_config
+from rlhf_jax.models.hf import save_hf_checkpoint
+
+__all__ = [
+    "DecoderConfig", "DecoderLM", "FunctionalModel", "KVCache", "RopeScaling",
+    "config_from_hf", "config_to_hf", "init_model", "load_hf_checkpoint", "read_hf_config",
+    "save_hf_checkpoint",
+]

@@ -1,0 +1,202 @@
+"""Decoder configuration (Qwen2 / Llama families) and its mapping to HF `config.json`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax.numpy as jnp
+
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Llama 3 RoPE frequency scaling (HF `rope_type="llama3"`)."""
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+  """Shape and numerics of a decoder-only LM.
+
+  Attributes:
+    architecture: "qwen2" (q/k/v bias) or "llama".
+    vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
+      intermediate_size: the usual sizes; num_heads must be a multiple of
+      num_kv_heads (grouped-query attention).
+    rms_norm_eps: RMSNorm epsilon.
+    rope_theta: RoPE base.
+    rope_scaling: Llama 3 frequency scaling, or None.
+    max_position_embeddings: longest supported position.
+    qkv_bias: bias on the q/k/v projections (Qwen2: True).
+    tie_embeddings: the LM head reuses the input embedding.
+    param_dtype: storage dtype of parameters.
+    dtype: compute dtype of activations (RMSNorm, softmax and log-probs run
+      in float32 regardless).
+    remat: rematerialise each layer in the backward pass (`jax.checkpoint`).
+  """
+  vocab_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  intermediate_size: int
+  architecture: Literal["qwen2", "llama"] = "qwen2"
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  rope_scaling: RopeScaling | None = None
+  max_position_embeddings: int = 2048
+  qkv_bias: bool = True
+  tie_embeddings: bool = False
+  param_dtype: str = "float32"
+  dtype: str = "float32"
+  remat: bool = False
+
+  def __post_init__(self):
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "intermediate_size", "max_position_embeddings"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"DecoderConfig.{name}={value!r} must be a positive int.")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"DecoderConfig.num_heads={self.num_heads} must be a multiple of "
+                       f"num_kv_heads={self.num_kv_heads}.")
+    if self.head_dim % 2:
+      raise ValueError(f"DecoderConfig.head_dim={self.head_dim} must be even (RoPE pairs).")
+    if self.architecture not in ARCHITECTURES:
+      raise ValueError(f"DecoderConfig.architecture={self.architecture!r}; allowed: "
+                       f"{', '.join(ARCHITECTURES)}.")
+    for name in ("param_dtype", "dtype"):
+      if getattr(self, name) not in DTYPES:
+        raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r}; allowed: "
+                         f"{', '.join(DTYPES)}.")
+
+  @property
+  def jnp_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def jnp_param_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  def replace(self, **changes) -> "DecoderConfig":
+    return dataclasses.replace(self, **changes)
+
+  def num_params(self) -> int:
+    """Parameter count of the LM (tied embedding counted once)."""
+    e, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
+    attention = e * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+    if self.qkv_bias:
+      attention += self.head_dim * (self.num_heads + 2 * self.num_kv_heads)
+    per_layer = attention + 3 * e * f + 2 * e
+    head = 0 if self.tie_embeddings else e * v
+    return v * e + self.num_layers * per_layer + e + head
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+  """rope_theta and scaling from transformers 5 `rope_parameters` or the legacy keys."""
+  params = hf.get("rope_parameters") or {}
+  legacy = hf.get("rope_scaling") or {}
+  theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+  rope_type = params.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
+  if rope_type == "default":
+    return float(theta), None
+  if rope_type == "llama3":
+    source = params if params.get("rope_type") == "llama3" else legacy
+    return float(theta), RopeScaling(
+        factor=float(source["factor"]), low_freq_factor=float(source["low_freq_factor"]),
+        high_freq_factor=float(source["high_freq_factor"]),
+        original_max_position_embeddings=int(source["original_max_position_embeddings"]))
+  raise ValueError(f"config.json: rope_type={rope_type!r} is not supported; supported: "
+                   "'default', 'llama3'.")
+
+
+def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
+  """A DecoderConfig from a parsed HF `config.json` (Qwen2ForCausalLM / LlamaForCausalLM).
+
+  Args:
+    hf: the parsed config.json.
+    **overrides: DecoderConfig fields to set (e.g. dtype="bfloat16", remat=True).
+  Returns:
+    The DecoderConfig.
+  """
+  architectures = hf.get("architectures") or []
+  by_class = {cls: arch for arch, cls in ARCHITECTURES.items()}
+  known = [by_class[a] for a in architectures if a in by_class]
+  if not known:
+    model_type = hf.get("model_type")
+    if model_type in ARCHITECTURES:
+      known = [model_type]
+    else:
+      raise ValueError(
+          f"config.json: architectures={architectures!r} (model_type={model_type!r}) is not "
+          f"supported; supported: {', '.join(ARCHITECTURES.values())}.")
+  architecture = known[0]
+  if hf.get("mlp_bias"):
+    raise ValueError("config.json: mlp_bias=true is not supported.")
+  if hf.get("use_sliding_window") and hf.get("sliding_window"):
+    raise ValueError("config.json: use_sliding_window=true is not supported.")
+  hidden_act = hf.get("hidden_act", "silu")
+  if hidden_act != "silu":
+    raise ValueError(f"config.json: hidden_act={hidden_act!r} is not supported; only 'silu'.")
+  theta, scaling = _rope_from_hf(hf)
+  num_heads = hf["num_attention_heads"]
+  fields = dict(
+      architecture=architecture,
+      vocab_size=hf["vocab_size"],
+      hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"],
+      num_heads=num_heads,
+      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+      intermediate_size=hf["intermediate_size"],
+      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      rope_theta=theta,
+      rope_scaling=scaling,
+      max_position_embeddings=hf.get("max_position_embeddings", 2048),
+      qkv_bias=True if architecture == "qwen2" else bool(hf.get("attention_bias", False)),
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+  )
+  fields.update(overrides)
+  return DecoderConfig(**fields)
+
+
+def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
+  """The HF `config.json` dict that `transformers` loads back into the same model."""
+  rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+  if config.rope_scaling is not None:
+    rope.update(rope_type="llama3", **dataclasses.asdict(config.rope_scaling))
+  hf = {
+      "architectures": [ARCHITECTURES[config.architecture]],
+      "model_type": config.architecture,
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.hidden_size,
+      "num_hidden_layers": config.num_layers,
+      "num_attention_heads": config.num_heads,
+      "num_key_value_heads": config.num_kv_heads,
+      "head_dim": config.head_dim,
+      "intermediate_size": config.intermediate_size,
+      "rms_norm_eps": config.rms_norm_eps,
+      "rope_parameters": rope,
+      "rope_theta": config.rope_theta,
+      "max_position_embeddings": config.max_position_embeddings,
+      "tie_word_embeddings": config.tie_embeddings,
+      "hidden_act": "silu",
+      "torch_dtype": config.param_dtype,
+      "dtype": config.param_dtype,
+  }
+  if config.rope_scaling is not None:
+    hf["rope_scaling"] = dict(rope)
+  if config.architecture == "llama":
+    hf["attention_bias"] = config.qkv_bias
+    hf["mlp_bias"] = False
+  elif not config.qkv_bias:
+    raise ValueError("Qwen2 checkpoints always have q/k/v bias; qkv_bias=False cannot be "
+                     "saved as architecture='qwen2'.")
+  return hf

@@ -1,0 +1,311 @@
+"""A Flax NNX decoder-only LM for the Qwen2 and Llama families, with a KV cache.
+
+RMSNorm, RoPE (optionally Llama 3 scaled), grouped-query attention, SwiGLU MLP,
+optional q/k/v bias, tied or untied embeddings, and one of two heads: the LM
+head (logits) or a scalar head (critic values / reward-model scores at every
+position). Every parameter carries `logical_axes` metadata (e.g. ("embed",
+"mlp")); `rlhf_jax.parallel` maps those names onto mesh axes, so changing the
+parallelism never touches this file.
+
+Attention works on "slots": without a cache slot t is position t of the
+batch; with a cache, a row's tokens are written at slots end, end+1, ... and a
+query attends to filled slots at or before its own. Positions (for RoPE) are
+explicit, so left- and right-padded batches both work: padding tokens are
+masked out as keys and get positions that never matter.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Literal
+
+import flax.struct
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.models.config import DecoderConfig
+
+HeadKind = Literal["lm", "scalar"]
+INIT_STD = 0.02  # HF initializer_range for Qwen2 / Llama.
+
+
+def _param(rngs: nnx.Rngs | None, shape, axes, config: DecoderConfig, init: str = "normal"):
+  dtype = config.jnp_param_dtype
+  if init == "ones":
+    value = jnp.ones(shape, dtype)
+  elif init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  else:
+    value = (INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, logical_axes=axes)
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+@flax.struct.dataclass
+class KVCache:
+  """A fixed-size key/value cache for B rows and S slots.
+
+  Attributes:
+    keys, values: one [B, S, num_kv_heads, head_dim] array per layer.
+    valid: [B, S] bool, slot holds a real (non-padding) token.
+    end: [B] int32, the next slot to write in each row.
+    length: [B] int32, real tokens seen so far (the next token's position).
+  """
+  keys: tuple[jax.Array, ...]
+  values: tuple[jax.Array, ...]
+  valid: jax.Array
+  end: jax.Array
+  length: jax.Array
+
+  @classmethod
+  def create(cls, config: DecoderConfig, batch: int, slots: int,
+             dtype=None) -> "KVCache":
+    """An empty cache; `dtype` defaults to the compute dtype."""
+    dtype = config.jnp_dtype if dtype is None else dtype
+    shape = (batch, slots, config.num_kv_heads, config.head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return cls(keys=zeros, values=zeros, valid=jnp.zeros((batch, slots), bool),
+               end=jnp.zeros((batch,), jnp.int32), length=jnp.zeros((batch,), jnp.int32))
+
+  @property
+  def slots(self) -> int:
+    return self.valid.shape[1]
+
+
+def _write_rows(buffer: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
+  """buffer[b, start[b]:start[b]+T] = update[b] for every row b."""
+  def write(row, new, at):
+    return jax.lax.dynamic_update_slice_in_dim(row, new.astype(row.dtype), at, axis=0)
+  return jax.vmap(write)(buffer, update, start)
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+def rope_inverse_frequencies(config: DecoderConfig) -> jax.Array:
+  """[head_dim/2] inverse frequencies θ^(−2i/d), with Llama 3 scaling when configured.
+
+  Llama 3 (HF `_compute_llama3_parameters`): wavelengths longer than
+  L/low_freq_factor are divided by `factor`, shorter than L/high_freq_factor
+  kept, and the band between interpolated smoothly.
+  """
+  dim = config.head_dim
+  inv = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  scaling = config.rope_scaling
+  if scaling is None:
+    return inv
+  old = scaling.original_max_position_embeddings
+  low_wavelen = old / scaling.low_freq_factor
+  high_wavelen = old / scaling.high_freq_factor
+  wavelen = 2 * math.pi / inv
+  scaled = jnp.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+  smooth = (old / wavelen - scaling.low_freq_factor) / (
+      scaling.high_freq_factor - scaling.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, smoothed, scaled)
+
+
+def _rope_tables(positions: jax.Array, config: DecoderConfig):
+  """cos, sin of shape [B, T, 1, head_dim] (rotate-half layout)."""
+  angles = positions.astype(jnp.float32)[..., None] * rope_inverse_frequencies(config)[None, None, :]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  half = x.shape[-1] // 2
+  x32 = x.astype(jnp.float32)
+  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+class RMSNorm(nnx.Module):
+  """y = x / sqrt(mean(x²) + eps) · w, computed in float32 (Zhang & Sennrich 2019)."""
+
+  def __init__(self, config: DecoderConfig):
+    self.eps = config.rms_norm_eps
+    self.weight = _param(None, (config.hidden_size,), ("norm",), config, init="ones")
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    # HF casts back to the input dtype before the weight multiply.
+    weight = self.weight[...].astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+    return weight * normed.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query causal self-attention with RoPE and an optional KV cache."""
+
+  def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
+    e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    self.config = config
+    self.q_proj = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), config)
+    self.k_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), config)
+    self.v_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), config)
+    self.o_proj = _param(rngs, (h, d, e), ("heads", "head_dim", "embed"), config)
+    if config.qkv_bias:
+      self.q_bias = _param(None, (h, d), ("heads", "head_dim"), config, init="zeros")
+      self.k_bias = _param(None, (k, d), ("kv_heads", "head_dim"), config, init="zeros")
+      self.v_bias = _param(None, (k, d), ("kv_heads", "head_dim"), config, init="zeros")
+
+  def _project(self, x, kernel, bias_name):
+    dtype = self.config.jnp_dtype
+    out = jnp.einsum("bte,ehd->bthd", x, kernel[...].astype(dtype))
+    if self.config.qkv_bias:
+      out = out + getattr(self, bias_name)[...].astype(dtype)[None, None]
+    return out
+
+  def __call__(self, x, cos, sin, token_mask, layer_cache):
+    """x [B,T,E]; token_mask [B,T] bool; layer_cache (keys, values, valid, end) or None."""
+    q = _apply_rope(self._project(x, self.q_proj, "q_bias"), cos, sin)
+    k = _apply_rope(self._project(x, self.k_proj, "k_bias"), cos, sin)
+    v = self._project(x, self.v_proj, "v_bias")
+    time = x.shape[1]
+    if layer_cache is None:
+      keys, values, key_valid = k, v, token_mask
+      query_slots = jnp.broadcast_to(jnp.arange(time), token_mask.shape)
+      new_cache = None
+    else:
+      cache_keys, cache_values, key_valid, end = layer_cache
+      keys = _write_rows(cache_keys, k, end)
+      values = _write_rows(cache_values, v, end)
+      query_slots = end[:, None] + jnp.arange(time)[None, :]
+      new_cache = (keys, values)
+    key_slots = jnp.arange(keys.shape[1])
+    causal = key_slots[None, None, :] <= query_slots[:, :, None]
+    # A padding query may see no valid key; letting it see itself keeps softmax finite.
+    itself = key_slots[None, None, :] == query_slots[:, :, None]
+    allowed = (causal & key_valid[:, None, :]) | itself
+    out = jax.nn.dot_product_attention(q, keys, values, mask=allowed[:, None, :, :])
+    dtype = self.config.jnp_dtype
+    return jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(dtype)), new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) · up(x)) (Shazeer 2020)."""
+
+  def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
+    e, f = config.hidden_size, config.intermediate_size
+    self.config = config
+    self.gate_proj = _param(rngs, (e, f), ("embed", "mlp"), config)
+    self.up_proj = _param(rngs, (e, f), ("embed", "mlp"), config)
+    self.down_proj = _param(rngs, (f, e), ("mlp", "embed"), config)
+
+  def __call__(self, x):
+    dtype = self.config.jnp_dtype
+    gate = x @ self.gate_proj[...].astype(dtype)
+    up = x @ self.up_proj[...].astype(dtype)
+    return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(dtype)
+
+
+class Block(nnx.Module):
+  """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
+    self.input_norm = RMSNorm(config)
+    self.attention = Attention(config, rngs)
+    self.post_attention_norm = RMSNorm(config)
+    self.mlp = MLP(config, rngs)
+
+  def __call__(self, x, cos, sin, token_mask, layer_cache):
+    attended, new_cache = self.attention(self.input_norm(x), cos, sin, token_mask, layer_cache)
+    x = x + attended
+    return x + self.mlp(self.post_attention_norm(x)), new_cache
+
+
+class DecoderLM(nnx.Module):
+  """Decoder-only transformer with an LM head or a scalar (value / reward) head.
+
+  Args (constructor):
+    config: DecoderConfig.
+    rngs: nnx.Rngs for initialisation.
+    head: "lm" → logits [B, T, V]; "scalar" → values [B, T] (critic or reward
+      model: backbone + a linear map to one number per position).
+  """
+
+  def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs, head: HeadKind = "lm"):
+    if head not in ("lm", "scalar"):
+      raise ValueError(f"head={head!r}; allowed: 'lm', 'scalar'.")
+    self.config = config
+    self.head = head
+    self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"),
+                        config)
+    self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_layers)])
+    self.final_norm = RMSNorm(config)
+    if head == "lm" and not config.tie_embeddings:
+      self.lm_head = _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"),
+                            config)
+    if head == "scalar":
+      self.scalar_head = _param(rngs, (config.hidden_size,), ("embed",), config)
+      self.scalar_bias = _param(None, (), (), config, init="zeros")
+
+  def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+               attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+               num_last: int | None = None) -> tuple[jax.Array, KVCache | None]:
+    """Runs the model.
+
+    Args:
+      tokens: [B, T] int token ids.
+      positions: [B, T] int RoPE positions. Default: the count of real tokens
+        before each token (0 at a row's first real token; left padding works),
+        continuing from `cache.length` when a cache is given.
+      attention_mask: [B, T] 1 for real tokens, 0 for padding (default all 1).
+      cache: a KVCache to read and extend (prefill: an empty cache; decode: one
+        token per row), or None for a plain forward.
+      num_last: apply the head to the last `num_last` positions only (e.g. the
+        response of a PPO batch, as HF's `logits_to_keep`).
+    Returns:
+      (outputs, cache): logits [B, T', V] (LM head; float32 when the compute
+      dtype is float32, else the compute dtype) or values [B, T'] (scalar head,
+      float32), and the extended cache (None without one).
+    """
+    config = self.config
+    batch, time = tokens.shape
+    token_mask = (jnp.ones((batch, time), bool) if attention_mask is None
+                  else attention_mask.astype(bool))
+    seen = jnp.cumsum(token_mask.astype(jnp.int32), axis=1) - 1
+    if positions is None:
+      start = jnp.zeros((batch,), jnp.int32) if cache is None else cache.length
+      positions = start[:, None] + jnp.maximum(seen, 0)
+    cos, sin = _rope_tables(positions, config)
+    x = self.embed[...].astype(config.jnp_dtype)[tokens]
+
+    if cache is not None:
+      valid = _write_rows(cache.valid, token_mask, cache.end)
+    new_keys, new_values = [], []
+    for index, layer in enumerate(self.layers):
+      layer_cache = None if cache is None else (cache.keys[index], cache.values[index], valid,
+                                                cache.end)
+      if config.remat:
+        x, kv = nnx.remat(lambda block, *args: block(*args))(layer, x, cos, sin, token_mask,
+                                                             layer_cache)
+      else:
+        x, kv = layer(x, cos, sin, token_mask, layer_cache)
+      if kv is not None:
+        new_keys.append(kv[0])
+        new_values.append(kv[1])
+    if cache is not None:
+      cache = KVCache(keys=tuple(new_keys), values=tuple(new_values), valid=valid,
+                      end=cache.end + time,
+                      length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32))
+
+    if num_last is not None:
+      x = x[:, time - num_last:]
+    x = self.final_norm(x)
+    if self.head == "scalar":
+      weights = self.scalar_head[...].astype(jnp.float32)
+      return x.astype(jnp.float32) @ weights + self.scalar_bias[...].astype(jnp.float32), cache
+    if config.tie_embeddings:
+      logits = jnp.einsum("bte,ve->btv", x, self.embed[...].astype(config.jnp_dtype))
+    else:
+      logits = x @ self.lm_head[...].astype(config.jnp_dtype)
+    return logits, cache

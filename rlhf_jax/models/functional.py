@@ -1,0 +1,83 @@
+"""The seam between NNX modules and the pure training core.
+
+`init_model` builds a `DecoderLM`, splits it once into a `FunctionalModel`
+(graph definition + abstract state) and a plain nested dict of parameter
+arrays. Everything downstream — optax, orbax, sharding, jit — sees only that
+dict; `FunctionalModel.apply(params, ...)` merges it back for the call. No
+training code depends on NNX internals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from flax import nnx
+import jax
+
+from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.decoder import DecoderLM
+from rlhf_jax.models.decoder import HeadKind
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FunctionalModel:
+  """A DecoderLM as a pure function of its parameter dict.
+
+  Attributes:
+    config: the DecoderConfig.
+    head: "lm" or "scalar".
+    graphdef: NNX graph definition.
+    abstract_state: nnx.State of ShapeDtypeStructs (the parameter template).
+  """
+  config: DecoderConfig
+  head: str
+  graphdef: Any
+  abstract_state: Any
+
+  def apply(self, params: Params, tokens: jax.Array, **kwargs):
+    """`DecoderLM.__call__` with the given parameters; see its docstring."""
+    state = jax.tree.map(lambda leaf: leaf, self.abstract_state)  # fresh Variables
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(self.graphdef, state)(tokens, **kwargs)
+
+  def abstract_params(self) -> Params:
+    """The parameter dict as ShapeDtypeStructs (for loading and sharding)."""
+    return nnx.to_pure_dict(self.abstract_state)
+
+  def logical_axes(self) -> Params:
+    """The parameter dict's logical axis names, one tuple per array."""
+    return logical_axes(self.abstract_state)
+
+
+def logical_axes(state) -> Params:
+  """Pure dict of each parameter's `logical_axes` metadata."""
+  axes = jax.tree.map(lambda variable: variable.get_metadata().get("logical_axes"), state,
+                      is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return nnx.to_pure_dict(axes) if isinstance(axes, nnx.State) else axes
+
+
+def init_model(config: DecoderConfig, *, seed: int = 0, head: HeadKind = "lm",
+               abstract: bool = False) -> tuple[FunctionalModel, Params]:
+  """Builds a DecoderLM and returns it split as (FunctionalModel, params).
+
+  Args:
+    config: the model config.
+    seed: initialisation seed.
+    head: "lm" (policy / reference) or "scalar" (critic / reward model).
+    abstract: return ShapeDtypeStructs instead of arrays (nothing allocated),
+      e.g. to load a checkpoint straight into a sharded layout.
+  Returns:
+    (model, params): params is a nested dict of arrays.
+  """
+  build = lambda: DecoderLM(config, rngs=nnx.Rngs(seed), head=head)
+  abstract_model = nnx.eval_shape(build)
+  graphdef, abstract_state = nnx.split(abstract_model, nnx.Param)
+  model = FunctionalModel(config=config, head=head, graphdef=graphdef,
+                          abstract_state=abstract_state)
+  if abstract:
+    return model, nnx.to_pure_dict(abstract_state)
+  _, state = nnx.split(build(), nnx.Param)
+  return model, nnx.to_pure_dict(state)

@@ -1,0 +1,278 @@
+"""Hugging Face checkpoints: `config.json` + `model.safetensors` (single or sharded).
+
+One table maps each of our parameters to its HF tensor name and layout. Loading
+streams one tensor at a time from the memory-mapped safetensors file, converts
+it, and places it on its device (and sharding, when given), so the host never
+holds a second full copy of the model. Saving writes a directory that
+`transformers.AutoModelForCausalLM.from_pretrained` loads.
+
+Needs the `hf` extra (safetensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+
+from rlhf_jax.models import config as config_lib
+from rlhf_jax.models.functional import FunctionalModel
+from rlhf_jax.models.functional import Params
+from rlhf_jax.models.functional import init_model
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Tensors some checkpoints carry that hold nothing we need.
+_IGNORABLE = (re.compile(r".*\.rotary_emb\.inv_freq$"),)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMapping:
+  """How one of our parameters is stored in an HF checkpoint."""
+  path: tuple  # key path in our params dict
+  hf_name: str
+  to_ours: Callable[[np.ndarray], np.ndarray]
+  to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+def _transpose(x):
+  return np.ascontiguousarray(x.T)
+
+
+def tensor_mappings(config: config_lib.DecoderConfig, head: str) -> list[TensorMapping]:
+  """The full parameter ↔ HF tensor table for a model."""
+  e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+  same = lambda x: x
+  mappings = [TensorMapping(("embed",), "model.embed_tokens.weight", same, same),
+              TensorMapping(("final_norm", "weight"), "model.norm.weight", same, same)]
+
+  def in_proj(heads):  # HF [heads*D, E] ↔ ours [E, heads, D]
+    return (lambda w: np.ascontiguousarray(w.T.reshape(e, heads, d)),
+            lambda w: np.ascontiguousarray(w.reshape(e, heads * d).T))
+
+  def in_bias(heads):
+    return (lambda b: b.reshape(heads, d), lambda b: b.reshape(heads * d))
+
+  for i in range(config.num_layers):
+    hf, ours = f"model.layers.{i}.", ("layers", i)
+    for name, heads in (("q", h), ("k", k), ("v", k)):
+      mappings.append(TensorMapping(ours + ("attention", f"{name}_proj"),
+                                    hf + f"self_attn.{name}_proj.weight", *in_proj(heads)))
+      if config.qkv_bias:
+        mappings.append(TensorMapping(ours + ("attention", f"{name}_bias"),
+                                      hf + f"self_attn.{name}_proj.bias", *in_bias(heads)))
+    mappings += [
+        TensorMapping(ours + ("attention", "o_proj"), hf + "self_attn.o_proj.weight",
+                      lambda w: np.ascontiguousarray(w.T.reshape(h, d, e)),
+                      lambda w: np.ascontiguousarray(w.reshape(h * d, e).T)),
+        TensorMapping(ours + ("mlp", "gate_proj"), hf + "mlp.gate_proj.weight", _transpose,
+                      _transpose),
+        TensorMapping(ours + ("mlp", "up_proj"), hf + "mlp.up_proj.weight", _transpose,
+                      _transpose),
+        TensorMapping(ours + ("mlp", "down_proj"), hf + "mlp.down_proj.weight", _transpose,
+                      _transpose),
+        TensorMapping(ours + ("input_norm", "weight"), hf + "input_layernorm.weight", same,
+                      same),
+        TensorMapping(ours + ("post_attention_norm", "weight"),
+                      hf + "post_attention_layernorm.weight", same, same),
+    ]
+  if head == "lm" and not config.tie_embeddings:
+    mappings.append(TensorMapping(("lm_head",), "lm_head.weight", _transpose, _transpose))
+  if head == "scalar":
+    # HF's *ForSequenceClassification / *ForTokenClassification with one label.
+    mappings.append(TensorMapping(("scalar_head",), "score.weight", lambda w: w.reshape(e),
+                                  lambda w: w.reshape(1, e)))
+  return mappings
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _set(tree, path, value):
+  for key in path[:-1]:
+    tree = tree[key]
+  tree[path[-1]] = value
+
+
+class _CheckpointFiles:
+  """Name → file lookup over a single or sharded safetensors checkpoint."""
+
+  def __init__(self, directory: str):
+    from safetensors import safe_open  # the `hf` extra
+
+    self._safe_open = safe_open
+    index_path = os.path.join(directory, INDEX_FILE)
+    single_path = os.path.join(directory, SINGLE_FILE)
+    if os.path.exists(index_path):
+      with open(index_path) as f:
+        weight_map = json.load(f)["weight_map"]
+      self.file_of = {name: os.path.join(directory, fname) for name, fname in weight_map.items()}
+    elif os.path.exists(single_path):
+      with safe_open(single_path, "numpy") as f:
+        self.file_of = {name: single_path for name in f.keys()}
+    else:
+      raise FileNotFoundError(f"{directory} has neither {SINGLE_FILE} nor {INDEX_FILE}.")
+    self._open: dict[str, Any] = {}
+
+  def names(self) -> set[str]:
+    return set(self.file_of)
+
+  def read(self, name: str) -> np.ndarray:
+    path = self.file_of[name]
+    if path not in self._open:
+      if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint shard {path} (holding {name}) is missing.")
+      self._open[path] = self._safe_open(path, "numpy").__enter__()
+    return self._open[path].get_tensor(name)
+
+  def close(self):
+    for handle in self._open.values():
+      handle.__exit__(None, None, None)
+    self._open.clear()
+
+
+def read_hf_config(directory: str, **overrides) -> config_lib.DecoderConfig:
+  """DecoderConfig from `directory/config.json`; overrides set fields (dtype, remat...)."""
+  path = os.path.join(directory, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist (not an HF checkpoint directory?).")
+  with open(path) as f:
+    return config_lib.config_from_hf(json.load(f), **overrides)
+
+
+def load_hf_checkpoint(directory: str, *, head: str = "lm", shardings: Params | None = None,
+                       missing_head: str = "error", **config_overrides
+                       ) -> tuple[FunctionalModel, Params]:
+  """Loads an HF Qwen2 / Llama checkpoint into our parameters.
+
+  Args:
+    directory: holds config.json and model.safetensors (or a sharded
+      model.safetensors.index.json with its shards).
+    head: "lm", or "scalar" for a critic / reward model. A scalar head reads
+      `score.weight` (HF *ForSequenceClassification with one label).
+    shardings: optional params-shaped dict of `jax.sharding.Sharding`; each
+      tensor goes straight onto its sharding.
+    missing_head: "error", or "zeros" to start a scalar head at 0 when the
+      checkpoint has none (a critic initialised from a policy).
+    **config_overrides: DecoderConfig fields (e.g. dtype="bfloat16",
+      param_dtype="bfloat16", remat=True).
+  Returns:
+    (model, params).
+  Raises:
+    ValueError naming the tensor on a missing tensor, a shape mismatch, or an
+    unexpected tensor; FileNotFoundError for missing files.
+  """
+  if missing_head not in ("error", "zeros"):
+    raise ValueError(f"missing_head={missing_head!r}; allowed: 'error', 'zeros'.")
+  config = read_hf_config(directory, **config_overrides)
+  model, abstract = init_model(config, head=head, abstract=True)
+  files = _CheckpointFiles(directory)
+  mappings = tensor_mappings(config, head)
+  params = jax.tree.map(lambda _: None, abstract)
+  try:
+    available = files.names()
+    for mapping in mappings:
+      target = _get(abstract, mapping.path)
+      if mapping.hf_name not in available:
+        if mapping.path == ("scalar_head",) and missing_head == "zeros":
+          array = np.zeros(target.shape, target.dtype)
+        else:
+          raise ValueError(f"{directory}: tensor {mapping.hf_name!r} is missing from the "
+                           "checkpoint.")
+      else:
+        raw = files.read(mapping.hf_name)
+        try:
+          array = mapping.to_ours(raw)
+        except ValueError as error:
+          raise ValueError(f"{directory}: tensor {mapping.hf_name!r} has shape {raw.shape}, "
+                           f"which does not fit our {target.shape}.") from error
+        if array.shape != target.shape:
+          raise ValueError(f"{directory}: tensor {mapping.hf_name!r} has shape {raw.shape}; "
+                           f"expected one that maps to {target.shape}.")
+      array = array.astype(target.dtype, copy=False)
+      sharding = None if shardings is None else _get(shardings, mapping.path)
+      _set(params, mapping.path, jax.device_put(array, sharding))
+      del array
+    if head == "scalar":
+      bias = files.read("score.bias").reshape(()) if "score.bias" in available else np.zeros(())
+      sharding = None if shardings is None else shardings["scalar_bias"]
+      params["scalar_bias"] = jax.device_put(bias.astype(abstract["scalar_bias"].dtype), sharding)
+    used = {m.hf_name for m in mappings} | {"score.bias"}
+    if config.tie_embeddings or head == "scalar":
+      # Tied: some exporters store the head anyway. Scalar: a critic drops the LM head.
+      used.add("lm_head.weight")
+    unexpected = sorted(n for n in available - used
+                        if not any(p.match(n) for p in _IGNORABLE))
+    if unexpected:
+      raise ValueError(f"{directory}: unexpected tensors {unexpected[:5]}"
+                       f"{' ...' if len(unexpected) > 5 else ''} ({len(unexpected)} in all); "
+                       "the checkpoint does not match config.json's architecture.")
+  finally:
+    files.close()
+  return model, params
+
+
+def iter_hf_tensors(model: FunctionalModel, params: Params) -> Iterator[tuple[str, np.ndarray]]:
+  """(HF name, host array) pairs, one at a time."""
+  for mapping in tensor_mappings(model.config, model.head):
+    yield mapping.hf_name, mapping.to_hf(np.asarray(jax.device_get(_get(params, mapping.path))))
+  if model.head == "scalar":
+    yield "score.bias", np.asarray(jax.device_get(params["scalar_bias"])).reshape(1)
+
+
+def save_hf_checkpoint(directory: str, model: FunctionalModel, params: Params, *,
+                       max_shard_bytes: int = 4 << 30) -> None:
+  """Writes config.json and safetensors that `transformers` loads.
+
+  Args:
+    directory: output directory (created).
+    model: the FunctionalModel (for the config and head).
+    params: the parameters.
+    max_shard_bytes: split into model-0000i-of-0000n.safetensors files with
+      an index when the weights exceed this size.
+  """
+  from safetensors.numpy import save_file  # the `hf` extra
+
+  os.makedirs(directory, exist_ok=True)
+  hf_config = config_lib.config_to_hf(model.config)
+  if model.head == "scalar":
+    base = config_lib.ARCHITECTURES[model.config.architecture].replace("ForCausalLM", "")
+    hf_config["architectures"] = [base + "ForSequenceClassification"]
+    hf_config["num_labels"] = 1
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+
+  shards: list[dict[str, np.ndarray]] = [{}]
+  shard_bytes = 0
+  for name, array in iter_hf_tensors(model, params):
+    if shards[-1] and shard_bytes + array.nbytes > max_shard_bytes:
+      shards.append({})
+      shard_bytes = 0
+    shards[-1][name] = array
+    shard_bytes += array.nbytes
+  # Drop any stale layout from an earlier save into the same directory.
+  for stale in os.listdir(directory):
+    if stale.endswith(".safetensors") or stale == INDEX_FILE:
+      os.remove(os.path.join(directory, stale))
+  metadata = {"format": "pt"}
+  if len(shards) == 1:
+    save_file(shards[0], os.path.join(directory, SINGLE_FILE), metadata=metadata)
+    return
+  weight_map, total = {}, 0
+  for i, shard in enumerate(shards):
+    fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, os.path.join(directory, fname), metadata=metadata)
+    for name, array in shard.items():
+      weight_map[name] = fname
+      total += array.nbytes
+  with open(os.path.join(directory, INDEX_FILE), "w") as f:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2,
+              sort_keys=True)

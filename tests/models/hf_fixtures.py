@@ -1,0 +1,52 @@
+"""Tiny random transformers models, saved to disk, for parity tests (no downloads)."""
+
+import numpy as np
+
+VOCAB = 128
+
+
+def tiny_hf_config(architecture: str, **changes):
+  """A transformers config for a 2-layer model with GQA."""
+  import transformers
+
+  common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, intermediate_size=96, rms_norm_eps=1e-6,
+                max_position_embeddings=256, bos_token_id=None, eos_token_id=0, pad_token_id=0)
+  if architecture == "qwen2":
+    common.update(tie_word_embeddings=True, use_sliding_window=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    common.update(changes)
+    return transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
+  common.update(tie_word_embeddings=False, attention_bias=False,
+                rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 32})
+  common.update(changes)
+  return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
+
+
+def save_tiny_hf_model(directory, architecture: str, seed: int = 0, **changes):
+  """Builds a random transformers model, perturbs norms/biases (so they matter), saves it."""
+  import torch
+
+  config, cls = tiny_hf_config(architecture, **changes)
+  torch.manual_seed(seed)
+  model = cls(config).to(torch.float32).eval()
+  with torch.no_grad():
+    for name, tensor in model.named_parameters():
+      if name.endswith("norm.weight") or name.endswith(".bias"):
+        tensor.add_(0.1 * torch.randn_like(tensor))
+  model.save_pretrained(str(directory), safe_serialization=True)
+  return model
+
+
+def hf_logits(model, input_ids, attention_mask=None, position_ids=None):
+  import torch
+
+  with torch.no_grad():
+    out = model(input_ids=torch.as_tensor(np.asarray(input_ids), dtype=torch.long),
+                attention_mask=None if attention_mask is None else torch.as_tensor(
+                    np.asarray(attention_mask), dtype=torch.long),
+                position_ids=None if position_ids is None else torch.as_tensor(
+                    np.asarray(position_ids), dtype=torch.long))
+  return out.logits.float().numpy()
