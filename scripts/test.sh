@@ -4,5 +4,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 ensure_venv test
 cd "$ROOT"
-export JAX_PLATFORMS=cpu
+export JAX_PLATFORMS=cpu OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# 1) everything that runs on one device
 "$VENV/bin/python" -m pytest "$@"
+# 2) the mesh tests, in their own process with 8 emulated CPU devices (the device
+#    count is fixed when JAX starts, so it cannot share the process above)
+RLHF_JAX_MULTIDEVICE=1 XLA_FLAGS="--xla_force_host_platform_device_count=8 ${XLA_FLAGS:-}" \
+  "$VENV/bin/python" -m pytest tests/multidevice "$@"

@@ -1,0 +1,99 @@
+"""Device meshes with the named axes `data`, `fsdp` and `tensor`, and multi-host start-up."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Sequence
+
+import jax
+import numpy as np
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def resolve_axis_sizes(sizes: dict[str, int], num_devices: int) -> dict[str, int]:
+  """Fills in a single −1 size so that the axes multiply to `num_devices`.
+
+  Args:
+    sizes: {axis: size} for each of MESH_AXES; one size may be −1.
+    num_devices: devices to cover.
+  Returns:
+    The sizes with −1 resolved.
+  Raises:
+    ValueError naming the axis when a size is invalid or the product does not
+    match the device count.
+  """
+  unknown = [axis for axis in sizes if axis not in MESH_AXES]
+  if unknown:
+    raise ValueError(f"unknown mesh axis {unknown[0]!r}; allowed: {', '.join(MESH_AXES)}.")
+  sizes = {axis: sizes.get(axis, 1) for axis in MESH_AXES}
+  for axis, size in sizes.items():
+    if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
+      raise ValueError(f"mesh.{axis}={size!r} must be a positive int or -1 (take the rest).")
+  free = [axis for axis, size in sizes.items() if size == -1]
+  if len(free) > 1:
+    raise ValueError(f"only one mesh axis may be -1; got {', '.join(free)}.")
+  known = math.prod(size for size in sizes.values() if size != -1)
+  if free:
+    if num_devices % known:
+      raise ValueError(f"mesh {sizes} cannot cover {num_devices} devices: {num_devices} is not "
+                       f"a multiple of {known}.")
+    sizes[free[0]] = num_devices // known
+  if math.prod(sizes.values()) != num_devices:
+    raise ValueError(f"mesh {sizes} has {math.prod(sizes.values())} devices but "
+                     f"{num_devices} are available; set one axis to -1 to take the rest.")
+  return sizes
+
+
+def make_mesh(*, data: int = -1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+  """A `jax.sharding.Mesh` over (data, fsdp, tensor) with Auto axis types.
+
+  The tensor axis is innermost so that tensor-parallel collectives stay on the
+  fastest links (within a host / ICI ring).
+
+  Args:
+    data, fsdp, tensor: axis sizes; one may be −1 (the rest of the devices).
+    devices: devices to use (default: all, across hosts).
+  Returns:
+    The mesh.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = resolve_axis_sizes({"data": data, "fsdp": fsdp, "tensor": tensor}, len(devices))
+  shape = tuple(sizes[axis] for axis in MESH_AXES)
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                       devices=devices)
+
+
+def initialize_distributed(*, coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> bool:
+  """Starts multi-host JAX when there is more than one host; same program on every host.
+
+  With explicit arguments (or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+  JAX_PROCESS_ID in the environment) calls `jax.distributed.initialize` with
+  them; on TPU pods and SLURM clusters jax detects them itself, so pass
+  nothing there and set RLHF_JAX_DISTRIBUTED=1. Returns whether it initialised.
+  Call it before anything touches a device.
+  """
+  coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and "JAX_NUM_PROCESSES" in os.environ:
+    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+  if process_id is None and "JAX_PROCESS_ID" in os.environ:
+    process_id = int(os.environ["JAX_PROCESS_ID"])
+  auto = os.environ.get("RLHF_JAX_DISTRIBUTED") == "1"
+  if coordinator_address is None and num_processes is None and not auto:
+    return False
+  if num_processes == 1:
+    return False
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
+  return True
+
+
+def describe(mesh: jax.sharding.Mesh) -> str:
+  """'data=2 fsdp=2 tensor=2 on 8 cpu devices'."""
+  sizes = " ".join(f"{name}={size}" for name, size in mesh.shape.items())
+  platform = np.asarray(mesh.devices).flat[0].platform
+  return f"{sizes} on {mesh.devices.size} {platform} devices"
