@@ -12,9 +12,12 @@ from rlhf_jax.models.functional import init_model
 from rlhf_jax.models.hf import load_hf_checkpoint
 from rlhf_jax.models.hf import read_hf_config
 from rlhf_jax.models.hf import save_hf_checkpoint
+from rlhf_jax.models.tokenizer import Tokenizer
+from rlhf_jax.models.tokenizer import build_character_tokenizer
+from rlhf_jax.models.tokenizer import train_bpe_tokenizer
 
 __all__ = [
-    "DecoderConfig", "DecoderLM", "FunctionalModel", "KVCache", "RopeScaling",
-    "config_from_hf", "config_to_hf", "init_model", "load_hf_checkpoint", "read_hf_config",
-    "save_hf_checkpoint",
+    "DecoderConfig", "DecoderLM", "FunctionalModel", "KVCache", "RopeScaling", "Tokenizer",
+    "build_character_tokenizer", "config_from_hf", "config_to_hf", "init_model",
+    "load_hf_checkpoint", "read_hf_config", "save_hf_checkpoint", "train_bpe_tokenizer",
 ]

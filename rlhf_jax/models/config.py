@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+import jax
 import jax.numpy as jnp
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
@@ -39,6 +40,10 @@ class DecoderConfig:
     dtype: compute dtype of activations (RMSNorm, softmax and log-probs run
       in float32 regardless).
     remat: rematerialise each layer in the backward pass (`jax.checkpoint`).
+    remat_policy: what a rematerialised layer keeps, a `jax.checkpoint_policies`
+      name: "nothing_saveable" (recompute everything: least memory),
+      "dots_saveable" / "dots_with_no_batch_dims_saveable" (keep matmul outputs,
+      recompute elementwise ops), "everything_saveable".
   """
   vocab_size: int
   hidden_size: int
@@ -57,6 +62,7 @@ class DecoderConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: bool = False
+  remat_policy: str = "nothing_saveable"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -72,6 +78,9 @@ class DecoderConfig:
     if self.architecture not in ARCHITECTURES:
       raise ValueError(f"DecoderConfig.architecture={self.architecture!r}; allowed: "
                        f"{', '.join(ARCHITECTURES)}.")
+    if not callable(getattr(jax.checkpoint_policies, self.remat_policy, None)):
+      raise ValueError(f"DecoderConfig.remat_policy={self.remat_policy!r} is not a "
+                       "jax.checkpoint_policies name (e.g. 'nothing_saveable', 'dots_saveable').")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in DTYPES:
         raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r}; allowed: "

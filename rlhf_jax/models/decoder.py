@@ -286,8 +286,9 @@ class DecoderLM(nnx.Module):
       layer_cache = None if cache is None else (cache.keys[index], cache.values[index], valid,
                                                 cache.end)
       if config.remat:
-        x, kv = nnx.remat(lambda block, *args: block(*args))(layer, x, cos, sin, token_mask,
-                                                             layer_cache)
+        policy = getattr(jax.checkpoint_policies, config.remat_policy)
+        x, kv = nnx.remat(lambda block, *args: block(*args), policy=policy)(
+            layer, x, cos, sin, token_mask, layer_cache)
       else:
         x, kv = layer(x, cos, sin, token_mask, layer_cache)
       if kv is not None:

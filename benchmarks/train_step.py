@@ -1,0 +1,175 @@
+"""W2 (shared/bench/workloads.md): one PPO-clip training step on the benchmark checkpoint.
+
+Ours: forward (LM head on the 257 response-predicting positions only) →
+`token_logprobs` → `ppo_policy_loss` (token-mean) → backward → global-norm clip
+1.0 → AdamW (optax), one jitted function with donated parameters and
+optimizer state; the loss comes back to the host every step. The peer is the
+PyTorch eager step of `shared/bench/run_hf.py --workloads w2`, run in the same
+session (alternating with ours), and the float32 GEMM peak of
+`shared/bench/matmul_peak.py` is measured in the same session for MFU.
+Prints one JSON line.
+
+  python benchmarks/train_step.py [--model-dir /tmp/bench_model] [--repeats 2]
+      [--peer-python /tmp/venv_peers/bin/python] [--skip-peer] [--dtype float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "shared" / "bench"
+PROMPT_LEN, BATCH, SEQ = 64, 16, 320
+CLIP_EPS, LR, MAX_GRAD_NORM = 0.2, 1e-6, 1.0
+NOMINAL_FLOPS = 6 * 24_656_384 * BATCH * SEQ  # 6N per token (workloads.md)
+
+
+def default_peer_python() -> str:
+  peers = pathlib.Path("/tmp/venv_peers/bin/python")
+  return str(peers) if peers.exists() else sys.executable
+
+
+def run_json(command: list[str], env: dict[str, str]) -> list[dict]:
+  result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+  if result.returncode:
+    raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+  return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def build_step(model, dtype):
+  """The jitted W2 step: (params, opt_state, batch) -> (params, opt_state, loss)."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from rlhf_jax import kernels
+
+  optimizer = optax.chain(
+      optax.clip_by_global_norm(MAX_GRAD_NORM),
+      optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0))
+  response = SEQ - PROMPT_LEN
+
+  def loss_fn(params, batch):
+    logits, _ = model.apply(params, batch["input_ids"], num_last=response + 1)
+    logprobs = kernels.token_logprobs(logits[:, :-1], batch["input_ids"][:, PROMPT_LEN:])
+    advantages = jnp.broadcast_to(batch["advantages"][:, None], logprobs.shape)
+    loss, _ = kernels.ppo_policy_loss(logprobs, batch["old_logprobs"], advantages,
+                                      batch["loss_mask"][:, PROMPT_LEN:], clip_low=CLIP_EPS,
+                                      agg="token-mean")
+    return loss
+
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return optimizer, jax.jit(step, donate_argnums=(0, 1))
+
+
+def run_ours(model_dir: str, dtype: str, warmup: int = 2, timed: int = 5) -> dict:
+  import jax
+
+  from rlhf_jax import models
+
+  overrides = {} if dtype == "float32" else {"dtype": dtype}
+  model, params = models.load_hf_checkpoint(model_dir, **overrides)
+  inputs = np.load(os.path.join(model_dir, "workload_inputs.npz"))
+  batch = {"input_ids": inputs["w2_input_ids"], "advantages": inputs["w2_advantages"],
+           "old_logprobs": inputs["w2_old_logprobs"], "loss_mask": inputs["w2_loss_mask"]}
+  optimizer, step = build_step(model, dtype)
+  opt_state = optimizer.init(params)
+  start = time.perf_counter()
+  compiled = step.lower(params, opt_state, batch).compile()
+  compile_s = time.perf_counter() - start
+  times, losses = [], []
+  for _ in range(warmup + timed):
+    start = time.perf_counter()
+    params, opt_state, loss = compiled(params, opt_state, batch)
+    losses.append(float(loss))  # the loss comes back to the host every step
+    jax.block_until_ready((params, opt_state))
+    times.append(time.perf_counter() - start)
+  timed_runs = times[warmup:]
+  return {"ms_per_step_runs": [t * 1e3 for t in timed_runs],
+          "ms_per_step_median": statistics.median(timed_runs) * 1e3,
+          "warmup_ms": [t * 1e3 for t in times[:warmup]], "compile_s": compile_s,
+          "first_loss": losses[0], "last_loss": losses[-1]}
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--model-dir", default="/tmp/bench_model")
+  parser.add_argument("--peer-python", default=default_peer_python())
+  parser.add_argument("--repeats", type=int, default=2,
+                      help="alternating rounds of (ours, PyTorch), each 2 warm-up + 5 timed steps")
+  parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument("--skip-peer", action="store_true")
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                      help="compute dtype for ours (float32 is the headline figure)")
+  args = parser.parse_args()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
+         "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+  if not os.path.exists(os.path.join(args.model_dir, "workload_inputs.npz")):
+    subprocess.run([args.peer_python, str(BENCH / "make_model.py"), args.model_dir], check=True,
+                   env=env, capture_output=True)
+
+  import jax
+
+  import rlhf_jax
+
+  result = {"workload": "W2_train_step", "impl": "rlhf_jax", "dtype": args.dtype,
+            "batch": BATCH, "seq_len": SEQ, "response_len": SEQ - PROMPT_LEN,
+            "threads": args.threads, "loadavg_start": os.getloadavg()[0],
+            "backend": jax.default_backend(), "devices": str(jax.devices()[0]),
+            "versions": {"python": platform.python_version(), "jax": jax.__version__,
+                         "rlhf_jax": rlhf_jax.__version__}}
+  peaks = [] if args.skip_peer else run_json(
+      [args.peer_python, str(BENCH / "matmul_peak.py"), "--threads", str(args.threads)], env)
+  ours_runs, peer_runs, ratios = [], [], []
+  for _ in range(args.repeats):
+    ours = run_ours(args.model_dir, args.dtype)
+    ours_runs.append(ours)
+    if not args.skip_peer:
+      peer = run_json([args.peer_python, str(BENCH / "run_hf.py"), "--model-dir", args.model_dir,
+                       "--threads", str(args.threads), "--workloads", "w2"], env)[0]
+      peer_runs.append(peer)
+      ratios.append(peer["ms_per_step_median"] / ours["ms_per_step_median"])
+  all_ours = [t for run in ours_runs for t in run["ms_per_step_runs"]]
+  median_ms = statistics.median(all_ours)
+  result.update(
+      ours_ms_per_step_median=median_ms, ours_ms_per_step_best=min(all_ours),
+      ours_ms_per_step_runs=all_ours, ours_compile_s=[r["compile_s"] for r in ours_runs],
+      ours_tokens_per_s=BATCH * SEQ / (median_ms / 1e3),
+      ours_response_tokens_per_s=BATCH * (SEQ - PROMPT_LEN) / (median_ms / 1e3),
+      ours_model_gflops_per_s=NOMINAL_FLOPS / (median_ms / 1e3) / 1e9,
+      ours_first_loss=ours_runs[0]["first_loss"], ours_last_loss=ours_runs[0]["last_loss"])
+  if peer_runs:
+    peer_all = [t for run in peer_runs for t in run["ms_per_step_runs"]]
+    peer_ms = statistics.median(peer_all)
+    peak = max(p["torch_gflops_best"] for p in peaks)
+    result.update(
+        pytorch_ms_per_step_median=peer_ms, pytorch_ms_per_step_runs=peer_all,
+        pytorch_tokens_per_s=BATCH * SEQ / (peer_ms / 1e3),
+        pytorch_first_loss=peer_runs[0]["first_loss"],
+        ratio_pytorch_over_ours_per_round=ratios,
+        ratio_pytorch_over_ours=statistics.median(ratios),
+        matmul_peak_gflops=peak, matmul_peak=peaks,
+        ours_mfu=NOMINAL_FLOPS / (median_ms / 1e3) / 1e9 / peak,
+        pytorch_mfu=NOMINAL_FLOPS / (peer_ms / 1e3) / 1e9 / peak,
+        versions={**result["versions"], "torch": peer_runs[0].get("torch")})
+  result["loadavg_end"] = os.getloadavg()[0]
+  print(json.dumps(result))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,63 @@
+"""Decoder properties that need no reference implementation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax import kernels
+from rlhf_jax import models
+
+CONFIG = models.DecoderConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4,
+                              num_kv_heads=2, head_dim=8, intermediate_size=48)
+
+
+def loss(model, params, tokens):
+  logits, _ = model.apply(params, tokens)
+  return jnp.mean(kernels.token_logprobs(logits[:, :-1], tokens[:, 1:]))
+
+
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
+def test_remat_gives_the_same_gradient(policy):
+  model, params = models.init_model(CONFIG, seed=1)
+  remat_model, _ = models.init_model(CONFIG.replace(remat=True, remat_policy=policy), seed=1)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 96, (2, 7)), jnp.int32)
+  plain = jax.grad(lambda p: loss(model, p, tokens))(params)
+  remat = jax.grad(lambda p: loss(remat_model, p, tokens))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), plain, remat)
+
+
+def test_bfloat16_compute_is_close_to_float32():
+  model, params = models.init_model(CONFIG, seed=2)
+  bf16_model, _ = models.init_model(CONFIG.replace(dtype="bfloat16"), seed=2)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 96, (2, 9)), jnp.int32)
+  full, _ = model.apply(params, tokens)
+  half, _ = bf16_model.apply(params, tokens)
+  assert half.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(half, np.float32), full, atol=0.05)
+
+
+def test_scalar_head_and_num_last():
+  critic, params = models.init_model(CONFIG, head="scalar")
+  tokens = jnp.zeros((3, 6), jnp.int32)
+  values, _ = critic.apply(params, tokens)
+  last, _ = critic.apply(params, tokens, num_last=2)
+  assert values.shape == (3, 6) and values.dtype == jnp.float32
+  np.testing.assert_allclose(last, values[:, -2:], atol=1e-6)
+
+
+def test_config_errors_name_the_field():
+  with pytest.raises(ValueError, match="num_heads=6 must be a multiple of num_kv_heads=4"):
+    CONFIG.replace(num_heads=6, num_kv_heads=4)
+  with pytest.raises(ValueError, match="remat_policy='sometimes'"):
+    CONFIG.replace(remat_policy="sometimes")
+  with pytest.raises(ValueError, match="dtype='float8'"):
+    CONFIG.replace(dtype="float8")
+  with pytest.raises(ValueError, match="head='value'"):
+    models.init_model(CONFIG, head="value")
+
+
+def test_num_params_matches_the_arrays():
+  for config in (CONFIG, CONFIG.replace(tie_embeddings=True, qkv_bias=False)):
+    _, params = models.init_model(config)
+    assert sum(x.size for x in jax.tree.leaves(params)) == config.num_params()
