@@ -250,29 +250,38 @@ def save_hf_checkpoint(directory: str, model: FunctionalModel, params: Params, *
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
 
-  shards: list[dict[str, np.ndarray]] = [{}]
-  shard_bytes = 0
-  for name, array in iter_hf_tensors(model, params):
-    if shards[-1] and shard_bytes + array.nbytes > max_shard_bytes:
-      shards.append({})
-      shard_bytes = 0
-    shards[-1][name] = array
-    shard_bytes += array.nbytes
   # Drop any stale layout from an earlier save into the same directory.
   for stale in os.listdir(directory):
-    if stale.endswith(".safetensors") or stale == INDEX_FILE:
+    if stale.endswith((".safetensors", ".safetensors.tmp")) or stale == INDEX_FILE:
       os.remove(os.path.join(directory, stale))
+  # Stream: hold one shard on the host at a time; final names need the shard count, so
+  # shards are written under temporary names and renamed at the end.
   metadata = {"format": "pt"}
-  if len(shards) == 1:
-    save_file(shards[0], os.path.join(directory, SINGLE_FILE), metadata=metadata)
+  written: list[tuple[str, list[str]]] = []
+  shard: dict[str, np.ndarray] = {}
+  shard_bytes, total = 0, 0
+
+  def flush():
+    temporary = os.path.join(directory, f".shard-{len(written):05d}.safetensors.tmp")
+    save_file(shard, temporary, metadata=metadata)
+    written.append((temporary, list(shard)))
+
+  for name, array in iter_hf_tensors(model, params):
+    if shard and shard_bytes + array.nbytes > max_shard_bytes:
+      flush()
+      shard, shard_bytes = {}, 0
+    shard[name] = array
+    shard_bytes += array.nbytes
+    total += array.nbytes
+  flush()
+  if len(written) == 1:
+    os.replace(written[0][0], os.path.join(directory, SINGLE_FILE))
     return
-  weight_map, total = {}, 0
-  for i, shard in enumerate(shards):
-    fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-    save_file(shard, os.path.join(directory, fname), metadata=metadata)
-    for name, array in shard.items():
-      weight_map[name] = fname
-      total += array.nbytes
+  weight_map = {}
+  for i, (temporary, names) in enumerate(written):
+    fname = f"model-{i + 1:05d}-of-{len(written):05d}.safetensors"
+    os.replace(temporary, os.path.join(directory, fname))
+    weight_map.update({name: fname for name in names})
   with open(os.path.join(directory, INDEX_FILE), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2,
               sort_keys=True)
