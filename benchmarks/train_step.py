@@ -7,7 +7,9 @@ optimizer state; the loss comes back to the host every step. The peer is the
 PyTorch eager step of `shared/bench/run_hf.py --workloads w2`, run in the same
 session (alternating with ours), and the float32 GEMM peak of
 `shared/bench/matmul_peak.py` is measured in the same session for MFU.
-Prints one JSON line.
+Prints one JSON line. The process re-executes itself once with glibc malloc
+tunables that keep XLA:CPU's temporary buffer resident (`rlhf_jax/runtime.py`);
+the peer keeps its own environment unless --peer-resident-malloc.
 
   python benchmarks/train_step.py [--model-dir /tmp/bench_model] [--repeats 2]
       [--peer-python /tmp/venv_peers/bin/python] [--skip-peer] [--dtype float32]
@@ -106,6 +108,8 @@ def run_ours(model_dir: str, dtype: str, warmup: int = 2, timed: int = 5) -> dic
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--peer-resident-malloc", action="store_true",
+                      help="also give the PyTorch peer our GLIBC_TUNABLES (default: its own env)")
   parser.add_argument("--model-dir", default="/tmp/bench_model")
   parser.add_argument("--peer-python", default=default_peer_python())
   parser.add_argument("--repeats", type=int, default=2,
@@ -118,6 +122,8 @@ def main() -> int:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
          "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+  if not args.peer_resident_malloc:  # the peer runs with the environment it was given
+    env["GLIBC_TUNABLES"] = os.environ.get("RLHF_JAX_ORIGINAL_GLIBC_TUNABLES", "")
   if not os.path.exists(os.path.join(args.model_dir, "workload_inputs.npz")):
     subprocess.run([args.peer_python, str(BENCH / "make_model.py"), args.model_dir], check=True,
                    env=env, capture_output=True)
@@ -127,6 +133,8 @@ def main() -> int:
   import rlhf_jax
 
   result = {"workload": "W2_train_step", "impl": "rlhf_jax", "dtype": args.dtype,
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+            "peer_resident_malloc": args.peer_resident_malloc,
             "batch": BATCH, "seq_len": SEQ, "response_len": SEQ - PROMPT_LEN,
             "threads": args.threads, "loadavg_start": os.getloadavg()[0],
             "backend": jax.default_backend(), "devices": str(jax.devices()[0]),
@@ -172,4 +180,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+  os.environ.setdefault("RLHF_JAX_ORIGINAL_GLIBC_TUNABLES", os.environ.get("GLIBC_TUNABLES", ""))
+  from rlhf_jax.runtime import keep_host_memory_resident
+  keep_host_memory_resident()  # see rlhf_jax/runtime.py: ~3 s/step of page faults otherwise
   sys.exit(main())

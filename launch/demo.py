@@ -147,4 +147,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from rlhf_jax.runtime import keep_host_memory_resident
+  keep_host_memory_resident()
   app.run(main)
