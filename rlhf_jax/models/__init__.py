@@ -8,7 +8,9 @@ from rlhf_jax.models.config import config_to_hf
 from rlhf_jax.models.decoder import DecoderLM
 from rlhf_jax.models.decoder import KVCache
 from rlhf_jax.models.functional import FunctionalModel
+from rlhf_jax.models.functional import critic_from_policy
 from rlhf_jax.models.functional import init_model
+from rlhf_jax.models.functional import score_at_last_token
 from rlhf_jax.models.hf import load_hf_checkpoint
 from rlhf_jax.models.hf import read_hf_config
 from rlhf_jax.models.hf import save_hf_checkpoint
@@ -18,6 +20,6 @@ from rlhf_jax.models.tokenizer import train_bpe_tokenizer
 
 __all__ = [
     "DecoderConfig", "DecoderLM", "FunctionalModel", "KVCache", "RopeScaling", "Tokenizer",
-    "build_character_tokenizer", "config_from_hf", "config_to_hf", "init_model",
+    "build_character_tokenizer", "config_from_hf", "critic_from_policy", "score_at_last_token", "config_to_hf", "init_model",
     "load_hf_checkpoint", "read_hf_config", "save_hf_checkpoint", "train_bpe_tokenizer",
 ]

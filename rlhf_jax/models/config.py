@@ -88,13 +88,16 @@ class DecoderConfig:
 
   @property
   def jnp_dtype(self):
+    """The compute dtype as a numpy dtype."""
     return jnp.dtype(self.dtype)
 
   @property
   def jnp_param_dtype(self):
+    """The parameter dtype as a numpy dtype."""
     return jnp.dtype(self.param_dtype)
 
   def replace(self, **changes) -> "DecoderConfig":
+    """A copy with `changes` applied (validated again)."""
     return dataclasses.replace(self, **changes)
 
   def num_params(self) -> int:

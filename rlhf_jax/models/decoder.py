@@ -73,6 +73,7 @@ class KVCache:
 
   @property
   def slots(self) -> int:
+    """S, the number of cache positions per row."""
     return self.valid.shape[1]
 
 

@@ -52,6 +52,43 @@ class FunctionalModel:
     return logical_axes(self.abstract_state)
 
 
+def critic_from_policy(policy: FunctionalModel, policy_params: Params
+                       ) -> tuple[FunctionalModel, Params]:
+  """A critic (scalar head) whose backbone starts as a copy of the policy's.
+
+  The LM head is dropped and the value head starts at zero, so V ≡ 0 before
+  training (VC-PPO's value pretraining then fits it; arXiv:2503.01491 §4).
+
+  Args:
+    policy: the policy FunctionalModel (head "lm").
+    policy_params: its parameters.
+  Returns:
+    (critic, critic_params); the backbone arrays are shared, not copied.
+  """
+  critic, abstract = init_model(policy.config, head="scalar", abstract=True)
+  params = {key: value for key, value in policy_params.items() if key != "lm_head"}
+  params["scalar_head"] = jax.numpy.zeros(abstract["scalar_head"].shape,
+                                          abstract["scalar_head"].dtype)
+  params["scalar_bias"] = jax.numpy.zeros((), abstract["scalar_bias"].dtype)
+  return critic, params
+
+
+def score_at_last_token(values: jax.Array, mask: jax.Array) -> jax.Array:
+  """A reward model's sequence score: its scalar output at each row's last valid token.
+
+  Args:
+    values: [B, T] scalar-head outputs.
+    mask: [B, T] 0/1 (prompt + response tokens that were fed).
+  Returns:
+    [B] scores (0 for an empty row).
+  """
+  from rlhf_jax.kernels import last_valid_index  # kernels import nothing of ours
+
+  last = last_valid_index(mask)
+  picked = jax.numpy.take_along_axis(values, jax.numpy.maximum(last, 0)[:, None], axis=1)[:, 0]
+  return jax.numpy.where(last >= 0, picked, 0.0)
+
+
 def logical_axes(state) -> Params:
   """Pure dict of each parameter's `logical_axes` metadata."""
   axes = jax.tree.map(lambda variable: variable.get_metadata().get("logical_axes"), state,

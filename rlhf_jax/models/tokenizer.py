@@ -84,6 +84,7 @@ class Tokenizer:
 
   @property
   def vocab_size(self) -> int:
+    """Number of token ids, special tokens included."""
     return self.backend.get_vocab_size(with_added_tokens=True)
 
   def encode(self, text: str) -> list[int]:
@@ -95,10 +96,12 @@ class Tokenizer:
     return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
 
   def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
+    """Text of `ids`; special tokens dropped unless skip_special_tokens=False."""
     return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
   def decode_batch(self, batch: Iterable[Iterable[int]], *,
                    skip_special_tokens: bool = True) -> list[str]:
+    """`decode` for each id list."""
     return self.backend.decode_batch([[int(i) for i in ids] for ids in batch],
                                      skip_special_tokens=skip_special_tokens)
 

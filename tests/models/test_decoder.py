@@ -61,3 +61,19 @@ def test_num_params_matches_the_arrays():
   for config in (CONFIG, CONFIG.replace(tie_embeddings=True, qkv_bias=False)):
     _, params = models.init_model(config)
     assert sum(x.size for x in jax.tree.leaves(params)) == config.num_params()
+
+
+def test_critic_from_policy_shares_the_backbone_and_starts_at_zero():
+  policy, params = models.init_model(CONFIG, seed=3)
+  critic, critic_params = models.critic_from_policy(policy, params)
+  assert "lm_head" not in critic_params
+  assert critic_params["layers"][1]["mlp"]["up_proj"] is params["layers"][1]["mlp"]["up_proj"]
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 96, (2, 5)), jnp.int32)
+  values, _ = critic.apply(critic_params, tokens)
+  np.testing.assert_array_equal(values, 0.0)
+
+
+def test_score_at_last_token():
+  values = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+  mask = jnp.array([[1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(models.score_at_last_token(values, mask), [2.0, 7.0, 0.0])

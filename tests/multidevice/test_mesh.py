@@ -105,3 +105,15 @@ def test_indivisible_dimension_is_named(setup):
   mesh = parallel.make_mesh(data=1, fsdp=1, tensor=8)
   with pytest.raises(ValueError, match=r"parameter layers/0/attention/k_bias .*'kv_heads' → 'tensor'.* does not divide into 8"):
     parallel.param_shardings(params, model.logical_axes(), mesh)
+
+
+def test_checkpoint_loads_straight_onto_its_sharding(setup, tmp_path):
+  pytest.importorskip("safetensors")
+  model, params, _ = setup
+  models.save_hf_checkpoint(str(tmp_path), model, params)
+  mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
+  shardings = parallel.param_shardings(params, model.logical_axes(), mesh)
+  _, loaded = models.load_hf_checkpoint(str(tmp_path), shardings=shardings)
+  for leaf, sharding in zip(jax.tree.leaves(loaded), jax.tree.leaves(shardings)):
+    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
