@@ -16,7 +16,6 @@ masked out as keys and get positions that never matter.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Literal
 
