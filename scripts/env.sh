@@ -6,7 +6,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${RLHF_JAX_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 
-ensure_venv() {  # ensure_venv EXTRAS  (e.g. "test")
+ensure_venv() {  # ensure_venv EXTRAS  (e.g. "test"; the demo needs only "hf")
   local extras="$1"
   if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -c 'import sys; assert sys.version_info >= (3, 11), f"rlhf_jax needs Python >= 3.11, got {sys.version}"'
