@@ -24,6 +24,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.models.attention import grouped_query_attention
 from rlhf_jax.models.config import DecoderConfig
 
 HeadKind = Literal["lm", "scalar"]
@@ -199,7 +200,7 @@ class Attention(nnx.Module):
     # A padding query may see no valid key; letting it see itself keeps softmax finite.
     itself = key_slots[None, None, :] == query_slots[:, :, None]
     allowed = (causal & key_valid[:, None, :]) | itself
-    out = jax.nn.dot_product_attention(q, keys, values, mask=allowed[:, None, :, :])
+    out = grouped_query_attention(q, keys, values, allowed)
     dtype = self.config.jnp_dtype
     batch, time, heads, dim = out.shape
     o_proj = self.o_proj[...].reshape(heads * dim, -1).astype(dtype)

@@ -1,0 +1,86 @@
+"""Grouped-query attention with a hand-written backward.
+
+    S = (Q/√d)·Kᵀ (masked),  P = softmax(S),  O = P·V
+    backward:  dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP − rowsum(dO ∘ O)),
+               dQ = dS·K/√d,  dK = dSᵀ·Q/√d
+
+The backward uses rowsum(dO∘O) = rowsum(dP∘P) (as FlashAttention does), so it
+makes fewer passes over the [B, heads, T, S] arrays than autodiff of softmax.
+Query heads of one KV group are stacked into a [B, K, G·T, D] batch, so every
+product is one batched GEMM and K/V are never repeated. On the W2 PPO step
+(CPU) this was 0.3-0.5 s per step faster than `jax.nn.dot_product_attention`
+under autodiff. Scores and softmax are float32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def _group_queries(x: jax.Array, num_kv_heads: int) -> jax.Array:
+  """[B, T, N, D] → [B, K, G·T, D], G = N / K query heads per KV head."""
+  batch, time, heads, dim = x.shape
+  group = heads // num_kv_heads
+  x = x.reshape(batch, time, num_kv_heads, group, dim).transpose(0, 2, 3, 1, 4)
+  return x.reshape(batch, num_kv_heads, group * time, dim)
+
+
+def _ungroup_queries(x: jax.Array, time: int) -> jax.Array:
+  """[B, K, G·T, D] → [B, T, N, D]."""
+  batch, num_kv_heads, group_time, dim = x.shape
+  group = group_time // time
+  x = x.reshape(batch, num_kv_heads, group, time, dim).transpose(0, 3, 1, 2, 4)
+  return x.reshape(batch, time, num_kv_heads * group, dim)
+
+
+def _forward(q, k, v, mask):
+  batch, time, heads, dim = q.shape
+  num_kv_heads = k.shape[2]
+  scale = 1.0 / math.sqrt(dim)
+  q_grouped = _group_queries(q * jnp.asarray(scale, q.dtype), num_kv_heads)
+  k_heads = k.transpose(0, 2, 1, 3)  # [B, K, S, D]
+  v_heads = v.transpose(0, 2, 1, 3)
+  scores = jnp.einsum("bkqd,bksd->bkqs", q_grouped, k_heads,
+                      preferred_element_type=jnp.float32)
+  allowed = jnp.tile(mask[:, None], (1, 1, heads // num_kv_heads, 1))  # [B, 1, G·T, S]
+  probs = jax.nn.softmax(jnp.where(allowed, scores, -1e30), axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkqs,bksd->bkqd", probs, v_heads)
+  return _ungroup_queries(out, time), (q_grouped, k_heads, v_heads, probs, out, scale)
+
+
+@jax.custom_vjp
+def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                            mask: jax.Array) -> jax.Array:
+  """softmax(Q·Kᵀ/√d + mask)·V with K/V shared by groups of query heads.
+
+  Args:
+    q: [B, T, N, D] queries.
+    k, v: [B, S, K, D] keys and values, N a multiple of K.
+    mask: [B, T, S] bool, True where query t may attend to key s. Every row
+      must allow at least one key (the decoder always allows a query itself).
+  Returns:
+    [B, T, N, D] in v's dtype.
+  """
+  return _forward(q, k, v, mask)[0]
+
+
+def _backward(residuals, d_out):
+  q_grouped, k_heads, v_heads, probs, out, scale = residuals
+  time = d_out.shape[1]
+  d_out_grouped = _group_queries(d_out, k_heads.shape[1])
+  d_v = jnp.einsum("bkqs,bkqd->bksd", probs, d_out_grouped)
+  d_probs = jnp.einsum("bkqd,bksd->bkqs", d_out_grouped, v_heads,
+                       preferred_element_type=jnp.float32)
+  row_term = jnp.sum(d_out_grouped.astype(jnp.float32) * out.astype(jnp.float32), axis=-1,
+                     keepdims=True)
+  d_scores = (probs.astype(jnp.float32) * (d_probs - row_term)).astype(q_grouped.dtype)
+  d_q = jnp.einsum("bkqs,bksd->bkqd", d_scores, k_heads) * jnp.asarray(scale, q_grouped.dtype)
+  d_k = jnp.einsum("bkqs,bkqd->bksd", d_scores, q_grouped)  # q_grouped already carries 1/√d
+  return (_ungroup_queries(d_q, time), d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3),
+          None)
+
+
+grouped_query_attention.defvjp(_forward, _backward)
