@@ -47,7 +47,7 @@ def run_json(command: list[str], env: dict[str, str]) -> list[dict]:
   return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
-def build_step(model, dtype):
+def build_step(model):
   """The jitted W2 step: (params, opt_state, batch) -> (params, opt_state, loss)."""
   import jax
   import jax.numpy as jnp
@@ -87,7 +87,7 @@ def run_ours(model_dir: str, dtype: str, warmup: int = 2, timed: int = 5) -> dic
   inputs = np.load(os.path.join(model_dir, "workload_inputs.npz"))
   batch = {"input_ids": inputs["w2_input_ids"], "advantages": inputs["w2_advantages"],
            "old_logprobs": inputs["w2_old_logprobs"], "loss_mask": inputs["w2_loss_mask"]}
-  optimizer, step = build_step(model, dtype)
+  optimizer, step = build_step(model)
   opt_state = optimizer.init(params)
   start = time.perf_counter()
   compiled = step.lower(params, opt_state, batch).compile()

@@ -32,6 +32,14 @@ _RECURRENCE_METHODS = ("auto", "associative", "scan")
 # --------------------------------------------------------------------------
 
 
+def _resolve_method(method: str) -> str:
+  """Validates `method` and turns "auto" into the backend's faster recurrence."""
+  v.check_choice("method", method, _RECURRENCE_METHODS)
+  if method == "auto":
+    return "scan" if jax.default_backend() == "cpu" else "associative"
+  return method
+
+
 def reverse_linear_recurrence(increments: chex.Array, decay: chex.Array,
                               mask: chex.Array, *,
                               method: RecurrenceMethod = "auto") -> chex.Array:
@@ -54,9 +62,7 @@ def reverse_linear_recurrence(increments: chex.Array, decay: chex.Array,
   Returns:
     [B, T] float32 y_t (the carry value at every position, masked or not).
   """
-  v.check_choice("method", method, _RECURRENCE_METHODS)
-  if method == "auto":
-    method = "scan" if jax.default_backend() == "cpu" else "associative"
+  method = _resolve_method(method)
   increments, mask = v.as_float32(increments, mask)
   decay = jnp.broadcast_to(jnp.asarray(decay, jnp.float32), increments.shape)
   valid = mask > 0
@@ -118,9 +124,7 @@ def _gae_advantages(rewards, values, mask, *, gamma, decays, bootstrap_values, m
   Returns:
     [K, B, T] float32.
   """
-  v.check_choice("method", method, _RECURRENCE_METHODS)
-  if method == "auto":
-    method = "scan" if jax.default_backend() == "cpu" else "associative"
+  method = _resolve_method(method)
   rewards, values, mask = v.as_float32(rewards, values, mask)
   num_settings = decays.shape[1]
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 
 from rlhf_jax.models.config import DecoderConfig
 from rlhf_jax.models.decoder import DecoderLM
@@ -67,9 +68,9 @@ def critic_from_policy(policy: FunctionalModel, policy_params: Params
   """
   critic, abstract = init_model(policy.config, head="scalar", abstract=True)
   params = {key: value for key, value in policy_params.items() if key != "lm_head"}
-  params["scalar_head"] = jax.numpy.zeros(abstract["scalar_head"].shape,
+  params["scalar_head"] = jnp.zeros(abstract["scalar_head"].shape,
                                           abstract["scalar_head"].dtype)
-  params["scalar_bias"] = jax.numpy.zeros((), abstract["scalar_bias"].dtype)
+  params["scalar_bias"] = jnp.zeros((), abstract["scalar_bias"].dtype)
   return critic, params
 
 
@@ -85,8 +86,8 @@ def score_at_last_token(values: jax.Array, mask: jax.Array) -> jax.Array:
   from rlhf_jax.kernels import last_valid_index  # kernels import nothing of ours
 
   last = last_valid_index(mask)
-  picked = jax.numpy.take_along_axis(values, jax.numpy.maximum(last, 0)[:, None], axis=1)[:, 0]
-  return jax.numpy.where(last >= 0, picked, 0.0)
+  picked = jnp.take_along_axis(values, jnp.maximum(last, 0)[:, None], axis=1)[:, 0]
+  return jnp.where(last >= 0, picked, 0.0)
 
 
 def logical_axes(state) -> Params:

@@ -68,16 +68,16 @@ def param_shardings(abstract_params, logical_axes, mesh: jax.sharding.Mesh,
     if len(spec) != len(shape):
       raise ValueError(f"parameter {_path_name(path)}: {len(axes)} logical axes {axes} for "
                        f"shape {shape}.")
-    for dim, mesh_axes in zip(shape, spec):
+    for dim, name, mesh_axes in zip(shape, axes, spec):
       if mesh_axes is None:
         continue
       names = mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,)
       parts = 1
-      for name in names:
-        parts *= mesh.shape[name]
+      for mesh_axis in names:
+        parts *= mesh.shape[mesh_axis]
       if dim % parts:
         raise ValueError(f"parameter {_path_name(path)} of shape {shape}: dimension {dim} "
-                         f"({axes[spec.index(mesh_axes)]!r} → {mesh_axes!r}) does not divide "
+                         f"({name!r} → {mesh_axes!r}) does not divide "
                          f"into {parts} shards; change the mesh or the rules.")
     return NamedSharding(mesh, spec)
 
