@@ -67,8 +67,9 @@ class KVCache:
     """An empty cache; `dtype` defaults to the compute dtype."""
     dtype = config.jnp_dtype if dtype is None else dtype
     shape = (batch, slots, config.num_kv_heads, config.head_dim)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
-    return cls(keys=zeros, values=zeros, valid=jnp.zeros((batch, slots), bool),
+    # Distinct buffers for keys and values, so a donated cache can be updated in place.
+    zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return cls(keys=zeros(), values=zeros(), valid=jnp.zeros((batch, slots), bool),
                end=jnp.zeros((batch,), jnp.int32), length=jnp.zeros((batch,), jnp.int32))
 
   @property
@@ -267,7 +268,8 @@ class DecoderLM(nnx.Module):
 
   def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-               num_last: int | None = None) -> tuple[jax.Array, KVCache | None]:
+               num_last: int | None = None, head_positions: jax.Array | None = None
+               ) -> tuple[jax.Array, KVCache | None]:
     """Runs the model.
 
     Args:
@@ -280,10 +282,14 @@ class DecoderLM(nnx.Module):
         token per row), or None for a plain forward.
       num_last: apply the head to the last `num_last` positions only (e.g. the
         response of a PPO batch, as HF's `logits_to_keep`).
+      head_positions: [B] int, apply the head at one time index per row only
+        (a sampler's prefill needs the logits after each prompt's last real
+        token, not [B, T, V]); the time axis is then dropped from the output.
     Returns:
       (outputs, cache): logits [B, T', V] (LM head; float32 when the compute
       dtype is float32, else the compute dtype) or values [B, T'] (scalar head,
-      float32), and the extended cache (None without one).
+      float32), and the extended cache (None without one). With
+      `head_positions`, logits [B, V] or values [B].
     """
     config = self.config
     batch, time = tokens.shape
@@ -316,14 +322,20 @@ class DecoderLM(nnx.Module):
                       end=cache.end + time,
                       length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32))
 
+    if num_last is not None and head_positions is not None:
+      raise ValueError("Pass at most one of num_last and head_positions.")
     if num_last is not None:
       x = x[:, time - num_last:]
+    if head_positions is not None:
+      x = jnp.take_along_axis(x, head_positions.astype(jnp.int32)[:, None, None], axis=1)
     x = self.final_norm(x)
     if self.head == "scalar":
       weights = self.scalar_head[...].astype(jnp.float32)
-      return x.astype(jnp.float32) @ weights + self.scalar_bias[...].astype(jnp.float32), cache
-    if config.tie_embeddings:
-      logits = jnp.einsum("bte,ve->btv", x, self.embed[...].astype(config.jnp_dtype))
+      out = x.astype(jnp.float32) @ weights + self.scalar_bias[...].astype(jnp.float32)
+    elif config.tie_embeddings:
+      out = jnp.einsum("bte,ve->btv", x, self.embed[...].astype(config.jnp_dtype))
     else:
-      logits = x @ self.lm_head[...].astype(config.jnp_dtype)
-    return logits, cache
+      out = x @ self.lm_head[...].astype(config.jnp_dtype)
+    if head_positions is not None:
+      out = out[:, 0]
+    return out, cache

@@ -46,6 +46,18 @@ def test_scalar_head_and_num_last():
   np.testing.assert_allclose(last, values[:, -2:], atol=1e-6)
 
 
+@pytest.mark.parametrize("head", ["lm", "scalar"])
+def test_head_positions_pick_one_position_per_row(head):
+  model, params = models.init_model(CONFIG, head=head, seed=3)
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 96, (3, 6)), jnp.int32)
+  every, _ = model.apply(params, tokens)
+  at = jnp.asarray([5, 0, 3])
+  picked, _ = model.apply(params, tokens, head_positions=at)
+  np.testing.assert_allclose(picked, np.asarray(every)[np.arange(3), np.asarray(at)], atol=1e-6)
+  with pytest.raises(ValueError, match="num_last and head_positions"):
+    model.apply(params, tokens, num_last=2, head_positions=at)
+
+
 def test_config_errors_name_the_field():
   with pytest.raises(ValueError, match="num_heads=6 must be a multiple of num_kv_heads=4"):
     CONFIG.replace(num_heads=6, num_kv_heads=4)

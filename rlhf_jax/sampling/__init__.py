@@ -1,0 +1,18 @@
+"""rlhf_jax.sampling: a JetStream-shaped engine (prefill / insert / generate over decode
+slots), a continuous-batching scheduler, per-request sampling parameters with FIRE,
+and a gRPC server and client for running the sampler in its own process."""
+
+from rlhf_jax.sampling.engine import DecodeState
+from rlhf_jax.sampling.engine import Engine
+from rlhf_jax.sampling.engine import Prefix
+from rlhf_jax.sampling.engine import SlotSampling
+from rlhf_jax.sampling.engine import StepResult
+from rlhf_jax.sampling.params import FireSchedule
+from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.token_sampling import sample_tokens
+from rlhf_jax.sampling.token_sampling import truncation_mask
+
+__all__ = [
+    "DecodeState", "Engine", "FireSchedule", "Prefix", "SamplingParams", "SlotSampling",
+    "StepResult", "sample_tokens", "truncation_mask",
+]

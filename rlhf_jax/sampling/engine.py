@@ -1,0 +1,319 @@
+"""A sampling engine in JetStream's shape: prefill, insert into a decode slot, generate.
+
+    prefix = engine.prefill(params, tokens, true_length)      # [P, L] prompts
+    state = engine.insert(prefix, state, slot, row=r, sampling=engine.slot_sampling(sp, i))
+    state, result = engine.generate(params, state)             # one token for every slot
+
+The decode state holds a preallocated KV cache of `num_slots` rows ×
+`cache_length` positions and, per slot, the next-token logits, the request's
+sampling parameters and its PRNG key. `generate` samples every active slot
+from its logits, then runs the model one step to get the next logits; finished
+and empty slots ride along (fixed shapes) and emit nothing. The device decides
+when a slot is done (a stop token or `max_new_tokens`), so the host only has to
+read results, and `generate_steps` can run several steps per dispatch.
+
+Compilation: `prefill` and `insert` once per (prefill batch, prompt-length
+bucket), `generate` once per `num_steps`; nothing recompiles in steady state
+(`Engine.compilations()` counts them). The decode state is donated, so the
+cache is updated in place.
+
+Randomness: sample i of a request with seed s draws its t-th token with
+key fold_in(fold_in(key(s), i), t), so its tokens do not depend on which slot
+it got or what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhf_jax.models.decoder import KVCache
+from rlhf_jax.models.functional import FunctionalModel
+from rlhf_jax.models.functional import Params
+from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.token_sampling import sample_tokens
+
+
+@flax.struct.dataclass
+class Prefix:
+  """The result of prefilling P prompts padded to one bucket length L.
+
+  Attributes:
+    keys, values: per layer [P, L, num_kv_heads, head_dim].
+    logits: [P, V] float32 next-token logits after each prompt.
+    true_length: [P] int32 real prompt lengths (tokens at 0..true_length-1).
+  """
+  keys: tuple[jax.Array, ...]
+  values: tuple[jax.Array, ...]
+  logits: jax.Array
+  true_length: jax.Array
+
+
+@flax.struct.dataclass
+class SlotSampling:
+  """One sample's sampling parameters as fixed-dtype scalars (see `Engine.slot_sampling`)."""
+  key: jax.Array  # [2] uint32 key data of fold_in(key(seed), sample_index)
+  temperature: jax.Array
+  top_k: jax.Array
+  top_p: jax.Array
+  min_p: jax.Array
+  max_new_tokens: jax.Array
+  stop_token_ids: jax.Array  # [max_stop_tokens] int32, -1 = unused
+  fire: jax.Array  # bool: FIRE on
+  fire_every_line: jax.Array
+  fire_temperature: jax.Array
+  fire_top_k: jax.Array
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """Everything the decode loop carries, one row per slot (S = num_slots).
+
+  Attributes:
+    cache: the KV cache, [S, cache_length].
+    logits: [S, V] float32 logits for each slot's next token.
+    last_token: [S] int32 the slot's last emitted token (-1 before the first).
+    generated: [S] int32 tokens emitted for the slot's current sample.
+    active: [S] bool, the slot holds a sample that is still generating.
+    sampling: SlotSampling with a leading [S] axis.
+  """
+  cache: KVCache
+  logits: jax.Array
+  last_token: jax.Array
+  generated: jax.Array
+  active: jax.Array
+  sampling: SlotSampling
+
+
+@flax.struct.dataclass
+class StepResult:
+  """What one `generate` step produced, per slot ([S] each).
+
+  Attributes:
+    tokens: the drawn token (meaningful where `emitted`).
+    sampled_logprobs: log-probability under the distribution it was drawn from.
+    model_logprobs: log-probability under the model at temperature 1.
+    emitted: the slot was active and produced a token this step.
+    finished: that token ended the sample (a stop token or max_new_tokens).
+    stopped: it ended because the token is a stop token.
+  """
+  tokens: jax.Array
+  sampled_logprobs: jax.Array
+  model_logprobs: jax.Array
+  emitted: jax.Array
+  finished: jax.Array
+  stopped: jax.Array
+
+
+@dataclasses.dataclass
+class Engine:
+  """Prefill / insert / generate over a fixed number of decode slots.
+
+  Args:
+    model: the policy (LM head).
+    num_slots: S, concurrent samples in the decode batch.
+    cache_length: positions per slot: the longest prompt bucket plus the most
+      new tokens any request may ask for.
+    newline_token_ids: tokens whose text ends a line (FIRE's every-line mode).
+    max_stop_tokens: room for stop token ids per request.
+  """
+  model: FunctionalModel
+  num_slots: int
+  cache_length: int
+  newline_token_ids: Sequence[int] = ()
+  max_stop_tokens: int = 4
+
+  def __post_init__(self):
+    if self.model.head != "lm":
+      raise ValueError(f"Engine needs a model with an LM head; got head={self.model.head!r}.")
+    for name in ("num_slots", "cache_length", "max_stop_tokens"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer.")
+    vocab = self.model.config.vocab_size
+    bad = [t for t in self.newline_token_ids if not 0 <= int(t) < vocab]
+    if bad:
+      raise ValueError(f"newline_token_ids {bad} are outside the vocabulary (size {vocab}).")
+    newline = np.zeros((vocab,), bool)
+    newline[list(self.newline_token_ids)] = True
+    self._newline = newline
+    self._traces = collections.Counter()
+    self._prefill = jax.jit(self._prefill_impl)
+    self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
+    self._generate = jax.jit(self._generate_impl, static_argnums=(2,), donate_argnums=(1,))
+
+  # ---------------------------------------------------------------- public API
+
+  @property
+  def vocab_size(self) -> int:
+    """V, the model's vocabulary size."""
+    return self.model.config.vocab_size
+
+  def compilations(self) -> dict[str, int]:
+    """How many times each jitted function was traced (one per compiled shape)."""
+    return dict(self._traces)
+
+  def init_decode_state(self) -> DecodeState:
+    """An empty decode state: every slot free."""
+    slots = self.num_slots
+    sampling = jax.tree.map(lambda x: jnp.broadcast_to(x, (slots,) + x.shape),
+                            self.slot_sampling(SamplingParams(), 0, seed=0))
+    return DecodeState(
+        cache=KVCache.create(self.model.config, slots, self.cache_length),
+        logits=jnp.zeros((slots, self.vocab_size), jnp.float32),
+        last_token=jnp.full((slots,), -1, jnp.int32),
+        generated=jnp.zeros((slots,), jnp.int32),
+        active=jnp.zeros((slots,), bool),
+        sampling=sampling)
+
+  def slot_sampling(self, params: SamplingParams, sample_index: int, *,
+                    seed: int | None = None) -> SlotSampling:
+    """Sample `sample_index` of a request as per-slot arrays (host → device once).
+
+    Args:
+      params: the request's SamplingParams.
+      sample_index: which of its `n` samples (selects the PRNG stream).
+      seed: overrides `params.seed` (the scheduler's draw when that is None).
+    """
+    params.check_against(vocab_size=self.vocab_size, max_stop_tokens=self.max_stop_tokens)
+    seed = params.seed if seed is None else seed
+    if seed is None:
+      raise ValueError("seed is None: pass seed= or set SamplingParams.seed.")
+    key = jax.random.fold_in(jax.random.key(seed), sample_index)
+    stops = np.full((self.max_stop_tokens,), -1, np.int32)
+    stops[:len(params.stop_token_ids)] = params.stop_token_ids
+    fire = params.fire
+    return SlotSampling(
+        key=jax.random.key_data(key),
+        temperature=np.float32(params.temperature),
+        top_k=np.int32(params.top_k),
+        top_p=np.float32(params.top_p),
+        min_p=np.float32(params.min_p),
+        max_new_tokens=np.int32(params.max_new_tokens),
+        stop_token_ids=stops,
+        fire=np.bool_(fire is not None),
+        fire_every_line=np.bool_(fire is not None and fire.every_line),
+        fire_temperature=np.float32(1.0 if fire is None else fire.temperature),
+        fire_top_k=np.int32(0 if fire is None else fire.top_k))
+
+  def prefill(self, params: Params, tokens, true_length) -> Prefix:
+    """Runs P prompts through the model and keeps their KV and next-token logits.
+
+    Args:
+      params: model parameters.
+      tokens: [P, L] int32 prompts, right-padded to a bucket length L.
+      true_length: [P] int32 real lengths, 1 ≤ true_length ≤ L.
+    Returns:
+      A Prefix.
+    """
+    tokens = np.asarray(tokens, np.int32)
+    true_length = np.asarray(true_length, np.int32)
+    if tokens.ndim != 2 or true_length.shape != tokens.shape[:1]:
+      raise ValueError(f"tokens must be [P, L] and true_length [P]; got {tokens.shape} and "
+                       f"{true_length.shape}.")
+    if tokens.shape[1] > self.cache_length:
+      raise ValueError(f"prompt bucket length {tokens.shape[1]} exceeds cache_length="
+                       f"{self.cache_length}.")
+    if np.any(true_length < 1) or np.any(true_length > tokens.shape[1]):
+      raise ValueError(f"true_length must be in [1, {tokens.shape[1]}]; got {true_length}.")
+    return self._prefill(params, tokens, true_length)
+
+  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *, row: int = 0,
+             sampling: SlotSampling) -> DecodeState:
+    """Puts prefix row `row` into decode slot `slot` with the given sampling parameters.
+
+    The input `decode_state` is donated (updated in place): use the returned one.
+    """
+    if not 0 <= slot < self.num_slots:
+      raise ValueError(f"slot={slot} is outside [0, {self.num_slots}).")
+    if not 0 <= row < prefix.logits.shape[0]:
+      raise ValueError(f"row={row} is outside the prefix's {prefix.logits.shape[0]} rows.")
+    return self._insert(prefix, decode_state, np.int32(slot), np.int32(row), sampling)
+
+  def generate(self, params: Params, decode_state: DecodeState
+               ) -> tuple[DecodeState, StepResult]:
+    """One decode step for every slot; the input state is donated."""
+    state, results = self._generate(params, decode_state, 1)
+    return state, jax.tree.map(lambda x: x[0], results)
+
+  def generate_steps(self, params: Params, decode_state: DecodeState, num_steps: int
+                     ) -> tuple[DecodeState, StepResult]:
+    """`num_steps` decode steps in one dispatch; results stacked as [num_steps, S]."""
+    return self._generate(params, decode_state, int(num_steps))
+
+  # ---------------------------------------------------------------- jitted bodies
+
+  def _prefill_impl(self, params, tokens, true_length):
+    self._traces["prefill"] += 1
+    batch, length = tokens.shape
+    cache = KVCache.create(self.model.config, batch, length)
+    mask = jnp.arange(length)[None, :] < true_length[:, None]
+    logits, cache = self.model.apply(params, tokens, attention_mask=mask, cache=cache,
+                                     head_positions=true_length - 1)
+    return Prefix(keys=cache.keys, values=cache.values, logits=logits.astype(jnp.float32),
+                  true_length=true_length)
+
+  def _insert_impl(self, prefix, state, slot, row, sampling):
+    self._traces["insert"] += 1
+    length = prefix.true_length[row]
+
+    def put(buffer, rows):
+      update = jax.lax.dynamic_index_in_dim(rows, row, keepdims=True).astype(buffer.dtype)
+      return jax.lax.dynamic_update_slice(buffer, update, (slot,) + (0,) * (buffer.ndim - 1))
+
+    cache = state.cache
+    valid_row = jnp.arange(self.cache_length) < length
+    cache = KVCache(
+        keys=tuple(put(c, p) for c, p in zip(cache.keys, prefix.keys)),
+        values=tuple(put(c, p) for c, p in zip(cache.values, prefix.values)),
+        valid=cache.valid.at[slot].set(valid_row),
+        end=cache.end.at[slot].set(length),
+        length=cache.length.at[slot].set(length))
+    return DecodeState(
+        cache=cache,
+        logits=put(state.logits, prefix.logits),
+        last_token=state.last_token.at[slot].set(-1),
+        generated=state.generated.at[slot].set(0),
+        active=state.active.at[slot].set(True),
+        sampling=jax.tree.map(lambda all_slots, one: all_slots.at[slot].set(one),
+                              state.sampling, sampling))
+
+  def _generate_impl(self, params, state, num_steps):
+    self._traces[f"generate[{num_steps}]"] += 1
+    newline = jnp.asarray(self._newline)
+
+    def step(state, _):
+      s = state.sampling
+      # FIRE (arXiv:2410.21236): the hot parameters at a sample's first token and,
+      # in every-line mode, after each token that ends a line.
+      after_newline = (state.last_token >= 0) & newline[jnp.maximum(state.last_token, 0)]
+      hot = s.fire & ((state.generated == 0) | (s.fire_every_line & after_newline))
+      keys = jax.vmap(lambda data, t: jax.random.fold_in(jax.random.wrap_key_data(data), t))(
+          s.key, state.generated)
+      tokens, sampled_logprobs, model_logprobs = sample_tokens(
+          state.logits, keys,
+          temperature=jnp.where(hot, s.fire_temperature, s.temperature),
+          top_k=jnp.where(hot, s.fire_top_k, s.top_k),
+          top_p=jnp.where(hot, 1.0, s.top_p),
+          min_p=jnp.where(hot, 0.0, s.min_p))
+      emitted = state.active
+      stopped = emitted & jnp.any(tokens[:, None] == s.stop_token_ids, axis=-1)
+      generated = state.generated + emitted.astype(jnp.int32)
+      finished = emitted & (stopped | (generated >= s.max_new_tokens))
+      logits, cache = self.model.apply(params, tokens[:, None], cache=state.cache,
+                                       head_positions=jnp.zeros_like(tokens))
+      new_state = DecodeState(cache=cache, logits=logits.astype(jnp.float32),
+                              last_token=jnp.where(emitted, tokens, state.last_token),
+                              generated=generated, active=state.active & ~finished,
+                              sampling=s)
+      return new_state, StepResult(tokens=tokens, sampled_logprobs=sampled_logprobs,
+                                   model_logprobs=model_logprobs, emitted=emitted,
+                                   finished=finished, stopped=stopped)
+
+    return jax.lax.scan(step, state, None, length=num_steps)

@@ -1,0 +1,391 @@
+"""Continuous batching over an Engine's decode slots.
+
+Requests wait in a FIFO queue; whenever slots are free, waiting samples are
+prefilled (prompts of one length bucket together, `n` samples of a prompt
+sharing one prefill) and inserted; every `steps_per_sync` decode steps the
+host reads the tokens, hands back each sample as soon as it finishes, and
+refills its slot. With `continuous=False` the scheduler waits until the whole
+batch is done before admitting more (static batching, for comparison).
+
+Thread safety: `submit`, `cancel`, `update_params` and `metrics` may be called
+from any thread; `step`/`run` from one thread at a time (the server's loop).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import math
+import threading
+import time
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from rlhf_jax.models.functional import Params
+from rlhf_jax.sampling.engine import Engine
+from rlhf_jax.sampling.engine import Prefix
+from rlhf_jax.sampling.params import SamplingParams
+
+UPDATE_POLICIES = ("finish_old", "swap_now")
+
+
+@dataclasses.dataclass
+class Completion:
+  """One finished sample.
+
+  Attributes:
+    request_id: the id `submit` returned.
+    sample_index: which of the request's `n` samples.
+    prompt_ids: the prompt tokens.
+    token_ids: the generated tokens (a stop token included).
+    sampled_logprobs: per token, log q under the distribution it was drawn from.
+    model_logprobs: per token, log π under the model at temperature 1 (PPO's π_old).
+    finish_reason: "stop" (a stop token), "length" (max_new_tokens),
+      "cancelled", or "error" (see `error`).
+    seed: the seed used (drawn by the scheduler when the request gave none).
+    weights_version: (first, last) weight versions the sample was generated with.
+    error: the failure message when finish_reason == "error".
+  """
+  request_id: str
+  sample_index: int
+  prompt_ids: list[int]
+  token_ids: list[int]
+  sampled_logprobs: list[float]
+  model_logprobs: list[float]
+  finish_reason: str
+  seed: int
+  weights_version: tuple[int, int]
+  error: str = ""
+
+
+TokenCallback = Callable[[str, int, int, float, float], None]
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+  request_id: str
+  prompt_ids: list[int]
+  sampling: SamplingParams
+  seed: int
+  bucket: int
+  on_token: TokenCallback | None
+  waiting: collections.deque  # sample indices not yet in a slot
+  prefix: Prefix | None = None
+  prefix_row: int = 0
+  outstanding: int = 0  # samples not yet completed
+  cancelled: bool = False
+
+
+@dataclasses.dataclass
+class _Sample:
+  request: _Request
+  index: int
+  version: int
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  sampled: list[float] = dataclasses.field(default_factory=list)
+  model: list[float] = dataclasses.field(default_factory=list)
+
+
+class QueueFull(RuntimeError):
+  """The scheduler's queue already holds `max_queue` requests."""
+
+
+def default_prompt_buckets(cache_length: int) -> tuple[int, ...]:
+  """Powers of two from 16 below `cache_length`, plus `cache_length` itself."""
+  buckets = [b for b in (2 ** i for i in range(4, 20)) if b < cache_length]
+  return tuple(buckets) + (cache_length,)
+
+
+class Scheduler:
+  """Feeds requests through an Engine with continuous batching.
+
+  Args:
+    engine: the Engine.
+    params: model parameters (replaced by `update_params`).
+    prompt_buckets: padded prompt lengths (one prefill compile each); default
+      `default_prompt_buckets(engine.cache_length)`.
+    steps_per_sync: most decode steps per dispatch before the host looks at
+      the results; a finished slot idles at most this many steps minus one.
+    continuous: refill slots as samples finish (False: static batching).
+    max_queue: most requests waiting or running; `submit` raises QueueFull beyond.
+    update_policy: "finish_old" (in-flight samples finish on the old weights;
+      new samples wait for the swap) or "swap_now" (the next step uses the new
+      weights; each Completion records the versions it saw).
+    seed: seeds the draws for requests that give no seed.
+    weights_version: the version number of `params`.
+  """
+
+  def __init__(self, engine: Engine, params: Params, *,
+               prompt_buckets: Sequence[int] | None = None, steps_per_sync: int = 8,
+               continuous: bool = True, max_queue: int = 4096,
+               update_policy: str = "finish_old", seed: int = 0, weights_version: int = 0):
+    if update_policy not in UPDATE_POLICIES:
+      raise ValueError(f"update_policy={update_policy!r}; allowed: {UPDATE_POLICIES}.")
+    if not isinstance(steps_per_sync, int) or steps_per_sync < 1:
+      raise ValueError(f"steps_per_sync={steps_per_sync!r} must be a positive integer.")
+    buckets = tuple(sorted(prompt_buckets or default_prompt_buckets(engine.cache_length)))
+    if buckets[-1] > engine.cache_length or buckets[0] < 1:
+      raise ValueError(f"prompt_buckets={buckets} must lie in [1, cache_length="
+                       f"{engine.cache_length}].")
+    self.engine = engine
+    self.params = params
+    self.prompt_buckets = buckets
+    self.steps_per_sync = steps_per_sync
+    self.continuous = continuous
+    self.max_queue = max_queue
+    self.update_policy = update_policy
+    self.weights_version = weights_version
+    self._rng = np.random.default_rng(seed)
+    self._lock = threading.Lock()
+    self._ids = itertools.count()
+    self._queue: collections.deque[_Request] = collections.deque()
+    self._requests: dict[str, _Request] = {}
+    self._slots: list[_Sample | None] = [None] * engine.num_slots
+    self._pending_params: tuple[Params, int] | None = None
+    self._state = engine.init_decode_state()
+    self._stats = collections.Counter()
+    self._started = time.perf_counter()
+
+  # ---------------------------------------------------------------- client side
+
+  def submit(self, prompt_ids: Sequence[int], sampling: SamplingParams = SamplingParams(), *,
+             request_id: str | None = None, on_token: TokenCallback | None = None) -> str:
+    """Queues a request; returns its id.
+
+    Args:
+      prompt_ids: the prompt tokens (at least one).
+      sampling: its SamplingParams.
+      request_id: an id of the caller's choice (default: a counter).
+      on_token: called as on_token(request_id, sample_index, token,
+        sampled_logprob, model_logprob) for every token, from the thread that
+        runs `step`; an exception in it ends that request with an error.
+    Raises:
+      ValueError naming the bad field; QueueFull when the queue is full.
+    """
+    if not isinstance(sampling, SamplingParams):
+      raise ValueError(f"sampling must be a SamplingParams; got {type(sampling).__name__}.")
+    prompt_ids = [int(t) for t in prompt_ids]
+    vocab = self.engine.vocab_size
+    if not prompt_ids:
+      raise ValueError("prompt_ids is empty; a prompt needs at least one token.")
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+      raise ValueError(f"prompt_ids has token ids outside [0, {vocab}).")
+    bucket = next((b for b in self.prompt_buckets if b >= len(prompt_ids)), None)
+    if bucket is None:
+      raise ValueError(f"prompt_ids has {len(prompt_ids)} tokens; the largest prompt bucket "
+                       f"is {self.prompt_buckets[-1]}.")
+    room = self.engine.cache_length - len(prompt_ids)
+    if sampling.max_new_tokens > room:
+      raise ValueError(f"max_new_tokens={sampling.max_new_tokens} does not fit: the prompt has "
+                       f"{len(prompt_ids)} tokens and cache_length is "
+                       f"{self.engine.cache_length} (room for {room}).")
+    sampling.check_against(vocab_size=vocab, max_stop_tokens=self.engine.max_stop_tokens)
+    with self._lock:
+      if len(self._requests) >= self.max_queue:
+        raise QueueFull(f"{len(self._requests)} requests queued or running "
+                        f"(max_queue={self.max_queue}).")
+      request_id = str(next(self._ids)) if request_id is None else request_id
+      if request_id in self._requests:
+        raise ValueError(f"request_id={request_id!r} is already in use.")
+      seed = sampling.seed if sampling.seed is not None else int(self._rng.integers(2**31))
+      request = _Request(request_id=request_id, prompt_ids=prompt_ids, sampling=sampling,
+                         seed=seed, bucket=bucket, on_token=on_token,
+                         waiting=collections.deque(range(sampling.n)), outstanding=sampling.n)
+      self._requests[request_id] = request
+      self._queue.append(request)
+      self._stats["requests_submitted"] += 1
+    return request_id
+
+  def cancel(self, request_id: str) -> None:
+    """Ends a request: waiting samples are dropped, running ones free their slots
+    at the next step (they complete with finish_reason "cancelled")."""
+    with self._lock:
+      request = self._requests.get(request_id)
+      if request is not None:
+        request.cancelled = True
+
+  def update_params(self, params: Params, version: int) -> None:
+    """Hands new weights to the sampler (applied per `update_policy`)."""
+    with self._lock:
+      self._pending_params = (params, int(version))
+
+  def has_work(self) -> bool:
+    """Something is queued, running, or a weight update is pending."""
+    with self._lock:
+      return bool(self._requests) or self._pending_params is not None
+
+  def metrics(self) -> dict[str, float]:
+    """Queue depth, slot use, token and request counts, tokens/s since start."""
+    with self._lock:
+      busy = sum(s is not None for s in self._slots)
+      stats = dict(self._stats)
+      waiting = sum(len(r.waiting) for r in self._requests.values())
+    elapsed = max(time.perf_counter() - self._started, 1e-9)
+    slot_steps = stats.get("slot_steps", 0)
+    return {
+        "queue_depth": float(waiting),
+        "slots_busy": float(busy),
+        "num_slots": float(self.engine.num_slots),
+        "slot_utilisation": stats.get("emitted_tokens", 0) / slot_steps if slot_steps else 0.0,
+        "generated_tokens": float(stats.get("emitted_tokens", 0)),
+        "requests_completed": float(stats.get("requests_completed", 0)),
+        "tokens_per_second": stats.get("emitted_tokens", 0) / elapsed,
+        "weights_version": float(self.weights_version),
+    }
+
+  def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[
+      SamplingParams] = SamplingParams()) -> list[list[Completion]]:
+    """Samples every prompt and returns, per prompt, its `n` completions in order.
+
+    The in-process sampler interface of DESIGN.md: `generate(prompts, params)`.
+    """
+    samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(
+        sampling)
+    if len(samplings) != len(prompts):
+      raise ValueError(f"got {len(samplings)} SamplingParams for {len(prompts)} prompts.")
+    ids = [self.submit(p, s) for p, s in zip(prompts, samplings)]
+    done = {rid: [None] * s.n for rid, s in zip(ids, samplings)}
+    for completion in self.run():
+      if completion.request_id in done:
+        done[completion.request_id][completion.sample_index] = completion
+    return [done[rid] for rid in ids]
+
+  # ---------------------------------------------------------------- loop side
+
+  def run(self) -> list[Completion]:
+    """Steps until nothing is queued or running; returns completions in finishing order."""
+    completions = []
+    while self.has_work():
+      completions.extend(self.step())
+    return completions
+
+  def step(self) -> list[Completion]:
+    """Admits waiting samples into free slots, runs up to `steps_per_sync`
+    decode steps, and returns the samples that finished."""
+    completions = self._reap_cancelled()
+    self._maybe_swap_params()
+    self._admit()
+    active = [i for i, s in enumerate(self._slots) if s is not None]
+    if not active:
+      self._drop_finished_requests()
+      return completions
+    remaining = max(self._slots[i].request.sampling.max_new_tokens - len(self._slots[i].tokens)
+                    for i in active)
+    # Powers of two only, so at most log2(steps_per_sync) generate programs compile.
+    steps = min(self.steps_per_sync, 2 ** int(math.log2(max(remaining, 1))))
+    self._state, results = self.engine.generate_steps(self.params, self._state, steps)
+    results = jax.device_get(results)
+    self._stats["slot_steps"] += steps * self.engine.num_slots
+    for slot in active:
+      completions.extend(self._collect(slot, results))
+    self._drop_finished_requests()
+    return completions
+
+  def _collect(self, slot, results) -> list[Completion]:
+    sample = self._slots[slot]
+    request = sample.request
+    for t in np.nonzero(results.emitted[:, slot])[0]:
+      token = int(results.tokens[t, slot])
+      sample.tokens.append(token)
+      sample.sampled.append(float(results.sampled_logprobs[t, slot]))
+      sample.model.append(float(results.model_logprobs[t, slot]))
+      self._stats["emitted_tokens"] += 1
+      if request.on_token is not None and not request.cancelled:
+        try:
+          request.on_token(request.request_id, sample.index, token, sample.sampled[-1],
+                           sample.model[-1])
+        except Exception as error:  # a failing consumer ends its request only
+          return [self._finish(slot, "error", f"on_token raised {error!r}")]
+      if results.finished[t, slot]:
+        return [self._finish(slot, "stop" if results.stopped[t, slot] else "length")]
+    return []
+
+  def _finish(self, slot: int, reason: str, error: str = "") -> Completion:
+    sample = self._slots[slot]
+    self._slots[slot] = None
+    request = sample.request
+    with self._lock:
+      request.outstanding -= 1
+      if reason == "error":
+        request.cancelled = True
+    self._stats["samples_completed"] += 1
+    return Completion(request_id=request.request_id, sample_index=sample.index,
+                      prompt_ids=request.prompt_ids, token_ids=sample.tokens,
+                      sampled_logprobs=sample.sampled, model_logprobs=sample.model,
+                      finish_reason=reason, seed=request.seed,
+                      weights_version=(sample.version, self.weights_version), error=error)
+
+  def _reap_cancelled(self) -> list[Completion]:
+    completions = []
+    with self._lock:
+      cancelled = [r for r in self._requests.values() if r.cancelled]
+      for request in cancelled:
+        request.outstanding -= len(request.waiting)
+        request.waiting.clear()
+    for slot, sample in enumerate(self._slots):
+      if sample is not None and sample.request.cancelled:
+        completions.append(self._finish(slot, "cancelled"))
+    return completions
+
+  def _drop_finished_requests(self) -> None:
+    with self._lock:
+      for request_id in [rid for rid, r in self._requests.items() if r.outstanding <= 0]:
+        del self._requests[request_id]
+        self._stats["requests_completed"] += 1
+      self._queue = collections.deque(r for r in self._queue if r.waiting)
+
+  def _maybe_swap_params(self) -> None:
+    with self._lock:
+      pending = self._pending_params
+      if pending is None:
+        return
+      busy = any(s is not None for s in self._slots)
+      if self.update_policy == "finish_old" and busy:
+        return
+      self.params, self.weights_version = pending
+      self._pending_params = None
+      self._stats["weight_updates"] += 1
+
+  def _admit(self) -> None:
+    with self._lock:
+      if self._pending_params is not None and self.update_policy == "finish_old":
+        return  # new samples start on the new weights
+      free = [i for i, s in enumerate(self._slots) if s is None]
+      if not self.continuous and len(free) < len(self._slots):
+        return
+      admitted = []
+      for request in self._queue:
+        while request.waiting and len(admitted) < len(free):
+          admitted.append((request, request.waiting.popleft()))
+        if len(admitted) == len(free):
+          break
+    if not admitted:
+      return
+    self._prefill([r for r in dict.fromkeys(r for r, _ in admitted) if r.prefix is None])
+    for (request, index), slot in zip(admitted, free):
+      sampling = self.engine.slot_sampling(request.sampling, index, seed=request.seed)
+      self._state = self.engine.insert(request.prefix, self._state, slot,
+                                       row=request.prefix_row, sampling=sampling)
+      self._slots[slot] = _Sample(request=request, index=index, version=self.weights_version)
+    for request, _ in admitted:
+      if not request.waiting:
+        request.prefix = None  # every sample is in a slot: free the prefix
+
+  def _prefill(self, requests: list[_Request]) -> None:
+    by_bucket = collections.defaultdict(list)
+    for request in requests:
+      by_bucket[request.bucket].append(request)
+    for bucket, group in by_bucket.items():
+      # Batch sizes are powers of two, so few prefill programs compile.
+      batch = 2 ** math.ceil(math.log2(len(group)))
+      tokens = np.zeros((batch, bucket), np.int32)
+      lengths = np.ones((batch,), np.int32)
+      for row, request in enumerate(group):
+        tokens[row, :len(request.prompt_ids)] = request.prompt_ids
+        lengths[row] = len(request.prompt_ids)
+      prefix = self.engine.prefill(self.params, tokens, lengths)
+      for row, request in enumerate(group):
+        request.prefix, request.prefix_row = prefix, row
