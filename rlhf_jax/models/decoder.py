@@ -24,6 +24,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.models.attention import cached_attention
 from rlhf_jax.models.attention import grouped_query_attention
 from rlhf_jax.models.config import DecoderConfig
 
@@ -50,7 +51,13 @@ class KVCache:
   """A fixed-size key/value cache for B rows and S slots.
 
   Attributes:
-    keys, values: one [B, S, num_kv_heads, head_dim] array per layer.
+    keys: one [B, num_kv_heads, head_dim, S] array per layer (transposed);
+    values: one [B, num_kv_heads, S, head_dim] array per layer.
+      Head-major, so a decode step reads the cache as stored (a [B, S, K, D]
+      layout cost a transposed copy of the whole cache per layer per step), and
+      keys with slots minor, so the decode scores q·k are a vectorised
+      multiply-add along S instead of a batch of tiny GEMVs (2.8× faster score
+      computation on CPU; see `cached_attention`).
     valid: [B, S] bool, slot holds a real (non-padding) token.
     end: [B] int32, the next slot to write in each row.
     length: [B] int32, real tokens seen so far (the next token's position).
@@ -66,10 +73,11 @@ class KVCache:
              dtype=None) -> "KVCache":
     """An empty cache; `dtype` defaults to the compute dtype."""
     dtype = config.jnp_dtype if dtype is None else dtype
-    shape = (batch, slots, config.num_kv_heads, config.head_dim)
+    heads, dim = config.num_kv_heads, config.head_dim
     # Distinct buffers for keys and values, so a donated cache can be updated in place.
-    zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
-    return cls(keys=zeros(), values=zeros(), valid=jnp.zeros((batch, slots), bool),
+    zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return cls(keys=zeros((batch, heads, dim, slots)), values=zeros((batch, heads, slots, dim)),
+               valid=jnp.zeros((batch, slots), bool),
                end=jnp.zeros((batch,), jnp.int32), length=jnp.zeros((batch,), jnp.int32))
 
   @property
@@ -78,10 +86,12 @@ class KVCache:
     return self.valid.shape[1]
 
 
-def _write_rows(buffer: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
-  """buffer[b, start[b]:start[b]+T] = update[b] for every row b."""
+def _write_rows(buffer: jax.Array, update: jax.Array, start: jax.Array,
+                axis: int = 0) -> jax.Array:
+  """buffer[b, ..., start[b]:start[b]+T, ...] = update[b] for every row b (T on `axis`,
+  counted without the batch axis)."""
   def write(row, new, at):
-    return jax.lax.dynamic_update_slice_in_dim(row, new.astype(row.dtype), at, axis=0)
+    return jax.lax.dynamic_update_slice_in_dim(row, new.astype(row.dtype), at, axis=axis)
   return jax.vmap(write)(buffer, update, start)
 
 
@@ -187,21 +197,26 @@ class Attention(nnx.Module):
     v = self._project(x, self.v_proj, "v_bias")
     time = x.shape[1]
     if layer_cache is None:
-      keys, values, key_valid = k, v, token_mask
+      key_valid = token_mask
       query_slots = jnp.broadcast_to(jnp.arange(time), token_mask.shape)
-      new_cache = None
+      num_keys = time
     else:
       cache_keys, cache_values, key_valid, end = layer_cache
-      keys = _write_rows(cache_keys, k, end)
-      values = _write_rows(cache_values, v, end)
+      # New keys go in as [B, K, D, T], values as [B, K, T, D], at each row's write index.
+      cache_keys = _write_rows(cache_keys, k.transpose(0, 2, 3, 1), end, axis=2)
+      cache_values = _write_rows(cache_values, v.transpose(0, 2, 1, 3), end, axis=1)
       query_slots = end[:, None] + jnp.arange(time)[None, :]
-      new_cache = (keys, values)
-    key_slots = jnp.arange(keys.shape[1])
+      num_keys = cache_values.shape[2]
+    key_slots = jnp.arange(num_keys)
     causal = key_slots[None, None, :] <= query_slots[:, :, None]
     # A padding query may see no valid key; letting it see itself keeps softmax finite.
     itself = key_slots[None, None, :] == query_slots[:, :, None]
     allowed = (causal & key_valid[:, None, :]) | itself
-    out = grouped_query_attention(q, keys, values, allowed)
+    if layer_cache is None:
+      out, new_cache = grouped_query_attention(q, k, v, allowed), None
+    else:
+      out, new_cache = cached_attention(q, cache_keys, cache_values, allowed), (cache_keys,
+                                                                               cache_values)
     dtype = self.config.jnp_dtype
     batch, time, heads, dim = out.shape
     o_proj = self.o_proj[...].reshape(heads * dim, -1).astype(dtype)
