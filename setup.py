@@ -5,6 +5,7 @@ The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
            transformers for the parity tests (test-only; never imported by rlhf_jax)
   hf       safetensors, tokenizers (HF checkpoints and tokenizers)
   tfds     tensorflow-datasets with array_record / grain data loading (no TensorFlow)
+  serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client
   bench    what benchmarks/ needs beyond the core (torch comes from the peers' venv)
 """
 
@@ -38,7 +39,13 @@ EXTRAS = {
         "transformers==5.23.0",
         "safetensors>=0.4",
         "tokenizers>=0.20",
+        # The sampling server; grpcio-tools checks that the committed *_pb2 modules are
+        # what the .proto files generate.
+        "grpcio>=1.85.1",
+        "protobuf>=7.35",
+        "grpcio-tools>=1.85.1",
     ],
+    "serve": ["grpcio>=1.85.1", "protobuf>=7.35"],
     "hf": ["safetensors>=0.4", "tokenizers>=0.20"],
     "tfds": ["tensorflow-datasets>=4.9", "array-record>=0.5", "grain>=0.2"],
 }
@@ -51,6 +58,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["rlhf_jax", "rlhf_jax.*"]),
+    package_data={"rlhf_jax.sampling.protos": ["*.proto", "*.pyi"]},
     install_requires=CORE,
     extras_require=EXTRAS,
     license="Apache-2.0",

@@ -253,6 +253,19 @@ class Scheduler:
         done[completion.request_id][completion.sample_index] = completion
     return [done[rid] for rid in ids]
 
+  def fail_all(self, reason: str) -> list[Completion]:
+    """Ends every queued and running request with finish_reason "error" and starts
+    from a fresh decode state: what the server does when a step itself fails, so
+    one bad batch never takes the process down."""
+    completions = [self._finish(slot, "error", reason)
+                   for slot, sample in enumerate(self._slots) if sample is not None]
+    with self._lock:
+      self._stats["requests_failed"] += len(self._requests)
+      self._requests.clear()
+      self._queue.clear()
+    self._state = self.engine.init_decode_state()
+    return completions
+
   # ---------------------------------------------------------------- loop side
 
   def run(self) -> list[Completion]:

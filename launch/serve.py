@@ -1,0 +1,48 @@
+r"""Runs the sampling engine in its own process behind gRPC.
+
+  python launch/serve.py --config=configs/serve.py:tiny [--config.server.port=0]
+  python launch/serve.py --config=configs/serve.py:hf --config.model.checkpoint=DIR
+
+Prints one JSON line {"event": "serving", "address": ...} once it accepts calls
+(port 0 picks a free port), then serves until SIGINT/SIGTERM. Services:
+rlhf_jax.sampling.Sampler (rlhf_jax/sampling/protos/sampler.proto) and
+JetStream's jetstream_proto.Orchestrator (Decode, HealthCheck). Clients:
+rlhf_jax.sampling.client.SamplerClient, or any JetStream client.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Server config file.",
+                                          lock_config=True)
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv) -> None:
+  del argv
+  from rlhf_jax.sampling import server as server_lib
+
+  config = _CONFIG.value
+  server_lib.validate_serve_config(config)  # before anything loads or compiles
+  server, port, service = server_lib.serve_from_config(config)
+  print(json.dumps({"event": "serving", "address": f"{config.server.host}:{port}",
+                    "num_slots": config.sampler.num_slots,
+                    "cache_length": config.sampler.cache_length}), flush=True)
+  stop = threading.Event()
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, lambda *_: stop.set())
+  stop.wait()
+  server.stop(grace=5).wait()
+  service.stop()
+  print(json.dumps({"event": "stopped", **service.metrics()}), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,152 @@
+"""A Python client for the sampling server (`launch/serve.py`); needs the `serve` extra.
+
+    client = SamplerClient("localhost:50051")
+    completions = client.generate([prompt_ids, ...], SamplingParams(n=4, seed=0))
+    client.update_weights(params, version=7)
+
+`generate` has the in-process `Scheduler.generate` signature, so the trainer
+can take either sampler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Sequence
+
+import grpc
+import jax
+import numpy as np
+
+from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.protos import sampler_pb2
+from rlhf_jax.sampling.protos import sampler_pb2_grpc
+from rlhf_jax.sampling.scheduler import Completion
+from rlhf_jax.sampling.server import MAX_MESSAGE_BYTES
+from rlhf_jax.sampling.server import param_names
+from rlhf_jax.sampling.server import sampling_to_proto
+
+WEIGHT_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+@dataclasses.dataclass
+class TokenEvent:
+  """Tokens of one sample as the stream delivered them."""
+  sample_index: int
+  token_ids: list[int]
+  sampled_logprobs: list[float]
+  model_logprobs: list[float]
+
+
+def completion_from_proto(request_id: str, prompt_ids: Sequence[int],
+                          sample: sampler_pb2.Sample) -> Completion:
+  """A Completion from a Sample message."""
+  return Completion(
+      request_id=request_id, sample_index=sample.sample_index, prompt_ids=list(prompt_ids),
+      token_ids=list(sample.token_ids), sampled_logprobs=list(sample.sampled_logprobs),
+      model_logprobs=list(sample.model_logprobs), finish_reason=sample.finish_reason,
+      seed=sample.seed,
+      weights_version=(sample.first_weights_version, sample.last_weights_version),
+      error=sample.error)
+
+
+class SamplerClient:
+  """Talks to a sampling server.
+
+  Args:
+    address: "host:port".
+    timeout_s: default deadline per call (None: none).
+  """
+
+  def __init__(self, address: str, *, timeout_s: float | None = 600.0):
+    self.address = address
+    self.timeout_s = timeout_s
+    self._channel = grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    self._stub = sampler_pb2_grpc.SamplerStub(self._channel)
+
+  def close(self) -> None:
+    """Closes the channel."""
+    self._channel.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def wait_ready(self, timeout_s: float = 60.0) -> None:
+    """Blocks until the server answers (raises grpc.FutureTimeoutError otherwise)."""
+    grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+
+  @staticmethod
+  def _request(prompt_ids, sampling: SamplingParams, request_id: str):
+    return sampler_pb2.GenerateRequest(
+        request_id=request_id, prompt_ids=sampler_pb2.TokenIds(ids=[int(t) for t in prompt_ids]),
+        sampling=sampling_to_proto(sampling))
+
+  def generate_one(self, prompt_ids: Sequence[int], sampling: SamplingParams = SamplingParams(),
+                   *, request_id: str = "") -> list[Completion]:
+    """The `n` completions of one prompt (unary call)."""
+    response = self._stub.Generate(self._request(prompt_ids, sampling, request_id),
+                                   timeout=self.timeout_s)
+    return [completion_from_proto(response.request_id, prompt_ids, s) for s in response.samples]
+
+  def generate(self, prompts: Sequence[Sequence[int]],
+               sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams()
+               ) -> list[list[Completion]]:
+    """Per prompt, its `n` completions; all prompts are in flight at once, so the
+    server batches them."""
+    samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(
+        sampling)
+    if len(samplings) != len(prompts):
+      raise ValueError(f"got {len(samplings)} SamplingParams for {len(prompts)} prompts.")
+    futures = [self._stub.Generate.future(self._request(p, s, ""), timeout=self.timeout_s)
+               for p, s in zip(prompts, samplings)]
+    out = []
+    for prompt, future in zip(prompts, futures):
+      response = future.result()
+      out.append([completion_from_proto(response.request_id, prompt, s)
+                  for s in response.samples])
+    return out
+
+  def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams = SamplingParams(), *,
+             request_id: str = "") -> Iterator[TokenEvent | Completion]:
+    """Yields TokenEvents as tokens are drawn and a Completion as each sample ends.
+
+    Stop iterating (or call `.cancel()` on the underlying call via `close`) to
+    cancel the request; the server frees its slots.
+    """
+    call = self._stub.GenerateStream(self._request(prompt_ids, sampling, request_id),
+                                     timeout=self.timeout_s)
+    try:
+      for message in call:
+        if message.WhichOneof("event") == "tokens":
+          chunk = message.tokens
+          yield TokenEvent(chunk.sample_index, list(chunk.token_ids),
+                           list(chunk.sampled_logprobs), list(chunk.model_logprobs))
+        else:
+          yield completion_from_proto(message.request_id, prompt_ids, message.finished)
+    finally:
+      call.cancel()
+
+  def update_weights(self, params, version: int,
+                     chunk_bytes: int = WEIGHT_CHUNK_BYTES) -> sampler_pb2.UpdateWeightsResponse:
+    """Sends new parameters (tensor by tensor, in chunks) tagged with `version`."""
+    def chunks():
+      for name, leaf in param_names(params):
+        array = np.ascontiguousarray(jax.device_get(leaf))
+        data = array.tobytes()
+        for offset in range(0, max(len(data), 1), chunk_bytes):
+          yield sampler_pb2.WeightChunk(version=version, name=name, dtype=str(array.dtype),
+                                        shape=array.shape, offset=offset,
+                                        data=data[offset:offset + chunk_bytes])
+    return self._stub.UpdateWeights(chunks(), timeout=self.timeout_s)
+
+  def health(self) -> sampler_pb2.HealthResponse:
+    """Liveness and the weight version being served."""
+    return self._stub.Health(sampler_pb2.HealthRequest(), timeout=self.timeout_s)
+
+  def metrics(self) -> dict[str, float]:
+    """Queue depth, slot use, tokens/s and counters."""
+    return dict(self._stub.Metrics(sampler_pb2.MetricsRequest(), timeout=self.timeout_s).values)

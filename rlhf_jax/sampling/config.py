@@ -1,0 +1,80 @@
+"""The sampler's config section, its validation, and building a Scheduler from it.
+
+Used by `launch/serve.py` (configs/serve.py) and by the trainer, whose config
+carries the same `sampler` section (plus `address` to use a server instead of
+the in-process engine).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from rlhf_jax.sampling.engine import Engine
+from rlhf_jax.sampling.scheduler import UPDATE_POLICIES
+from rlhf_jax.sampling.scheduler import Scheduler
+
+
+def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
+                   prompt_buckets: tuple[int, ...] = (64, 128, 256, 512)
+                   ) -> ml_collections.ConfigDict:
+  """The `sampler` config section with its defaults (one comment per field)."""
+  config = ml_collections.ConfigDict()
+  config.address = ""  # "host:port" of a sampling server; empty: the in-process engine.
+  config.num_slots = num_slots  # Concurrent samples in the decode batch (KV cache rows).
+  config.cache_length = cache_length  # KV positions per slot: longest prompt + max new tokens.
+  config.prompt_buckets = prompt_buckets  # Padded prompt lengths; one prefill compile each.
+  config.steps_per_sync = 8  # Decode steps per dispatch before the host reads tokens.
+  config.continuous = True  # Refill slots as samples finish (False: static batches).
+  config.max_queue = 4096  # Most requests queued or running; beyond: rejected.
+  config.update_policy = "finish_old"  # Weight updates: 'finish_old' or 'swap_now'.
+  config.max_stop_tokens = 4  # Room for stop token ids per request.
+  return config
+
+
+def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sampler",
+                            num_devices: int | None = None) -> None:
+  """Raises ValueError naming the field of an impossible sampler setting."""
+  def fail(field, message):
+    raise ValueError(f"config.{prefix}.{field}={config[field]!r} {message}.")
+
+  for field in ("num_slots", "cache_length", "steps_per_sync", "max_queue", "max_stop_tokens"):
+    if not isinstance(config[field], int) or config[field] < 1:
+      fail(field, "must be a positive integer")
+  buckets = tuple(config.prompt_buckets)
+  if not buckets or any(not isinstance(b, int) or b < 1 for b in buckets):
+    fail("prompt_buckets", "must be a non-empty tuple of positive integers")
+  if max(buckets) >= config.cache_length:
+    fail("prompt_buckets", f"must stay below cache_length={config.cache_length} (room for "
+         "new tokens)")
+  if config.update_policy not in UPDATE_POLICIES:
+    fail("update_policy", f"is not one of {', '.join(UPDATE_POLICIES)}")
+  if config.address and ":" not in config.address:
+    fail("address", "must be 'host:port' (or empty for the in-process engine)")
+
+
+def newline_token_ids(tokenizer) -> list[int]:
+  """Ids of the tokens whose text ends with a newline (FIRE's every-line mode)."""
+  return [i for i in range(tokenizer.vocab_size)
+          if tokenizer.decode([i], skip_special_tokens=False).endswith("\n")]
+
+
+def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokenizer=None,
+                    seed: int = 0) -> Scheduler:
+  """An Engine and Scheduler as the sampler section says (validate it first)."""
+  newline = newline_token_ids(tokenizer) if tokenizer is not None else ()
+  engine = Engine(model, num_slots=config.num_slots, cache_length=config.cache_length,
+                  newline_token_ids=newline, max_stop_tokens=config.max_stop_tokens)
+  return Scheduler(engine, params, prompt_buckets=tuple(config.prompt_buckets),
+                   steps_per_sync=config.steps_per_sync, continuous=config.continuous,
+                   max_queue=config.max_queue, update_policy=config.update_policy, seed=seed)
+
+
+def check_directory(field: str, path: str, required: tuple[str, ...] = ()) -> None:
+  """Raises ValueError naming `field` if `path` is not a directory holding `required`."""
+  if not os.path.isdir(path):
+    raise ValueError(f"config.{field}={path!r} is not a directory.")
+  for name in required:
+    if not os.path.exists(os.path.join(path, name)):
+      raise ValueError(f"config.{field}={path!r} has no {name}.")
