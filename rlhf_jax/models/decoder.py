@@ -215,8 +215,9 @@ class Attention(nnx.Module):
     if layer_cache is None:
       out, new_cache = grouped_query_attention(q, k, v, allowed), None
     else:
-      out, new_cache = cached_attention(q, cache_keys, cache_values, allowed), (cache_keys,
-                                                                               cache_values)
+      num_used = jnp.max(query_slots) + 1  # no query looks further
+      out = cached_attention(q, cache_keys, cache_values, allowed, num_used)
+      new_cache = (cache_keys, cache_values)
     dtype = self.config.jnp_dtype
     batch, time, heads, dim = out.shape
     o_proj = self.o_proj[...].reshape(heads * dim, -1).astype(dtype)

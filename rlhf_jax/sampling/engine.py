@@ -308,10 +308,14 @@ class Engine:
       finished = emitted & (stopped | (generated >= s.max_new_tokens))
       logits, cache = self.model.apply(params, tokens[:, None], cache=state.cache,
                                        head_positions=jnp.zeros_like(tokens))
+      active = state.active & ~finished
+      # Free slots write their (ignored) token at slot 0, so they never widen the span of
+      # cache that decode attention reads (`cached_attention`'s num_used).
+      cache = cache.replace(end=jnp.where(active, cache.end, 0),
+                            length=jnp.where(active, cache.length, 0))
       new_state = DecodeState(cache=cache, logits=logits.astype(jnp.float32),
                               last_token=jnp.where(emitted, tokens, state.last_token),
-                              generated=generated, active=state.active & ~finished,
-                              sampling=s)
+                              generated=generated, active=active, sampling=s)
       return new_state, StepResult(tokens=tokens, sampled_logprobs=sampled_logprobs,
                                    model_logprobs=model_logprobs, emitted=emitted,
                                    finished=finished, stopped=stopped)

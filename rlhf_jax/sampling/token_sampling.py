@@ -50,7 +50,11 @@ def truncation_mask(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array,
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: jax.Array,
                   top_k: jax.Array, top_p: jax.Array, min_p: jax.Array
                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Draws one token per row (Gumbel-max on the truncated, tempered logits).
+  """Draws one token per row from the truncated, tempered softmax (inverse CDF).
+
+  One uniform number per row picks the first token whose cumulative weight
+  exceeds it: ~3× cheaper on CPU than Gumbel-max, which needs V random numbers
+  per row (W1 decode step, 32 × 4096).
 
   Args:
     logits: [B, V] next-token logits (any float dtype; computed in float32).
@@ -63,7 +67,6 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: jax.Array,
     in the module docstring.
   """
   logits = logits.astype(jnp.float32)
-  model_logprobs_all = jax.nn.log_softmax(logits, axis=-1)
   greedy = temperature <= 0
   scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
   needs_truncation = (top_k > 0) | (top_p < 1) | (min_p > 0)
@@ -73,11 +76,18 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: jax.Array,
       jnp.any(needs_truncation & ~greedy),
       lambda: truncation_mask(scaled, top_k, top_p, min_p) | ~needs_truncation[:, None],
       lambda: jnp.ones(scaled.shape, bool))
-  truncated = jnp.where(keep, scaled, _NEG_INF)
-  gumbel = jax.vmap(lambda key: jax.random.gumbel(key, scaled.shape[-1:], jnp.float32))(keys)
-  drawn = jnp.argmax(truncated + gumbel, axis=-1)
-  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-  sampled_all = jax.nn.log_softmax(truncated, axis=-1)
-  pick = lambda table: jnp.take_along_axis(table, tokens[:, None], axis=-1)[:, 0]
-  sampled_logprobs = jnp.where(greedy, 0.0, pick(sampled_all))
-  return tokens, sampled_logprobs, pick(model_logprobs_all)
+  shifted = jnp.where(keep, scaled - jnp.max(scaled, axis=-1, keepdims=True), _NEG_INF)
+  weights = jnp.exp(shifted)  # 0 where truncated, 1 at the most likely token
+  cumulative = jnp.cumsum(weights, axis=-1)
+  total = cumulative[:, -1]
+  uniform = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys)
+  drawn = jnp.sum(cumulative <= (uniform * total)[:, None], axis=-1, dtype=jnp.int32)
+  drawn = jnp.minimum(drawn, scaled.shape[-1] - 1)
+  pick = lambda table, index: jnp.take_along_axis(table, index[:, None], axis=-1)[:, 0]
+  most_likely = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+  # u·total can round up to total; the most likely token then stands in (p ≈ 2⁻²⁴).
+  drawn = jnp.where(pick(weights, drawn) > 0, drawn, most_likely)
+  tokens = jnp.where(greedy, most_likely, drawn)
+  sampled_logprobs = jnp.where(greedy, 0.0, pick(shifted, tokens) - jnp.log(total))
+  model_logprobs = pick(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
+  return tokens, sampled_logprobs, model_logprobs
