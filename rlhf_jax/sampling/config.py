@@ -26,6 +26,8 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
   config.cache_length = cache_length  # KV positions per slot: longest prompt + max new tokens.
   config.prompt_buckets = prompt_buckets  # Padded prompt lengths; one prefill compile each.
   config.steps_per_sync = 8  # Decode steps per dispatch before the host reads tokens.
+  config.max_prefill_batch = 8  # Most prompts per prefill call (a power of two).
+  config.warmup = True  # Compile every program at start instead of on first use.
   config.continuous = True  # Refill slots as samples finish (False: static batches).
   config.max_queue = 4096  # Most requests queued or running; beyond: rejected.
   config.update_policy = "finish_old"  # Weight updates: 'finish_old' or 'swap_now'.
@@ -39,7 +41,8 @@ def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sa
   def fail(field, message):
     raise ValueError(f"config.{prefix}.{field}={config[field]!r} {message}.")
 
-  for field in ("num_slots", "cache_length", "steps_per_sync", "max_queue", "max_stop_tokens"):
+  for field in ("num_slots", "cache_length", "steps_per_sync", "max_queue", "max_stop_tokens",
+                "max_prefill_batch"):
     if not isinstance(config[field], int) or config[field] < 1:
       fail(field, "must be a positive integer")
   buckets = tuple(config.prompt_buckets)
@@ -48,6 +51,8 @@ def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sa
   if max(buckets) >= config.cache_length:
     fail("prompt_buckets", f"must stay below cache_length={config.cache_length} (room for "
          "new tokens)")
+  if config.max_prefill_batch & (config.max_prefill_batch - 1):
+    fail("max_prefill_batch", "must be a power of two")
   if config.update_policy not in UPDATE_POLICIES:
     fail("update_policy", f"is not one of {', '.join(UPDATE_POLICIES)}")
   if config.address and ":" not in config.address:
@@ -62,13 +67,18 @@ def newline_token_ids(tokenizer) -> list[int]:
 
 def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokenizer=None,
                     seed: int = 0) -> Scheduler:
-  """An Engine and Scheduler as the sampler section says (validate it first)."""
+  """An Engine and Scheduler as the sampler section says (validate it first); with
+  `config.warmup`, every program is compiled before this returns."""
   newline = newline_token_ids(tokenizer) if tokenizer is not None else ()
   engine = Engine(model, num_slots=config.num_slots, cache_length=config.cache_length,
                   newline_token_ids=newline, max_stop_tokens=config.max_stop_tokens)
-  return Scheduler(engine, params, prompt_buckets=tuple(config.prompt_buckets),
+  scheduler = Scheduler(engine, params, prompt_buckets=tuple(config.prompt_buckets),
                    steps_per_sync=config.steps_per_sync, continuous=config.continuous,
-                   max_queue=config.max_queue, update_policy=config.update_policy, seed=seed)
+                   max_queue=config.max_queue, update_policy=config.update_policy, seed=seed,
+                   max_prefill_batch=config.max_prefill_batch)
+  if config.warmup:
+    scheduler.warmup()
+  return scheduler
 
 
 def check_directory(field: str, path: str, required: tuple[str, ...] = ()) -> None:

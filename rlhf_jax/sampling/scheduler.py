@@ -116,16 +116,22 @@ class Scheduler:
       weights; each Completion records the versions it saw).
     seed: seeds the draws for requests that give no seed.
     weights_version: the version number of `params`.
+    max_prefill_batch: most prompts per prefill call (a power of two); prefill
+      batches are padded to powers of two up to it, one compile each.
   """
 
   def __init__(self, engine: Engine, params: Params, *,
                prompt_buckets: Sequence[int] | None = None, steps_per_sync: int = 8,
                continuous: bool = True, max_queue: int = 4096,
-               update_policy: str = "finish_old", seed: int = 0, weights_version: int = 0):
+               update_policy: str = "finish_old", seed: int = 0, weights_version: int = 0,
+               max_prefill_batch: int = 8):
     if update_policy not in UPDATE_POLICIES:
       raise ValueError(f"update_policy={update_policy!r}; allowed: {UPDATE_POLICIES}.")
     if not isinstance(steps_per_sync, int) or steps_per_sync < 1:
       raise ValueError(f"steps_per_sync={steps_per_sync!r} must be a positive integer.")
+    if (not isinstance(max_prefill_batch, int) or max_prefill_batch < 1
+        or max_prefill_batch & (max_prefill_batch - 1)):
+      raise ValueError(f"max_prefill_batch={max_prefill_batch!r} must be a power of two.")
     buckets = tuple(sorted(prompt_buckets or default_prompt_buckets(engine.cache_length)))
     if buckets[-1] > engine.cache_length or buckets[0] < 1:
       raise ValueError(f"prompt_buckets={buckets} must lie in [1, cache_length="
@@ -134,6 +140,7 @@ class Scheduler:
     self.params = params
     self.prompt_buckets = buckets
     self.steps_per_sync = steps_per_sync
+    self.max_prefill_batch = max_prefill_batch
     self.continuous = continuous
     self.max_queue = max_queue
     self.update_policy = update_policy
@@ -253,6 +260,32 @@ class Scheduler:
         done[completion.request_id][completion.sample_index] = completion
     return [done[rid] for rid in ids]
 
+  def step_counts(self) -> list[int]:
+    """Decode steps per dispatch this scheduler uses: powers of two below
+    `steps_per_sync`, and `steps_per_sync` (one generate program each)."""
+    counts = [2 ** i for i in range(int(math.log2(self.steps_per_sync)) + 1)]
+    return sorted(set(c for c in counts if c < self.steps_per_sync) | {self.steps_per_sync})
+
+  def prefill_batch_sizes(self) -> list[int]:
+    """Padded prefill batch sizes: powers of two up to `max_prefill_batch`."""
+    return [2 ** i for i in range(int(math.log2(self.max_prefill_batch)) + 1)]
+
+  def warmup(self) -> dict[str, int]:
+    """Compiles every program the scheduler can dispatch (each prompt bucket ×
+    prefill batch size, insert, each decode step count) on dummy inputs, so no
+    request pays for compilation. Returns `engine.compilations()`."""
+    state = self.engine.init_decode_state()
+    sampling = self.engine.slot_sampling(SamplingParams(max_new_tokens=1), 0, seed=0)
+    for bucket in self.prompt_buckets:
+      for batch in self.prefill_batch_sizes():
+        prefix = self.engine.prefill(self.params, np.zeros((batch, bucket), np.int32),
+                                     np.ones((batch,), np.int32))
+        state = self.engine.insert(prefix, state, 0, row=0, sampling=sampling)
+    for steps in self.step_counts():
+      state, _ = self.engine.generate_steps(self.params, state, steps)
+    jax.block_until_ready(state)
+    return self.engine.compilations()
+
   def fail_all(self, reason: str) -> list[Completion]:
     """Ends every queued and running request with finish_reason "error" and starts
     from a fresh decode state: what the server does when a step itself fails, so
@@ -287,8 +320,7 @@ class Scheduler:
       return completions
     remaining = max(self._slots[i].request.sampling.max_new_tokens - len(self._slots[i].tokens)
                     for i in active)
-    # Powers of two only, so at most log2(steps_per_sync) generate programs compile.
-    steps = min(self.steps_per_sync, 2 ** int(math.log2(max(remaining, 1))))
+    steps = max(n for n in self.step_counts() if n <= max(remaining, 1))
     self._state, results = self.engine.generate_steps(self.params, self._state, steps)
     results = jax.device_get(results)
     self._stats["slot_steps"] += steps * self.engine.num_slots
@@ -391,7 +423,10 @@ class Scheduler:
     by_bucket = collections.defaultdict(list)
     for request in requests:
       by_bucket[request.bucket].append(request)
-    for bucket, group in by_bucket.items():
+    chunks = [(bucket, group[i:i + self.max_prefill_batch])
+              for bucket, group in by_bucket.items()
+              for i in range(0, len(group), self.max_prefill_batch)]
+    for bucket, group in chunks:
       # Batch sizes are powers of two, so few prefill programs compile.
       batch = 2 ** math.ceil(math.log2(len(group)))
       tokens = np.zeros((batch, bucket), np.int32)

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
+from rlhf_jax.models.attention import _block_lengths
+from rlhf_jax.models.attention import cached_attention
 from rlhf_jax.models.attention import grouped_query_attention
 
 
@@ -39,3 +41,23 @@ def test_bfloat16_inputs_stay_close():
   half = grouped_query_attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask)
   assert half.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(half, np.float32), full, atol=0.05)
+
+
+@pytest.mark.parametrize("time,used", [(1, 1), (1, 70), (1, 200), (1, 320), (2, 130), (12, 300)])
+def test_cached_attention_reads_the_used_span_exactly(time, used):
+  """Decode (few queries) and prefill shapes, any used span: equal to full attention."""
+  slots = 320
+  q, k, v, mask = inputs(3, batch=3, time=time, slots=slots)
+  mask = np.asarray(mask) & (np.arange(slots) < used)
+  reference = jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask)[:, None])
+  keys = k.transpose(0, 2, 3, 1)  # [B, K, D, S]
+  values = v.transpose(0, 2, 1, 3)  # [B, K, S, D]
+  got = jax.jit(cached_attention)(q, keys, values, jnp.asarray(mask), jnp.int32(used))
+  np.testing.assert_allclose(got, reference, atol=1e-5)
+
+
+def test_block_lengths_cover_the_cache():
+  assert _block_lengths(320) == [64, 128, 192, 256, 320]
+  assert _block_lengths(50) == [50]
+  lengths = _block_lengths(4096)
+  assert len(lengths) <= 8 and lengths[-1] == 4096 and lengths == sorted(lengths)

@@ -114,13 +114,17 @@ def test_seed_reproduces_and_a_drawn_seed_is_reported():
   assert first.token_ids == again.token_ids
 
 
-def test_no_recompiles_in_steady_state():
-  sched = scheduler(steps_per_sync=4)
+def test_no_recompiles_after_warmup():
+  engine = sampling.Engine(MODEL, num_slots=4, cache_length=40)
+  sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS, steps_per_sync=4,
+                    max_prefill_batch=2)
+  compiled = sched.warmup()
+  assert compiled == {"prefill": 4, "insert": 4, "generate[1]": 1, "generate[2]": 1,
+                      "generate[4]": 1}
   sched.generate(prompts(6, seed=6), sampling.SamplingParams(max_new_tokens=9, seed=0))
-  before = ENGINE.compilations()
-  sched.generate(prompts(6, seed=7), sampling.SamplingParams(max_new_tokens=9, seed=1,
-                                                             temperature=0.5, top_p=0.8))
-  assert ENGINE.compilations() == before
+  sched.generate(prompts(3, seed=7), [sampling.SamplingParams(
+      max_new_tokens=n, seed=1, temperature=0.5, top_p=0.8, n=n % 3 + 1) for n in (2, 5, 13)])
+  assert engine.compilations() == compiled
 
 
 def sample_first_tokens(fire, draws=400, max_new_tokens=3):
