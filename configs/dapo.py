@@ -1,0 +1,31 @@
+"""DAPO (arXiv:2503.14476): clip-higher, dynamic sampling, token-level loss, overlong shaping.
+
+  python launch/train.py --config=configs/dapo.py:arith --workdir=/tmp/dapo
+"""
+
+from rlhf_jax.training.config import base_config
+
+
+def get_config(variant: str = "arith"):
+  """DAPO on the `arith` task or an `hf` checkpoint (paper values, ALGORITHMS.md §2)."""
+  c = base_config(variant)
+  a = c.algorithm
+  a.name = "dapo"
+  a.estimator = "grpo"  # Group-normalised advantages (Eq. 9).
+  a.group_size = 8 if variant == "arith" else 16  # G (paper: 16).
+  a.clip_low = 0.2  # ε_low (§4.1).
+  a.clip_high = 0.28  # ε_high, clip-higher (§3.1).
+  a.agg = "token-mean"  # Token-level policy-gradient loss (§3.3, Eq. 12).
+  a.kl_loss_coef = 0.0  # No KL term, no reference model (§2.3).
+  a.dynamic_sampling = True  # Keep groups with 0 < #correct < G (§3.2).
+  a.max_generation_rounds = 10  # verl's max_num_gen_batches.
+  # Soft overlong punishment (§3.4, Eq. 13): paper L_cache 4096 of L_max 20480.
+  a.overlong_buffer = 16 if variant == "arith" else 4096
+  a.overlong_factor = 1.0
+  a.overlong_filter = False  # The final recipe keeps truncated samples (verl FAQ).
+  c.reward.correct_score, c.reward.wrong_score = 1.0, -1.0  # ±1 (§2.4, Eq. 7).
+  if variant == "hf":
+    c.optimizer.learning_rate = 1e-6  # Constant after 20 warm-up steps (§4.1).
+    c.optimizer.warmup_steps = 20
+    c.optimizer.weight_decay = 0.1  # verl DAPO script.
+  return c

@@ -1,0 +1,1 @@
+"""rlhf_jax.tasks: built-in tasks (problem generators with rule-based verifiers)."""

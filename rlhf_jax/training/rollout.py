@@ -1,0 +1,153 @@
+"""The rollout batch: fixed-shape arrays built from the sampler's completions.
+
+Layout: each row is [prompt, left-padded to P | response, right-padded to R].
+With the decoder's default positions (the count of real tokens before each
+token) left padding is free, and every response sits at columns P..P+R-1 of
+every row, so per-token arrays over the response are plain [B, R] slices.
+Shapes come from the config (P = prompt bucket, R = max new tokens), so a run
+compiles one update program.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhf_jax import kernels
+
+
+@flax.struct.dataclass
+class RolloutBatch:
+  """One step's rollouts (B = prompts × group size).
+
+  Attributes:
+    tokens: [B, P+R] int32 prompt (left-padded) and response (right-padded).
+    attention_mask: [B, P+R] int32, 1 on real tokens.
+    response_mask: [B, R] float32, 1 on response tokens that count in the loss.
+    old_logprobs: [B, R] log π_old of each response token (the sampler's, at T=1).
+    ref_logprobs: [B, R] log π_ref (zeros when there is no reference model).
+    values: [B, R] critic values V(s_t) before each response token (zeros
+      without a critic).
+    scores: [B] sequence-level rewards (verifier + shaping).
+    lengths: [B] int32 response lengths (tokens, including a stop token).
+    truncated: [B] bool, the response hit the length cap without a stop token.
+    group_ids: [B] int32, rows of one prompt share an id and are contiguous.
+  """
+  tokens: jax.Array
+  attention_mask: jax.Array
+  response_mask: jax.Array
+  old_logprobs: jax.Array
+  ref_logprobs: jax.Array
+  values: jax.Array
+  scores: jax.Array
+  lengths: jax.Array
+  truncated: jax.Array
+  group_ids: jax.Array
+
+  @property
+  def response_length(self) -> int:
+    """R, response columns."""
+    return self.response_mask.shape[1]
+
+  @property
+  def response_tokens(self) -> jax.Array:
+    """[B, R] the response token ids."""
+    return self.tokens[:, -self.response_length:]
+
+  def token_rewards(self) -> jax.Array:
+    """[B, R] the score placed on each row's last response token."""
+    return kernels.place_at_last_token(self.scores, self.response_mask)
+
+
+def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
+                        responses: Sequence[Sequence[int]],
+                        old_logprobs: Sequence[Sequence[float]], scores: Sequence[float],
+                        truncated: Sequence[bool], group_ids: Sequence[int], *,
+                        prompt_length: int, response_length: int, pad_id: int) -> RolloutBatch:
+  """Packs host-side rollouts into a RolloutBatch of NumPy arrays.
+
+  Raises:
+    ValueError naming the row if a prompt or response does not fit.
+  """
+  batch = len(responses)
+  tokens = np.full((batch, prompt_length + response_length), pad_id, np.int32)
+  attention = np.zeros_like(tokens)
+  response_mask = np.zeros((batch, response_length), np.float32)
+  logprobs = np.zeros((batch, response_length), np.float32)
+  lengths = np.zeros((batch,), np.int32)
+  for row, (prompt, response, lps) in enumerate(zip(prompt_ids, responses, old_logprobs)):
+    if len(prompt) > prompt_length:
+      raise ValueError(f"row {row}: prompt of {len(prompt)} tokens exceeds prompt_length="
+                       f"{prompt_length}.")
+    if len(response) > response_length:
+      raise ValueError(f"row {row}: response of {len(response)} tokens exceeds "
+                       f"response_length={response_length}.")
+    tokens[row, prompt_length - len(prompt):prompt_length] = prompt
+    attention[row, prompt_length - len(prompt):prompt_length] = 1
+    n = len(response)
+    tokens[row, prompt_length:prompt_length + n] = response
+    attention[row, prompt_length:prompt_length + n] = 1
+    response_mask[row, :n] = 1.0
+    logprobs[row, :n] = lps
+    lengths[row] = n
+  zeros = np.zeros((batch, response_length), np.float32)
+  return RolloutBatch(tokens=tokens, attention_mask=attention, response_mask=response_mask,
+                      old_logprobs=logprobs, ref_logprobs=zeros, values=zeros.copy(),
+                      scores=np.asarray(scores, np.float32), lengths=lengths,
+                      truncated=np.asarray(truncated, bool),
+                      group_ids=np.asarray(group_ids, np.int32))
+
+
+def response_logits_inputs(batch: RolloutBatch) -> tuple[jax.Array, jax.Array, int]:
+  """(tokens, attention_mask, num_last) for a forward pass whose last R outputs
+  predict the R response tokens: the last input token is dropped (it predicts
+  nothing we score)."""
+  return batch.tokens[:, :-1], batch.attention_mask[:, :-1], batch.response_length
+
+
+def response_logprobs(model, params, batch: RolloutBatch, *, with_entropy: bool = False):
+  """log π(y_t | x, y_<t) of the response tokens, and optionally the entropy.
+
+  Returns:
+    logprobs [B, R] (and entropy [B, R] when `with_entropy`), float32, 0 where
+    the response mask is 0.
+  """
+  tokens, attention, num_last = response_logits_inputs(batch)
+  logits, _ = model.apply(params, tokens, attention_mask=attention, num_last=num_last)
+  mask = batch.response_mask
+  logprobs = kernels.token_logprobs(logits, batch.response_tokens) * mask
+  if not with_entropy:
+    return logprobs
+  return logprobs, kernels.entropy_from_logits(logits) * mask
+
+
+def response_values(critic, params, batch: RolloutBatch) -> jax.Array:
+  """V(s_t) before each response token ([B, R]; the critic reads the same inputs)."""
+  tokens, attention, num_last = response_logits_inputs(batch)
+  values, _ = critic.apply(params, tokens, attention_mask=attention, num_last=num_last)
+  return values * batch.response_mask
+
+
+def pad_rows(batch: RolloutBatch, rows: int) -> RolloutBatch:
+  """Appends all-masked rows so the batch has `rows` rows (fixed shapes)."""
+  extra = rows - batch.tokens.shape[0]
+  if extra < 0:
+    raise ValueError(f"batch has {batch.tokens.shape[0]} rows, more than {rows}.")
+  if extra == 0:
+    return batch
+  return jax.tree.map(lambda x: np.concatenate(
+      [np.asarray(x), np.zeros((extra,) + np.shape(x)[1:], np.asarray(x).dtype)]), batch)
+
+
+def select_rows(batch: RolloutBatch, rows) -> RolloutBatch:
+  """The given rows (host-side indexing)."""
+  return jax.tree.map(lambda x: np.asarray(x)[rows], batch)
+
+
+def as_device(batch: RolloutBatch) -> RolloutBatch:
+  """Every field as a jax array."""
+  return jax.tree.map(jnp.asarray, batch)

@@ -1,0 +1,480 @@
+"""The RL loop: prompts → sampler → rewards → reference / critic → advantages → updates.
+
+One loop serves every preset; what differs is configuration (configs/*.py →
+`rlhf_jax.algorithms.ppo_family`). Each trained model has one jitted update
+step built once per run (fixed shapes: P prompt tokens, R response tokens,
+fixed mini-batch rows), so nothing recompiles after the first step.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlhf_jax import kernels
+from rlhf_jax import models
+from rlhf_jax.algorithms import ppo_family
+from rlhf_jax.data import Example
+from rlhf_jax.data import PromptStream
+from rlhf_jax.data import read_jsonl
+from rlhf_jax.rewards import RewardRouter
+from rlhf_jax.sampling import FireSchedule
+from rlhf_jax.sampling import SamplingParams
+from rlhf_jax.sampling import config as sampler_config_lib
+from rlhf_jax.tasks import arith
+from rlhf_jax.training import rollout as rollout_lib
+from rlhf_jax.training import sft as sft_lib
+from rlhf_jax.training.config import validate_config
+
+
+@flax.struct.dataclass
+class TrainState:
+  """A trained model's parameters and optimizer state."""
+  params: Any
+  opt_state: Any
+
+
+def make_optimizer(learning_rate: float, warmup_steps: int, weight_decay: float,
+                   max_grad_norm: float) -> optax.GradientTransformation:
+  """Global-norm clipping, then AdamW with linear warmup to a constant rate (DAPO §4.1)."""
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1)),
+       optax.constant_schedule(learning_rate)], [max(warmup_steps, 1)])
+  return optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                     optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8,
+                                 weight_decay=weight_decay))
+
+
+def _keep_if_finite(finite, new, old):
+  """`new` where the update is finite, else `old` (a skipped update)."""
+  return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+
+def build_actor_update(model, algorithm, optimizer):
+  """The jitted actor step: (state, minibatch, advantages) → (state, metrics).
+
+  A non-finite loss or gradient norm leaves the state unchanged (`skipped` = 1).
+  """
+
+  def loss_fn(params, batch, advantages, normalizer):
+    logprobs, entropy = rollout_lib.response_logprobs(model, params, batch, with_entropy=True)
+    loss, metrics = ppo_family.actor_loss(algorithm, logprobs, entropy, batch, advantages,
+                                          normalizer)
+    mask = batch.response_mask
+    gap = jnp.abs(jax.lax.stop_gradient(logprobs) - batch.old_logprobs) * mask
+    metrics["logprob_mismatch_max"] = jnp.max(gap)
+    metrics["logprob_mismatch_mean"] = kernels.masked_mean(gap, mask)
+    return loss, metrics
+
+  @jax.jit
+  def update(state, batch, advantages):
+    normalizer = kernels.aggregation_normalizer(batch.response_mask, mode=algorithm.agg)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params, batch, advantages, normalizer)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = TrainState(params=_keep_if_finite(finite, params, state.params),
+                           opt_state=_keep_if_finite(finite, opt_state, state.opt_state))
+    return new_state, dict(metrics, loss=loss, grad_norm=grad_norm,
+                           skipped=(~finite).astype(jnp.float32))
+
+  return update
+
+
+def build_critic_update(critic, algorithm, optimizer):
+  """The jitted critic step: (state, minibatch, returns) → (state, metrics)."""
+
+  def loss_fn(params, batch, returns, normalizer):
+    values = rollout_lib.response_values(critic, params, batch)
+    return ppo_family.critic_loss(algorithm, values, batch, returns, normalizer)
+
+  @jax.jit
+  def update(state, batch, returns):
+    normalizer = kernels.aggregation_normalizer(batch.response_mask, mode=algorithm.agg)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params, batch, returns, normalizer)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = TrainState(params=_keep_if_finite(finite, params, state.params),
+                           opt_state=_keep_if_finite(finite, opt_state, state.opt_state))
+    return new_state, dict(metrics, critic_grad_norm=grad_norm,
+                           critic_skipped=(~finite).astype(jnp.float32))
+
+  return update
+
+
+@dataclasses.dataclass
+class Group:
+  """The G scored samples of one prompt."""
+  example: Example
+  prompt_ids: list[int]
+  responses: list[list[int]]
+  logprobs: list[list[float]]
+  scores: list[float]
+  correct: list[bool]
+  truncated: list[bool]
+  failures: list[str]
+
+
+class NoSignalError(RuntimeError):
+  """Dynamic sampling found no group with varying correctness for too many rounds."""
+
+
+def arith_tokenizer():
+  """The character tokenizer of the built-in task."""
+  return models.build_character_tokenizer(arith.ALPHABET)
+
+
+def arith_model_config(c, vocab_size: int) -> models.DecoderConfig:
+  """The tiny decoder of the arith variant."""
+  width, heads = c.model.hidden_size, c.model.num_heads
+  return models.DecoderConfig(
+      vocab_size=vocab_size, hidden_size=width, num_layers=c.model.num_layers, num_heads=heads,
+      num_kv_heads=max(1, heads // 2), head_dim=width // heads, intermediate_size=3 * width,
+      max_position_embeddings=c.sampler.cache_length)
+
+
+def prompt_prefix(tokenizer) -> list[int]:
+  """Tokens put before every prompt (the `<|im_start|>` marker)."""
+  return [tokenizer.backend.token_to_id("<|im_start|>")]
+
+
+def ensure_sft_checkpoint(c, workdir: str, log: Callable[[str], None] = print) -> str:
+  """The arith warm start: trains and saves `<workdir>/sft` unless it exists."""
+  directory = c.model.checkpoint or os.path.join(workdir, "sft")
+  if os.path.exists(os.path.join(directory, "config.json")):
+    return directory
+  tokenizer = arith_tokenizer()
+  model, params = models.init_model(arith_model_config(c, tokenizer.vocab_size), seed=c.seed)
+  make_batch = sft_lib.sft_arith_batches(
+      tokenizer, seed=c.seed + 17, batch_size=c.sft.batch_size, levels=tuple(c.sft.levels),
+      weights=tuple(c.sft.level_weights), prompt_prefix=prompt_prefix(tokenizer),
+      prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens)
+  start = time.perf_counter()
+
+  def progress(step, loss):
+    if step % 50 == 0 or step == c.sft.steps - 1:
+      log(f"sft step {step + 1}/{c.sft.steps} loss {loss:.4f} "
+          f"({time.perf_counter() - start:.0f}s)")
+
+  result = sft_lib.run_sft(model, params, make_batch, steps=c.sft.steps,
+                           learning_rate=c.sft.learning_rate, progress=progress)
+  models.save_hf_checkpoint(directory, model, result.params)
+  tokenizer.save(directory)
+  return directory
+
+
+def load_examples(c) -> tuple[list[Example], list[Example]]:
+  """Training and held-out examples (JSONL files, or generated arith problems)."""
+  def generated(seed, count):
+    return [Example(**{k: v for k, v in p.to_json().items()})
+            for p in arith.generate(seed, count, tuple(c.data.levels),
+                                    tuple(c.data.level_weights))]
+  train = read_jsonl(c.data.train_file) if c.data.train_file else generated(c.seed + 1,
+                                                                              c.data.num_train)
+  held_out = read_jsonl(c.data.eval_file) if c.data.eval_file else (
+      generated(c.seed + 2, c.data.num_eval) if c.variant == "arith" else [])
+  return train, held_out
+
+
+class Trainer:
+  """Runs one RL training job.
+
+  Args:
+    config: a validated trainer config (rlhf_jax.training.config).
+    workdir: where checkpoints, metrics.jsonl and the SFT start live.
+    log: where progress lines go.
+  """
+
+  def __init__(self, config, workdir: str, log: Callable[[str], None] = print):
+    validate_config(config, num_devices=jax.device_count())
+    self.config = c = config
+    self.workdir = workdir
+    self.log = log
+    os.makedirs(workdir, exist_ok=True)
+    self.algorithm = a = c.algorithm
+    checkpoint = (ensure_sft_checkpoint(c, workdir, log) if c.variant == "arith"
+                  else c.model.checkpoint)
+    self.model, params = models.load_hf_checkpoint(checkpoint)
+    self.tokenizer = models.Tokenizer.from_directory(checkpoint)
+    self.prefix = prompt_prefix(self.tokenizer) if c.variant == "arith" else []
+    self.train_examples, self.held_out = load_examples(c)
+    self.router = RewardRouter(correct_score=c.reward.correct_score,
+                               wrong_score=c.reward.wrong_score,
+                               failure_score=c.reward.failure_score,
+                               timeout_s=c.reward.timeout_s)
+    self.router.check_tasks([e.task for e in self.train_examples + self.held_out])
+    self.stream = PromptStream(self.train_examples, seed=c.seed)
+    if c.sampler.address:
+      from rlhf_jax.sampling.client import SamplerClient
+      self.sampler = SamplerClient(c.sampler.address)
+    else:
+      self.sampler = sampler_config_lib.build_scheduler(
+          c.sampler, self.model, params, tokenizer=self.tokenizer, seed=c.seed)
+    self.actor_optimizer = make_optimizer(c.optimizer.learning_rate, c.optimizer.warmup_steps,
+                                          c.optimizer.weight_decay, c.optimizer.max_grad_norm)
+    self.actor = TrainState(params=params, opt_state=self.actor_optimizer.init(params))
+    self.actor_update = build_actor_update(self.model, a, self.actor_optimizer)
+    self.reference = params if ppo_family.uses_reference(a) else None
+    self.logprob_fn = jax.jit(lambda p, b: rollout_lib.response_logprobs(self.model, p, b))
+    self.critic = None
+    if ppo_family.uses_critic(a):
+      self.critic_model, critic_params = models.critic_from_policy(self.model, params)
+      self.critic_optimizer = make_optimizer(c.optimizer.critic_learning_rate,
+                                             c.optimizer.warmup_steps, 0.0,
+                                             c.optimizer.max_grad_norm)
+      self.critic = TrainState(params=critic_params,
+                               opt_state=self.critic_optimizer.init(critic_params))
+      self.critic_update = build_critic_update(self.critic_model, a, self.critic_optimizer)
+      self.value_fn = jax.jit(lambda p, b: rollout_lib.response_values(self.critic_model, p, b))
+    self.buffer: collections.deque[Group] = collections.deque()
+    self.step = 0
+    self.rng = np.random.default_rng(c.seed)
+    self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+
+  # ------------------------------------------------------------------ sampling
+
+  def sampling_params(self, *, greedy: bool = False) -> SamplingParams:
+    """The training (or greedy evaluation) SamplingParams."""
+    c = self.config
+    if greedy:
+      return SamplingParams(temperature=0.0, max_new_tokens=c.rollout.max_new_tokens,
+                            stop_token_ids=(self.tokenizer.eos_id,), seed=0)
+    fire = (FireSchedule(temperature=c.rollout.fire_temperature, top_k=c.rollout.fire_top_k)
+            if c.rollout.fire else None)
+    return SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
+                          top_k=c.rollout.top_k, max_new_tokens=c.rollout.max_new_tokens,
+                          stop_token_ids=(self.tokenizer.eos_id,), n=self.algorithm.group_size,
+                          seed=int(self.rng.integers(2**31)), fire=fire)
+
+  def encode_prompt(self, example: Example) -> list[int]:
+    """Prompt token ids (prefix + text); a prompt longer than data.prompt_length is an error."""
+    ids = self.prefix + self.tokenizer.encode(example.prompt)
+    if len(ids) > self.config.data.prompt_length:
+      raise ValueError(f"a prompt has {len(ids)} tokens, more than data.prompt_length="
+                       f"{self.config.data.prompt_length}: {example.prompt[:60]!r}...")
+    return ids
+
+  def generate_groups(self, examples: list[Example]) -> list[Group]:
+    """Samples G responses per example and scores them."""
+    prompts = [self.encode_prompt(e) for e in examples]
+    out = self.sampler.generate(prompts, self.sampling_params())
+    groups = []
+    texts, answers, tasks = [], [], []
+    for example, samples in zip(examples, out):
+      for sample in samples:
+        texts.append(self.tokenizer.decode(sample.token_ids))
+        answers.append(example.answer)
+        tasks.append(example.task)
+    scored = self.router.score(texts, answers, tasks)
+    index = 0
+    for example, prompt, samples in zip(examples, prompts, out):
+      n = len(samples)
+      sl = slice(index, index + n)
+      groups.append(Group(example=example, prompt_ids=prompt,
+                          responses=[s.token_ids for s in samples],
+                          logprobs=[s.model_logprobs for s in samples],
+                          scores=scored.scores[sl], correct=scored.correct[sl],
+                          truncated=[s.finish_reason == "length" for s in samples],
+                          failures=scored.failures[sl]))
+      index += n
+    return groups
+
+  def collect_groups(self) -> tuple[list[Group], dict[str, float]]:
+    """`prompts_per_step` groups; with dynamic sampling only groups whose correctness
+    varies, over-sampling as needed and keeping the surplus for the next step."""
+    c, a = self.config, self.algorithm
+    wanted = c.rollout.prompts_per_step
+    if not a.dynamic_sampling:
+      return self.generate_groups(self.stream.take(wanted)), {}
+    kept: list[Group] = []
+    while self.buffer and len(kept) < wanted:
+      kept.append(self.buffer.popleft())
+    generated = qualified = rounds = fruitless = 0
+    while len(kept) < wanted:
+      groups = self.generate_groups(self.stream.take(wanted))
+      rounds += 1
+      generated += len(groups)
+      good = [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
+      qualified += len(good)
+      fruitless = 0 if good else fruitless + 1
+      if fruitless >= a.max_generation_rounds:
+        raise NoSignalError(
+            f"dynamic sampling: {fruitless} generation rounds in a row gave no group whose "
+            f"correctness varies (algorithm.max_generation_rounds={a.max_generation_rounds}); "
+            "the data is too easy or too hard for the policy.")
+      kept.extend(good)
+    self.buffer.extend(kept[wanted:])
+    return kept[:wanted], {"generation_rounds": float(rounds),
+                           "kept_groups_ratio": qualified / max(generated, 1),
+                           "buffered_groups": float(len(self.buffer))}
+
+  # ------------------------------------------------------------------ one step
+
+  def build_batch(self, groups: list[Group]) -> rollout_lib.RolloutBatch:
+    """The RolloutBatch of the step, scores shaped (overlong) and filtered."""
+    c, a = self.config, self.algorithm
+    prompts, responses, logprobs, scores, truncated, group_ids = [], [], [], [], [], []
+    for gid, group in enumerate(groups):
+      for response, lps, score, trunc in zip(group.responses, group.logprobs, group.scores,
+                                             group.truncated):
+        prompts.append(group.prompt_ids)
+        responses.append(response)
+        logprobs.append(lps)
+        scores.append(score)
+        truncated.append(trunc)
+        group_ids.append(gid)
+    batch = rollout_lib.build_rollout_batch(
+        prompts, responses, logprobs, scores, truncated, group_ids,
+        prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
+        pad_id=self.tokenizer.pad_id)
+    if a.overlong_buffer:
+      penalty = np.asarray(kernels.overlong_penalty(
+          batch.lengths, max_length=c.rollout.max_new_tokens, buffer_length=a.overlong_buffer,
+          factor=a.overlong_factor))
+      batch = batch.replace(scores=batch.scores + penalty)
+    if a.overlong_filter:
+      batch = batch.replace(response_mask=batch.response_mask * ~batch.truncated[:, None])
+    return batch
+
+  def train_step(self) -> dict[str, float]:
+    """One rollout batch → updates; returns the step's metrics."""
+    c, a = self.config, self.algorithm
+    times = {}
+    start = time.perf_counter()
+    groups, sampling_metrics = self.collect_groups()
+    times["time_generate"] = time.perf_counter() - start
+    start = time.perf_counter()
+    batch = rollout_lib.as_device(self.build_batch(groups))
+    times["time_reward"] = time.perf_counter() - start
+    start = time.perf_counter()
+    if self.reference is not None:
+      batch = batch.replace(ref_logprobs=self.logprob_fn(self.reference, batch))
+    if self.critic is not None:
+      batch = batch.replace(values=self.value_fn(self.critic.params, batch))
+    advantages, returns = ppo_family.advantages_and_returns(a, batch)
+    jax.block_until_ready(advantages)
+    times["time_reference_critic"] = time.perf_counter() - start
+    start = time.perf_counter()
+    rows = batch.tokens.shape[0]
+    per_minibatch = rows // c.train.minibatches
+    update_actor = self.step >= a.value_pretrain_steps
+    updates = collections.defaultdict(list)
+    first_mismatch = None
+    for _ in range(c.train.ppo_epochs):
+      order = self.rng.permutation(rows)
+      for m in range(c.train.minibatches):
+        index = jnp.asarray(order[m * per_minibatch:(m + 1) * per_minibatch])
+        mini = jax.tree.map(lambda x: x[index], batch)
+        if update_actor:
+          self.actor, metrics = self.actor_update(self.actor, mini, advantages[index])
+          if first_mismatch is None:
+            first_mismatch = (metrics["logprob_mismatch_max"], metrics["logprob_mismatch_mean"])
+          for key, value in metrics.items():
+            updates[key].append(value)
+        if self.critic is not None:
+          self.critic, metrics = self.critic_update(self.critic, mini, returns[index])
+          for key, value in metrics.items():
+            updates[key].append(value)
+    jax.block_until_ready(self.actor.params)
+    times["time_update"] = time.perf_counter() - start
+    if self.reference is not None and a.ref_ema > 0:
+      self.reference = jax.tree.map(lambda r, p: (1 - a.ref_ema) * r + a.ref_ema * p,
+                                    self.reference, self.actor.params)
+    self.step += 1
+    self.sampler.update_params(self.actor.params, version=self.step)
+    metrics = {key: float(np.mean(jax.device_get(values))) for key, values in updates.items()}
+    for key in ("logprob_mismatch_max", "logprob_mismatch_mean"):
+      metrics.pop(key, None)
+    if first_mismatch is not None:
+      metrics["logprob_mismatch_max"] = float(first_mismatch[0])
+      metrics["logprob_mismatch_mean"] = float(first_mismatch[1])
+    scores = np.asarray(batch.scores)
+    lengths = np.asarray(batch.lengths)
+    correct = [x for g in groups for x in g.correct]
+    failures = [x for g in groups for x in g.failures if x]
+    generated_tokens = int(lengths.sum())
+    metrics.update(
+        step=self.step, reward_mean=float(scores.mean()), reward_std=float(scores.std()),
+        accuracy=float(np.mean(correct)), response_length_mean=float(lengths.mean()),
+        response_length_max=float(lengths.max()),
+        truncation_rate=float(np.asarray(batch.truncated).mean()),
+        reward_failures=float(len(failures)),
+        tokens_per_second=generated_tokens / max(times["time_generate"], 1e-9),
+        actor_updated=float(update_actor), **sampling_metrics, **times)
+    return metrics
+
+  # ------------------------------------------------------------------ evaluation, loop
+
+  def evaluate(self) -> dict[str, float]:
+    """Greedy accuracy on the held-out examples with the current weights."""
+    if not self.held_out:
+      return {}
+    prompts = [self.encode_prompt(e) for e in self.held_out]
+    out = self.sampler.generate(prompts, self.sampling_params(greedy=True))
+    texts = [self.tokenizer.decode(samples[0].token_ids) for samples in out]
+    scored = self.router.score(texts, [e.answer for e in self.held_out],
+                               [e.task for e in self.held_out])
+    return {"eval_accuracy": float(np.mean(scored.correct)),
+            "eval_response_length": float(np.mean([len(s[0].token_ids) for s in out]))}
+
+  def write_metrics(self, record: dict[str, Any]) -> None:
+    """Appends one JSON line to <workdir>/metrics.jsonl."""
+    with open(self.metrics_path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record) + "\n")
+
+  def run(self) -> dict[str, Any]:
+    """Trains `train.steps` steps with evaluation; returns the summary."""
+    c = self.config
+    start = time.perf_counter()
+    summary: dict[str, Any] = {}
+    if self.held_out:
+      first = self.evaluate()
+      summary["eval_accuracy_start"] = first["eval_accuracy"]
+      self.write_metrics({"step": self.step, **first})
+      self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
+    while self.step < c.train.steps:
+      metrics = self.train_step()
+      if self.held_out and (self.step % c.train.eval_every == 0 or self.step == c.train.steps):
+        metrics.update(self.evaluate())
+      metrics["elapsed_s"] = time.perf_counter() - start
+      self.write_metrics(metrics)
+      if self.step % c.train.log_every == 0 or "eval_accuracy" in metrics:
+        self.log(progress_line(metrics, c.train.steps))
+    if self.held_out:
+      summary["eval_accuracy_end"] = self.evaluate()["eval_accuracy"]
+    summary.update(steps=self.step, seconds=time.perf_counter() - start)
+    return summary
+
+
+def progress_line(m: dict[str, float], total: int) -> str:
+  """One console line per step."""
+  bar_width = 20
+  done = int(bar_width * m["step"] / total)
+  parts = [f"[{'#' * done}{'.' * (bar_width - done)}] step {m['step']}/{total}",
+           f"reward {m['reward_mean']:+.3f}", f"acc {m['accuracy']:.3f}",
+           f"len {m['response_length_mean']:.1f}"]
+  if "entropy" in m:
+    parts.append(f"ent {m['entropy']:.3f}")
+  if "kept_groups_ratio" in m:
+    parts.append(f"kept {m['kept_groups_ratio']:.2f}")
+  if "value_loss" in m:
+    parts.append(f"vloss {m['value_loss']:.4f}")
+  if "eval_accuracy" in m:
+    parts.append(f"EVAL {m['eval_accuracy']:.3f}")
+  parts.append(f"{m.get('elapsed_s', 0):.0f}s")
+  return " | ".join(parts)
