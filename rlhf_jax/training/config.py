@@ -122,7 +122,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
 def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Raises ValueError naming the field of an impossible setting (before any compile)."""
   def fail(field, message):
-    raise ValueError(f"config.{field} {message}.")
+    raise ValueError(f"config.{field}{'' if message.startswith('=') else ' '}{message}.")
 
   if c.variant not in VARIANTS:
     fail("variant", f"={c.variant!r} is not one of {', '.join(VARIANTS)}")

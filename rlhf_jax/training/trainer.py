@@ -34,6 +34,7 @@ from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.training import rollout as rollout_lib
 from rlhf_jax.training import sft as sft_lib
+from rlhf_jax.training.checkpoint import Checkpointer
 from rlhf_jax.training.config import validate_config
 
 
@@ -46,10 +47,15 @@ class TrainState:
 
 def make_optimizer(learning_rate: float, warmup_steps: int, weight_decay: float,
                    max_grad_norm: float) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW with linear warmup to a constant rate (DAPO §4.1)."""
-  schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1)),
-       optax.constant_schedule(learning_rate)], [max(warmup_steps, 1)])
+  """Global-norm clipping, then AdamW with linear warmup to a constant rate (DAPO §4.1).
+
+  Update k (from 0) uses lr·min(1, (k+1)/warmup_steps): the first update already moves.
+  """
+  warmup = max(warmup_steps, 1)
+
+  def schedule(count):
+    return learning_rate * jnp.minimum(1.0, (count + 1) / warmup)
+
   return optax.chain(optax.clip_by_global_norm(max_grad_norm),
                      optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8,
                                  weight_decay=weight_decay))
@@ -81,7 +87,7 @@ def build_actor_update(model, algorithm, optimizer):
     normalizer = kernels.aggregation_normalizer(batch.response_mask, mode=algorithm.agg)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state.params, batch, advantages, normalizer)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -105,7 +111,7 @@ def build_critic_update(critic, algorithm, optimizer):
     normalizer = kernels.aggregation_normalizer(batch.response_mask, mode=algorithm.agg)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state.params, batch, returns, normalizer)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -198,9 +204,11 @@ class Trainer:
     config: a validated trainer config (rlhf_jax.training.config).
     workdir: where checkpoints, metrics.jsonl and the SFT start live.
     log: where progress lines go.
+    verifiers: task name → verifier, replacing the built-in ones (tests, custom tasks).
   """
 
-  def __init__(self, config, workdir: str, log: Callable[[str], None] = print):
+  def __init__(self, config, workdir: str, log: Callable[[str], None] = print,
+               verifiers=None):
     validate_config(config, num_devices=jax.device_count())
     self.config = c = config
     self.workdir = workdir
@@ -213,7 +221,7 @@ class Trainer:
     self.tokenizer = models.Tokenizer.from_directory(checkpoint)
     self.prefix = prompt_prefix(self.tokenizer) if c.variant == "arith" else []
     self.train_examples, self.held_out = load_examples(c)
-    self.router = RewardRouter(correct_score=c.reward.correct_score,
+    self.router = RewardRouter(verifiers, correct_score=c.reward.correct_score,
                                wrong_score=c.reward.wrong_score,
                                failure_score=c.reward.failure_score,
                                timeout_s=c.reward.timeout_s)
@@ -245,6 +253,48 @@ class Trainer:
     self.step = 0
     self.rng = np.random.default_rng(c.seed)
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+    self.checkpointer = Checkpointer(workdir)
+    if self.checkpointer.latest_step() is not None:
+      self.restore(self.checkpointer.latest_step())
+
+  # ------------------------------------------------------------------ checkpoints
+
+  def _state_tree(self) -> dict[str, Any]:
+    return {"actor": self.actor, "critic": self.critic if self.critic is not None else {},
+            "reference": self.reference if self.reference is not None else {}}
+
+  def save(self) -> None:
+    """Checkpoints everything needed to continue exactly (see training/checkpoint.py)."""
+    meta = {"step": self.step, "rng": self.rng.bit_generator.state,
+            "stream": self.stream.state(),
+            "buffer": [dataclasses.asdict(g) for g in self.buffer],
+            "config": self.config.to_dict()}
+    self.checkpointer.save(self.step, self._state_tree(), json.loads(json.dumps(meta)))
+
+  def restore(self, step: int) -> None:
+    """Continues from checkpoint `step` (and drops metrics logged after it)."""
+    state, meta = self.checkpointer.restore(step, self._state_tree())
+    self.actor = state["actor"]
+    if self.critic is not None:
+      self.critic = state["critic"]
+    if self.reference is not None:
+      self.reference = state["reference"]
+    self.step = int(meta["step"])
+    self.rng.bit_generator.state = meta["rng"]
+    self.stream.restore(meta["stream"])
+    self.buffer = collections.deque(
+        Group(**{**g, "example": Example(**g["example"])}) for g in meta["buffer"])
+    changed = sorted(k for k, v in _flatten(meta["config"]).items()
+                     if _flatten(self.config.to_dict()).get(k) != v)
+    if changed:
+      self.log(f"resuming with changed config fields: {', '.join(changed)}")
+    self.sampler.update_params(self.actor.params, version=self.step)
+    if os.path.exists(self.metrics_path):
+      with open(self.metrics_path, encoding="utf-8") as f:
+        kept = [line for line in f if json.loads(line)["step"] <= self.step]
+      with open(self.metrics_path, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    self.log(f"resumed from step {self.step}")
 
   # ------------------------------------------------------------------ sampling
 
@@ -438,27 +488,49 @@ class Trainer:
       f.write(json.dumps(record) + "\n")
 
   def run(self) -> dict[str, Any]:
-    """Trains `train.steps` steps with evaluation; returns the summary."""
+    """Trains until `train.steps` with evaluation and checkpoints; returns the summary.
+
+    Ctrl-C (KeyboardInterrupt) saves a checkpoint before it propagates.
+    """
     c = self.config
     start = time.perf_counter()
     summary: dict[str, Any] = {}
-    if self.held_out:
+    if self.held_out and self.step == 0:
       first = self.evaluate()
       summary["eval_accuracy_start"] = first["eval_accuracy"]
       self.write_metrics({"step": self.step, **first})
       self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
-    while self.step < c.train.steps:
-      metrics = self.train_step()
-      if self.held_out and (self.step % c.train.eval_every == 0 or self.step == c.train.steps):
-        metrics.update(self.evaluate())
-      metrics["elapsed_s"] = time.perf_counter() - start
-      self.write_metrics(metrics)
-      if self.step % c.train.log_every == 0 or "eval_accuracy" in metrics:
-        self.log(progress_line(metrics, c.train.steps))
-    if self.held_out:
-      summary["eval_accuracy_end"] = self.evaluate()["eval_accuracy"]
+    try:
+      while self.step < c.train.steps:
+        metrics = self.train_step()
+        if self.held_out and (self.step % c.train.eval_every == 0
+                              or self.step == c.train.steps):
+          metrics.update(self.evaluate())
+          summary["eval_accuracy_end"] = metrics["eval_accuracy"]
+        metrics["elapsed_s"] = time.perf_counter() - start
+        self.write_metrics(metrics)
+        if self.step % c.train.log_every == 0 or "eval_accuracy" in metrics:
+          self.log(progress_line(metrics, c.train.steps))
+        if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
+          self.save()
+    except KeyboardInterrupt:
+      self.log(f"interrupted: saving a checkpoint at step {self.step}")
+      self.save()
+      raise
+    finally:
+      self.checkpointer.close()
     summary.update(steps=self.step, seconds=time.perf_counter() - start)
     return summary
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+  return out
 
 
 def progress_line(m: dict[str, float], total: int) -> str:

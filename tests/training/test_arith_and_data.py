@@ -1,0 +1,112 @@
+"""The arith task, JSONL data, the prompt stream and the reward router."""
+
+import json
+import re
+import time
+
+import numpy as np
+import pytest
+
+from rlhf_jax.data import Example
+from rlhf_jax.data import PromptStream
+from rlhf_jax.data import read_jsonl
+from rlhf_jax.data import write_jsonl
+from rlhf_jax.rewards import RewardRouter
+from rlhf_jax.tasks import arith
+
+LINE = re.compile(r"^(\d)([+\-*])(\d)([+\-])(\d)=(\d) ([cb])(\d)$")
+
+
+def replay(solution: str) -> int:
+  """Recomputes the answer from the digit lines alone, checking each line's arithmetic."""
+  *lines, answer_line = solution.split("\n")
+  digits = []
+  for line in lines:
+    a, op, b, sign, carry, digit, kind, out = LINE.match(line).groups()
+    a, b, carry, digit, out = map(int, (a, b, carry, digit, out))
+    value = {"+": a + b + carry, "-": a - b - carry, "*": a * b + carry}[op]
+    if op == "-":
+      assert (kind, sign) == ("b", "-") and digit == value % 10 and out == int(value < 0)
+    else:
+      assert kind == "c" and sign == "+" and (digit, out) == (value % 10, value // 10)
+    digits.append(digit)
+  assert answer_line.startswith("Answer: ")
+  return int("".join(map(str, digits[::-1])))
+
+
+@pytest.mark.parametrize("level", sorted(arith.LEVELS))
+def test_solutions_are_correct_digit_by_digit(level):
+  rng = np.random.default_rng(level)
+  for _ in range(300):
+    problem = arith.sample_problem(rng, level)
+    assert replay(problem.solution) == problem.answer >= 0
+    assert arith.verify(problem.solution, str(problem.answer))
+    assert not arith.verify(problem.solution, str(problem.answer + 1))
+    assert set(problem.prompt + problem.solution) <= set(arith.ALPHABET)
+
+
+def test_generator_is_deterministic_and_levels_follow_weights():
+  first = list(arith.generate(3, 50, levels=(1, 3), weights=(1.0, 0.0)))
+  assert first == list(arith.generate(3, 50, levels=(1, 3), weights=(1.0, 0.0)))
+  assert {p.level for p in first} == {1}
+  assert max(p.a for p in first) < 100
+
+
+def test_extract_answer_reads_only_a_final_answer_line():
+  assert arith.extract_answer("x\nAnswer: 42") == "42"
+  assert arith.extract_answer("Answer: 42\nmore text") is None
+  assert arith.extract_answer("Answer: -7\n\n") == "-7"
+  assert arith.extract_answer("") is None
+  assert not arith.verify("Answer: 4x", "4")
+
+
+def test_jsonl_round_trip_and_errors_name_line_and_field(tmp_path):
+  path = tmp_path / "data.jsonl"
+  problems = list(arith.generate(0, 5))
+  assert write_jsonl(str(path), [p.to_json() for p in problems]) == 5
+  examples = read_jsonl(str(path))
+  assert [e.answer for e in examples] == [str(p.answer) for p in problems]
+  assert examples[0].task == "arith" and "solution" in examples[0].metadata
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps({"prompt": "q", "answer": 3, "task": "arith"}) + "\n")
+  with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'answer'"):
+    read_jsonl(str(bad))
+  bad.write_text('{"prompt": "q", "answer": "3", "task": "arith", "extra": 1}\n')
+  with pytest.raises(ValueError, match="unknown fields"):
+    read_jsonl(str(bad))
+  bad.write_text('{"prompt": "q",\n')
+  with pytest.raises(ValueError, match="bad.jsonl:1: not JSON"):
+    read_jsonl(str(bad))
+
+
+def test_prompt_stream_covers_each_epoch_and_resumes_exactly():
+  examples = [Example(str(i), str(i), "arith") for i in range(7)]
+  stream = PromptStream(examples, seed=1)
+  first_epoch = stream.take(7)
+  assert sorted(e.prompt for e in first_epoch) == [str(i) for i in range(7)]
+  stream.take(3)
+  saved = stream.state()
+  expected = [e.prompt for e in stream.take(9)]
+  resumed = PromptStream(examples, seed=1)
+  resumed.restore(saved)
+  assert [e.prompt for e in resumed.take(9)] == expected
+
+
+def test_reward_router_records_failures_and_goes_on():
+  def slow(response, answer):
+    time.sleep(2)
+    return True
+
+  def broken(response, answer):
+    raise KeyError("oops")
+
+  router = RewardRouter({"arith": arith.verify, "slow": slow, "broken": broken},
+                        correct_score=1.0, wrong_score=-1.0, failure_score=-0.5, timeout_s=0.5)
+  scored = router.score(["Answer: 4", "Answer: 5", "x", "y"], ["4", "4", "1", "1"],
+                        ["arith", "arith", "slow", "broken"])
+  assert scored.scores == [1.0, -1.0, -0.5, -0.5]
+  assert scored.correct == [True, False, False, False]
+  assert scored.failures[:2] == ["", ""] and scored.failures[2] == "timeout"
+  assert scored.failures[3].startswith("error: KeyError")
+  with pytest.raises(ValueError, match="no verifier for task"):
+    router.score(["a"], ["b"], ["unknown"])

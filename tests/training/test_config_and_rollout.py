@@ -1,0 +1,114 @@
+"""Trainer config validation, the rollout batch layout, and the PPO-family composition."""
+
+import importlib.util
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax import kernels
+from rlhf_jax import models
+from rlhf_jax.algorithms import ppo_family
+from rlhf_jax.training import rollout as rollout_lib
+from rlhf_jax.training.config import validate_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PRESETS = ("grpo", "dapo")
+
+
+def preset(name, variant="arith"):
+  spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_validate(name):
+  validate_config(preset(name), num_devices=1)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("algorithm.clip_high", 0.1, r"config\.algorithm\.clip_high=0\.1 must be >= clip_low"),
+    ("algorithm.estimator", "ppo2", r"config\.algorithm\.estimator='ppo2' is not one of gae"),
+    ("algorithm.agg", "mean", r"config\.algorithm\.agg='mean'"),
+    ("algorithm.value_pretrain_steps", 5, r"config\.algorithm\.value_pretrain_steps=5 needs "
+     "a critic"),
+    ("algorithm.window_tokens", 8, r"config\.algorithm\.window_tokens .*needs a critic"),
+    ("algorithm.group_size", 1, r"config\.algorithm\.group_size=1 must be >= 2"),
+    ("train.minibatches", 7, r"config\.train\.minibatches=7 must divide"),
+    ("sampler.cache_length", 100, r"config\.sampler\.cache_length=100 is below"),
+    ("mesh.data", 4, r"config\.mesh data×fsdp×tensor = 4 exceeds the 1"),
+    ("algorithm.ref_ema", 0.1, r"config\.algorithm\.ref_ema needs a KL term"),
+])
+def test_validation_names_the_field(field, value, match):
+  config = preset("dapo")
+  section, name = field.split(".")
+  config[section][name] = value
+  with pytest.raises(ValueError, match=match):
+    validate_config(config, num_devices=1)
+
+
+def test_hf_variant_needs_checkpoint_and_data():
+  config = preset("grpo", "hf")
+  with pytest.raises(ValueError, match=r"config\.model\.checkpoint is required"):
+    validate_config(config, num_devices=1)
+  config.model.checkpoint = "/some/dir"
+  with pytest.raises(ValueError, match=r"config\.data\.train_file is required"):
+    validate_config(config, num_devices=1)
+
+
+def test_unknown_keys_are_rejected_by_the_locked_config():
+  config = preset("grpo")
+  config.lock()
+  with pytest.raises(AttributeError, match="clip_hihg"):
+    config.algorithm.clip_hihg = 0.3
+
+
+def test_rollout_batch_layout():
+  batch = rollout_lib.build_rollout_batch(
+      [[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], [[-1.0, -2.0], [-3.0, -4.0, -5.0]],
+      [1.0, -1.0], [False, True], [0, 0], prompt_length=4, response_length=3, pad_id=0)
+  np.testing.assert_array_equal(batch.tokens, [[0, 5, 6, 7, 9, 10, 0], [0, 0, 0, 8, 11, 12, 13]])
+  np.testing.assert_array_equal(batch.attention_mask, [[0, 1, 1, 1, 1, 1, 0],
+                                                       [0, 0, 0, 1, 1, 1, 1]])
+  np.testing.assert_array_equal(batch.response_mask, [[1, 1, 0], [1, 1, 1]])
+  np.testing.assert_array_equal(batch.old_logprobs, [[-1, -2, 0], [-3, -4, -5]])
+  np.testing.assert_array_equal(batch.lengths, [2, 3])
+  np.testing.assert_array_equal(np.asarray(batch.token_rewards()), [[0, 1, 0], [0, 0, -1]])
+  with pytest.raises(ValueError, match="row 0: prompt of 3 tokens exceeds prompt_length=2"):
+    rollout_lib.build_rollout_batch([[5, 6, 7]], [[1]], [[0.0]], [0.0], [False], [0],
+                                    prompt_length=2, response_length=3, pad_id=0)
+
+
+def test_response_logprobs_match_an_unpadded_forward():
+  config = models.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2,
+                                num_kv_heads=1, head_dim=8, intermediate_size=24)
+  model, params = models.init_model(config, seed=3)
+  prompts, responses = [[5, 6, 7], [8]], [[9, 10], [11, 12, 13]]
+  batch = rollout_lib.build_rollout_batch(
+      prompts, responses, [[0.0] * 2, [0.0] * 3], [0.0, 0.0], [False, False], [0, 1],
+      prompt_length=4, response_length=3, pad_id=0)
+  got = np.asarray(rollout_lib.response_logprobs(model, params, rollout_lib.as_device(batch)))
+  for row, (prompt, response) in enumerate(zip(prompts, responses)):
+    sequence = jnp.asarray([prompt + response])
+    logits, _ = model.apply(params, sequence)
+    expected = kernels.token_logprobs(logits[:, len(prompt) - 1:-1], sequence[:, len(prompt):])
+    np.testing.assert_allclose(got[row, :len(response)], expected[0], atol=1e-5)
+    assert np.all(got[row, len(response):] == 0)
+
+
+def test_group_estimators_broadcast_per_sample_advantages():
+  config = preset("grpo").algorithm
+  batch = rollout_lib.build_rollout_batch(
+      [[1]] * 4, [[2, 3], [2], [2, 3, 4], [5]], [[0.0] * 2, [0.0], [0.0] * 3, [0.0]],
+      [1.0, 0.0, 0.0, 0.0], [False] * 4, [0, 0, 1, 1], prompt_length=1, response_length=3,
+      pad_id=0)
+  config.group_size = 2
+  advantages, _ = ppo_family.advantages_and_returns(config, rollout_lib.as_device(batch))
+  scores = np.array([1.0, 0.0, 0.0, 0.0]).reshape(2, 2)
+  per_sample = ((scores - scores.mean(1, keepdims=True))
+                / (scores.std(1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)
+  np.testing.assert_allclose(advantages, per_sample[:, None] * batch.response_mask, atol=1e-5)

@@ -1,0 +1,170 @@
+"""The trainer end to end on a shrunken arith config, and its pieces in isolation."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax import models
+from rlhf_jax.data import Example
+from rlhf_jax.training import rollout as rollout_lib
+from rlhf_jax.training import trainer as trainer_lib
+from tests.training.test_config_and_rollout import preset
+
+
+def shrink(config):
+  """Sizes for a CPU test: 1-layer 32-wide model, 3 SFT steps, 2 RL steps."""
+  config.model.hidden_size, config.model.num_layers, config.model.num_heads = 32, 1, 2
+  config.sft.steps, config.sft.batch_size = 3, 8
+  config.data.num_train, config.data.num_eval = 64, 8
+  config.rollout.prompts_per_step, config.rollout.max_new_tokens = 4, 96
+  config.algorithm.group_size = 4
+  config.algorithm.overlong_buffer = min(config.algorithm.overlong_buffer, 8)
+  config.sampler.num_slots, config.sampler.cache_length = 16, 64 + 96
+  config.sampler.warmup = False
+  config.train.steps, config.train.eval_every = 2, 2
+  return config
+
+
+def odd_length(response, answer):
+  """A verifier with varied verdicts for an untrained model."""
+  return len(response) % 2 == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["grpo", "dapo"])
+def test_presets_run_end_to_end(name, tmp_path):
+  config = shrink(preset(name))
+  trainer = trainer_lib.Trainer(config, str(tmp_path), log=lambda line: None,
+                                verifiers={"arith": odd_length})
+  summary = trainer.run()
+  assert summary["steps"] == 2 and 0 <= summary["eval_accuracy_end"] <= 1
+  records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert [r["step"] for r in records] == [0, 1, 2]
+  for record in records[1:]:
+    for key in ("reward_mean", "accuracy", "entropy", "grad_norm", "clip_frac_upper",
+                "approx_kl", "response_length_mean", "truncation_rate", "tokens_per_second",
+                "time_generate", "time_update", "logprob_mismatch_max"):
+      assert np.isfinite(record[key]), key
+    assert record["skipped"] == 0
+  if name == "grpo":
+    # On-policy in float32: the sampler's log-probs are the trainer's (ratio 1 within 1e-5).
+    assert records[1]["logprob_mismatch_max"] < 1e-5
+    assert "kl_loss" in records[1]
+  else:
+    assert 0 < records[1]["kept_groups_ratio"] <= 1
+
+
+def group(correct):
+  n = len(correct)
+  return trainer_lib.Group(Example("q", "1", "arith"), [1], [[2]] * n, [[0.0]] * n,
+                           [1.0 if c else -1.0 for c in correct], list(correct), [False] * n,
+                           [""] * n)
+
+
+class StubTrainer(trainer_lib.Trainer):
+  """collect_groups without a model: each round returns the next scripted groups."""
+
+  def __init__(self, config, rounds):
+    self.config, self.algorithm = config, config.algorithm
+    self.buffer = __import__("collections").deque()
+    self.stream = type("S", (), {"take": lambda _, n: [None] * n})()
+    self.rounds = list(rounds)
+
+  def generate_groups(self, examples):
+    return self.rounds.pop(0)
+
+
+def test_dynamic_sampling_keeps_surplus_groups_for_the_next_step():
+  config = preset("dapo")
+  config.rollout.prompts_per_step = 2
+  mixed, solved, failed = [True, False], [True, True], [False, False]
+  stub = StubTrainer(config, [[group(solved), group(mixed)], [group(mixed), group(mixed)],
+                              [group(failed), group(failed)]])
+  kept, metrics = stub.collect_groups()
+  assert len(kept) == 2 and len(stub.buffer) == 1
+  assert metrics["kept_groups_ratio"] == 3 / 4 and metrics["generation_rounds"] == 2
+  # The next step starts from the buffered group and needs one more.
+  stub.rounds = [[group(failed), group(mixed)]]
+  kept, _ = stub.collect_groups()
+  assert len(kept) == 2 and not stub.buffer
+
+
+def test_dynamic_sampling_gives_up_after_fruitless_rounds():
+  config = preset("dapo")
+  config.rollout.prompts_per_step = 2
+  config.algorithm.max_generation_rounds = 3
+  stub = StubTrainer(config, [[group([True, True])] * 2] * 3)
+  with pytest.raises(trainer_lib.NoSignalError, match="max_generation_rounds=3"):
+    stub.collect_groups()
+
+
+def test_a_non_finite_update_is_skipped():
+  config = models.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2,
+                                num_kv_heads=1, head_dim=8, intermediate_size=24)
+  model, params = models.init_model(config, seed=0)
+  algorithm = preset("grpo").algorithm
+  optimizer = trainer_lib.make_optimizer(1e-2, 1, 0.0, 1.0)
+  update = trainer_lib.build_actor_update(model, algorithm, optimizer)
+  batch = rollout_lib.as_device(rollout_lib.build_rollout_batch(
+      [[1, 2]] * 2, [[3, 4]] * 2, [[-1.0, -1.0]] * 2, [1.0, 0.0], [False] * 2, [0, 0],
+      prompt_length=2, response_length=2, pad_id=0))
+  state = trainer_lib.TrainState(params, optimizer.init(params))
+  fine, metrics = update(state, batch, jnp.ones((2, 2)))
+  assert metrics["skipped"] == 0
+  assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)),
+                                              fine.params, params)))
+  broken, metrics = update(state, batch, jnp.full((2, 2), jnp.nan))
+  assert metrics["skipped"] == 1
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), broken.params, params)
+
+
+TIMING = ("elapsed_s", "tokens_per_second", "time_generate", "time_reward",
+          "time_reference_critic", "time_update")
+
+
+@pytest.mark.slow
+def test_resume_continues_exactly(tmp_path):
+  import shutil
+
+  def config(steps):
+    c = shrink(preset("grpo"))  # with a KL loss: the reference is checkpointed too
+    c.train.steps, c.train.checkpoint_every, c.train.eval_every = steps, 2, 100
+    return c
+
+  straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
+  straight = trainer_lib.Trainer(config(4), str(straight_dir), log=lambda line: None,
+                                 verifiers={"arith": odd_length})
+  straight.run()
+  shutil.copytree(straight_dir / "sft", split_dir / "sft")
+
+  class Killed(Exception):
+    pass
+
+  class DiesInStepFour(trainer_lib.Trainer):
+    """Dies after step 3's metrics are written and before step 4's checkpoint."""
+
+    def train_step(self):
+      if self.step == 3:
+        raise Killed()
+      return super().train_step()
+
+  with pytest.raises(Killed):
+    DiesInStepFour(config(4), str(split_dir), log=lambda line: None,
+                   verifiers={"arith": odd_length}).run()
+  resumed = trainer_lib.Trainer(config(4), str(split_dir), log=lambda line: None,
+                                verifiers={"arith": odd_length})
+  assert resumed.step == 2  # the last checkpoint; step 3's metrics line is dropped
+  resumed.run()
+
+  def records(directory):
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in open(directory / "metrics.jsonl")]
+
+  assert records(split_dir) == records(straight_dir)
+  jax.tree.map(np.testing.assert_array_equal, resumed.actor.params, straight.actor.params)
+  jax.tree.map(np.testing.assert_array_equal, resumed.actor.opt_state,
+               straight.actor.opt_state)
+  jax.tree.map(np.testing.assert_array_equal, resumed.reference, straight.reference)
