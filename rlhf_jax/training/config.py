@@ -156,6 +156,9 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
          "(estimator 'gae')")
   if a.window_tokens and not ppo_family.uses_critic(a):
     fail("algorithm.window_tokens", "(T-PPO) needs a critic (estimator 'gae') for Extended GAE")
+  if a.window_tokens:
+    fail("algorithm.window_tokens", f"={a.window_tokens}: T-PPO's windowed generation is not "
+         "implemented yet; use 0")
   if a.overlong_buffer and not 0 < a.overlong_buffer <= c.rollout.max_new_tokens:
     fail("algorithm.overlong_buffer", f"={a.overlong_buffer} must be in (0, "
          f"rollout.max_new_tokens={c.rollout.max_new_tokens}]")

@@ -15,7 +15,7 @@ from rlhf_jax.training import rollout as rollout_lib
 from rlhf_jax.training.config import validate_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PRESETS = ("grpo", "dapo")
+PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo")
 
 
 def preset(name, variant="arith"):
