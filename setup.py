@@ -6,7 +6,7 @@ The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
   hf       safetensors, tokenizers (HF checkpoints and tokenizers)
   tfds     tensorflow-datasets with array_record / grain data loading (no TensorFlow)
   serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client
-  bench    what benchmarks/ needs beyond the core (torch comes from the peers' venv)
+  plot     matplotlib: launch/plot.py
 """
 
 from setuptools import find_packages
@@ -46,6 +46,7 @@ EXTRAS = {
         "grpcio-tools>=1.85.1",
     ],
     "serve": ["grpcio>=1.85.1", "protobuf>=7.35"],
+    "plot": ["matplotlib>=3.8"],
     "hf": ["safetensors>=0.4", "tokenizers>=0.20"],
     "tfds": ["tensorflow-datasets>=4.9", "array-record>=0.5", "grain>=0.2"],
 }

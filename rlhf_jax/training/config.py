@@ -96,6 +96,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   a.overlong_filter = False  # Drop truncated responses from the loss.
   a.dynamic_sampling = False  # DAPO: keep only groups whose correctness varies.
   a.max_generation_rounds = 10  # Dynamic sampling: fruitless rounds before giving up.
+  a.oversample = 3  # Dynamic sampling: prompts per round = oversample × prompts_per_step (verl 3×).
   a.window_tokens = 0  # T-PPO: new tokens per response per step (0 = whole responses).
 
   c.optimizer = ml_collections.ConfigDict()
@@ -148,6 +149,8 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   for field in ("gamma", "actor_lam", "critic_lam"):
     if not 0 <= a[field] <= 1:
       fail(f"algorithm.{field}", f"={a[field]} must be in [0, 1]")
+  if a.oversample < 1:
+    fail("algorithm.oversample", f"={a.oversample} must be >= 1")
   if a.dynamic_sampling and a.group_size < 2:
     fail("algorithm.dynamic_sampling", "needs group_size >= 2 (it keeps groups whose "
          "correctness varies)")

@@ -154,9 +154,33 @@ def arith_model_config(c, vocab_size: int) -> models.DecoderConfig:
       max_position_embeddings=c.sampler.cache_length)
 
 
+PROMPT_FORMAT_FILE = "prompt_format.json"
+
+
 def prompt_prefix(tokenizer) -> list[int]:
-  """Tokens put before every prompt (the `<|im_start|>` marker)."""
+  """Tokens the arith task puts before every prompt (the `<|im_start|>` marker)."""
   return [tokenizer.backend.token_to_id("<|im_start|>")]
+
+
+def save_policy(directory: str, model, params, tokenizer, prefix_tokens: list[str]) -> None:
+  """An HF checkpoint directory + tokenizer + prompt format (what eval.py and train.py load)."""
+  models.save_hf_checkpoint(directory, model, params)
+  tokenizer.save(directory)
+  with open(os.path.join(directory, PROMPT_FORMAT_FILE), "w", encoding="utf-8") as f:
+    json.dump({"prefix_tokens": prefix_tokens}, f)
+
+
+def load_prompt_prefix(directory: str, tokenizer) -> list[int]:
+  """Token ids to put before each prompt, from the checkpoint's prompt_format.json ([] if none)."""
+  path = os.path.join(directory, PROMPT_FORMAT_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    tokens = json.load(f)["prefix_tokens"]
+  ids = [tokenizer.backend.token_to_id(t) for t in tokens]
+  if None in ids:
+    raise ValueError(f"{path}: prefix tokens {tokens} are not all in the tokenizer.")
+  return ids
 
 
 def ensure_sft_checkpoint(c, workdir: str, log: Callable[[str], None] = print) -> str:
@@ -179,8 +203,7 @@ def ensure_sft_checkpoint(c, workdir: str, log: Callable[[str], None] = print) -
 
   result = sft_lib.run_sft(model, params, make_batch, steps=c.sft.steps,
                            learning_rate=c.sft.learning_rate, progress=progress)
-  models.save_hf_checkpoint(directory, model, result.params)
-  tokenizer.save(directory)
+  save_policy(directory, model, result.params, tokenizer, ["<|im_start|>"])
   return directory
 
 
@@ -219,7 +242,8 @@ class Trainer:
                   else c.model.checkpoint)
     self.model, params = models.load_hf_checkpoint(checkpoint)
     self.tokenizer = models.Tokenizer.from_directory(checkpoint)
-    self.prefix = prompt_prefix(self.tokenizer) if c.variant == "arith" else []
+    self.prefix = load_prompt_prefix(checkpoint, self.tokenizer)
+    self.prefix_tokens = [self.tokenizer.backend.id_to_token(i) for i in self.prefix]
     self.train_examples, self.held_out = load_examples(c)
     self.router = RewardRouter(verifiers, correct_score=c.reward.correct_score,
                                wrong_score=c.reward.wrong_score,
@@ -356,7 +380,7 @@ class Trainer:
       kept.append(self.buffer.popleft())
     generated = qualified = rounds = fruitless = 0
     while len(kept) < wanted:
-      groups = self.generate_groups(self.stream.take(wanted))
+      groups = self.generate_groups(self.stream.take(wanted * a.oversample))
       rounds += 1
       generated += len(groups)
       good = [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
@@ -519,7 +543,9 @@ class Trainer:
       raise
     finally:
       self.checkpointer.close()
-    summary.update(steps=self.step, seconds=time.perf_counter() - start)
+    policy = os.path.join(self.workdir, "policy")
+    save_policy(policy, self.model, self.actor.params, self.tokenizer, self.prefix_tokens)
+    summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
     return summary
 
 

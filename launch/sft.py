@@ -1,0 +1,63 @@
+r"""The arith warm start on its own: trains <workdir>/sft (or --config.model.checkpoint).
+
+  python launch/sft.py --config=configs/dapo.py:arith --workdir=/tmp/dapo [--config.sft.steps=600]
+
+train.py runs this itself when the SFT checkpoint is missing. Prints the held-out
+greedy accuracy of the result as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:arith).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; the model goes to <workdir>/sft.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Retrain even if the checkpoint exists.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv) -> None:
+  del argv
+  import jax
+
+  from rlhf_jax import models
+  from rlhf_jax.rewards import RewardRouter
+  from rlhf_jax.sampling import Engine
+  from rlhf_jax.sampling.scheduler import Scheduler
+  from rlhf_jax.training import trainer as trainer_lib
+  from rlhf_jax.training.config import validate_config
+  from rlhf_jax.training.evaluation import evaluate_policy
+
+  config = _CONFIG.value
+  validate_config(config, num_devices=jax.device_count())
+  if config.variant != "arith":
+    raise app.UsageError("launch/sft.py trains the built-in arith warm start; use variant arith.")
+  directory = config.model.checkpoint or os.path.join(_WORKDIR.value, "sft")
+  if _OVERWRITE.value and os.path.exists(directory):
+    shutil.rmtree(directory)
+  directory = trainer_lib.ensure_sft_checkpoint(config, _WORKDIR.value,
+                                                log=lambda line: print(line, flush=True))
+  model, params = models.load_hf_checkpoint(directory)
+  tokenizer = models.Tokenizer.from_directory(directory)
+  _, held_out = trainer_lib.load_examples(config)
+  engine = Engine(model, num_slots=config.sampler.num_slots,
+                  cache_length=config.sampler.cache_length)
+  scheduler = Scheduler(engine, params, prompt_buckets=tuple(config.sampler.prompt_buckets))
+  result = evaluate_policy(scheduler, tokenizer, held_out, RewardRouter(),
+                           prefix=trainer_lib.load_prompt_prefix(directory, tokenizer),
+                           samples=1, temperature=0.0,
+                           max_new_tokens=config.rollout.max_new_tokens)
+  print(json.dumps({"checkpoint": directory, **result}), flush=True)
+
+
+if __name__ == "__main__":
+  from rlhf_jax.runtime import keep_host_memory_resident
+  keep_host_memory_resident()
+  app.run(main)

@@ -1,0 +1,61 @@
+"""Accuracy and pass@k of a policy on prompts with reference answers."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from rlhf_jax.data import Example
+from rlhf_jax.sampling import SamplingParams
+
+
+def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
+  """Unbiased pass@k from n samples with c correct: 1 − C(n−c, k)/C(n, k)
+  (Chen et al. 2021, Codex, Eq. 1)."""
+  if k > num_samples:
+    raise ValueError(f"k={k} exceeds the {num_samples} samples per prompt.")
+  if num_samples - num_correct < k:
+    return 1.0
+  return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
+
+
+def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], router, *,
+                    prefix: Sequence[int], samples: int, temperature: float,
+                    max_new_tokens: int, seed: int = 0) -> dict[str, float]:
+  """avg@n accuracy, pass@k for k = 1, 2, 4, ... ≤ n, mean response length.
+
+  Args:
+    sampler: a Scheduler or SamplerClient (`generate(prompts, params)`).
+    tokenizer: the policy's tokenizer.
+    examples: prompts with answers and tasks.
+    router: a RewardRouter (the training verifiers).
+    prefix: token ids before each prompt.
+    samples: n samples per prompt (1 with temperature 0 = greedy accuracy).
+    temperature: sampling temperature (0 = greedy).
+    max_new_tokens: response cap.
+    seed: sampling seed.
+  """
+  prompts = [list(prefix) + tokenizer.encode(e.prompt) for e in examples]
+  params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                          stop_token_ids=(tokenizer.eos_id,), n=samples, seed=seed)
+  out = sampler.generate(prompts, params)
+  texts, answers, tasks = [], [], []
+  for example, group in zip(examples, out):
+    for completion in group:
+      texts.append(tokenizer.decode(completion.token_ids))
+      answers.append(example.answer)
+      tasks.append(example.task)
+  scored = router.score(texts, answers, tasks)
+  correct = np.asarray(scored.correct).reshape(len(examples), samples)
+  result = {"prompts": float(len(examples)), "samples_per_prompt": float(samples),
+            "accuracy": float(correct.mean()),
+            "response_length": float(np.mean([len(c.token_ids) for g in out for c in g])),
+            "verifier_failures": float(sum(bool(f) for f in scored.failures))}
+  k = 1
+  while k <= samples:
+    result[f"pass@{k}"] = float(np.mean([pass_at_k(samples, int(c), k)
+                                         for c in correct.sum(axis=1)]))
+    k *= 2
+  return result

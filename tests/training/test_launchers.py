@@ -1,0 +1,77 @@
+"""train.py, sft.py, eval.py and plot.py as a user runs them (fresh processes)."""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from rlhf_jax.training.evaluation import pass_at_k
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SMALL = ["--config.model.hidden_size=32", "--config.model.num_layers=1",
+         "--config.model.num_heads=2", "--config.sft.steps=2", "--config.sft.batch_size=8",
+         "--config.data.num_train=32", "--config.data.num_eval=4",
+         "--config.rollout.prompts_per_step=2", "--config.algorithm.group_size=2",
+         "--config.sampler.num_slots=8", "--config.sampler.warmup=False",
+         "--config.train.steps=1", "--config.train.minibatches=1"]
+
+
+def run(script, *args, timeout=600):
+  return subprocess.run([sys.executable, f"launch/{script}", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def test_pass_at_k_matches_its_definition():
+  assert pass_at_k(4, 0, 2) == 0.0 and pass_at_k(4, 3, 2) == 1.0
+  assert math.isclose(pass_at_k(5, 2, 2), 1 - math.comb(3, 2) / math.comb(5, 2))
+  assert math.isclose(pass_at_k(8, 3, 1), 3 / 8)
+  with pytest.raises(ValueError, match="k=3 exceeds"):
+    pass_at_k(2, 1, 3)
+
+
+def test_train_rejects_a_bad_field_before_loading_anything(tmp_path):
+  result = run("train.py", "--config=configs/dapo.py:arith", f"--workdir={tmp_path}",
+               "--config.algorithm.clip_high=0.1")
+  assert result.returncode != 0
+  assert "config.algorithm.clip_high=0.1 must be >= clip_low=0.2" in result.stderr
+  assert not (tmp_path / "sft").exists()
+  result = run("train.py", "--config=configs/dapo.py:arith", f"--workdir={tmp_path}",
+               "--config.algorithm.clip_hihg=0.3")
+  assert result.returncode != 0 and "clip_hihg" in result.stderr
+
+
+@pytest.mark.slow
+def test_train_then_eval_then_plot(tmp_path):
+  result = run("train.py", "--config=configs/grpo.py:arith", f"--workdir={tmp_path}", *SMALL)
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  assert summary["event"] == "done" and summary["steps"] == 1
+  policy = summary["policy"]
+  result = run("eval.py", f"--checkpoint={policy}", "--samples=4", "--temperature=1.0",
+               "--arith_count=6", "--num_slots=8")
+  assert result.returncode == 0, result.stderr[-3000:]
+  scores = json.loads(result.stdout.strip().splitlines()[-1])
+  assert scores["prompts"] == 6 and {"pass@1", "pass@2", "pass@4"} <= set(scores)
+  assert 0 <= scores["pass@1"] <= scores["pass@2"] <= scores["pass@4"] <= 1
+  result = run("plot.py", f"--workdir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (tmp_path / "plots" / "summary.png").stat().st_size > 1000
+  assert (tmp_path / "plots" / "reward_mean.png").exists()
+  # Re-running with the same workdir resumes (here: nothing left to do).
+  result = run("train.py", "--config=configs/grpo.py:arith", f"--workdir={tmp_path}", *SMALL)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "resumed from step 1" in result.stdout
+
+
+@pytest.mark.slow
+def test_sft_launcher_reports_accuracy(tmp_path):
+  result = run("sft.py", "--config=configs/dapo.py:arith", f"--workdir={tmp_path}", *SMALL)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads(result.stdout.strip().splitlines()[-1])
+  assert report["checkpoint"] == str(tmp_path / "sft") and 0 <= report["accuracy"] <= 1
+  assert (tmp_path / "sft" / "prompt_format.json").exists()
