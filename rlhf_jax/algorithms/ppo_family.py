@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax import kernels
-from rlhf_jax.training.rollout import RolloutBatch
+from rlhf_jax.algorithms.rollout import RolloutBatch
 
 ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 CRITIC_ESTIMATORS = ("gae",)

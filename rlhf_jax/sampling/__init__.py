@@ -9,10 +9,12 @@ from rlhf_jax.sampling.engine import SlotSampling
 from rlhf_jax.sampling.engine import StepResult
 from rlhf_jax.sampling.params import FireSchedule
 from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.scheduler import Completion
+from rlhf_jax.sampling.scheduler import Scheduler
 from rlhf_jax.sampling.token_sampling import sample_tokens
 from rlhf_jax.sampling.token_sampling import truncation_mask
 
 __all__ = [
-    "DecodeState", "Engine", "FireSchedule", "Prefix", "SamplingParams", "SlotSampling",
-    "StepResult", "sample_tokens", "truncation_mask",
+    "Completion", "DecodeState", "Engine", "FireSchedule", "Prefix", "SamplingParams",
+    "Scheduler", "SlotSampling", "StepResult", "sample_tokens", "truncation_mask",
 ]

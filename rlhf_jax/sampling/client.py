@@ -143,6 +143,11 @@ class SamplerClient:
                                         data=data[offset:offset + chunk_bytes])
     return self._stub.UpdateWeights(chunks(), timeout=self.timeout_s)
 
+  def update_params(self, params, version: int) -> None:
+    """`update_weights` under the in-process Scheduler's name, so the trainer can hold
+    either sampler."""
+    self.update_weights(params, version)
+
   def health(self) -> sampler_pb2.HealthResponse:
     """Liveness and the weight version being served."""
     return self._stub.Health(sampler_pb2.HealthRequest(), timeout=self.timeout_s)

@@ -12,12 +12,11 @@ import time
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from rlhf_jax import kernels
-from rlhf_jax.training import rollout as rollout_lib
+from rlhf_jax.algorithms import rollout as rollout_lib
 
 
 @dataclasses.dataclass

@@ -32,7 +32,7 @@ from rlhf_jax.sampling import FireSchedule
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
-from rlhf_jax.training import rollout as rollout_lib
+from rlhf_jax.algorithms import rollout as rollout_lib
 from rlhf_jax.training import sft as sft_lib
 from rlhf_jax.training.checkpoint import Checkpointer
 from rlhf_jax.training.config import validate_config
@@ -379,10 +379,13 @@ class Trainer:
     while self.buffer and len(kept) < wanted:
       kept.append(self.buffer.popleft())
     generated = qualified = rounds = fruitless = 0
+    correct = samples = 0
     while len(kept) < wanted:
       groups = self.generate_groups(self.stream.take(wanted * a.oversample))
       rounds += 1
       generated += len(groups)
+      correct += sum(sum(g.correct) for g in groups)
+      samples += sum(len(g.correct) for g in groups)
       good = [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
       qualified += len(good)
       fruitless = 0 if good else fruitless + 1
@@ -394,6 +397,7 @@ class Trainer:
       kept.extend(good)
     self.buffer.extend(kept[wanted:])
     return kept[:wanted], {"generation_rounds": float(rounds),
+                           "accuracy_all_generated": correct / max(samples, 1),
                            "kept_groups_ratio": qualified / max(generated, 1),
                            "buffered_groups": float(len(self.buffer))}
 

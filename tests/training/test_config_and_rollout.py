@@ -3,7 +3,6 @@
 import importlib.util
 import pathlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from rlhf_jax import kernels
 from rlhf_jax import models
 from rlhf_jax.algorithms import ppo_family
-from rlhf_jax.training import rollout as rollout_lib
+from rlhf_jax.algorithms import rollout as rollout_lib
 from rlhf_jax.training.config import validate_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax.data import Example
-from rlhf_jax.training import rollout as rollout_lib
+from rlhf_jax.algorithms import rollout as rollout_lib
 from rlhf_jax.training import trainer as trainer_lib
 from tests.training.test_config_and_rollout import preset
 

@@ -1,0 +1,2 @@
+"""rlhf_jax.algorithms: the rollout batch and the PPO family as configuration of kernels
+(advantages, actor and critic losses)."""
