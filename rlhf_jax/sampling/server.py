@@ -375,7 +375,8 @@ class OrchestratorServicer(jetstream_pb2_grpc.OrchestratorServicer):
       request_id, events = self.service.submit(prompt, sampling)
     except (ValueError, QueueFull) as error:
       _abort_for(context, error, self.service)
-    yield jetstream_pb2.DecodeResponse(initial_content=jetstream_pb2.DecodeResponse.InitialContent())
+    yield jetstream_pb2.DecodeResponse(
+        initial_content=jetstream_pb2.DecodeResponse.InitialContent())
     new_tokens = [[] for _ in range(samples)]
 
     def message():

@@ -71,7 +71,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.algorithm = ml_collections.ConfigDict()
   a = c.algorithm
   a.name = "grpo"  # Preset name (informational).
-  a.estimator = "grpo"  # Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline.
+  # Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline.
+  a.estimator = "grpo"
   a.group_size = 8  # G: samples per prompt.
   a.gamma = 1.0  # Discount γ.
   a.actor_lam = 0.95  # GAE λ for the actor.
