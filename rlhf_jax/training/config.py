@@ -40,6 +40,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.data.num_train = 20000  # arith: generated training prompts.
   c.data.num_eval = 256  # arith: generated held-out prompts (eval every eval_every steps).
   c.data.prompt_length = 64 if arith else 512  # P: prompt tokens (left-padded; longer = error).
+  c.data.shuffle = True  # Shuffle the prompts each epoch (False: file order).
 
   c.sft = ml_collections.ConfigDict()  # arith warm start (launch/sft.py, or train.py when missing)
   c.sft.steps = 600  # SFT steps.
@@ -51,6 +52,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.prompts_per_step = 16 if arith else 128  # Prompts (groups) per training step.
   c.rollout.max_new_tokens = 96 if arith else 1024  # R: response cap (tokens).
+  c.rollout.stop_at_eos = True  # End a response at the EOS token (False: always max_new_tokens).
   c.rollout.temperature = 1.0  # Sampling temperature during training (RL: 1.0).
   c.rollout.top_p = 1.0  # Nucleus sampling during training.
   c.rollout.top_k = 0  # Top-k during training (0: none).

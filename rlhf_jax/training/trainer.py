@@ -250,7 +250,7 @@ class Trainer:
                                failure_score=c.reward.failure_score,
                                timeout_s=c.reward.timeout_s)
     self.router.check_tasks([e.task for e in self.train_examples + self.held_out])
-    self.stream = PromptStream(self.train_examples, seed=c.seed)
+    self.stream = PromptStream(self.train_examples, seed=c.seed, shuffle=c.data.shuffle)
     if c.sampler.address:
       from rlhf_jax.sampling.client import SamplerClient
       self.sampler = SamplerClient(c.sampler.address)
@@ -330,9 +330,10 @@ class Trainer:
                             stop_token_ids=(self.tokenizer.eos_id,), seed=0)
     fire = (FireSchedule(temperature=c.rollout.fire_temperature, top_k=c.rollout.fire_top_k)
             if c.rollout.fire else None)
+    stops = (self.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
     return SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                           top_k=c.rollout.top_k, max_new_tokens=c.rollout.max_new_tokens,
-                          stop_token_ids=(self.tokenizer.eos_id,), n=self.algorithm.group_size,
+                          stop_token_ids=stops, n=self.algorithm.group_size,
                           seed=int(self.rng.integers(2**31)), fire=fire)
 
   def encode_prompt(self, example: Example) -> list[int]:

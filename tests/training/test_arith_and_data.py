@@ -110,3 +110,9 @@ def test_reward_router_records_failures_and_goes_on():
   assert scored.failures[3].startswith("error: KeyError")
   with pytest.raises(ValueError, match="no verifier for task"):
     router.score(["a"], ["b"], ["unknown"])
+
+
+def test_prompt_stream_without_shuffle_keeps_file_order():
+  examples = [Example(str(i), str(i), "arith") for i in range(5)]
+  stream = PromptStream(examples, shuffle=False)
+  assert [e.prompt for e in stream.take(7)] == ["0", "1", "2", "3", "4", "0", "1"]
