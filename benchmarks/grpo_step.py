@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCH = ROOT.parent / "shared" / "bench"
