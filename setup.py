@@ -7,6 +7,7 @@ The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
   tfds     tensorflow-datasets with array_record / grain data loading (no TensorFlow)
   serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client
   plot     matplotlib: launch/plot.py
+  tensorboard  tensorboardX: TensorBoard event files from the trainer (train.tensorboard)
 """
 
 from setuptools import find_packages
@@ -44,9 +45,11 @@ EXTRAS = {
         "grpcio>=1.85.1",
         "protobuf>=7.35",
         "grpcio-tools>=1.85.1",
+        "tensorboardX>=2.6",
     ],
     "serve": ["grpcio>=1.85.1", "protobuf>=7.35"],
     "plot": ["matplotlib>=3.8"],
+    "tensorboard": ["tensorboardX>=2.6"],
     "hf": ["safetensors>=0.4", "tokenizers>=0.20"],
     "tfds": ["tensorflow-datasets>=4.9", "array-record>=0.5", "grain>=0.2"],
 }

@@ -116,6 +116,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.train.eval_every = 20  # Held-out greedy accuracy every N steps (and at start and end).
   c.train.checkpoint_every = 20  # Save a checkpoint every N steps (and at the end).
   c.train.log_every = 1  # Console progress line every N steps.
+  c.train.tensorboard = True  # Also write TensorBoard event files (needs the tensorboard extra).
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # Mesh axis sizes (product ≤ devices; -1 takes the rest).
   c.mesh.fsdp = 1
@@ -207,5 +208,11 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   if num_devices is not None and -1 not in sizes and sizes[0] * sizes[1] * sizes[2] > num_devices:
     fail("mesh", f"data×fsdp×tensor = {sizes[0] * sizes[1] * sizes[2]} exceeds the "
          f"{num_devices} available devices")
+  if c.train.tensorboard:
+    try:
+      import tensorboardX  # noqa: F401
+    except ImportError:
+      fail("train.tensorboard", "=True needs tensorboardX: pip install 'rlhf-jax[tensorboard]' "
+           "(or set it False; metrics.jsonl is always written)")
   if c.optimizer.learning_rate <= 0:
     fail("optimizer.learning_rate", f"={c.optimizer.learning_rate} must be > 0")

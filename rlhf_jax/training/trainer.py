@@ -277,6 +277,7 @@ class Trainer:
     self.step = 0
     self.rng = np.random.default_rng(c.seed)
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+    self._tensorboard = None
     self.checkpointer = Checkpointer(workdir)
     if self.checkpointer.latest_step() is not None:
       self.restore(self.checkpointer.latest_step())
@@ -512,9 +513,18 @@ class Trainer:
             "eval_response_length": float(np.mean([len(s[0].token_ids) for s in out]))}
 
   def write_metrics(self, record: dict[str, Any]) -> None:
-    """Appends one JSON line to <workdir>/metrics.jsonl."""
+    """Appends one JSON line to <workdir>/metrics.jsonl and, with `train.tensorboard`,
+    the numbers as TensorBoard scalars under <workdir>/tensorboard."""
     with open(self.metrics_path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
+    if self.config.train.tensorboard:
+      if self._tensorboard is None:
+        from tensorboardX import SummaryWriter
+        self._tensorboard = SummaryWriter(os.path.join(self.workdir, "tensorboard"))
+      for key, value in record.items():
+        if key != "step" and isinstance(value, (int, float)):
+          self._tensorboard.add_scalar(key, value, global_step=record["step"])
+      self._tensorboard.flush()
 
   def run(self) -> dict[str, Any]:
     """Trains until `train.steps` with evaluation and checkpoints; returns the summary.
@@ -548,6 +558,9 @@ class Trainer:
       raise
     finally:
       self.checkpointer.close()
+      if self._tensorboard is not None:
+        self._tensorboard.close()
+        self._tensorboard = None
     policy = os.path.join(self.workdir, "policy")
     save_policy(policy, self.model, self.actor.params, self.tokenizer, self.prefix_tokens)
     summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)

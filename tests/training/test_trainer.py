@@ -178,3 +178,37 @@ def test_resume_continues_exactly(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, resumed.actor.opt_state,
                straight.actor.opt_state)
   jax.tree.map(np.testing.assert_array_equal, resumed.reference, straight.reference)
+
+
+
+def read_event_scalars(directory):
+  """(tag, step, value) of every scalar in the TFRecord event files of `directory`."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  out = []
+  for path in sorted(directory.glob("events.out.tfevents.*")):
+    data = path.read_bytes()
+    offset = 0
+    while offset < len(data):
+      (length,) = struct.unpack("<Q", data[offset:offset + 8])
+      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+      offset += 12 + length + 4
+      for value in event.summary.value:
+        out.append((value.tag, event.step, value.simple_value))
+  return out
+
+
+def test_metrics_also_go_to_tensorboard(tmp_path):
+  writer = trainer_lib.Trainer.__new__(trainer_lib.Trainer)
+  writer.config = preset("grpo")
+  writer.workdir, writer.metrics_path = str(tmp_path), str(tmp_path / "metrics.jsonl")
+  writer._tensorboard = None
+  writer.write_metrics({"step": 1, "reward_mean": 0.5, "accuracy": 0.25})
+  writer.write_metrics({"step": 2, "reward_mean": 0.75, "note": "text is skipped"})
+  writer._tensorboard.close()  # run() closes it at the end
+  assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2]
+  scalars = read_event_scalars(tmp_path / "tensorboard")
+  assert sorted(scalars) == [("accuracy", 1, 0.25), ("reward_mean", 1, 0.5),
+                             ("reward_mean", 2, 0.75)]
