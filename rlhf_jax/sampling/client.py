@@ -55,11 +55,17 @@ class SamplerClient:
   Args:
     address: "host:port".
     timeout_s: default deadline per call (None: none).
+    max_in_flight: most requests `generate` keeps open at once. Each open request
+      holds one of the server's `max_workers` handler threads, beyond which it
+      answers RESOURCE_EXHAUSTED, so keep this below the server's setting.
   """
 
-  def __init__(self, address: str, *, timeout_s: float | None = 600.0):
+  def __init__(self, address: str, *, timeout_s: float | None = 600.0, max_in_flight: int = 8):
+    if max_in_flight < 1:
+      raise ValueError(f"max_in_flight={max_in_flight} must be >= 1.")
     self.address = address
     self.timeout_s = timeout_s
+    self.max_in_flight = max_in_flight
     self._channel = grpc.insecure_channel(address, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
@@ -101,13 +107,18 @@ class SamplerClient:
         sampling)
     if len(samplings) != len(prompts):
       raise ValueError(f"got {len(samplings)} SamplingParams for {len(prompts)} prompts.")
-    futures = [self._stub.Generate.future(self._request(p, s, ""), timeout=self.timeout_s)
-               for p, s in zip(prompts, samplings)]
-    out = []
-    for prompt, future in zip(prompts, futures):
+    out: list[list[Completion] | None] = [None] * len(prompts)
+    pending = list(enumerate(zip(prompts, samplings)))[::-1]
+    in_flight = []  # (index, prompt, future), oldest first
+    while pending or in_flight:
+      while pending and len(in_flight) < self.max_in_flight:
+        index, (prompt, sampling_params) = pending.pop()
+        in_flight.append((index, prompt, self._stub.Generate.future(
+            self._request(prompt, sampling_params, ""), timeout=self.timeout_s)))
+      index, prompt, future = in_flight.pop(0)
       response = future.result()
-      out.append([completion_from_proto(response.request_id, prompt, s)
-                  for s in response.samples])
+      out[index] = [completion_from_proto(response.request_id, prompt, s)
+                    for s in response.samples]
     return out
 
   def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams = SamplingParams(), *,

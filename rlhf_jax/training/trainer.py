@@ -254,6 +254,9 @@ class Trainer:
     if c.sampler.address:
       from rlhf_jax.sampling.client import SamplerClient
       self.sampler = SamplerClient(c.sampler.address)
+      self.sampler.wait_ready()
+      # The server serves exactly this policy from the first rollout on.
+      self.sampler.update_params(params, version=0)
     else:
       self.sampler = sampler_config_lib.build_scheduler(
           c.sampler, self.model, params, tokenizer=self.tokenizer, seed=c.seed)

@@ -212,3 +212,33 @@ def test_metrics_also_go_to_tensorboard(tmp_path):
   scalars = read_event_scalars(tmp_path / "tensorboard")
   assert sorted(scalars) == [("accuracy", 1, 0.25), ("reward_mean", 1, 0.5),
                              ("reward_mean", 2, 0.75)]
+
+
+@pytest.mark.slow
+def test_training_against_a_sampling_server(tmp_path):
+  from rlhf_jax.sampling import config as sampler_config_lib
+  from rlhf_jax.sampling import server as server_lib
+
+  config = shrink(preset("grpo"))
+  config.algorithm.kl_loss_coef = 0.0
+  config.data.num_eval = 12  # more prompts than server threads: the client windows them
+  checkpoint = trainer_lib.ensure_sft_checkpoint(config, str(tmp_path), log=lambda line: None)
+  model, params = models.load_hf_checkpoint(checkpoint)
+  # The server starts from other weights: the trainer must push its own before sampling.
+  _, other = models.init_model(model.config, seed=99)
+  scheduler = sampler_config_lib.build_scheduler(config.sampler, model, other)
+  server, port, service = server_lib.start_server(scheduler, port=0, max_workers=4)
+  try:
+    config.sampler.address = f"localhost:{port}"
+    trainer = trainer_lib.Trainer(config, str(tmp_path), log=lambda line: None,
+                                  verifiers={"arith": odd_length})
+    trainer.sampler.max_in_flight = 3  # below the server's 4 handler threads
+    summary = trainer.run()
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert summary["steps"] == 2
+    # The server sampled with the trainer's weights: ratio 1 on the first mini-batch.
+    assert records[1]["logprob_mismatch_max"] < 1e-5
+    assert service.scheduler.weights_version == 2
+  finally:
+    server.stop(grace=None)
+    service.stop()
