@@ -8,6 +8,8 @@ allowed values.
 
 from __future__ import annotations
 
+import importlib.util
+
 import ml_collections
 
 from rlhf_jax import kernels
@@ -208,11 +210,8 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   if num_devices is not None and -1 not in sizes and sizes[0] * sizes[1] * sizes[2] > num_devices:
     fail("mesh", f"data×fsdp×tensor = {sizes[0] * sizes[1] * sizes[2]} exceeds the "
          f"{num_devices} available devices")
-  if c.train.tensorboard:
-    try:
-      import tensorboardX  # noqa: F401
-    except ImportError:
-      fail("train.tensorboard", "=True needs tensorboardX: pip install 'rlhf-jax[tensorboard]' "
-           "(or set it False; metrics.jsonl is always written)")
+  if c.train.tensorboard and importlib.util.find_spec("tensorboardX") is None:
+    fail("train.tensorboard", "=True needs tensorboardX: pip install 'rlhf-jax[tensorboard]' "
+         "(or set it False; metrics.jsonl is always written)")
   if c.optimizer.learning_rate <= 0:
     fail("optimizer.learning_rate", f"={c.optimizer.learning_rate} must be > 0")
