@@ -28,33 +28,19 @@ import sys
 import tempfile
 
 
+from common import BENCH
+from common import default_peer_python
+from common import run_json
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-BENCH = ROOT.parent / "shared" / "bench"
 N_PARAMS = 24_656_384
 GROUPS, GROUP_SIZE, PROMPT_LEN, NEW_TOKENS = 8, 8, 64, 128
 ROLLOUT_FLOPS = 2 * N_PARAMS * GROUPS * GROUP_SIZE * (PROMPT_LEN + NEW_TOKENS)
 UPDATE_FLOPS = 6 * N_PARAMS * GROUPS * GROUP_SIZE * (PROMPT_LEN + NEW_TOKENS)
 
 
-def default_peer_python() -> str:
-  peers = pathlib.Path("/tmp/venv_peers/bin/python")
-  return str(peers) if peers.exists() else sys.executable
-
-
-def run_json(command, env):
-  result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
-  if result.returncode:
-    raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
-  records = []
-  for line in result.stdout.splitlines():
-    try:  # TRL also prints Python dicts ("{'loss': ...}"); keep the JSON lines
-      records.append(json.loads(line))
-    except json.JSONDecodeError:
-      continue
-  return [r for r in records if isinstance(r, dict)]
-
-
 def w3_config(model_dir: str, train_file: str):
+  """configs/grpo.py:hf set to W3's workload (workloads.md, W3)."""
   spec = importlib.util.spec_from_file_location("grpo", ROOT / "configs" / "grpo.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -82,6 +68,7 @@ def contains_answer(response: str, answer: str) -> bool:
 
 
 def run_ours(model_dir: str) -> dict:
+  """Four `Trainer.train_step` calls on W3's prompts; each step's metrics and wall time."""
   import time
 
   from rlhf_jax.training.trainer import Trainer

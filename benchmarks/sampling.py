@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import platform
 import statistics
 import subprocess
@@ -33,22 +32,13 @@ import time
 
 import numpy as np
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "shared" / "bench"
+from common import BENCH
+from common import default_peer_python
+from common import run_json
+
 N_PARAMS = 24_656_384
 BATCH, PROMPT_LEN, NEW_TOKENS = 32, 64, 256
 NOMINAL_FLOPS = 2 * N_PARAMS * BATCH * (PROMPT_LEN + NEW_TOKENS)  # workloads.md W1
-
-
-def default_peer_python() -> str:
-  peers = pathlib.Path("/tmp/venv_peers/bin/python")
-  return str(peers) if peers.exists() else sys.executable
-
-
-def run_json(command: list[str], env: dict[str, str]) -> list[dict]:
-  result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
-  if result.returncode:
-    raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
-  return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
 def xla_decode_gemm_gflops(repeats: int = 200) -> float:
@@ -69,12 +59,14 @@ def xla_decode_gemm_gflops(repeats: int = 200) -> float:
 
 
 def load(model_dir: str):
+  """(model, params) of the benchmark checkpoint."""
   from rlhf_jax import models
 
   return models.load_hf_checkpoint(model_dir)
 
 
 def run_w1(model, params, prompts: np.ndarray, steps_per_sync: int) -> dict:
+  """W1: a warm-up call, then three timed calls (seeds 1-3), host ids in → host ids out."""
   from rlhf_jax import sampling
   from rlhf_jax.sampling.scheduler import Scheduler
 
@@ -101,6 +93,7 @@ def run_w1(model, params, prompts: np.ndarray, steps_per_sync: int) -> dict:
 
 
 def run_long_tail(model, params, continuous: bool, steps_per_sync: int) -> dict:
+  """64 requests with log-normal max_new_tokens (capped at 512) on 32 slots, after warmup."""
   from rlhf_jax import sampling
   from rlhf_jax.sampling.scheduler import Scheduler
 

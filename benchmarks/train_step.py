@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import platform
 import statistics
 import subprocess
@@ -29,22 +28,13 @@ import time
 
 import numpy as np
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "shared" / "bench"
+from common import BENCH
+from common import default_peer_python
+from common import run_json
+
 PROMPT_LEN, BATCH, SEQ = 64, 16, 320
 CLIP_EPS, LR, MAX_GRAD_NORM = 0.2, 1e-6, 1.0
 NOMINAL_FLOPS = 6 * 24_656_384 * BATCH * SEQ  # 6N per token (workloads.md)
-
-
-def default_peer_python() -> str:
-  peers = pathlib.Path("/tmp/venv_peers/bin/python")
-  return str(peers) if peers.exists() else sys.executable
-
-
-def run_json(command: list[str], env: dict[str, str]) -> list[dict]:
-  result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
-  if result.returncode:
-    raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
-  return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
 def build_step(model):
@@ -78,6 +68,7 @@ def build_step(model):
 
 
 def run_ours(model_dir: str, dtype: str, warmup: int = 2, timed: int = 5) -> dict:
+  """W2: compile, `warmup` untimed steps, `timed` timed steps; per-step times and losses."""
   import jax
 
   from rlhf_jax import models

@@ -132,22 +132,6 @@ def response_values(critic, params, batch: RolloutBatch) -> jax.Array:
   return values * batch.response_mask
 
 
-def pad_rows(batch: RolloutBatch, rows: int) -> RolloutBatch:
-  """Appends all-masked rows so the batch has `rows` rows (fixed shapes)."""
-  extra = rows - batch.tokens.shape[0]
-  if extra < 0:
-    raise ValueError(f"batch has {batch.tokens.shape[0]} rows, more than {rows}.")
-  if extra == 0:
-    return batch
-  return jax.tree.map(lambda x: np.concatenate(
-      [np.asarray(x), np.zeros((extra,) + np.shape(x)[1:], np.asarray(x).dtype)]), batch)
-
-
-def select_rows(batch: RolloutBatch, rows) -> RolloutBatch:
-  """The given rows (host-side indexing)."""
-  return jax.tree.map(lambda x: np.asarray(x)[rows], batch)
-
-
 def as_device(batch: RolloutBatch) -> RolloutBatch:
   """Every field as a jax array."""
   return jax.tree.map(jnp.asarray, batch)

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.params import per_prompt
 from rlhf_jax.sampling.protos import sampler_pb2
 from rlhf_jax.sampling.protos import sampler_pb2_grpc
 from rlhf_jax.sampling.scheduler import Completion
@@ -103,10 +104,7 @@ class SamplerClient:
                ) -> list[list[Completion]]:
     """Per prompt, its `n` completions; all prompts are in flight at once, so the
     server batches them."""
-    samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(
-        sampling)
-    if len(samplings) != len(prompts):
-      raise ValueError(f"got {len(samplings)} SamplingParams for {len(prompts)} prompts.")
+    samplings = per_prompt(prompts, sampling)
     out: list[list[Completion] | None] = [None] * len(prompts)
     pending = list(enumerate(zip(prompts, samplings)))[::-1]
     in_flight = []  # (index, prompt, future), oldest first

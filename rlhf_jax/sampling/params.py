@@ -108,6 +108,16 @@ class SamplingParams:
         raise ValueError(f"{name}={value} exceeds the vocabulary size {vocab_size}.")
 
 
+def per_prompt(prompts: Sequence, sampling: "SamplingParams | Sequence[SamplingParams]"
+               ) -> list[SamplingParams]:
+  """One SamplingParams per prompt: `sampling` repeated, or the given list (same length)."""
+  samplings = ([sampling] * len(prompts) if isinstance(sampling, SamplingParams)
+               else list(sampling))
+  if len(samplings) != len(prompts):
+    raise ValueError(f"got {len(samplings)} SamplingParams for {len(prompts)} prompts.")
+  return samplings
+
+
 def _check_number(name, value, *, low=None, high=None, low_open=False, high_open=False):
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise ValueError(f"{name}={value!r} must be a number.")

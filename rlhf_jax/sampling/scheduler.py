@@ -28,6 +28,7 @@ from rlhf_jax.models.functional import Params
 from rlhf_jax.sampling.engine import Engine
 from rlhf_jax.sampling.engine import Prefix
 from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.params import per_prompt
 
 UPDATE_POLICIES = ("finish_old", "swap_now")
 
@@ -249,10 +250,7 @@ class Scheduler:
 
     The in-process sampler interface of DESIGN.md: `generate(prompts, params)`.
     """
-    samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(
-        sampling)
-    if len(samplings) != len(prompts):
-      raise ValueError(f"got {len(samplings)} SamplingParams for {len(prompts)} prompts.")
+    samplings = per_prompt(prompts, sampling)
     ids = [self.submit(p, s) for p, s in zip(prompts, samplings)]
     done = {rid: [None] * s.n for rid, s in zip(ids, samplings)}
     for completion in self.run():

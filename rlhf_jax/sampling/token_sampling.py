@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax import kernels
+
 _NEG_INF = -jnp.inf
 
 
@@ -89,5 +91,5 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: jax.Array,
   drawn = jnp.where(pick(weights, drawn) > 0, drawn, most_likely)
   tokens = jnp.where(greedy, most_likely, drawn)
   sampled_logprobs = jnp.where(greedy, 0.0, pick(shifted, tokens) - jnp.log(total))
-  model_logprobs = pick(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
+  model_logprobs = kernels.token_logprobs(logits, tokens)
   return tokens, sampled_logprobs, model_logprobs

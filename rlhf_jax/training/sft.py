@@ -12,7 +12,6 @@ import time
 from typing import Callable, Sequence
 
 import jax
-import numpy as np
 import optax
 
 from rlhf_jax import kernels
@@ -92,18 +91,3 @@ def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
                         response_length=response_length)
 
   return make_batch
-
-
-def greedy_accuracy(scheduler, tokenizer, examples, *, prompt_prefix: Sequence[int],
-                    max_new_tokens: int, router) -> dict[str, float]:
-  """Greedy-decoding accuracy of a policy on examples (the same verifiers as training)."""
-  from rlhf_jax.sampling import SamplingParams
-
-  prompts = [list(prompt_prefix) + tokenizer.encode(e.prompt) for e in examples]
-  params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens,
-                          stop_token_ids=(tokenizer.eos_id,), seed=0)
-  out = scheduler.generate(prompts, params)
-  texts = [tokenizer.decode(samples[0].token_ids) for samples in out]
-  scored = router.score(texts, [e.answer for e in examples], [e.task for e in examples])
-  lengths = [len(samples[0].token_ids) for samples in out]
-  return {"accuracy": float(np.mean(scored.correct)), "response_length": float(np.mean(lengths))}

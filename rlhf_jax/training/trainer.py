@@ -36,6 +36,7 @@ from rlhf_jax.algorithms import rollout as rollout_lib
 from rlhf_jax.training import sft as sft_lib
 from rlhf_jax.training.checkpoint import Checkpointer
 from rlhf_jax.training.config import validate_config
+from rlhf_jax.training.evaluation import evaluate_policy
 
 
 @flax.struct.dataclass
@@ -66,10 +67,36 @@ def _keep_if_finite(finite, new, old):
   return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
-def build_actor_update(model, algorithm, optimizer):
-  """The jitted actor step: (state, minibatch, advantages) → (state, metrics).
+def _build_update(loss_fn, algorithm, optimizer, prefix: str):
+  """jit(update(state, minibatch, targets) → (state, metrics)) around
+  `loss_fn(params, minibatch, targets, normalizer) → (loss, metrics)`.
 
-  A non-finite loss or gradient norm leaves the state unchanged (`skipped` = 1).
+  The normaliser is the whole mini-batch's aggregation count. A non-finite loss
+  or gradient norm leaves the state unchanged; `{prefix}skipped` is then 1.
+  """
+
+  @jax.jit
+  def update(state, batch, targets):
+    normalizer = kernels.aggregation_normalizer(batch.response_mask, mode=algorithm.agg)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params, batch, targets, normalizer)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = TrainState(params=_keep_if_finite(finite, params, state.params),
+                           opt_state=_keep_if_finite(finite, opt_state, state.opt_state))
+    return new_state, dict(metrics, **{f"{prefix}loss": loss, f"{prefix}grad_norm": grad_norm,
+                                       f"{prefix}skipped": (~finite).astype(jnp.float32)})
+
+  return update
+
+
+def build_actor_update(model, algorithm, optimizer):
+  """The jitted actor step: (state, minibatch, advantages [b, R]) → (state, metrics).
+
+  Loss: `ppo_family.actor_loss`; metrics add the gap |log π − log π_old| (max, mean)
+  between this forward and the sampler's log-probs.
   """
 
   def loss_fn(params, batch, advantages, normalizer):
@@ -82,45 +109,18 @@ def build_actor_update(model, algorithm, optimizer):
     metrics["logprob_mismatch_mean"] = kernels.masked_mean(gap, mask)
     return loss, metrics
 
-  @jax.jit
-  def update(state, batch, advantages):
-    normalizer = kernels.aggregation_normalizer(batch.response_mask, mode=algorithm.agg)
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, batch, advantages, normalizer)
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new_state = TrainState(params=_keep_if_finite(finite, params, state.params),
-                           opt_state=_keep_if_finite(finite, opt_state, state.opt_state))
-    return new_state, dict(metrics, loss=loss, grad_norm=grad_norm,
-                           skipped=(~finite).astype(jnp.float32))
-
-  return update
+  return _build_update(loss_fn, algorithm, optimizer, prefix="")
 
 
 def build_critic_update(critic, algorithm, optimizer):
-  """The jitted critic step: (state, minibatch, returns) → (state, metrics)."""
+  """The jitted critic step: (state, minibatch, returns [b, R]) → (state, metrics);
+  loss `ppo_family.critic_loss` (clipped value loss)."""
 
   def loss_fn(params, batch, returns, normalizer):
     values = rollout_lib.response_values(critic, params, batch)
     return ppo_family.critic_loss(algorithm, values, batch, returns, normalizer)
 
-  @jax.jit
-  def update(state, batch, returns):
-    normalizer = kernels.aggregation_normalizer(batch.response_mask, mode=algorithm.agg)
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, batch, returns, normalizer)
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new_state = TrainState(params=_keep_if_finite(finite, params, state.params),
-                           opt_state=_keep_if_finite(finite, opt_state, state.opt_state))
-    return new_state, dict(metrics, critic_grad_norm=grad_norm,
-                           critic_skipped=(~finite).astype(jnp.float32))
-
-  return update
+  return _build_update(loss_fn, algorithm, optimizer, prefix="critic_")
 
 
 @dataclasses.dataclass
@@ -326,12 +326,9 @@ class Trainer:
 
   # ------------------------------------------------------------------ sampling
 
-  def sampling_params(self, *, greedy: bool = False) -> SamplingParams:
-    """The training (or greedy evaluation) SamplingParams."""
+  def sampling_params(self) -> SamplingParams:
+    """The training SamplingParams (group_size samples per prompt, a fresh seed per call)."""
     c = self.config
-    if greedy:
-      return SamplingParams(temperature=0.0, max_new_tokens=c.rollout.max_new_tokens,
-                            stop_token_ids=(self.tokenizer.eos_id,), seed=0)
     fire = (FireSchedule(temperature=c.rollout.fire_temperature, top_k=c.rollout.fire_top_k)
             if c.rollout.fire else None)
     stops = (self.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
@@ -507,13 +504,11 @@ class Trainer:
     """Greedy accuracy on the held-out examples with the current weights."""
     if not self.held_out:
       return {}
-    prompts = [self.encode_prompt(e) for e in self.held_out]
-    out = self.sampler.generate(prompts, self.sampling_params(greedy=True))
-    texts = [self.tokenizer.decode(samples[0].token_ids) for samples in out]
-    scored = self.router.score(texts, [e.answer for e in self.held_out],
-                               [e.task for e in self.held_out])
-    return {"eval_accuracy": float(np.mean(scored.correct)),
-            "eval_response_length": float(np.mean([len(s[0].token_ids) for s in out]))}
+    result = evaluate_policy(self.sampler, self.tokenizer, self.held_out, self.router,
+                             prefix=self.prefix, samples=1, temperature=0.0,
+                             max_new_tokens=self.config.rollout.max_new_tokens)
+    return {"eval_accuracy": result["accuracy"],
+            "eval_response_length": result["response_length"]}
 
   def write_metrics(self, record: dict[str, Any]) -> None:
     """Appends one JSON line to <workdir>/metrics.jsonl and, with `train.tensorboard`,
