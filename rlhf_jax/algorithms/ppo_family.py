@@ -48,7 +48,8 @@ def advantages_and_returns(algorithm, batch: RolloutBatch) -> tuple[jax.Array, j
   `length_adaptive_alpha` > 0) and λ_critic; grpo / dr_grpo / rloo /
   reinforce_pp_baseline: group-relative outcome advantages broadcast over the
   response; reinforce_pp: batch-whitened discounted returns. Returns are zeros
-  for critic-free estimators.
+  for critic-free estimators. Rows with `finished` False (T-PPO) bootstrap GAE
+  from their last value (Extended GAE).
   """
   mask = batch.response_mask
   rewards = token_rewards(algorithm, batch)
@@ -59,9 +60,12 @@ def advantages_and_returns(algorithm, batch: RolloutBatch) -> tuple[jax.Array, j
     if algorithm.length_adaptive_alpha > 0:
       actor_lam = kernels.length_adaptive_lambda(batch.lengths,
                                                  alpha=algorithm.length_adaptive_alpha)
+    # Extended GAE (T-PPO): a response cut at a window's end bootstraps from its last value.
+    bootstrap = kernels.truncation_bootstrap_values(batch.values, mask, batch.finished)
     advantages, returns = kernels.decoupled_gae(rewards, batch.values, mask,
                                                 gamma=algorithm.gamma, actor_lam=actor_lam,
-                                                critic_lam=algorithm.critic_lam)
+                                                critic_lam=algorithm.critic_lam,
+                                                bootstrap_values=bootstrap)
   elif estimator in ("grpo", "dr_grpo"):
     per_sample = kernels.group_advantages(batch.scores, group_size=algorithm.group_size,
                                           normalize_by_std=estimator == "grpo")
@@ -77,7 +81,7 @@ def advantages_and_returns(algorithm, batch: RolloutBatch) -> tuple[jax.Array, j
   else:
     raise ValueError(f"algorithm.estimator={estimator!r}; allowed: {', '.join(ESTIMATORS)}.")
   if algorithm.whiten_advantages:
-    advantages = kernels.masked_whiten(advantages, mask)
+    advantages = kernels.masked_whiten(advantages, batch.policy_mask())
   return advantages, returns
 
 

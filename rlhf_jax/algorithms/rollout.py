@@ -36,6 +36,11 @@ class RolloutBatch:
     lengths: [B] int32 response lengths (tokens, including a stop token).
     truncated: [B] bool, the response hit the length cap without a stop token.
     group_ids: [B] int32, rows of one prompt share an id and are contiguous.
+    window_starts: [B] int32, the first response token sampled in this step
+      (T-PPO's continued responses; 0 otherwise). Earlier tokens are context
+      for the advantages but not trained on again.
+    finished: [B] bool, the response ended (stop token or cap); False for a
+      T-PPO response that continues in the next step.
   """
   tokens: jax.Array
   attention_mask: jax.Array
@@ -47,6 +52,8 @@ class RolloutBatch:
   lengths: jax.Array
   truncated: jax.Array
   group_ids: jax.Array
+  window_starts: jax.Array
+  finished: jax.Array
 
   @property
   def response_length(self) -> int:
@@ -62,13 +69,26 @@ class RolloutBatch:
     """[B, R] the score placed on each row's last response token."""
     return kernels.place_at_last_token(self.scores, self.response_mask)
 
+  def policy_mask(self) -> jax.Array:
+    """[B, R] the tokens the policy loss uses: those sampled in this step."""
+    columns = jnp.arange(self.response_length, dtype=jnp.int32)[None, :]
+    return self.response_mask * (columns >= self.window_starts[:, None])
+
+  def value_mask(self) -> jax.Array:
+    """[B, R] the tokens the value loss uses: finished responses only (T-PPO trains
+    the critic on complete trajectories; every row is finished otherwise)."""
+    return self.response_mask * self.finished[:, None]
+
 
 def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                         responses: Sequence[Sequence[int]],
                         old_logprobs: Sequence[Sequence[float]], scores: Sequence[float],
                         truncated: Sequence[bool], group_ids: Sequence[int], *,
-                        prompt_length: int, response_length: int, pad_id: int) -> RolloutBatch:
-  """Packs host-side rollouts into a RolloutBatch of NumPy arrays.
+                        prompt_length: int, response_length: int, pad_id: int,
+                        window_starts: Sequence[int] | None = None,
+                        finished: Sequence[bool] | None = None) -> RolloutBatch:
+  """Packs host-side rollouts into a RolloutBatch of NumPy arrays (`window_starts`
+  default 0, `finished` default True: whole responses).
 
   Raises:
     ValueError naming the row if a prompt or response does not fit.
@@ -99,7 +119,11 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                       old_logprobs=logprobs, ref_logprobs=zeros, values=zeros.copy(),
                       scores=np.asarray(scores, np.float32), lengths=lengths,
                       truncated=np.asarray(truncated, bool),
-                      group_ids=np.asarray(group_ids, np.int32))
+                      group_ids=np.asarray(group_ids, np.int32),
+                      window_starts=np.asarray(
+                          [0] * batch if window_starts is None else window_starts, np.int32),
+                      finished=np.asarray([True] * batch if finished is None else finished,
+                                          bool))
 
 
 def response_logits_inputs(batch: RolloutBatch) -> tuple[jax.Array, jax.Array, int]:

@@ -20,6 +20,7 @@ from rlhf_jax.kernels.advantages import reinforce_pp_baseline_advantages
 from rlhf_jax.kernels.advantages import remax_advantages
 from rlhf_jax.kernels.advantages import reverse_linear_recurrence
 from rlhf_jax.kernels.advantages import rloo_advantages
+from rlhf_jax.kernels.advantages import truncation_bootstrap_values
 from rlhf_jax.kernels.aggregation import AGGREGATION_MODES
 from rlhf_jax.kernels.aggregation import aggregate
 from rlhf_jax.kernels.aggregation import aggregation_normalizer
@@ -60,5 +61,5 @@ __all__ = [
     "positive_nll_loss", "ppo_policy_loss", "prm_clip", "prm_delta",
     "reinforce_pp_advantages", "reinforce_pp_baseline_advantages",
     "remax_advantages", "reverse_linear_recurrence", "rloo_advantages",
-    "token_logprobs", "value_loss",
+    "token_logprobs", "truncation_bootstrap_values", "value_loss",
 ]

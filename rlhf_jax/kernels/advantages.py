@@ -235,6 +235,34 @@ def decoupled_gae(rewards: chex.Array, values: chex.Array, mask: chex.Array, *,
   return actor * mask32, returns
 
 
+def truncation_bootstrap_values(values: chex.Array, mask: chex.Array,
+                                finished: chex.Array) -> chex.Array:
+  """T-PPO's Extended GAE bootstrap: V after each row's last valid token.
+
+  A finished response (stop token or cap) has no successor state: 0. An
+  unfinished one (cut at the end of a generation window, length l) gets
+  V(s_l) := V(s_{l−1}), its own last value (T-PPO, arXiv:2506.15050, Eq. 6;
+  ALGORITHMS.md §5). With γ = 1 and no token reward, the last δ is then 0, and
+  the row's advantages come only from value differences. Pass the result as
+  `bootstrap_values` to `gae` / `decoupled_gae`.
+
+  Args:
+    values: [B, T] critic values V(s_t).
+    mask: [B, T] 0/1 response mask.
+    finished: [B] bool, the response ended.
+  Returns:
+    [B] float32 (0 for finished or empty rows).
+  """
+  v.check_batch_time(values, mask, names=("values", "mask"))
+  if jnp.shape(finished) != (values.shape[0],):
+    raise ValueError(f"finished must have shape ({values.shape[0]},); got "
+                     f"{jnp.shape(finished)}.")
+  last = masking.last_valid_index(mask)
+  value = jnp.take_along_axis(jnp.asarray(values, jnp.float32),
+                              jnp.maximum(last, 0)[:, None], axis=1)[:, 0]
+  return jnp.where(jnp.asarray(finished, bool) | (last < 0), 0.0, value)
+
+
 def length_adaptive_lambda(lengths: chex.Array, *, alpha: float = 0.05) -> chex.Array:
   """VAPO's per-sequence λ = 1 − 1/(α·l), clamped into [0, 1).
 

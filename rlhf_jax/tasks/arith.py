@@ -79,6 +79,11 @@ class Problem:
     return "".join(line + "\n" for line in solution_lines(self.a, self.b, self.op)) + (
         f"Answer: {self.answer}")
 
+  @property
+  def direct_solution(self) -> str:
+    """The answer line alone, without the worked steps."""
+    return f"Answer: {self.answer}"
+
   def to_json(self) -> dict:
     """The JSONL record (`prompt`, `answer`, `task`, `metadata`)."""
     return {"prompt": self.prompt, "answer": str(self.answer), "task": TASK,

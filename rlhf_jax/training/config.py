@@ -14,6 +14,7 @@ import ml_collections
 
 from rlhf_jax import kernels
 from rlhf_jax.algorithms import ppo_family
+from rlhf_jax.algorithms import windowed
 from rlhf_jax.sampling import config as sampler_config_lib
 
 VARIANTS = ("arith", "hf")
@@ -50,6 +51,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.sft.learning_rate = 3e-3  # Peak AdamW learning rate (warmup 20 steps, cosine to 10%).
   c.sft.levels = (1, 2, 3)  # Difficulty levels of the SFT problems.
   c.sft.level_weights = (3.0, 2.0, 1.0)  # Their weights (easier heavier: RL has room to grow).
+  # Fraction of SFT demonstrations that give only "Answer: N" (no worked steps).
+  c.sft.direct_fraction = 0.0
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.prompts_per_step = 16 if arith else 128  # Prompts (groups) per training step.
@@ -165,9 +168,11 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
          "(estimator 'gae')")
   if a.window_tokens and not ppo_family.uses_critic(a):
     fail("algorithm.window_tokens", "(T-PPO) needs a critic (estimator 'gae') for Extended GAE")
-  if a.window_tokens:
-    fail("algorithm.window_tokens", f"={a.window_tokens}: T-PPO's windowed generation is not "
-         "implemented yet; use 0")
+  if a.window_tokens < 0:
+    fail("algorithm.window_tokens", f"={a.window_tokens} must be >= 0 (0 = whole responses)")
+  if a.window_tokens and a.dynamic_sampling:
+    fail("algorithm.dynamic_sampling", "cannot be combined with algorithm.window_tokens "
+         "(T-PPO scores responses one by one as they finish, not in groups)")
   if a.overlong_buffer and not 0 < a.overlong_buffer <= c.rollout.max_new_tokens:
     fail("algorithm.overlong_buffer", f"={a.overlong_buffer} must be in (0, "
          f"rollout.max_new_tokens={c.rollout.max_new_tokens}]")
@@ -196,6 +201,14 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   if c.data.prompt_length > max(c.sampler.prompt_buckets):
     fail("data.prompt_length", f"={c.data.prompt_length} exceeds the largest "
          f"sampler.prompt_buckets={max(c.sampler.prompt_buckets)}")
+  if a.window_tokens:
+    # A continued response is re-sent as prompt + tokens so far.
+    longest = windowed.longest_request_prompt(c.data.prompt_length, r.max_new_tokens,
+                                              a.window_tokens)
+    if longest > max(c.sampler.prompt_buckets):
+      fail("sampler.prompt_buckets", f"={tuple(c.sampler.prompt_buckets)} must reach "
+           f"{longest} tokens with algorithm.window_tokens={a.window_tokens} (a continued "
+           "response is sent as prompt + the tokens so far)")
   if c.data.prompt_length + r.max_new_tokens > c.sampler.cache_length:
     fail("sampler.cache_length", f"={c.sampler.cache_length} is below data.prompt_length + "
          f"rollout.max_new_tokens = {c.data.prompt_length + r.max_new_tokens}")

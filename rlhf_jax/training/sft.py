@@ -79,14 +79,25 @@ def run_sft(model, params, make_batch: Callable[[int], rollout_lib.RolloutBatch]
 
 
 def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
-                      prompt_prefix: Sequence[int], prompt_length: int, response_length: int):
+                      prompt_prefix: Sequence[int], prompt_length: int, response_length: int,
+                      direct_fraction: float = 0.0):
   """`make_batch(step)` for run_sft: fresh arith problems every step (never the eval set's
-  seeds, which the caller keeps apart)."""
+  seeds, which the caller keeps apart).
+
+  A `direct_fraction` of the demonstrations give only the answer line
+  (`Problem.direct_solution`) instead of the worked digit-serial solution: a
+  demonstrator that is always right, but in a form the tiny student cannot imitate
+  reliably. Which form to use is then the student's choice, and RL's to correct.
+  """
+  import numpy as np
+
   from rlhf_jax.tasks import arith
 
   def make_batch(step):
     problems = list(arith.generate(seed * 1_000_003 + step, batch_size, levels, weights))
-    return encode_pairs(tokenizer, [p.prompt for p in problems], [p.solution for p in problems],
+    direct = np.random.default_rng([seed, step]).random(batch_size) < direct_fraction
+    solutions = [p.direct_solution if d else p.solution for p, d in zip(problems, direct)]
+    return encode_pairs(tokenizer, [p.prompt for p in problems], solutions,
                         prompt_prefix=prompt_prefix, prompt_length=prompt_length,
                         response_length=response_length)
 

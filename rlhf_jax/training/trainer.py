@@ -33,6 +33,7 @@ from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.algorithms import rollout as rollout_lib
+from rlhf_jax.algorithms import windowed
 from rlhf_jax.training import sft as sft_lib
 from rlhf_jax.training.checkpoint import Checkpointer
 from rlhf_jax.training.config import validate_config
@@ -193,7 +194,8 @@ def ensure_sft_checkpoint(c, workdir: str, log: Callable[[str], None] = print) -
   make_batch = sft_lib.sft_arith_batches(
       tokenizer, seed=c.seed + 17, batch_size=c.sft.batch_size, levels=tuple(c.sft.levels),
       weights=tuple(c.sft.level_weights), prompt_prefix=prompt_prefix(tokenizer),
-      prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens)
+      prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
+      direct_fraction=c.sft.direct_fraction)
   start = time.perf_counter()
 
   def progress(step, loss):
@@ -277,6 +279,12 @@ class Trainer:
       self.critic_update = build_critic_update(self.critic_model, a, self.critic_optimizer)
       self.value_fn = jax.jit(lambda p, b: rollout_lib.response_values(self.critic_model, p, b))
     self.buffer: collections.deque[Group] = collections.deque()
+    self.windows = None
+    if a.window_tokens:
+      self.windows = windowed.WindowPool(
+          c.rollout.prompts_per_step * a.group_size, group_size=a.group_size,
+          window_tokens=a.window_tokens, max_new_tokens=c.rollout.max_new_tokens,
+          stop_token_ids=(self.tokenizer.eos_id,) if c.rollout.stop_at_eos else ())
     self.step = 0
     self.rng = np.random.default_rng(c.seed)
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
@@ -296,6 +304,7 @@ class Trainer:
     meta = {"step": self.step, "rng": self.rng.bit_generator.state,
             "stream": self.stream.state(),
             "buffer": [dataclasses.asdict(g) for g in self.buffer],
+            "windows": self.windows.state() if self.windows is not None else None,
             "config": self.config.to_dict()}
     self.checkpointer.save(self.step, self._state_tree(), json.loads(json.dumps(meta)))
 
@@ -312,6 +321,8 @@ class Trainer:
     self.stream.restore(meta["stream"])
     self.buffer = collections.deque(
         Group(**{**g, "example": Example(**g["example"])}) for g in meta["buffer"])
+    if self.windows is not None:
+      self.windows.restore(meta["windows"])
     changed = sorted(k for k, v in _flatten(meta["config"]).items()
                      if _flatten(self.config.to_dict()).get(k) != v)
     if changed:
@@ -406,40 +417,85 @@ class Trainer:
   # ------------------------------------------------------------------ one step
 
   def build_batch(self, groups: list[Group]) -> rollout_lib.RolloutBatch:
-    """The RolloutBatch of the step, scores shaped (overlong) and filtered."""
+    """The RolloutBatch of the step's groups, scores shaped (overlong) and filtered."""
+    rows = [(g.prompt_ids, response, lps, score, trunc, gid)
+            for gid, g in enumerate(groups)
+            for response, lps, score, trunc in zip(g.responses, g.logprobs, g.scores,
+                                                   g.truncated)]
+    return self._pack(rows)
+
+  def build_window_batch(self, segments: list[windowed.Segment],
+                         scores: dict[int, float]) -> rollout_lib.RolloutBatch:
+    """T-PPO: the RolloutBatch of the step's windows (one row per in-flight response,
+    `scores[i]` for the finished segment i, 0 for unfinished ones)."""
+    rows = [(s.trajectory.prompt_ids, s.trajectory.tokens, s.trajectory.logprobs,
+             scores.get(i, 0.0), s.truncated, s.trajectory.group)
+            for i, s in enumerate(segments)]
+    return self._pack(rows, window_starts=[s.window_start for s in segments],
+                      finished=[s.finished for s in segments])
+
+  def _pack(self, rows, window_starts=None, finished=None) -> rollout_lib.RolloutBatch:
+    """Rows (prompt, response, log-probs, score, truncated, group) → RolloutBatch, with
+    DAPO's overlong punishment (finished rows) and filter."""
     c, a = self.config, self.algorithm
-    prompts, responses, logprobs, scores, truncated, group_ids = [], [], [], [], [], []
-    for gid, group in enumerate(groups):
-      for response, lps, score, trunc in zip(group.responses, group.logprobs, group.scores,
-                                             group.truncated):
-        prompts.append(group.prompt_ids)
-        responses.append(response)
-        logprobs.append(lps)
-        scores.append(score)
-        truncated.append(trunc)
-        group_ids.append(gid)
+    prompts, responses, logprobs, scores, truncated, group_ids = (list(x) for x in zip(*rows))
     batch = rollout_lib.build_rollout_batch(
         prompts, responses, logprobs, scores, truncated, group_ids,
         prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
-        pad_id=self.tokenizer.pad_id)
+        pad_id=self.tokenizer.pad_id, window_starts=window_starts, finished=finished)
     if a.overlong_buffer:
       penalty = np.asarray(kernels.overlong_penalty(
           batch.lengths, max_length=c.rollout.max_new_tokens, buffer_length=a.overlong_buffer,
           factor=a.overlong_factor))
-      batch = batch.replace(scores=batch.scores + penalty)
+      batch = batch.replace(scores=batch.scores + penalty * batch.finished)
     if a.overlong_filter:
       batch = batch.replace(response_mask=batch.response_mask * ~batch.truncated[:, None])
     return batch
+
+  def collect_windows(self) -> tuple[rollout_lib.RolloutBatch, dict[str, Any]]:
+    """T-PPO: tops the in-flight pool up, generates one window for each response,
+    scores those that finished; returns the batch and what the metrics need."""
+    pool = self.windows
+    started = pool.fill(lambda n: [(e, self.encode_prompt(e)) for e in self.stream.take(n)])
+    seeds = self.rng.integers(2**31, size=len(pool.in_flight))
+    requests = pool.requests(self.sampling_params(), seeds=[int(x) for x in seeds])
+    out = self.sampler.generate([prompt for prompt, _ in requests],
+                                [sampling for _, sampling in requests])
+    segments = pool.advance([(o[0].token_ids, o[0].model_logprobs) for o in out])
+    done = [i for i, seg in enumerate(segments) if seg.finished]
+    scored = self.router.score(
+        [self.tokenizer.decode(segments[i].trajectory.tokens) for i in done],
+        [segments[i].trajectory.example.answer for i in done],
+        [segments[i].trajectory.example.task for i in done])
+    batch = self.build_window_batch(segments, dict(zip(done, scored.scores)))
+    info = {"correct": list(scored.correct), "failures": [f for f in scored.failures if f],
+            "finished_rows": np.asarray([seg.finished for seg in segments]),
+            "metrics": {"finished_responses": float(len(done)),
+                        "started_responses": float(started),
+                        "in_flight_responses": float(len(pool.in_flight)),
+                        "window_tokens_generated": float(sum(
+                            len(seg.trajectory.tokens) - seg.window_start
+                            for seg in segments))}}
+    return batch, info
 
   def train_step(self) -> dict[str, float]:
     """One rollout batch → updates; returns the step's metrics."""
     c, a = self.config, self.algorithm
     times = {}
     start = time.perf_counter()
-    groups, sampling_metrics = self.collect_groups()
+    if self.windows is not None:
+      host_batch, info = self.collect_windows()
+      sampling_metrics = info["metrics"]
+      correct, failures, finished_rows = info["correct"], info["failures"], info["finished_rows"]
+    else:
+      groups, sampling_metrics = self.collect_groups()
+      host_batch = self.build_batch(groups)
+      correct = [x for g in groups for x in g.correct]
+      failures = [x for g in groups for x in g.failures if x]
+      finished_rows = np.ones(len(correct), bool)
     times["time_generate"] = time.perf_counter() - start
     start = time.perf_counter()
-    batch = rollout_lib.as_device(self.build_batch(groups))
+    batch = rollout_lib.as_device(host_batch)
     times["time_reward"] = time.perf_counter() - start
     start = time.perf_counter()
     if self.reference is not None:
@@ -455,18 +511,25 @@ class Trainer:
     update_actor = self.step >= a.value_pretrain_steps
     updates = collections.defaultdict(list)
     first_mismatch = None
+    # The policy learns from the tokens sampled in this step, the critic from finished
+    # responses (both are all tokens unless T-PPO windows are on).
+    actor_batch = batch.replace(response_mask=batch.policy_mask())
+    critic_batch = batch.replace(response_mask=batch.value_mask())
     for _ in range(c.train.ppo_epochs):
       order = self.rng.permutation(rows)
       for m in range(c.train.minibatches):
-        index = jnp.asarray(order[m * per_minibatch:(m + 1) * per_minibatch])
-        mini = jax.tree.map(lambda x: x[index], batch)
+        chosen = order[m * per_minibatch:(m + 1) * per_minibatch]
+        index = jnp.asarray(chosen)
         if update_actor:
+          mini = jax.tree.map(lambda x: x[index], actor_batch)
           self.actor, metrics = self.actor_update(self.actor, mini, advantages[index])
           if first_mismatch is None:
             first_mismatch = (metrics["logprob_mismatch_max"], metrics["logprob_mismatch_mean"])
           for key, value in metrics.items():
             updates[key].append(value)
-        if self.critic is not None:
+        # A mini-batch without a finished response has no value target.
+        if self.critic is not None and finished_rows[chosen].any():
+          mini = jax.tree.map(lambda x: x[index], critic_batch)
           self.critic, metrics = self.critic_update(self.critic, mini, returns[index])
           for key, value in metrics.items():
             updates[key].append(value)
@@ -483,16 +546,20 @@ class Trainer:
     if first_mismatch is not None:
       metrics["logprob_mismatch_max"] = float(first_mismatch[0])
       metrics["logprob_mismatch_mean"] = float(first_mismatch[1])
-    scores = np.asarray(batch.scores)
-    lengths = np.asarray(batch.lengths)
-    correct = [x for g in groups for x in g.correct]
-    failures = [x for g in groups for x in g.failures if x]
-    generated_tokens = int(lengths.sum())
+    # Scores, lengths and accuracy describe finished responses: all rows except T-PPO's
+    # unfinished ones (a T-PPO step where none finished has none of these keys).
+    scores = np.asarray(host_batch.scores)[finished_rows]
+    lengths = np.asarray(host_batch.lengths)[finished_rows]
+    if lengths.size:
+      metrics.update(
+          reward_mean=float(scores.mean()), reward_std=float(scores.std()),
+          accuracy=float(np.mean(correct)), response_length_mean=float(lengths.mean()),
+          response_length_max=float(lengths.max()),
+          truncation_rate=float(np.asarray(host_batch.truncated)[finished_rows].mean()))
+    generated_tokens = int(np.sum(np.asarray(host_batch.lengths)
+                                  - np.asarray(host_batch.window_starts)))
     metrics.update(
-        step=self.step, reward_mean=float(scores.mean()), reward_std=float(scores.std()),
-        accuracy=float(np.mean(correct)), response_length_mean=float(lengths.mean()),
-        response_length_max=float(lengths.max()),
-        truncation_rate=float(np.asarray(batch.truncated).mean()),
+        step=self.step,
         reward_failures=float(len(failures)),
         tokens_per_second=generated_tokens / max(times["time_generate"], 1e-9),
         actor_updated=float(update_actor), **sampling_metrics, **times)
@@ -579,9 +646,12 @@ def progress_line(m: dict[str, float], total: int) -> str:
   """One console line per step."""
   bar_width = 20
   done = int(bar_width * m["step"] / total)
-  parts = [f"[{'#' * done}{'.' * (bar_width - done)}] step {m['step']}/{total}",
-           f"reward {m['reward_mean']:+.3f}", f"acc {m['accuracy']:.3f}",
-           f"len {m['response_length_mean']:.1f}"]
+  parts = [f"[{'#' * done}{'.' * (bar_width - done)}] step {m['step']}/{total}"]
+  if "reward_mean" in m:
+    parts += [f"reward {m['reward_mean']:+.3f}", f"acc {m['accuracy']:.3f}",
+              f"len {m['response_length_mean']:.1f}"]
+  if "finished_responses" in m:
+    parts.append(f"done {m['finished_responses']:.0f}")
   if "entropy" in m:
     parts.append(f"ent {m['entropy']:.3f}")
   if "kept_groups_ratio" in m:

@@ -91,6 +91,37 @@ class GaeTest(parameterized.TestCase):
                                 bootstrap_values=values[:, 2])
     np.testing.assert_allclose(advantages[0, :3], [0.4, 0.2, 0.0], atol=1e-6)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(0.95, 1.0)
+  def test_extended_gae_matches_the_explicit_sum(self, lam):
+    # T-PPO Eq. 6: Â_t = Σ_{k=0}^{l−t−1} (γλ)^k δ_{t+k}, δ_j = r_j + γV(s_{j+1}) − V(s_j),
+    # V(s_l) := V(s_{l−1}) for an unfinished row, V(s_l) = 0 for a finished one.
+    rewards, values, _ = random_batch(seed=6)
+    batch, time = values.shape
+    lengths = np.random.default_rng(7).integers(1, time + 1, size=batch)
+    lengths[0] = 0  # an empty row
+    mask = (np.arange(time)[None, :] < lengths[:, None]).astype(np.float32)
+    finished = np.arange(batch) % 2 == 1
+    gamma = 0.9
+    bootstrap = self.variant(kernels.truncation_bootstrap_values)(values, mask, finished)
+    advantages, _ = kernels.gae(rewards * mask, values, mask, gamma=gamma, lam=lam,
+                                bootstrap_values=bootstrap)
+    expected = np.zeros((batch, time))
+    for i in range(batch):
+      l = lengths[i]
+      v = list(values[i, :l].astype(np.float64))
+      v.append(0.0 if finished[i] or l == 0 else v[l - 1])
+      deltas = [rewards[i, j] + gamma * v[j + 1] - v[j] for j in range(l)]
+      for t in range(l):
+        expected[i, t] = sum((gamma * lam) ** k * deltas[t + k] for k in range(l - t))
+    np.testing.assert_allclose(advantages, expected, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(bootstrap)[finished], 0.0)
+    self.assertEqual(float(bootstrap[0]), 0.0)
+
+  def test_truncation_bootstrap_values_checks_shapes(self):
+    with self.assertRaisesRegex(ValueError, r"finished must have shape \(2,\)"):
+      kernels.truncation_bootstrap_values(np.zeros((2, 3)), np.ones((2, 3)), np.ones(3, bool))
+
   def test_masked_positions_are_zero_and_ignored(self):
     rewards, values, mask = random_batch(seed=4)
     advantages, returns = kernels.gae(rewards, values, mask, gamma=1.0, lam=0.95)

@@ -14,7 +14,7 @@ from rlhf_jax.algorithms import rollout as rollout_lib
 from rlhf_jax.training.config import validate_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo")
+PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo", "tppo")
 
 
 def preset(name, variant="arith"):
@@ -41,12 +41,26 @@ def test_presets_validate(name):
     ("sampler.cache_length", 100, r"config\.sampler\.cache_length=100 is below"),
     ("mesh.data", 4, r"config\.mesh data×fsdp×tensor = 4 exceeds the 1"),
     ("algorithm.ref_ema", 0.1, r"config\.algorithm\.ref_ema needs a KL term"),
+    ("algorithm.window_tokens", -1, r"config\.algorithm\.window_tokens=-1 must be >= 0"),
 ])
 def test_validation_names_the_field(field, value, match):
   config = preset("dapo")
   section, name = field.split(".")
   config[section][name] = value
   with pytest.raises(ValueError, match=match):
+    validate_config(config, num_devices=1)
+
+
+def test_tppo_validation():
+  config = preset("tppo")
+  config.algorithm.dynamic_sampling = True
+  with pytest.raises(ValueError, match=r"config\.algorithm\.dynamic_sampling cannot be "
+                     "combined with algorithm.window_tokens"):
+    validate_config(config, num_devices=1)
+  config = preset("tppo")
+  config.sampler.prompt_buckets = (64,)
+  with pytest.raises(ValueError, match=r"config\.sampler\.prompt_buckets=\(64,\) must reach "
+                     "128 tokens with algorithm.window_tokens=32"):
     validate_config(config, num_devices=1)
 
 

@@ -26,6 +26,8 @@ def shrink(config):
   config.sampler.num_slots, config.sampler.cache_length = 16, 64 + 96
   config.sampler.warmup = False
   config.train.steps, config.train.eval_every = 2, 2
+  if config.algorithm.window_tokens:
+    config.algorithm.window_tokens = 48  # T-PPO: two windows reach the cap.
   return config
 
 
@@ -35,7 +37,7 @@ def odd_length(response, answer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ppo", "grpo", "dapo", "vcppo", "vapo"])
+@pytest.mark.parametrize("name", ["ppo", "grpo", "dapo", "vcppo", "vapo", "tppo"])
 def test_presets_run_end_to_end(name, tmp_path):
   config = shrink(preset(name))
   trainer = trainer_lib.Trainer(config, str(tmp_path), log=lambda line: None,
@@ -45,16 +47,21 @@ def test_presets_run_end_to_end(name, tmp_path):
   records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   assert [r["step"] for r in records] == [0, 1, 2]
   critic = config.algorithm.estimator == "gae"
+  # T-PPO's first step may finish no response (then it has no score metrics); by the
+  # second every response has reached the cap.
+  assert "reward_mean" in records[2]
   for record in records[1:]:
-    for key in ("reward_mean", "accuracy", "response_length_mean", "truncation_rate",
-                "tokens_per_second", "time_generate", "time_update"):
+    keys = ("tokens_per_second", "time_generate", "time_update")
+    if "reward_mean" in record:
+      keys += ("reward_mean", "accuracy", "response_length_mean", "truncation_rate")
+    for key in keys:
       assert np.isfinite(record[key]), key
     if record["actor_updated"]:
       for key in ("entropy", "grad_norm", "clip_frac_upper", "approx_kl",
                   "logprob_mismatch_max"):
         assert np.isfinite(record[key]), key
       assert record["skipped"] == 0
-    if critic:
+    if critic and "reward_mean" in record:
       assert np.isfinite(record["value_loss"]) and np.isfinite(record["explained_variance"])
   # Value pretraining (VC-PPO, VAPO): the first step trains the critic only.
   assert [r["actor_updated"] for r in records[1:]] == (
@@ -65,6 +72,52 @@ def test_presets_run_end_to_end(name, tmp_path):
     assert "kl_loss" in records[1]
   if name == "dapo":
     assert 0 < records[1]["kept_groups_ratio"] <= 1
+
+
+@pytest.mark.slow
+def test_tppo_carries_unfinished_responses_across_steps(tmp_path):
+  config = shrink(preset("tppo"))
+  config.algorithm.window_tokens = 48
+  config.rollout.stop_at_eos = False  # every response takes exactly two windows (96 tokens)
+  config.train.steps, config.train.eval_every = 3, 3
+  trainer = trainer_lib.Trainer(config, str(tmp_path), log=lambda line: None,
+                                verifiers={"arith": odd_length})
+  seen = []
+  collect = trainer.collect_windows
+
+  def spy():
+    batch, info = collect()
+    seen.append(batch)
+    return batch, info
+
+  trainer.collect_windows = spy
+  trainer.run()
+  rows = config.rollout.prompts_per_step * config.algorithm.group_size
+  first, second, third = seen
+  assert first.tokens.shape[0] == second.tokens.shape[0] == third.tokens.shape[0] == rows
+  # Step 1: every response is cut after 48 tokens; step 2 continues the same responses
+  # (same prompt and first window) under the updated policy and finishes them at the cap.
+  np.testing.assert_array_equal(first.window_starts, 0)
+  np.testing.assert_array_equal(first.lengths, 48)
+  assert not first.finished.any()
+  np.testing.assert_array_equal(second.window_starts, 48)
+  np.testing.assert_array_equal(second.lengths, 96)
+  assert second.finished.all() and second.truncated.all()
+  prefix = config.data.prompt_length + 48
+  np.testing.assert_array_equal(second.tokens[:, :prefix], first.tokens[:, :prefix])
+  np.testing.assert_array_equal(second.old_logprobs[:, :48], first.old_logprobs[:, :48])
+  # Step 3 starts fresh responses from new prompts.
+  np.testing.assert_array_equal(third.window_starts, 0)
+  assert not np.array_equal(third.tokens[:, :config.data.prompt_length],
+                            first.tokens[:, :config.data.prompt_length])
+  records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")][1:]
+  assert [r["finished_responses"] for r in records] == [0, rows, 0]
+  # No finished response, no value target: the critic trains in step 2 only.
+  assert "value_loss" not in records[0] and "reward_mean" not in records[0]
+  assert np.isfinite(records[1]["value_loss"]) and np.isfinite(records[1]["reward_mean"])
+  # The continued window's log-probs (re-prefilled under new weights) are the trainer's.
+  for record in records:
+    assert record["logprob_mismatch_max"] < 1e-5
 
 
 def group(correct):

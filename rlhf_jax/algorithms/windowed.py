@@ -1,0 +1,175 @@
+"""T-PPO's windowed generation (arXiv:2506.15050; ALGORITHMS.md §5).
+
+A fixed pool of in-flight responses. Each training step every response in the
+pool generates at most W more tokens (`window_tokens`) with the current policy;
+a response that stops (stop token) or reaches the response cap R is finished,
+scored and retired, and its place goes to a fresh sample, so the pool (and the
+update's batch) keeps its size. An unfinished response continues in the next
+step from where it stopped, under the weights of that step.
+
+A continuation is sent to the sampler as a new request whose prompt is the
+original prompt plus the tokens so far. Its KV cache is therefore recomputed
+with the current weights: the cache of the previous window belongs to the old
+policy, and reusing it would make the new tokens' log-probs disagree with the
+trainer's recomputation. The re-prefill costs one prompt-length forward per
+response per window, small against W decode steps.
+
+Each step's rows are whole responses so far, with `window_start` marking the
+first token generated in this step: the policy loss uses only those tokens (a
+token is trained on once, in the step that sampled it, so its old log-prob is
+on-policy); Extended GAE bootstraps unfinished rows from their last value
+(`kernels.truncation_bootstrap_values`); the critic trains on finished rows only.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable, Sequence
+
+from rlhf_jax.data import Example
+from rlhf_jax.sampling import SamplingParams
+
+
+@dataclasses.dataclass
+class Trajectory:
+  """One response being generated across windows.
+
+  Attributes:
+    example: the prompt's example.
+    prompt_ids: the encoded prompt.
+    tokens: response tokens generated so far.
+    logprobs: the sampler's log π of each token (under the weights of its window).
+    windows: windows generated so far.
+    group: id shared by the `group_size` samples of one prompt.
+  """
+  example: Example
+  prompt_ids: list[int]
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  windows: int = 0
+  group: int = 0
+
+
+@dataclasses.dataclass
+class Segment:
+  """One row of a T-PPO step: a response so far and what this step added.
+
+  Attributes:
+    trajectory: the response (tokens include this step's window).
+    window_start: index of the first token generated this step.
+    finished: it stopped or hit the cap this step.
+    truncated: it hit the cap R without a stop token.
+  """
+  trajectory: Trajectory
+  window_start: int
+  finished: bool
+  truncated: bool
+
+
+class WindowPool:
+  """The in-flight responses of T-PPO.
+
+  Args:
+    capacity: responses in flight (= rows of each step's batch).
+    group_size: samples started per prompt.
+    window_tokens: W, new tokens per response per step.
+    max_new_tokens: R, the response cap.
+    stop_token_ids: tokens that finish a response.
+  """
+
+  def __init__(self, capacity: int, *, group_size: int, window_tokens: int,
+               max_new_tokens: int, stop_token_ids: Sequence[int]):
+    if window_tokens < 1:
+      raise ValueError(f"window_tokens={window_tokens} must be >= 1.")
+    self.capacity = capacity
+    self.group_size = group_size
+    self.window_tokens = window_tokens
+    self.max_new_tokens = max_new_tokens
+    self.stop_token_ids = tuple(stop_token_ids)
+    self.in_flight: list[Trajectory] = []
+    # Samples of an already-taken prompt that did not fit yet (group_size > free slots).
+    self.waiting: collections.deque[Trajectory] = collections.deque()
+    self.groups_started = 0
+
+  def fill(self, take: Callable[[int], list[tuple[Example, list[int]]]]) -> int:
+    """Tops the pool up to `capacity` (waiting samples first, then `group_size`
+    samples of each new prompt from `take(count)`); returns how many started."""
+    started = 0
+    free = self.capacity - len(self.in_flight)
+    missing = free - len(self.waiting)
+    if missing > 0:
+      for example, prompt_ids in take(-(-missing // self.group_size)):
+        for _ in range(self.group_size):
+          self.waiting.append(Trajectory(example=example, prompt_ids=list(prompt_ids),
+                                         group=self.groups_started))
+        self.groups_started += 1
+    while self.waiting and len(self.in_flight) < self.capacity:
+      self.in_flight.append(self.waiting.popleft())
+      started += 1
+    return started
+
+  def longest_prompt(self, prompt_length: int) -> int:
+    """The longest request prompt this pool sends (see `longest_request_prompt`)."""
+    return longest_request_prompt(prompt_length, self.max_new_tokens, self.window_tokens)
+
+  def requests(self, base: SamplingParams, seeds: Sequence[int]
+               ) -> list[tuple[list[int], SamplingParams]]:
+    """(prompt, SamplingParams) of this step's window for every in-flight response.
+
+    `base` gives the sampling settings; each request gets n = 1, its own seed and
+    max_new_tokens = min(W, R − generated). FIRE's hot token applies only to a
+    response's first window (its first token).
+    """
+    if len(seeds) != len(self.in_flight):
+      raise ValueError(f"got {len(seeds)} seeds for {len(self.in_flight)} responses.")
+    out = []
+    for trajectory, seed in zip(self.in_flight, seeds):
+      budget = min(self.window_tokens, self.max_new_tokens - len(trajectory.tokens))
+      sampling = dataclasses.replace(
+          base, n=1, seed=int(seed), max_new_tokens=budget,
+          fire=base.fire if not trajectory.tokens else None)
+      out.append((trajectory.prompt_ids + trajectory.tokens, sampling))
+    return out
+
+  def advance(self, windows: Sequence[tuple[Sequence[int], Sequence[float]]]
+              ) -> list[Segment]:
+    """Appends each response's new (tokens, log-probs), retires the finished ones,
+    and returns the step's segments (one per response that was in flight)."""
+    if len(windows) != len(self.in_flight):
+      raise ValueError(f"got {len(windows)} windows for {len(self.in_flight)} responses.")
+    segments, still = [], []
+    for trajectory, (tokens, logprobs) in zip(self.in_flight, windows):
+      start = len(trajectory.tokens)
+      trajectory.tokens.extend(int(t) for t in tokens)
+      trajectory.logprobs.extend(float(x) for x in logprobs)
+      trajectory.windows += 1
+      stopped = bool(tokens) and int(tokens[-1]) in self.stop_token_ids
+      capped = len(trajectory.tokens) >= self.max_new_tokens
+      finished = stopped or capped
+      segments.append(Segment(trajectory=trajectory, window_start=start, finished=finished,
+                              truncated=capped and not stopped))
+      if not finished:
+        still.append(trajectory)
+    self.in_flight = still
+    return segments
+
+  def state(self) -> dict:
+    """JSON-able state for checkpoints."""
+    return {"in_flight": [dataclasses.asdict(t) for t in self.in_flight],
+            "waiting": [dataclasses.asdict(t) for t in self.waiting],
+            "groups_started": self.groups_started}
+
+  def restore(self, state: dict) -> None:
+    """Restores `state()`."""
+    def load(t):
+      return Trajectory(**{**t, "example": Example(**t["example"])})
+    self.in_flight = [load(t) for t in state["in_flight"]]
+    self.waiting = collections.deque(load(t) for t in state["waiting"])
+    self.groups_started = int(state["groups_started"])
+
+
+def longest_request_prompt(prompt_length: int, max_new_tokens: int, window_tokens: int) -> int:
+  """The longest prompt a continuation request can have: a prompt of `prompt_length`
+  plus the longest unfinished response (whole windows below the cap)."""
+  return prompt_length + ((max_new_tokens - 1) // window_tokens) * window_tokens
