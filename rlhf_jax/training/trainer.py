@@ -23,6 +23,7 @@ import optax
 
 from rlhf_jax import kernels
 from rlhf_jax import models
+from rlhf_jax import parallel
 from rlhf_jax.algorithms import ppo_family
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
@@ -63,6 +64,18 @@ def make_optimizer(learning_rate: float, warmup_steps: int, weight_decay: float,
                                  weight_decay=weight_decay))
 
 
+def new_train_state(optimizer: optax.GradientTransformation, params, mesh) -> TrainState:
+  """Params with a fresh optimizer state on `mesh`: moments take the params' layout,
+  scalars (step counts) are replicated."""
+  opt_state = optimizer.init(params)
+  mesh_devices = set(mesh.devices.flat)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  opt_state = jax.tree.map(
+      lambda x: x if x.sharding.device_set == mesh_devices else jax.device_put(x, replicated),
+      opt_state)
+  return TrainState(params=params, opt_state=opt_state)
+
+
 def _keep_if_finite(finite, new, old):
   """`new` where the update is finite, else `old` (a skipped update)."""
   return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
@@ -73,10 +86,11 @@ def _build_update(loss_fn, algorithm, optimizer, prefix: str):
   `loss_fn(params, minibatch, targets, normalizer) → (loss, metrics)`.
 
   The normaliser is the whole mini-batch's aggregation count. A non-finite loss
-  or gradient norm leaves the state unchanged; `{prefix}skipped` is then 1.
+  or gradient norm leaves the state unchanged; `{prefix}skipped` is then 1. The
+  new state keeps the layout of the first state passed in (left to itself, XLA
+  may hand back, say, a norm scale split over fsdp).
   """
 
-  @jax.jit
   def update(state, batch, targets):
     normalizer = kernels.aggregation_normalizer(batch.response_mask, mode=algorithm.agg)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -90,7 +104,15 @@ def _build_update(loss_fn, algorithm, optimizer, prefix: str):
     return new_state, dict(metrics, **{f"{prefix}loss": loss, f"{prefix}grad_norm": grad_norm,
                                        f"{prefix}skipped": (~finite).astype(jnp.float32)})
 
-  return update
+  compiled = {}
+
+  def call(state, batch, targets):
+    if "update" not in compiled:
+      layout = jax.tree.map(lambda x: x.sharding, state)
+      compiled["update"] = jax.jit(update, out_shardings=(layout, None))
+    return compiled["update"](state, batch, targets)
+
+  return call
 
 
 def build_actor_update(model, algorithm, optimizer):
@@ -243,6 +265,11 @@ class Trainer:
     checkpoint = (ensure_sft_checkpoint(c, workdir, log) if c.variant == "arith"
                   else c.model.checkpoint)
     self.model, params = models.load_hf_checkpoint(checkpoint)
+    # Every model lives on one mesh (a single device by default): the trained
+    # trees in TRAIN_RULES layout (FSDP + tensor), the sampler's copy in GENERATE_RULES.
+    self.mesh = trainer_mesh(c)
+    params = parallel.shard_params(params, parallel.param_shardings(
+        params, self.model.logical_axes(), self.mesh))
     self.tokenizer = models.Tokenizer.from_directory(checkpoint)
     self.prefix = load_prompt_prefix(checkpoint, self.tokenizer)
     self.prefix_tokens = [self.tokenizer.backend.id_to_token(i) for i in self.prefix]
@@ -261,21 +288,23 @@ class Trainer:
       self.sampler.update_params(params, version=0)
     else:
       self.sampler = sampler_config_lib.build_scheduler(
-          c.sampler, self.model, params, tokenizer=self.tokenizer, seed=c.seed)
+          c.sampler, self.model, self.generation_params(params), tokenizer=self.tokenizer,
+          seed=c.seed)
     self.actor_optimizer = make_optimizer(c.optimizer.learning_rate, c.optimizer.warmup_steps,
                                           c.optimizer.weight_decay, c.optimizer.max_grad_norm)
-    self.actor = TrainState(params=params, opt_state=self.actor_optimizer.init(params))
+    self.actor = new_train_state(self.actor_optimizer, params, self.mesh)
     self.actor_update = build_actor_update(self.model, a, self.actor_optimizer)
     self.reference = params if ppo_family.uses_reference(a) else None
     self.logprob_fn = jax.jit(lambda p, b: rollout_lib.response_logprobs(self.model, p, b))
     self.critic = None
     if ppo_family.uses_critic(a):
       self.critic_model, critic_params = models.critic_from_policy(self.model, params)
+      critic_params = parallel.shard_params(critic_params, parallel.param_shardings(
+          critic_params, self.critic_model.logical_axes(), self.mesh))
       self.critic_optimizer = make_optimizer(c.optimizer.critic_learning_rate,
                                              c.optimizer.warmup_steps, 0.0,
                                              c.optimizer.max_grad_norm)
-      self.critic = TrainState(params=critic_params,
-                               opt_state=self.critic_optimizer.init(critic_params))
+      self.critic = new_train_state(self.critic_optimizer, critic_params, self.mesh)
       self.critic_update = build_critic_update(self.critic_model, a, self.critic_optimizer)
       self.value_fn = jax.jit(lambda p, b: rollout_lib.response_values(self.critic_model, p, b))
     self.buffer: collections.deque[Group] = collections.deque()
@@ -292,6 +321,25 @@ class Trainer:
     self.checkpointer = Checkpointer(workdir)
     if self.checkpointer.latest_step() is not None:
       self.restore(self.checkpointer.latest_step())
+
+  # ------------------------------------------------------------------ mesh
+
+  def generation_params(self, params):
+    """The policy in the sampler's layout (GENERATE_RULES: replicated over data and
+    fsdp, split over tensor); what a server gets is gathered to the host anyway."""
+    if self.config.sampler.address:
+      return params
+    return parallel.reshard(params, parallel.param_shardings(
+        params, self.model.logical_axes(), self.mesh, parallel.GENERATE_RULES))
+
+  def on_mesh(self, host_batch: rollout_lib.RolloutBatch) -> rollout_lib.RolloutBatch:
+    """The rollout batch on the mesh, rows split over (data, fsdp) when they divide."""
+    shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    rows = host_batch.tokens.shape[0]
+    if rows % shards:
+      return rollout_lib.as_device(host_batch)
+    return jax.tree.map(
+        lambda x: jax.device_put(x, parallel.batch_sharding(self.mesh, np.ndim(x))), host_batch)
 
   # ------------------------------------------------------------------ checkpoints
 
@@ -327,7 +375,7 @@ class Trainer:
                      if _flatten(self.config.to_dict()).get(k) != v)
     if changed:
       self.log(f"resuming with changed config fields: {', '.join(changed)}")
-    self.sampler.update_params(self.actor.params, version=self.step)
+    self.sampler.update_params(self.generation_params(self.actor.params), version=self.step)
     if os.path.exists(self.metrics_path):
       with open(self.metrics_path, encoding="utf-8") as f:
         kept = [line for line in f if json.loads(line)["step"] <= self.step]
@@ -495,7 +543,7 @@ class Trainer:
       finished_rows = np.ones(len(correct), bool)
     times["time_generate"] = time.perf_counter() - start
     start = time.perf_counter()
-    batch = rollout_lib.as_device(host_batch)
+    batch = self.on_mesh(host_batch)
     times["time_reward"] = time.perf_counter() - start
     start = time.perf_counter()
     if self.reference is not None:
@@ -539,7 +587,7 @@ class Trainer:
       self.reference = jax.tree.map(lambda r, p: (1 - a.ref_ema) * r + a.ref_ema * p,
                                     self.reference, self.actor.params)
     self.step += 1
-    self.sampler.update_params(self.actor.params, version=self.step)
+    self.sampler.update_params(self.generation_params(self.actor.params), version=self.step)
     metrics = {key: float(np.mean(jax.device_get(values))) for key, values in updates.items()}
     for key in ("logprob_mismatch_max", "logprob_mismatch_mean"):
       metrics.pop(key, None)
@@ -630,6 +678,16 @@ class Trainer:
     save_policy(policy, self.model, self.actor.params, self.tokenizer, self.prefix_tokens)
     summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
     return summary
+
+
+def trainer_mesh(c) -> jax.sharding.Mesh:
+  """The (data, fsdp, tensor) mesh of `config.mesh` over the first devices it needs
+  (−1 takes the rest); the default 1×1×1 is one device."""
+  sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "tensor": c.mesh.tensor}
+  if -1 in sizes.values():
+    sizes = parallel.resolve_axis_sizes(sizes, jax.device_count())
+  count = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+  return parallel.make_mesh(**sizes, devices=jax.devices()[:count])
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
