@@ -35,6 +35,11 @@ def main(argv) -> None:
   validate_config(config, num_devices=jax.device_count())
   trainer = Trainer(config, _WORKDIR.value, log=lambda line: print(line, flush=True))
   summary = trainer.run()
+  if "eval_accuracy_start" in summary and "eval_accuracy_end" in summary:
+    before, after = summary["eval_accuracy_start"], summary["eval_accuracy_end"]
+    print(f"held-out accuracy ({len(trainer.held_out)} problems, greedy): {100 * before:.1f}% "
+          f"→ {100 * after:.1f}% ({100 * (after - before):+.1f} points) in "
+          f"{summary['seconds']:.0f} s of RL; policy in {summary['policy']}", flush=True)
   print(json.dumps({"event": "done", **summary}), flush=True)
 
 

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The main job. For now: a short tour of the kernels on a toy rollout batch.
-# Extra arguments go to launch/demo.py (e.g. `--config.group_size=4`).
+# The main job: DAPO teaches the built-in arith model to solve held-out problems, on a CPU.
+#   1) SFT warm start from scratch (skipped when runs/arith_sft exists; ~5 min on 2 cores),
+#   2) DAPO in a fresh run directory runs/demo-<time>, with a progress line per step,
+#   3) held-out greedy accuracy before → after.
+# Extra arguments go to launch/train.py (e.g. `--config.train.steps=60`).
+# The kernel tour of earlier versions: python launch/demo.py --config=configs/kernel_demo.py
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-ensure_venv hf
+ensure_venv hf,tensorboard
 cd "$ROOT"
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
-"$VENV/bin/python" launch/demo.py --config=configs/kernel_demo.py "$@"
+RUNS="${RLHF_JAX_RUNS:-$ROOT/runs}"
+exec "$VENV/bin/python" launch/train.py --config=configs/dapo.py:arith \
+  --config.model.checkpoint="$RUNS/arith_sft" --workdir="$RUNS/demo-$(date +%Y%m%d-%H%M%S)" "$@"

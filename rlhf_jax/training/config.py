@@ -166,10 +166,10 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   if a.value_pretrain_steps and not ppo_family.uses_critic(a):
     fail("algorithm.value_pretrain_steps", f"={a.value_pretrain_steps} needs a critic "
          "(estimator 'gae')")
-  if a.window_tokens and not ppo_family.uses_critic(a):
-    fail("algorithm.window_tokens", "(T-PPO) needs a critic (estimator 'gae') for Extended GAE")
   if a.window_tokens < 0:
     fail("algorithm.window_tokens", f"={a.window_tokens} must be >= 0 (0 = whole responses)")
+  if a.window_tokens and not ppo_family.uses_critic(a):
+    fail("algorithm.window_tokens", "(T-PPO) needs a critic (estimator 'gae') for Extended GAE")
   if a.window_tokens and a.dynamic_sampling:
     fail("algorithm.dynamic_sampling", "cannot be combined with algorithm.window_tokens "
          "(T-PPO scores responses one by one as they finish, not in groups)")

@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import json
 import os
+import shutil
 import time
 from typing import Any, Callable
 
@@ -211,6 +212,8 @@ def ensure_sft_checkpoint(c, workdir: str, log: Callable[[str], None] = print) -
   directory = c.model.checkpoint or os.path.join(workdir, "sft")
   if os.path.exists(os.path.join(directory, "config.json")):
     return directory
+  log(f"no SFT checkpoint in {directory}: training the arith warm start from scratch "
+      f"({c.sft.steps} steps)")
   tokenizer = arith_tokenizer()
   model, params = models.init_model(arith_model_config(c, tokenizer.vocab_size), seed=c.seed)
   make_batch = sft_lib.sft_arith_batches(
@@ -221,13 +224,20 @@ def ensure_sft_checkpoint(c, workdir: str, log: Callable[[str], None] = print) -
   start = time.perf_counter()
 
   def progress(step, loss):
-    if step % 50 == 0 or step == c.sft.steps - 1:
-      log(f"sft step {step + 1}/{c.sft.steps} loss {loss:.4f} "
-          f"({time.perf_counter() - start:.0f}s)")
+    if (step + 1) % 50 == 0 or step == 0 or step == c.sft.steps - 1:
+      log(f"{progress_bar(step + 1, c.sft.steps)} SFT warm start step {step + 1}/{c.sft.steps} "
+          f"| loss {loss:.4f} | {time.perf_counter() - start:.0f}s")
 
   result = sft_lib.run_sft(model, params, make_batch, steps=c.sft.steps,
                            learning_rate=c.sft.learning_rate, progress=progress)
-  save_policy(directory, model, result.params, tokenizer, ["<|im_start|>"])
+  # Written aside and renamed, so an interrupted save never looks like a checkpoint.
+  partial = directory.rstrip("/") + ".partial"
+  shutil.rmtree(partial, ignore_errors=True)
+  save_policy(partial, model, result.params, tokenizer, ["<|im_start|>"])
+  if os.path.exists(directory):  # a leftover without config.json
+    shutil.rmtree(directory)
+  os.replace(partial, directory)
+  log(f"SFT warm start saved to {directory}")
   return directory
 
 
@@ -457,10 +467,11 @@ class Trainer:
             "the data is too easy or too hard for the policy.")
       kept.extend(good)
     self.buffer.extend(kept[wanted:])
-    return kept[:wanted], {"generation_rounds": float(rounds),
-                           "accuracy_all_generated": correct / max(samples, 1),
-                           "kept_groups_ratio": qualified / max(generated, 1),
-                           "buffered_groups": float(len(self.buffer))}
+    metrics = {"generation_rounds": float(rounds), "buffered_groups": float(len(self.buffer))}
+    if generated:  # a step served from the buffer alone generated nothing
+      metrics.update(accuracy_all_generated=correct / samples,
+                     kept_groups_ratio=qualified / generated)
+    return kept[:wanted], metrics
 
   # ------------------------------------------------------------------ one step
 
@@ -700,11 +711,15 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
   return out
 
 
+def progress_bar(done: int, total: int, width: int = 20) -> str:
+  """`[#####...............]` for done/total."""
+  filled = int(width * done / max(total, 1))
+  return f"[{'#' * filled}{'.' * (width - filled)}]"
+
+
 def progress_line(m: dict[str, float], total: int) -> str:
   """One console line per step."""
-  bar_width = 20
-  done = int(bar_width * m["step"] / total)
-  parts = [f"[{'#' * done}{'.' * (bar_width - done)}] step {m['step']}/{total}"]
+  parts = [f"{progress_bar(m['step'], total)} step {m['step']}/{total}"]
   if "reward_mean" in m:
     parts += [f"reward {m['reward_mean']:+.3f}", f"acc {m['accuracy']:.3f}",
               f"len {m['response_length_mean']:.1f}"]
