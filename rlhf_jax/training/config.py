@@ -38,8 +38,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.train_file = ""  # JSONL of prompts (prompt, answer, task); arith: empty = generated.
   c.data.eval_file = ""  # JSONL of held-out prompts; arith: empty = generated (other seeds).
-  c.data.levels = (1, 2, 3)  # arith difficulty levels of generated problems.
-  c.data.level_weights = (1.0, 2.0, 2.0)  # arith: sampling weight of each level.
+  c.data.levels = (1, 2)  # arith difficulty levels of generated problems.
+  c.data.level_weights = (1.0, 1.0)  # arith: sampling weight of each level.
   c.data.num_train = 20000  # arith: generated training prompts.
   c.data.num_eval = 256  # arith: generated held-out prompts (eval every eval_every steps).
   c.data.prompt_length = 64 if arith else 512  # P: prompt tokens (left-padded; longer = error).
@@ -51,8 +51,10 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.sft.learning_rate = 3e-3  # Peak AdamW learning rate (warmup 20 steps, cosine to 10%).
   c.sft.levels = (1, 2, 3)  # Difficulty levels of the SFT problems.
   c.sft.level_weights = (3.0, 2.0, 1.0)  # Their weights (easier heavier: RL has room to grow).
-  # Fraction of SFT demonstrations that give only "Answer: N" (no worked steps).
-  c.sft.direct_fraction = 0.0
+  # Fraction of SFT demonstrations that give only "Answer: N" instead of the worked
+  # digit-serial solution. The tiny model imitates that style but cannot get it right,
+  # so RL has a strategy to discover (the README's demo); 0 = worked solutions only.
+  c.sft.direct_fraction = 0.6
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.prompts_per_step = 16 if arith else 128  # Prompts (groups) per training step.
@@ -118,7 +120,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.train.steps = 60 if arith else 1000  # Training steps (one rollout batch each).
   c.train.ppo_epochs = 1  # Passes over each rollout batch.
   c.train.minibatches = 2  # Optimizer steps per epoch (the batch split evenly).
-  c.train.eval_every = 20  # Held-out greedy accuracy every N steps (and at start and end).
+  c.train.eval_every = 10 if arith else 50  # Held-out greedy accuracy every N steps (and at
+  # start and end).
   c.train.checkpoint_every = 20  # Save a checkpoint every N steps (and at the end).
   c.train.log_every = 1  # Console progress line every N steps.
   c.train.tensorboard = True  # Also write TensorBoard event files (needs the tensorboard extra).

@@ -211,6 +211,7 @@ def ensure_sft_checkpoint(c, workdir: str, log: Callable[[str], None] = print) -
   """The arith warm start: trains and saves `<workdir>/sft` unless it exists."""
   directory = c.model.checkpoint or os.path.join(workdir, "sft")
   if os.path.exists(os.path.join(directory, "config.json")):
+    log(f"SFT warm start: {directory} (delete it to train a new one)")
     return directory
   log(f"no SFT checkpoint in {directory}: training the arith warm start from scratch "
       f"({c.sft.steps} steps)")
