@@ -21,6 +21,8 @@ def get_config(variant: str = "arith"):
   a.agg = "token-mean"  # verl default loss_agg_mode.
   a.kl_reward_coef = 0.01  # β of the KL in the reward (OpenRLHF init_coef 0.01).
   a.kl_estimator = "k1"  # verl's default for the in-reward KL.
+  a.kl_target = 0.1  # Adaptive controller: target KL (verl / OpenRLHF 0.1)...
+  a.kl_horizon = 10000.0  # ... over a horizon of 10000 samples.
   a.value_clip = 0.5  # verl cliprange_value.
   c.reward.wrong_score = 0.0  # Binary 1/0 reward.
   if variant == "hf":

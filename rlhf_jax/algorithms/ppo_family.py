@@ -30,18 +30,34 @@ def uses_reference(algorithm) -> bool:
   return algorithm.kl_loss_coef > 0 or algorithm.kl_reward_coef > 0
 
 
-def token_rewards(algorithm, batch: RolloutBatch) -> jax.Array:
+def token_rewards(algorithm, batch: RolloutBatch, kl_reward_coef: float | None = None
+                  ) -> jax.Array:
   """[B, R] rewards: the score at the last token, minus β·KL per token when the
-  KL is in the reward (InstructGPT; `kernels.kl_in_reward`)."""
+  KL is in the reward (InstructGPT; `kernels.kl_in_reward`). β is
+  `algorithm.kl_reward_coef` unless `kl_reward_coef` (the adaptive controller's
+  current value) is given."""
   rewards = batch.token_rewards()
+  beta = algorithm.kl_reward_coef if kl_reward_coef is None else kl_reward_coef
   if algorithm.kl_reward_coef > 0:
     rewards, _ = kernels.kl_in_reward(rewards, batch.old_logprobs, batch.ref_logprobs,
-                                      batch.response_mask, beta=algorithm.kl_reward_coef,
+                                      batch.response_mask, beta=beta,
                                       estimator=algorithm.kl_estimator)
   return rewards
 
 
-def advantages_and_returns(algorithm, batch: RolloutBatch) -> tuple[jax.Array, jax.Array]:
+def rollout_kl(algorithm, batch: RolloutBatch) -> jax.Array:
+  """The batch's KL(π_old ‖ π_ref): per-sequence token means, averaged over
+  sequences (what verl's adaptive controller observes)."""
+  kl = kernels.kl_penalty(batch.old_logprobs, batch.ref_logprobs,
+                          estimator=algorithm.kl_estimator)
+  mask = batch.response_mask
+  per_sequence = jnp.sum(kl * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+  return jnp.mean(per_sequence)
+
+
+def advantages_and_returns(algorithm, batch: RolloutBatch,
+                           kl_reward_coef: float | None = None
+                           ) -> tuple[jax.Array, jax.Array]:
   """Advantages [B, R] for the actor and returns [B, R] for the critic.
 
   gae: (decoupled) GAE with λ_actor (or VAPO's length-adaptive λ when
@@ -49,10 +65,11 @@ def advantages_and_returns(algorithm, batch: RolloutBatch) -> tuple[jax.Array, j
   reinforce_pp_baseline: group-relative outcome advantages broadcast over the
   response; reinforce_pp: batch-whitened discounted returns. Returns are zeros
   for critic-free estimators. Rows with `finished` False (T-PPO) bootstrap GAE
-  from their last value (Extended GAE).
+  from their last value (Extended GAE). `kl_reward_coef` overrides β of the
+  in-reward KL (the adaptive controller's value).
   """
   mask = batch.response_mask
-  rewards = token_rewards(algorithm, batch)
+  rewards = token_rewards(algorithm, batch, kl_reward_coef)
   returns = jnp.zeros_like(mask)
   estimator = algorithm.estimator
   if estimator == "gae":

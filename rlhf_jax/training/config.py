@@ -95,6 +95,9 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   a.kl_estimator = "k3"  # KL estimator for the reference penalty.
   a.kl_loss_coef = 0.0  # β of the KL loss term (GRPO paper 0.04); 0 = off.
   a.kl_reward_coef = 0.0  # β of the KL in the reward (InstructGPT PPO); 0 = off.
+  # Adaptive KL controller (Ziegler et al. 2019) for kl_reward_coef: target KL; 0 = fixed β.
+  a.kl_target = 0.0
+  a.kl_horizon = 10000.0  # Its horizon in samples (verl / OpenRLHF 10000).
   a.ref_ema = 0.0  # η: reference ← (1−η)·reference + η·actor after each step; 0 = fixed.
   a.entropy_coef = 0.0  # Entropy bonus coefficient.
   a.positive_nll_coef = 0.0  # VAPO μ: NLL on correct samples; 0 = off.
@@ -179,6 +182,13 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   if a.overlong_buffer and not 0 < a.overlong_buffer <= c.rollout.max_new_tokens:
     fail("algorithm.overlong_buffer", f"={a.overlong_buffer} must be in (0, "
          f"rollout.max_new_tokens={c.rollout.max_new_tokens}]")
+  if a.kl_target < 0:
+    fail("algorithm.kl_target", f"={a.kl_target} must be >= 0 (0 = fixed β)")
+  if a.kl_target > 0 and a.kl_reward_coef <= 0:
+    fail("algorithm.kl_target", "(adaptive KL controller) adapts kl_reward_coef, which is 0; "
+         "set algorithm.kl_reward_coef > 0 as its initial β")
+  if a.kl_horizon <= 0:
+    fail("algorithm.kl_horizon", f"={a.kl_horizon} must be > 0")
   if not 0 <= a.ref_ema <= 1:
     fail("algorithm.ref_ema", f"={a.ref_ema} must be in [0, 1]")
   if a.ref_ema and not ppo_family.uses_reference(a):

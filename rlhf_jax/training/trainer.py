@@ -326,6 +326,7 @@ class Trainer:
           window_tokens=a.window_tokens, max_new_tokens=c.rollout.max_new_tokens,
           stop_token_ids=(self.tokenizer.eos_id,) if c.rollout.stop_at_eos else ())
     self.step = 0
+    self.kl_reward_coef = float(a.kl_reward_coef)  # β; the adaptive controller moves it
     self.rng = np.random.default_rng(c.seed)
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
     self._tensorboard = None
@@ -361,6 +362,7 @@ class Trainer:
   def save(self) -> None:
     """Checkpoints everything needed to continue exactly (see training/checkpoint.py)."""
     meta = {"step": self.step, "rng": self.rng.bit_generator.state,
+            "kl_reward_coef": self.kl_reward_coef,
             "stream": self.stream.state(),
             "buffer": [dataclasses.asdict(g) for g in self.buffer],
             "windows": self.windows.state() if self.windows is not None else None,
@@ -376,6 +378,7 @@ class Trainer:
     if self.reference is not None:
       self.reference = state["reference"]
     self.step = int(meta["step"])
+    self.kl_reward_coef = float(meta["kl_reward_coef"])
     self.rng.bit_generator.state = meta["rng"]
     self.stream.restore(meta["stream"])
     self.buffer = collections.deque(
@@ -562,7 +565,15 @@ class Trainer:
       batch = batch.replace(ref_logprobs=self.logprob_fn(self.reference, batch))
     if self.critic is not None:
       batch = batch.replace(values=self.value_fn(self.critic.params, batch))
-    advantages, returns = ppo_family.advantages_and_returns(a, batch)
+    advantages, returns = ppo_family.advantages_and_returns(a, batch, self.kl_reward_coef)
+    kl_metrics = {}
+    if a.kl_reward_coef > 0:
+      observed = float(ppo_family.rollout_kl(a, batch))
+      kl_metrics = {"kl_reward_coef": self.kl_reward_coef, "rollout_kl": observed}
+      if a.kl_target > 0:
+        self.kl_reward_coef = float(kernels.adaptive_kl_coefficient(
+            self.kl_reward_coef, observed, target=a.kl_target, horizon=a.kl_horizon,
+            n_steps=int(batch.tokens.shape[0])))
     jax.block_until_ready(advantages)
     times["time_reference_critic"] = time.perf_counter() - start
     start = time.perf_counter()
@@ -622,7 +633,7 @@ class Trainer:
         step=self.step,
         reward_failures=float(len(failures)),
         tokens_per_second=generated_tokens / max(times["time_generate"], 1e-9),
-        actor_updated=float(update_actor), **sampling_metrics, **times)
+        actor_updated=float(update_actor), **kl_metrics, **sampling_metrics, **times)
     return metrics
 
   # ------------------------------------------------------------------ evaluation, loop

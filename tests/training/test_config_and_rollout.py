@@ -42,6 +42,8 @@ def test_presets_validate(name):
     ("mesh.data", 4, r"config\.mesh data×fsdp×tensor = 4 exceeds the 1"),
     ("algorithm.ref_ema", 0.1, r"config\.algorithm\.ref_ema needs a KL term"),
     ("algorithm.window_tokens", -1, r"config\.algorithm\.window_tokens=-1 must be >= 0"),
+    ("algorithm.kl_target", 0.1, r"config\.algorithm\.kl_target \(adaptive KL controller\) "
+     "adapts kl_reward_coef, which is 0"),
 ])
 def test_validation_names_the_field(field, value, match):
   config = preset("dapo")

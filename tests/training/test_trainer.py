@@ -72,6 +72,15 @@ def test_presets_run_end_to_end(name, tmp_path):
     assert "kl_loss" in records[1]
   if name == "dapo":
     assert 0 < records[1]["kept_groups_ratio"] <= 1
+  if name == "ppo":
+    # The adaptive KL controller (Ziegler et al. 2019): β moves toward the target KL.
+    a = config.algorithm
+    first, second = records[1], records[2]
+    assert first["kl_reward_coef"] == a.kl_reward_coef
+    error = np.clip(first["rollout_kl"] / a.kl_target - 1, -0.2, 0.2)
+    rows = config.rollout.prompts_per_step * a.group_size
+    np.testing.assert_allclose(second["kl_reward_coef"],
+                               a.kl_reward_coef * (1 + error * rows / a.kl_horizon), rtol=1e-6)
 
 
 @pytest.mark.slow
