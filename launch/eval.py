@@ -28,6 +28,8 @@ flags.mark_flags_as_required(["checkpoint"])
 
 def main(argv) -> None:
   del argv
+  from rlhf_jax.runtime import quiet_library_logs
+  quiet_library_logs()
   import os
 
   from rlhf_jax import models

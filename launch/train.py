@@ -26,6 +26,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv) -> None:
   del argv
+  from rlhf_jax.runtime import quiet_library_logs
+  quiet_library_logs()
   import jax
 
   from rlhf_jax.training.config import validate_config

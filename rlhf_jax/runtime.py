@@ -53,3 +53,12 @@ def keep_host_memory_resident(arguments: list[str] | None = None) -> bool:
   sys.stderr.flush()
   os.execve(sys.executable, [sys.executable, *arguments], env)
   return True  # unreachable
+
+
+def quiet_library_logs() -> None:
+  """Shows only warnings from absl logging (Orbax logs every save at INFO) unless
+  the user passed --verbosity / -v. Call at the start of an absl `main`."""
+  from absl import flags
+  from absl import logging
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
