@@ -198,11 +198,16 @@ TIMING = ("elapsed_s", "tokens_per_second", "time_generate", "time_reward",
 
 
 @pytest.mark.slow
-def test_resume_continues_exactly(tmp_path):
+@pytest.mark.parametrize("name", ["grpo", "tppo"])
+def test_resume_continues_exactly(tmp_path, name):
   import shutil
 
   def config(steps):
-    c = shrink(preset("grpo"))  # with a KL loss: the reference is checkpointed too
+    # GRPO has a KL loss: the reference is checkpointed too. T-PPO: a critic, and with
+    # 32-token windows the step-2 checkpoint holds responses in flight.
+    c = shrink(preset(name))
+    if name == "tppo":
+      c.algorithm.window_tokens = 32
     c.train.steps, c.train.checkpoint_every, c.train.eval_every = steps, 2, 100
     return c
 
@@ -229,6 +234,8 @@ def test_resume_continues_exactly(tmp_path):
   resumed = trainer_lib.Trainer(config(4), str(split_dir), log=lambda line: None,
                                 verifiers={"arith": odd_length})
   assert resumed.step == 2  # the last checkpoint; step 3's metrics line is dropped
+  if name == "tppo":
+    assert any(t.tokens for t in resumed.windows.in_flight)  # restored mid-response
   resumed.run()
 
   def records(directory):
@@ -240,6 +247,9 @@ def test_resume_continues_exactly(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, resumed.actor.opt_state,
                straight.actor.opt_state)
   jax.tree.map(np.testing.assert_array_equal, resumed.reference, straight.reference)
+  if name == "tppo":
+    assert resumed.windows.state() == straight.windows.state()
+    jax.tree.map(np.testing.assert_array_equal, resumed.critic, straight.critic)
 
 
 
@@ -277,11 +287,12 @@ def test_metrics_also_go_to_tensorboard(tmp_path):
 
 
 @pytest.mark.slow
-def test_training_against_a_sampling_server(tmp_path):
+@pytest.mark.parametrize("name", ["grpo", "tppo"])
+def test_training_against_a_sampling_server(tmp_path, name):
   from rlhf_jax.sampling import config as sampler_config_lib
   from rlhf_jax.sampling import server as server_lib
 
-  config = shrink(preset("grpo"))
+  config = shrink(preset(name))
   config.algorithm.kl_loss_coef = 0.0
   config.data.num_eval = 12  # more prompts than server threads: the client windows them
   checkpoint = trainer_lib.ensure_sft_checkpoint(config, str(tmp_path), log=lambda line: None)
@@ -298,8 +309,10 @@ def test_training_against_a_sampling_server(tmp_path):
     summary = trainer.run()
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert summary["steps"] == 2
-    # The server sampled with the trainer's weights: ratio 1 on the first mini-batch.
-    assert records[1]["logprob_mismatch_max"] < 1e-5
+    # The server sampled with the trainer's weights: ratio 1 on the first mini-batch
+    # (for T-PPO also in step 2, whose windows continue step 1's responses).
+    for record in records[1:]:
+      assert record["logprob_mismatch_max"] < 1e-5
     assert service.scheduler.weights_version == 2
   finally:
     server.stop(grace=None)
