@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -32,3 +33,21 @@ def run_json(command: list[str], env: dict[str, str], timeout_s: int = 3600) -> 
     except json.JSONDecodeError:
       continue
   return [r for r in records if isinstance(r, dict)]
+
+
+def peer_env(threads: int, *, original_malloc: bool = True) -> dict[str, str]:
+  """The peers' environment: `threads` OpenMP threads, hub access off, and (by default)
+  the GLIBC_TUNABLES this process started with, not the ones our runtime re-exec set."""
+  env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+         "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+  if original_malloc:
+    env["GLIBC_TUNABLES"] = os.environ.get("RLHF_JAX_ORIGINAL_GLIBC_TUNABLES", "")
+  return env
+
+
+def ensure_bench_model(peer_python: str, model_dir: str, marker: str,
+                       env: dict[str, str]) -> None:
+  """Builds the shared checkpoint (shared/bench/make_model.py) unless `marker` exists in it."""
+  if not os.path.exists(os.path.join(model_dir, marker)):
+    subprocess.run([peer_python, str(BENCH / "make_model.py"), model_dir], check=True, env=env,
+                   capture_output=True)

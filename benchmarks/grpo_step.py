@@ -23,13 +23,14 @@ import os
 import pathlib
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 
 
 from common import BENCH
 from common import default_peer_python
+from common import ensure_bench_model
+from common import peer_env
 from common import run_json
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -101,12 +102,8 @@ def main() -> int:
   parser.add_argument("--skip-peer", action="store_true")
   args = parser.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
-         "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-         "GLIBC_TUNABLES": os.environ.get("RLHF_JAX_ORIGINAL_GLIBC_TUNABLES", "")}
-  if not os.path.exists(os.path.join(args.model_dir, "w3_prompts.jsonl")):
-    subprocess.run([args.peer_python, str(BENCH / "make_model.py"), args.model_dir], check=True,
-                   env=env, capture_output=True)
+  env = peer_env(args.threads)
+  ensure_bench_model(args.peer_python, args.model_dir, "w3_prompts.jsonl", env)
   import jax
 
   import rlhf_jax

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -34,6 +33,8 @@ import numpy as np
 
 from common import BENCH
 from common import default_peer_python
+from common import ensure_bench_model
+from common import peer_env
 from common import run_json
 
 N_PARAMS = 24_656_384
@@ -135,12 +136,8 @@ def main() -> int:
   parser.add_argument("--skip-long-tail", action="store_true")
   args = parser.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
-         "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-         "GLIBC_TUNABLES": os.environ.get("RLHF_JAX_ORIGINAL_GLIBC_TUNABLES", "")}
-  if not os.path.exists(os.path.join(args.model_dir, "workload_inputs.npz")):
-    subprocess.run([args.peer_python, str(BENCH / "make_model.py"), args.model_dir], check=True,
-                   env=env, capture_output=True)
+  env = peer_env(args.threads)
+  ensure_bench_model(args.peer_python, args.model_dir, "workload_inputs.npz", env)
 
   import jax
 

@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -30,6 +29,8 @@ import numpy as np
 
 from common import BENCH
 from common import default_peer_python
+from common import ensure_bench_model
+from common import peer_env
 from common import run_json
 
 PROMPT_LEN, BATCH, SEQ = 64, 16, 320
@@ -111,13 +112,9 @@ def main() -> int:
                       help="compute dtype for ours (float32 is the headline figure)")
   args = parser.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
-         "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-  if not args.peer_resident_malloc:  # the peer runs with the environment it was given
-    env["GLIBC_TUNABLES"] = os.environ.get("RLHF_JAX_ORIGINAL_GLIBC_TUNABLES", "")
-  if not os.path.exists(os.path.join(args.model_dir, "workload_inputs.npz")):
-    subprocess.run([args.peer_python, str(BENCH / "make_model.py"), args.model_dir], check=True,
-                   env=env, capture_output=True)
+  # Unless asked, the peer runs with the environment it was given.
+  env = peer_env(args.threads, original_malloc=not args.peer_resident_malloc)
+  ensure_bench_model(args.peer_python, args.model_dir, "workload_inputs.npz", env)
 
   import jax
 

@@ -50,9 +50,7 @@ def rollout_kl(algorithm, batch: RolloutBatch) -> jax.Array:
   sequences (what verl's adaptive controller observes)."""
   kl = kernels.kl_penalty(batch.old_logprobs, batch.ref_logprobs,
                           estimator=algorithm.kl_estimator)
-  mask = batch.response_mask
-  per_sequence = jnp.sum(kl * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
-  return jnp.mean(per_sequence)
+  return kernels.aggregate(kl, batch.response_mask, mode="seq-mean-token-mean")
 
 
 def advantages_and_returns(algorithm, batch: RolloutBatch,

@@ -14,6 +14,7 @@ import ml_collections
 
 from rlhf_jax import kernels
 from rlhf_jax.algorithms import ppo_family
+from rlhf_jax import parallel
 from rlhf_jax.algorithms import windowed
 from rlhf_jax.sampling import config as sampler_config_lib
 
@@ -236,6 +237,18 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   if num_devices is not None and -1 not in sizes and sizes[0] * sizes[1] * sizes[2] > num_devices:
     fail("mesh", f"data×fsdp×tensor = {sizes[0] * sizes[1] * sizes[2]} exceeds the "
          f"{num_devices} available devices")
+  if num_devices is not None:
+    try:
+      resolved = parallel.resolve_axis_sizes(
+          {"data": sizes[0], "fsdp": sizes[1], "tensor": sizes[2]},
+          num_devices if -1 in sizes else sizes[0] * sizes[1] * sizes[2])
+    except ValueError as error:
+      fail("mesh", f"{dict(data=sizes[0], fsdp=sizes[1], tensor=sizes[2])}: {error}")
+    batch_shards = resolved["data"] * resolved["fsdp"]
+    if rows % batch_shards:
+      fail("rollout.prompts_per_step", f"={r.prompts_per_step}: the {rows} rollouts per step "
+           f"(× algorithm.group_size={a.group_size}) must split evenly over mesh "
+           f"data×fsdp = {batch_shards}")
   if c.train.tensorboard and importlib.util.find_spec("tensorboardX") is None:
     fail("train.tensorboard", "=True needs tensorboardX: pip install 'rlhf-jax[tensorboard]' "
          "(or set it False; metrics.jsonl is always written)")

@@ -179,11 +179,12 @@ def arith_model_config(c, vocab_size: int) -> models.DecoderConfig:
 
 
 PROMPT_FORMAT_FILE = "prompt_format.json"
+ARITH_PROMPT_PREFIX = ("<|im_start|>",)  # the token the arith task puts before every prompt
 
 
 def prompt_prefix(tokenizer) -> list[int]:
-  """Tokens the arith task puts before every prompt (the `<|im_start|>` marker)."""
-  return [tokenizer.backend.token_to_id("<|im_start|>")]
+  """Token ids the arith task puts before every prompt (`ARITH_PROMPT_PREFIX`)."""
+  return [tokenizer.backend.token_to_id(token) for token in ARITH_PROMPT_PREFIX]
 
 
 def save_policy(directory: str, model, params, tokenizer, prefix_tokens: list[str]) -> None:
@@ -234,7 +235,7 @@ def ensure_sft_checkpoint(c, workdir: str, log: Callable[[str], None] = print) -
   # Written aside and renamed, so an interrupted save never looks like a checkpoint.
   partial = directory.rstrip("/") + ".partial"
   shutil.rmtree(partial, ignore_errors=True)
-  save_policy(partial, model, result.params, tokenizer, ["<|im_start|>"])
+  save_policy(partial, model, result.params, tokenizer, list(ARITH_PROMPT_PREFIX))
   if os.path.exists(directory):  # a leftover without config.json
     shutil.rmtree(directory)
   os.replace(partial, directory)
@@ -324,7 +325,7 @@ class Trainer:
       self.windows = windowed.WindowPool(
           c.rollout.prompts_per_step * a.group_size, group_size=a.group_size,
           window_tokens=a.window_tokens, max_new_tokens=c.rollout.max_new_tokens,
-          stop_token_ids=(self.tokenizer.eos_id,) if c.rollout.stop_at_eos else ())
+          stop_token_ids=self.stop_token_ids())
     self.step = 0
     self.kl_reward_coef = float(a.kl_reward_coef)  # β; the adaptive controller moves it
     self.rng = np.random.default_rng(c.seed)
@@ -345,11 +346,8 @@ class Trainer:
         params, self.model.logical_axes(), self.mesh, parallel.GENERATE_RULES))
 
   def on_mesh(self, host_batch: rollout_lib.RolloutBatch) -> rollout_lib.RolloutBatch:
-    """The rollout batch on the mesh, rows split over (data, fsdp) when they divide."""
-    shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    rows = host_batch.tokens.shape[0]
-    if rows % shards:
-      return rollout_lib.as_device(host_batch)
+    """The rollout batch on the mesh, rows split over (data, fsdp) (validate_config
+    checks that they divide)."""
     return jax.tree.map(
         lambda x: jax.device_put(x, parallel.batch_sharding(self.mesh, np.ndim(x))), host_batch)
 
@@ -404,11 +402,14 @@ class Trainer:
     c = self.config
     fire = (FireSchedule(temperature=c.rollout.fire_temperature, top_k=c.rollout.fire_top_k)
             if c.rollout.fire else None)
-    stops = (self.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
     return SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                           top_k=c.rollout.top_k, max_new_tokens=c.rollout.max_new_tokens,
-                          stop_token_ids=stops, n=self.algorithm.group_size,
+                          stop_token_ids=self.stop_token_ids(), n=self.algorithm.group_size,
                           seed=int(self.rng.integers(2**31)), fire=fire)
+
+  def stop_token_ids(self) -> tuple[int, ...]:
+    """Tokens that end a response: EOS, or none when `rollout.stop_at_eos` is off."""
+    return (self.tokenizer.eos_id,) if self.config.rollout.stop_at_eos else ()
 
   def encode_prompt(self, example: Example) -> list[int]:
     """Prompt token ids (prefix + text); a prompt longer than data.prompt_length is an error."""
@@ -532,13 +533,9 @@ class Trainer:
         [segments[i].trajectory.example.task for i in done])
     batch = self.build_window_batch(segments, dict(zip(done, scored.scores)))
     info = {"correct": list(scored.correct), "failures": [f for f in scored.failures if f],
-            "finished_rows": np.asarray([seg.finished for seg in segments]),
             "metrics": {"finished_responses": float(len(done)),
                         "started_responses": float(started),
-                        "in_flight_responses": float(len(pool.in_flight)),
-                        "window_tokens_generated": float(sum(
-                            len(seg.trajectory.tokens) - seg.window_start
-                            for seg in segments))}}
+                        "in_flight_responses": float(len(pool.in_flight))}}
     return batch, info
 
   def train_step(self) -> dict[str, float]:
@@ -549,13 +546,13 @@ class Trainer:
     if self.windows is not None:
       host_batch, info = self.collect_windows()
       sampling_metrics = info["metrics"]
-      correct, failures, finished_rows = info["correct"], info["failures"], info["finished_rows"]
+      correct, failures = info["correct"], info["failures"]
     else:
       groups, sampling_metrics = self.collect_groups()
       host_batch = self.build_batch(groups)
       correct = [x for g in groups for x in g.correct]
       failures = [x for g in groups for x in g.failures if x]
-      finished_rows = np.ones(len(correct), bool)
+    finished_rows = np.asarray(host_batch.finished)
     times["time_generate"] = time.perf_counter() - start
     start = time.perf_counter()
     batch = self.on_mesh(host_batch)

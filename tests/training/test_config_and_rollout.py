@@ -53,6 +53,19 @@ def test_validation_names_the_field(field, value, match):
     validate_config(config, num_devices=1)
 
 
+def test_mesh_validation_names_the_field():
+  config = preset("dapo")  # 16 prompts × 8 samples = 128 rollouts per step
+  config.mesh.data, config.mesh.fsdp = -1, 1
+  validate_config(config, num_devices=8)
+  config.rollout.prompts_per_step, config.train.minibatches = 3, 1  # 24 rollouts
+  with pytest.raises(ValueError, match=r"config\.rollout\.prompts_per_step=3: the 24 rollouts "
+                     r"per step .* must split evenly over mesh data×fsdp = 16"):
+    validate_config(config, num_devices=16)
+  config.mesh.data, config.mesh.fsdp = -1, 5
+  with pytest.raises(ValueError, match=r"config\.mesh .*cannot cover 8 devices"):
+    validate_config(config, num_devices=8)
+
+
 def test_tppo_validation():
   config = preset("tppo")
   config.algorithm.dynamic_sampling = True
