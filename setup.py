@@ -8,6 +8,7 @@ The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
   serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client
   plot     matplotlib: launch/plot.py
   tensorboard  tensorboardX: TensorBoard event files from the trainer (train.tensorboard)
+  cuda     jax[cuda13] (cuda12: jax[cuda12]): NVIDIA GPUs;  tpu  jax[tpu]: Cloud TPUs
 """
 
 from setuptools import find_packages
@@ -22,6 +23,7 @@ CORE = [
     "ml-collections>=1.0",
     "numpy>=2.0",
     "absl-py>=2.1",
+    "tqdm>=4.66",
 ]
 
 EXTRAS = {
@@ -51,6 +53,11 @@ EXTRAS = {
     "plot": ["matplotlib>=3.8"],
     "tensorboard": ["tensorboardX>=2.6"],
     "hf": ["safetensors>=0.4", "tokenizers>=0.20"],
+    # Accelerator builds of jax (the core pulls the CPU one): NVIDIA GPUs with CUDA 13
+    # (the plugin bundles the CUDA libraries), or Cloud TPUs.
+    "cuda": ["jax[cuda13]>=0.10"],
+    "cuda12": ["jax[cuda12]>=0.10"],
+    "tpu": ["jax[tpu]>=0.10"],
     "tfds": ["tensorflow-datasets>=4.9", "array-record>=0.5", "grain>=0.2"],
 }
 

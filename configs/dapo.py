@@ -11,18 +11,19 @@ def get_config(variant: str = "arith"):
   c = base_config(variant)
   a = c.algorithm
   a.name = "dapo"
-  a.estimator = "grpo"  # Group-normalised advantages (Eq. 9).
-  a.group_size = 8 if variant == "arith" else 16  # G (paper: 16).
-  a.clip_low = 0.2  # ε_low (§4.1).
-  a.clip_high = 0.28  # ε_high, clip-higher (§3.1).
-  a.agg = "token-mean"  # Token-level policy-gradient loss (§3.3, Eq. 12).
-  a.kl_loss_coef = 0.0  # No KL term, no reference model (§2.3).
-  a.dynamic_sampling = True  # Keep groups with 0 < #correct < G (§3.2).
-  a.max_generation_rounds = 10  # verl's max_num_gen_batches.
+  a.advantage.estimator = "grpo"  # Group-normalised advantages (Eq. 9).
+  c.rollout.group_size = 8 if variant == "arith" else 16  # G (paper: 16).
+  a.policy_loss.clip_low = 0.2  # ε_low (§4.1).
+  a.policy_loss.clip_high = 0.28  # ε_high, clip-higher (§3.1).
+  a.policy_loss.agg = "token-mean"  # Token-level policy-gradient loss (§3.3, Eq. 12).
+  a.kl.placement = "none"  # No KL term, no reference model (§2.3).
+  c.rollout.mode = "dynamic"  # Keep groups with 0 < #correct < G (§3.2).
+  c.rollout.dynamic.max_rounds = 10  # verl's max_num_gen_batches.
   # Soft overlong punishment (§3.4, Eq. 13): paper L_cache 4096 of L_max 20480.
-  a.overlong_buffer = 16 if variant == "arith" else 4096
-  a.overlong_factor = 1.0
-  a.overlong_filter = False  # The final recipe keeps truncated samples (verl FAQ).
+  a.overlong.penalty = True
+  a.overlong.buffer = 16 if variant == "arith" else 4096
+  a.overlong.factor = 1.0
+  a.overlong.filter = False  # The final recipe keeps truncated samples (verl FAQ).
   c.reward.correct_score, c.reward.wrong_score = 1.0, -1.0  # ±1 (§2.4, Eq. 7).
   if variant == "arith":
     # The README's demo: about 80 s of RL on 2 CPU cores after the SFT warm start.

@@ -16,17 +16,18 @@ def get_config(variant: str = "arith"):
   c = base_config(variant)
   a = c.algorithm
   a.name = "tppo"
-  a.estimator = "gae"  # Extended GAE: unfinished rows bootstrap V(s_l) := V(s_{l-1}) (Eq. 6).
-  a.group_size = 4 if variant == "arith" else 16  # 512 prompts × 16 samples.
-  a.gamma = 1.0
-  a.actor_lam = 0.95  # Not stated; VC-PPO's λ_actor.
-  a.critic_lam = 1.0  # The critic fits Monte-Carlo returns of finished responses.
-  a.clip_low = a.clip_high = 0.2  # Not stated; VC-PPO's.
-  a.agg = "token-mean"
-  a.kl_loss_coef = a.kl_reward_coef = 0.0  # No KL.
-  a.value_clip = 0.5
+  a.advantage.estimator = "gae"  # Extended GAE: unfinished rows bootstrap V(s_l) := V(s_{l-1}).
+  c.rollout.group_size = 4 if variant == "arith" else 16  # 512 prompts × 16 samples.
+  a.advantage.gamma = 1.0
+  a.advantage.actor_lam = 0.95  # Not stated; VC-PPO's λ_actor.
+  a.advantage.critic_lam = 1.0  # The critic fits Monte-Carlo returns of finished responses.
+  a.policy_loss.clip_low = a.policy_loss.clip_high = 0.2  # Not stated; VC-PPO's.
+  a.policy_loss.agg = "token-mean"
+  a.kl.placement = "none"  # No KL.
+  a.value.clip = 0.5
+  c.rollout.mode = "windows"
   # W: new tokens per response per step. Paper: an 8K window of a 24K cap (one third).
-  a.window_tokens = 32 if variant == "arith" else 512
+  c.rollout.windows.window_tokens = 32 if variant == "arith" else 512
   c.reward.correct_score, c.reward.wrong_score = 1.0, -1.0
   if variant == "arith":
     # A continued response is re-sent as prompt + tokens so far: 64 + 64.

@@ -12,18 +12,19 @@ def get_config(variant: str = "arith"):
   c = base_config(variant)
   a = c.algorithm
   a.name = "vapo"
-  a.estimator = "gae"
-  a.group_size = 8 if variant == "arith" else 16  # Group sampling: 512 prompts × 16 (§4.7).
-  a.gamma = 1.0
-  a.critic_lam = 1.0  # Decoupled GAE: λ_critic = 1 (§4.2).
+  a.advantage.estimator = "gae"
+  c.rollout.group_size = 8 if variant == "arith" else 16  # Group sampling: 512 × 16 (§4.7).
+  a.advantage.gamma = 1.0
+  a.advantage.critic_lam = 1.0  # Decoupled GAE: λ_critic = 1 (§4.2).
   # Length-adaptive λ_actor = 1 − 1/(α·l), α = 0.05 (§4.3). Arith responses are ~40
   # tokens (λ ≈ 0.5); the paper's responses are thousands.
-  a.length_adaptive_alpha = 0.05
-  a.value_pretrain_steps = 5 if variant == "arith" else 50  # Value warm-up: 50 steps (§4.1).
-  a.clip_low, a.clip_high = 0.2, 0.28  # Clip-higher (§4.4).
-  a.agg = "token-mean"  # Token-level loss (§4.5).
-  a.positive_nll_coef = 0.1  # μ of the NLL on correct samples (§4.6).
-  a.value_clip = 0.5  # Not stated in the paper; verl's default.
+  a.advantage.lam_schedule = "length_adaptive"
+  a.advantage.length_adaptive_alpha = 0.05
+  a.value.pretrain_steps = 5 if variant == "arith" else 50  # Value warm-up: 50 steps (§4.1).
+  a.policy_loss.clip_low, a.policy_loss.clip_high = 0.2, 0.28  # Clip-higher (§4.4).
+  a.policy_loss.agg = "token-mean"  # Token-level loss (§4.5).
+  a.policy_loss.positive_nll_coef = 0.1  # μ of the NLL on correct samples (§4.6).
+  a.value.clip = 0.5  # Not stated in the paper; verl's default.
   c.reward.correct_score, c.reward.wrong_score = 1.0, -1.0
   if variant == "hf":
     c.optimizer.learning_rate = 1e-6  # Actor lr (§5.1).

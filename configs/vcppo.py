@@ -11,17 +11,17 @@ def get_config(variant: str = "arith"):
   c = base_config(variant)
   a = c.algorithm
   a.name = "vcppo"
-  a.estimator = "gae"
-  a.group_size = 4  # Samples per prompt (batch size; no group baseline).
-  a.gamma = 1.0
-  a.actor_lam = 0.95  # λ_actor (§4: [0.95, 1) works, 1.0 is worst).
-  a.critic_lam = 1.0  # λ_critic = 1: Monte-Carlo value targets (§4).
+  a.advantage.estimator = "gae"
+  c.rollout.group_size = 4  # Samples per prompt (batch size; no group baseline).
+  a.advantage.gamma = 1.0
+  a.advantage.actor_lam = 0.95  # λ_actor (§4: [0.95, 1) works, 1.0 is worst).
+  a.advantage.critic_lam = 1.0  # λ_critic = 1: Monte-Carlo value targets (§4).
   # Policy frozen while the critic fits λ=1 targets (paper: until the value loss
   # plateaus; count unspecified — VAPO uses 50).
-  a.value_pretrain_steps = 5 if variant == "arith" else 50
-  a.clip_low = a.clip_high = 0.2
-  a.agg = "token-mean"
-  a.value_clip = 0.5
+  a.value.pretrain_steps = 5 if variant == "arith" else 50
+  a.policy_loss.clip_low = a.policy_loss.clip_high = 0.2
+  a.policy_loss.agg = "token-mean"
+  a.value.clip = 0.5
   c.reward.correct_score, c.reward.wrong_score = 1.0, -1.0  # Verifier ±1 (§5).
   if variant == "hf":
     c.optimizer.learning_rate = 1e-6

@@ -33,14 +33,11 @@ def main(argv) -> None:
   import os
 
   from rlhf_jax import models
-  from rlhf_jax.data import Example
   from rlhf_jax.data import read_jsonl
   from rlhf_jax.rewards import RewardRouter
-  from rlhf_jax.sampling import Engine
-  from rlhf_jax.sampling.scheduler import Scheduler
+  from rlhf_jax.sampling import config as sampler_config_lib
   from rlhf_jax.tasks import arith
   from rlhf_jax.training.evaluation import evaluate_policy
-  from rlhf_jax.training.trainer import load_prompt_prefix
 
   if not os.path.exists(os.path.join(_CHECKPOINT.value, "config.json")):
     raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} has no config.json.")
@@ -50,16 +47,19 @@ def main(argv) -> None:
     examples = read_jsonl(_DATA.value)
   else:
     levels = tuple(int(level) for level in _ARITH_LEVELS.value)
-    examples = [Example(**p.to_json()) for p in arith.generate(
-        _ARITH_SEED.value, _ARITH_COUNT.value, levels)]
+    examples = arith.examples(_ARITH_SEED.value, _ARITH_COUNT.value, levels)
   model, params = models.load_hf_checkpoint(_CHECKPOINT.value)
   tokenizer = models.Tokenizer.from_directory(_CHECKPOINT.value)
-  prefix = load_prompt_prefix(_CHECKPOINT.value, tokenizer)
+  prefix = models.load_prompt_prefix(_CHECKPOINT.value, tokenizer)
   longest = max(len(prefix) + len(tokenizer.encode(e.prompt)) for e in examples)
   bucket = 1 << (longest - 1).bit_length()
-  engine = Engine(model, num_slots=_NUM_SLOTS.value, cache_length=bucket + _MAX_NEW_TOKENS.value)
-  scheduler = Scheduler(engine, params, prompt_buckets=(bucket,))
-  result = evaluate_policy(scheduler, tokenizer, examples, RewardRouter(), prefix=prefix,
+  sampler_config = sampler_config_lib.sampler_config(
+      num_slots=_NUM_SLOTS.value, cache_length=bucket + _MAX_NEW_TOKENS.value,
+      prompt_buckets=(bucket,))
+  sampler_config.warmup = False  # one pass over the data: compile on first use
+  sampler = sampler_config_lib.build_scheduler(sampler_config, model, params,
+                                               tokenizer=tokenizer)
+  result = evaluate_policy(sampler, tokenizer, examples, RewardRouter(), prefix=prefix,
                            samples=_SAMPLES.value, temperature=_TEMPERATURE.value,
                            max_new_tokens=_MAX_NEW_TOKENS.value)
   print(json.dumps({"checkpoint": _CHECKPOINT.value, "data": _DATA.value or "arith",

@@ -30,10 +30,9 @@ def main(argv) -> None:
   import jax
 
   from rlhf_jax import models
-  from rlhf_jax.rewards import RewardRouter
-  from rlhf_jax.sampling import Engine
-  from rlhf_jax.sampling.scheduler import Scheduler
-  from rlhf_jax.training import trainer as trainer_lib
+  from rlhf_jax.sampling import config as sampler_config_lib
+  from rlhf_jax.training import build
+  from rlhf_jax.training import sft
   from rlhf_jax.training.config import validate_config
   from rlhf_jax.training.evaluation import evaluate_policy
 
@@ -41,25 +40,25 @@ def main(argv) -> None:
   validate_config(config, num_devices=jax.device_count())
   if config.variant != "arith":
     raise app.UsageError("launch/sft.py trains the built-in arith warm start; use variant arith.")
-  directory = config.model.checkpoint or os.path.join(_WORKDIR.value, "sft")
+  directory = sft.policy_checkpoint_dir(config, _WORKDIR.value)
   if _OVERWRITE.value and os.path.exists(directory):
     shutil.rmtree(directory)
-  directory = trainer_lib.ensure_sft_checkpoint(config, _WORKDIR.value,
-                                                log=lambda line: print(line, flush=True))
+  directory = sft.ensure_arith_warm_start(config, _WORKDIR.value,
+                                          log=lambda line: print(line, flush=True))
   model, params = models.load_hf_checkpoint(directory)
   tokenizer = models.Tokenizer.from_directory(directory)
-  _, held_out = trainer_lib.load_examples(config)
-  engine = Engine(model, num_slots=config.sampler.num_slots,
-                  cache_length=config.sampler.cache_length)
-  scheduler = Scheduler(engine, params, prompt_buckets=tuple(config.sampler.prompt_buckets))
-  result = evaluate_policy(scheduler, tokenizer, held_out, RewardRouter(),
-                           prefix=trainer_lib.load_prompt_prefix(directory, tokenizer),
+  _, held_out = build.load_examples(config)
+  sampler = sampler_config_lib.build_scheduler(config.sampler, model, params,
+                                               tokenizer=tokenizer, seed=config.seed)
+  result = evaluate_policy(sampler, tokenizer, held_out, build.build_scorer(config),
+                           prefix=models.load_prompt_prefix(directory, tokenizer),
                            samples=1, temperature=0.0,
                            max_new_tokens=config.rollout.max_new_tokens)
   print(json.dumps({"checkpoint": directory, **result}), flush=True)
 
 
 if __name__ == "__main__":
+  from rlhf_jax import cli
   from rlhf_jax.runtime import keep_host_memory_resident
   keep_host_memory_resident()
-  app.run(main)
+  cli.run(main)

@@ -4,17 +4,17 @@ r"""Trains a policy with an RL preset.
   python launch/train.py --config=configs/grpo.py:hf --config.model.checkpoint=DIR \
       --config.data.train_file=train.jsonl --config.data.eval_file=eval.jsonl --workdir=DIR
 
-The config is validated (field names and allowed values in every error) before
-anything loads or compiles. For the arith variant the SFT warm start runs first
-when <workdir>/sft does not exist. Metrics go to <workdir>/metrics.jsonl; a
-progress line per step goes to the console; the last line is a JSON summary.
+The config is validated before anything loads or compiles; a bad field is reported
+in one line naming its full path (exit status 2). For the arith variant the SFT
+warm start runs first when <workdir>/sft (or --config.model.checkpoint) does not
+exist. Metrics go to <workdir>/metrics.jsonl; a progress bar goes to the console;
+the last line is a JSON summary.
 """
 
 from __future__ import annotations
 
 import json
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
@@ -26,16 +26,23 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv) -> None:
   del argv
+  from rlhf_jax import cli
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
+  config = _CONFIG.value
+  if config.train.deterministic:
+    cli.enable_deterministic_gpu_ops()  # before JAX initialises its backends
   import jax
 
   from rlhf_jax.training.config import validate_config
-  from rlhf_jax.training.trainer import Trainer
+  from rlhf_jax.training.loop import Trainer
+  from rlhf_jax.training.sft import ensure_arith_warm_start
 
-  config = _CONFIG.value
   validate_config(config, num_devices=jax.device_count())
-  trainer = Trainer(config, _WORKDIR.value, log=lambda line: print(line, flush=True))
+  log = lambda line: print(line, flush=True)
+  if config.variant == "arith":
+    ensure_arith_warm_start(config, _WORKDIR.value, log=log)
+  trainer = Trainer(config, _WORKDIR.value, log=log, progress=True)
   summary = trainer.run()
   if "eval_accuracy_start" in summary and "eval_accuracy_end" in summary:
     before, after = summary["eval_accuracy_start"], summary["eval_accuracy_end"]
@@ -46,6 +53,7 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+  from rlhf_jax import cli
   from rlhf_jax.runtime import keep_host_memory_resident
   keep_host_memory_resident()
-  app.run(main)
+  cli.run(main)

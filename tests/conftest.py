@@ -3,6 +3,11 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# On a GPU, exact-resume and equality tests need XLA's deterministic reductions
+# (`train.deterministic`); set before JAX starts. No effect on CPU.
+if "--xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_gpu_deterministic_ops=true").strip()
 
 import jax  # noqa: E402
 from hypothesis import settings  # noqa: E402

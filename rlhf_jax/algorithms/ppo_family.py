@@ -1,47 +1,54 @@
-"""The PPO family as configuration of shared kernels: advantages and losses.
+"""The PPO family as configuration of shared kernels: `prepare` and the losses.
 
-PPO, GRPO, Dr. GRPO, RLOO, REINFORCE++, DAPO, VC-PPO and VAPO differ only in
-the fields of an `algorithm` ConfigDict (configs/*.py); this module turns those
-fields into the advantage estimate and the actor / critic losses. The trainer
-calls `advantages_and_returns` once per rollout batch and `actor_loss` /
-`critic_loss` inside its jitted update steps.
+PPO, GRPO, Dr. GRPO, RLOO, REINFORCE++, DAPO, VC-PPO, VAPO and T-PPO differ only in
+the `algorithm` section (algorithms/ppo_config.py). This module turns it into
+  prepare      once per rollout batch, on device: reward shaping, rollout
+               correction weights, advantages and returns, the KL controller;
+  actor_loss   inside the jitted update: PPO clip + KL / entropy / NLL terms;
+  critic_loss  the clipped value loss.
+Nothing here loops, does I/O or holds state.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from rlhf_jax import kernels
+from rlhf_jax.algorithms.ppo_config import uses_critic  # noqa: F401  (re-exported)
+from rlhf_jax.algorithms.ppo_config import uses_reference  # noqa: F401
 from rlhf_jax.algorithms.rollout import RolloutBatch
 
-ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
-CRITIC_ESTIMATORS = ("gae",)
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+
+class Normalizers(NamedTuple):
+  """Global counts of a whole mini-batch, so a micro-batch's loss sums to the unsplit one."""
+  agg: jax.Array  # `kernels.aggregation_normalizer` of the loss mask
+  positive: jax.Array  # positive-sample tokens (VAPO's NLL term)
 
 
-def uses_critic(algorithm) -> bool:
-  """Whether the estimator needs a value model."""
-  return algorithm.estimator in CRITIC_ESTIMATORS
+def shape_rewards(algorithm, batch: RolloutBatch) -> RolloutBatch:
+  """DAPO's overlong punishment on finished rows' scores (Eq. 13), and the overlong
+  filter (truncated rows leave the loss)."""
+  o = algorithm.overlong
+  if o.penalty:
+    penalty = kernels.overlong_penalty(batch.lengths, max_length=batch.response_length,
+                                       buffer_length=o.buffer, factor=o.factor)
+    batch = batch.replace(scores=batch.scores + penalty * batch.finished)
+  if o.filter:
+    batch = batch.replace(response_mask=batch.response_mask * ~batch.truncated[:, None])
+  return batch
 
 
-def uses_reference(algorithm) -> bool:
-  """Whether a reference policy is needed (KL as a loss or in the reward)."""
-  return algorithm.kl_loss_coef > 0 or algorithm.kl_reward_coef > 0
-
-
-def token_rewards(algorithm, batch: RolloutBatch, kl_reward_coef: float | None = None
-                  ) -> jax.Array:
-  """[B, R] rewards: the score at the last token, minus β·KL per token when the
-  KL is in the reward (InstructGPT; `kernels.kl_in_reward`). β is
-  `algorithm.kl_reward_coef` unless `kl_reward_coef` (the adaptive controller's
-  current value) is given."""
+def token_rewards(algorithm, batch: RolloutBatch, kl_coef: jax.Array | float) -> jax.Array:
+  """[B, R] rewards: the score at the last token, minus β·KL(π_old ‖ π_ref) per token
+  when the KL is in the reward (InstructGPT; `kernels.kl_in_reward`)."""
   rewards = batch.token_rewards()
-  beta = algorithm.kl_reward_coef if kl_reward_coef is None else kl_reward_coef
-  if algorithm.kl_reward_coef > 0:
+  if algorithm.kl.placement == "reward":
     rewards, _ = kernels.kl_in_reward(rewards, batch.old_logprobs, batch.ref_logprobs,
-                                      batch.response_mask, beta=beta,
-                                      estimator=algorithm.kl_estimator)
+                                      batch.response_mask, beta=kl_coef,
+                                      estimator=algorithm.kl.estimator)
   return rewards
 
 
@@ -49,105 +56,158 @@ def rollout_kl(algorithm, batch: RolloutBatch) -> jax.Array:
   """The batch's KL(π_old ‖ π_ref): per-sequence token means, averaged over
   sequences (what verl's adaptive controller observes)."""
   kl = kernels.kl_penalty(batch.old_logprobs, batch.ref_logprobs,
-                          estimator=algorithm.kl_estimator)
+                          estimator=algorithm.kl.estimator)
   return kernels.aggregate(kl, batch.response_mask, mode="seq-mean-token-mean")
 
 
-def advantages_and_returns(algorithm, batch: RolloutBatch,
-                           kl_reward_coef: float | None = None
-                           ) -> tuple[jax.Array, jax.Array]:
+def advantages_and_returns(algorithm, batch: RolloutBatch, kl_coef: jax.Array | float, *,
+                           group_size: int) -> tuple[jax.Array, jax.Array]:
   """Advantages [B, R] for the actor and returns [B, R] for the critic.
 
-  gae: (decoupled) GAE with λ_actor (or VAPO's length-adaptive λ when
-  `length_adaptive_alpha` > 0) and λ_critic; grpo / dr_grpo / rloo /
-  reinforce_pp_baseline: group-relative outcome advantages broadcast over the
-  response; reinforce_pp: batch-whitened discounted returns. Returns are zeros
-  for critic-free estimators. Rows with `finished` False (T-PPO) bootstrap GAE
-  from their last value (Extended GAE). `kl_reward_coef` overrides β of the
-  in-reward KL (the adaptive controller's value).
+  gae: (decoupled) GAE with λ_actor (or VAPO's length-adaptive λ) and λ_critic;
+  rows with `finished` False (T-PPO) bootstrap from their last value (Extended
+  GAE). grpo / dr_grpo / rloo / reinforce_pp_baseline: group-relative outcome
+  advantages broadcast over the response; reinforce_pp: batch-whitened
+  discounted returns. Returns are zeros for critic-free estimators.
   """
-  mask = batch.response_mask
-  rewards = token_rewards(algorithm, batch, kl_reward_coef)
+  v, mask = algorithm.advantage, batch.response_mask
+  rewards = token_rewards(algorithm, batch, kl_coef)
   returns = jnp.zeros_like(mask)
-  estimator = algorithm.estimator
-  if estimator == "gae":
-    actor_lam = algorithm.actor_lam
-    if algorithm.length_adaptive_alpha > 0:
-      actor_lam = kernels.length_adaptive_lambda(batch.lengths,
-                                                 alpha=algorithm.length_adaptive_alpha)
-    # Extended GAE (T-PPO): a response cut at a window's end bootstraps from its last value.
+  if v.estimator == "gae":
+    actor_lam = v.actor_lam
+    if v.lam_schedule == "length_adaptive":
+      actor_lam = kernels.length_adaptive_lambda(batch.lengths, alpha=v.length_adaptive_alpha)
     bootstrap = kernels.truncation_bootstrap_values(batch.values, mask, batch.finished)
-    advantages, returns = kernels.decoupled_gae(rewards, batch.values, mask,
-                                                gamma=algorithm.gamma, actor_lam=actor_lam,
-                                                critic_lam=algorithm.critic_lam,
+    advantages, returns = kernels.decoupled_gae(rewards, batch.values, mask, gamma=v.gamma,
+                                                actor_lam=actor_lam, critic_lam=v.critic_lam,
                                                 bootstrap_values=bootstrap)
-  elif estimator in ("grpo", "dr_grpo"):
-    per_sample = kernels.group_advantages(batch.scores, group_size=algorithm.group_size,
-                                          normalize_by_std=estimator == "grpo")
-    advantages = per_sample[:, None] * mask
-  elif estimator == "rloo":
-    advantages = kernels.rloo_advantages(batch.scores,
-                                         group_size=algorithm.group_size)[:, None] * mask
-  elif estimator == "reinforce_pp":
-    advantages, _ = kernels.reinforce_pp_advantages(rewards, mask, gamma=algorithm.gamma)
-  elif estimator == "reinforce_pp_baseline":
+  elif v.estimator in ("grpo", "dr_grpo"):
+    advantages = kernels.group_advantages(batch.scores, group_size=group_size,
+                                          normalize_by_std=v.estimator == "grpo")[:, None] * mask
+  elif v.estimator == "rloo":
+    advantages = kernels.rloo_advantages(batch.scores, group_size=group_size)[:, None] * mask
+  elif v.estimator == "reinforce_pp":
+    advantages, _ = kernels.reinforce_pp_advantages(rewards, mask, gamma=v.gamma)
+  elif v.estimator == "reinforce_pp_baseline":
     advantages = kernels.reinforce_pp_baseline_advantages(batch.scores, mask,
-                                                          group_size=algorithm.group_size)
+                                                          group_size=group_size)
   else:
-    raise ValueError(f"algorithm.estimator={estimator!r}; allowed: {', '.join(ESTIMATORS)}.")
-  if algorithm.whiten_advantages:
+    raise ValueError(f"algorithm.advantage.estimator={v.estimator!r}.")
+  if v.whiten:
     advantages = kernels.masked_whiten(advantages, batch.policy_mask())
   return advantages, returns
 
 
+def prepare(algorithm, batch: RolloutBatch, *, old_logprobs: jax.Array,
+            ref_logprobs: jax.Array | None, values: jax.Array | None, kl_coef: jax.Array,
+            correction: str, group_size: int) -> tuple[RolloutBatch, jax.Array, dict[str, jax.Array]]:
+  """Everything between the sampler's output and the first update, as one pure function.
+
+  Args:
+    batch: the packed rollouts (sampler log-probs in `sampler_logprobs`).
+    old_logprobs: [B, R] the trainer's log π_old of the response tokens (its own
+      forward under the weights that sampled the batch).
+    ref_logprobs, values: [B, R] or None (no reference / no critic).
+    kl_coef: β as a device scalar.
+    correction: the rollout-correction mode in force ('none', 'tis', 'mis_token',
+      'mis_sequence'; `kernels.rollout_correction`).
+    group_size: G (rows of a group are adjacent).
+  Returns:
+    (batch with π_old (the trainer's with a correction, else the sampler's),
+    reference log-probs, values, importance weights, advantages and returns set;
+    the next β; metrics: the sampler–trainer mismatch over every sampled token,
+    the correction's clip / mask rates, rollout KL).
+  """
+  batch = shape_rewards(algorithm, batch)
+  trainer_logprobs = old_logprobs * batch.response_mask
+  weights, keep, metrics = kernels.rollout_correction(
+      trainer_logprobs, batch.sampler_logprobs, batch.sampled_mask(), mode=correction,
+      threshold=algorithm.correction.threshold)
+  # With a correction, π_old is the trainer's own forward and the weights carry
+  # π_trainer / π_sampler (decoupled PPO). Without one, π_old is the sampler's: the
+  # PPO ratio then also covers a behaviour policy older than the trainer's (groups
+  # that dynamic sampling kept from an earlier step), as in classic PPO.
+  if correction != "none":
+    batch = batch.replace(old_logprobs=trainer_logprobs)
+  batch = batch.replace(is_weights=weights, correction_mask=keep)
+  if ref_logprobs is not None:
+    batch = batch.replace(ref_logprobs=ref_logprobs)
+  if values is not None:
+    batch = batch.replace(values=values)
+  advantages, returns = advantages_and_returns(algorithm, batch, kl_coef,
+                                               group_size=group_size)
+  batch = batch.replace(advantages=advantages, returns=returns)
+  metrics = dict(metrics)
+  next_kl_coef = kl_coef
+  if algorithm.kl.placement == "reward":
+    observed = rollout_kl(algorithm, batch)
+    metrics.update(kl_reward_coef=kl_coef, rollout_kl=observed)
+    if algorithm.kl.controller == "adaptive":
+      next_kl_coef = kernels.adaptive_kl_coefficient(
+          kl_coef, observed, target=algorithm.kl.target, horizon=algorithm.kl.horizon,
+          n_steps=batch.tokens.shape[0])
+  return batch, next_kl_coef, metrics
+
+
+def normalizers(algorithm, batch: RolloutBatch) -> Normalizers:
+  """The actor's global counts over a whole mini-batch."""
+  mask = batch.policy_mask()
+  positive = mask * (batch.scores > algorithm.policy_loss.positive_threshold)[:, None]
+  return Normalizers(agg=kernels.aggregation_normalizer(mask, mode=algorithm.policy_loss.agg),
+                     positive=jnp.sum(positive))
+
+
+def critic_normalizers(algorithm, batch: RolloutBatch) -> Normalizers:
+  """The critic's global counts over a whole mini-batch."""
+  mask = batch.value_mask()
+  return Normalizers(agg=kernels.aggregation_normalizer(mask, mode=algorithm.policy_loss.agg),
+                     positive=jnp.sum(mask))
+
+
 def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: RolloutBatch,
-               advantages: jax.Array, normalizer: jax.Array
-               ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """PPO-clip (+ KL loss, entropy bonus, VAPO's positive-example NLL) of one mini-batch.
+               norm: Normalizers) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """PPO-clip, weighted by the rollout correction (+ KL loss, entropy bonus, VAPO's
+  positive-example NLL) of one (micro-)batch.
 
   Args:
     logprobs, entropy: [b, R] of the current policy.
-    batch: the mini-batch (old and reference log-probs, masks, scores).
-    advantages: [b, R].
-    normalizer: the aggregation count of the whole mini-batch
-      (`kernels.aggregation_normalizer`), so splitting it never changes the loss.
+    batch: the (micro-)batch: old / reference log-probs, advantages, weights, masks.
+    norm: the whole mini-batch's counts, so splitting it never changes the loss.
   Returns:
     (loss, metrics).
   """
-  mask = batch.response_mask
-  dual_clip = algorithm.dual_clip if algorithm.dual_clip > 0 else None
+  p = algorithm.policy_loss
+  mask = batch.policy_mask()
   # Dr. GRPO's constant: the response cap R (the mode's only use of a horizon).
-  horizon = (float(batch.response_length) if algorithm.agg == "seq-mean-token-sum-norm"
-             else None)
+  horizon = float(batch.response_length) if p.agg == "seq-mean-token-sum-norm" else None
   loss, metrics = kernels.ppo_policy_loss(
-      logprobs, batch.old_logprobs, advantages, mask, clip_low=algorithm.clip_low,
-      clip_high=algorithm.clip_high, dual_clip=dual_clip, agg=algorithm.agg,
-      agg_normalizer=normalizer, agg_horizon=horizon)
+      logprobs, batch.old_logprobs, batch.advantages, mask, clip_low=p.clip_low,
+      clip_high=p.clip_high, dual_clip=p.dual_clip, agg=p.agg, agg_normalizer=norm.agg,
+      agg_horizon=horizon, weights=batch.is_weights)
   metrics = dict(metrics, pg_loss=loss)
-  if algorithm.kl_loss_coef > 0:
-    kl = kernels.kl_penalty(logprobs, batch.ref_logprobs, estimator=algorithm.kl_estimator)
-    kl_loss = kernels.aggregate(kl, mask, mode=algorithm.agg, normalizer=normalizer,
-                                horizon=horizon)
-    loss = loss + algorithm.kl_loss_coef * kl_loss
+  if algorithm.kl.placement == "loss":
+    kl = kernels.kl_penalty(logprobs, batch.ref_logprobs, estimator=algorithm.kl.estimator)
+    kl_loss = kernels.aggregate(kl, mask, mode=p.agg, normalizer=norm.agg, horizon=horizon)
+    loss = loss + algorithm.kl.coef * kl_loss
     metrics["kl_loss"] = kl_loss
-  if algorithm.entropy_coef > 0:
-    loss = loss + algorithm.entropy_coef * kernels.entropy_loss(
-        entropy, mask, agg=algorithm.agg, agg_normalizer=normalizer)
-  if algorithm.positive_nll_coef > 0:
-    nll = kernels.positive_nll_loss(logprobs, mask, batch.scores > algorithm.positive_threshold)
-    loss = loss + algorithm.positive_nll_coef * nll
+  if p.entropy_coef > 0:
+    loss = loss + p.entropy_coef * kernels.entropy_loss(entropy, mask, agg=p.agg,
+                                                        agg_normalizer=norm.agg)
+  if p.positive_nll_coef > 0:
+    nll = kernels.positive_nll_loss(logprobs, mask, batch.scores > p.positive_threshold,
+                                    normalizer=norm.positive)
+    loss = loss + p.positive_nll_coef * nll
     metrics["positive_nll"] = nll
   metrics["entropy"] = kernels.masked_mean(entropy, mask)
   return loss, metrics
 
 
-def critic_loss(algorithm, values: jax.Array, batch: RolloutBatch, returns: jax.Array,
-                normalizer: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Clipped value loss of one mini-batch (`kernels.value_loss`)."""
-  clip = algorithm.value_clip if algorithm.value_clip > 0 else None
-  loss, metrics = kernels.value_loss(values, batch.values, returns, batch.response_mask,
-                                     clip=clip, agg=algorithm.agg, agg_normalizer=normalizer)
-  metrics = dict(metrics, value_loss=loss,
-                 explained_variance=kernels.explained_variance(values, returns,
-                                                               batch.response_mask))
-  return loss, metrics
+def critic_loss(algorithm, values: jax.Array, batch: RolloutBatch, norm: Normalizers
+                ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Clipped value loss of one (micro-)batch on finished responses (`kernels.value_loss`)."""
+  mask = batch.value_mask()
+  loss, metrics = kernels.value_loss(values, batch.values, batch.returns, mask,
+                                     clip=algorithm.value.clip, agg=algorithm.policy_loss.agg,
+                                     agg_normalizer=norm.agg)
+  return loss, dict(metrics, value_loss=loss,
+                    explained_variance=kernels.explained_variance(values, batch.returns, mask))

@@ -28,7 +28,10 @@ class RolloutBatch:
     tokens: [B, P+R] int32 prompt (left-padded) and response (right-padded).
     attention_mask: [B, P+R] int32, 1 on real tokens.
     response_mask: [B, R] float32, 1 on response tokens that count in the loss.
-    old_logprobs: [B, R] log π_old of each response token (the sampler's, at T=1).
+    sampler_logprobs: [B, R] log π of each response token as the sampler reported
+      it (at T=1): the behaviour policy's, in the sampler's precision.
+    old_logprobs: [B, R] log π_old as the trainer computes it (the sampler's until
+      `prepare` recomputes it with the trainer's forward).
     ref_logprobs: [B, R] log π_ref (zeros when there is no reference model).
     values: [B, R] critic values V(s_t) before each response token (zeros
       without a critic).
@@ -41,6 +44,11 @@ class RolloutBatch:
       for the advantages but not trained on again.
     finished: [B] bool, the response ended (stop token or cap); False for a
       T-PPO response that continues in the next step.
+    is_weights: [B, R] rollout-correction importance weights (1 until `prepare`
+      sets them; `kernels.rollout_correction`).
+    correction_mask: [B, R] 0 on tokens masked importance sampling drops.
+    advantages: [B, R] the actor's advantages (set by `prepare`).
+    returns: [B, R] the critic's targets (set by `prepare`; zeros without a critic).
   """
   tokens: jax.Array
   attention_mask: jax.Array
@@ -54,6 +62,11 @@ class RolloutBatch:
   group_ids: jax.Array
   window_starts: jax.Array
   finished: jax.Array
+  sampler_logprobs: jax.Array
+  is_weights: jax.Array
+  correction_mask: jax.Array
+  advantages: jax.Array
+  returns: jax.Array
 
   @property
   def response_length(self) -> int:
@@ -70,7 +83,14 @@ class RolloutBatch:
     return kernels.place_at_last_token(self.scores, self.response_mask)
 
   def policy_mask(self) -> jax.Array:
-    """[B, R] the tokens the policy loss uses: those sampled in this step."""
+    """[B, R] the tokens the policy loss uses: those sampled in this step and not
+    dropped by the rollout correction."""
+    columns = jnp.arange(self.response_length, dtype=jnp.int32)[None, :]
+    return self.response_mask * (columns >= self.window_starts[:, None]) * self.correction_mask
+
+  def sampled_mask(self) -> jax.Array:
+    """[B, R] the tokens sampled in this step (T-PPO: this window), before any
+    rollout correction: where the sampler–trainer mismatch is measured."""
     columns = jnp.arange(self.response_length, dtype=jnp.int32)[None, :]
     return self.response_mask * (columns >= self.window_starts[:, None])
 
@@ -114,9 +134,12 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
     response_mask[row, :n] = 1.0
     logprobs[row, :n] = lps
     lengths[row] = n
-  zeros = np.zeros((batch, response_length), np.float32)
+  zeros = lambda: np.zeros((batch, response_length), np.float32)
+  ones = lambda: np.ones((batch, response_length), np.float32)
   return RolloutBatch(tokens=tokens, attention_mask=attention, response_mask=response_mask,
-                      old_logprobs=logprobs, ref_logprobs=zeros, values=zeros.copy(),
+                      old_logprobs=logprobs, sampler_logprobs=logprobs.copy(),
+                      ref_logprobs=zeros(), values=zeros(), is_weights=ones(),
+                      correction_mask=ones(), advantages=zeros(), returns=zeros(),
                       scores=np.asarray(scores, np.float32), lengths=lengths,
                       truncated=np.asarray(truncated, bool),
                       group_ids=np.asarray(group_ids, np.int32),

@@ -24,6 +24,8 @@ from rlhf_jax.kernels.advantages import truncation_bootstrap_values
 from rlhf_jax.kernels.aggregation import AGGREGATION_MODES
 from rlhf_jax.kernels.aggregation import aggregate
 from rlhf_jax.kernels.aggregation import aggregation_normalizer
+from rlhf_jax.kernels.importance import ROLLOUT_CORRECTION_MODES
+from rlhf_jax.kernels.importance import rollout_correction
 from rlhf_jax.kernels.kl import KL_ESTIMATORS
 from rlhf_jax.kernels.kl import adaptive_kl_coefficient
 from rlhf_jax.kernels.kl import kl_penalty
@@ -51,7 +53,7 @@ from rlhf_jax.kernels.statistics import masked_whiten
 from rlhf_jax.kernels.value_losses import value_loss
 
 __all__ = [
-    "AGGREGATION_MODES", "DPO_KINDS", "KL_ESTIMATORS",
+    "AGGREGATION_MODES", "DPO_KINDS", "KL_ESTIMATORS", "ROLLOUT_CORRECTION_MODES",
     "adaptive_kl_coefficient", "aggregate", "aggregation_normalizer", "bradley_terry_loss",
     "decoupled_gae", "discounted_returns", "dpo_loss", "entropy_from_logits",
     "entropy_loss", "explained_variance", "gae", "group_advantages", "kl_in_reward",
@@ -59,7 +61,7 @@ __all__ = [
     "masked_sum", "masked_var", "masked_whiten", "next_valid_values",
     "overlong_penalty", "place_at_last_token", "position_debiased_preference",
     "positive_nll_loss", "ppo_policy_loss", "prm_clip", "prm_delta",
-    "reinforce_pp_advantages", "reinforce_pp_baseline_advantages",
+    "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "rollout_correction",
     "remax_advantages", "reverse_linear_recurrence", "rloo_advantages",
     "token_logprobs", "truncation_bootstrap_values", "value_loss",
 ]

@@ -8,11 +8,12 @@ Divergence", 2020):
                                    gradient of KL(π‖π_ref) under on-policy samples
   k3  = exp(−Δ) − 1 + Δ            unbiased, ≥ 0, low variance ("low_var_kl")
   abs = |Δ|
-  k1+, k3+  straight-through: the forward value of k1 / k3 with the gradient of k2
+  X+       straight-through for every X above (k1+, k2+, k3+, abs+): the forward
+           value of X with the gradient of k2 (k2+ is k2)
 
 Clamps (verl `kl_penalty`): k3 clamps Δ to [−20, 20] before the exp and the
 result to [−10, 10]; the others are unclamped. verl's names map as
-kl→k1, mse→k2, low_var_kl→k3.
+kl→k1, mse→k2, low_var_kl→k3, and verl accepts a "+" after any of them.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import jax.numpy as jnp
 
 from rlhf_jax.kernels import _validation as v
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+")
-_VERL_NAMES = "verl's names: kl=k1, mse=k2, low_var_kl=k3, low_var_kl+=k3+."
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k2+", "k3+", "abs+")
+_VERL_NAMES = "verl's names: kl=k1, mse=k2, low_var_kl=k3, with '+' for straight-through."
 K3_LOG_RATIO_CLAMP = 20.0
 K3_VALUE_CLAMP = 10.0
 
@@ -46,12 +47,12 @@ def kl_penalty(logprobs: chex.Array, ref_logprobs: chex.Array, *,
   """Per-token KL estimate between the sampling policy and the reference.
 
   See the module docstring for the formulas. Straight-through variants return
-  k2 + stop_gradient(k − k2): the value of k (k1 or k3), the gradient of k2.
+  k2 + stop_gradient(k − k2): the value of k, the gradient of k2.
 
   Args:
     logprobs: [B, T] (any shape) log π(a_t|s_t) of the sampled tokens.
     ref_logprobs: same shape, log π_ref(a_t|s_t).
-    estimator: one of "k1", "k2", "k3", "abs", "k1+", "k3+".
+    estimator: one of "k1", "k2", "k3", "abs", "k1+", "k2+", "k3+", "abs+".
   Returns:
     float32 array of the input shape (unmasked; aggregate with a mask).
   """

@@ -4,6 +4,7 @@ NLL (VAPO) and the entropy bonus."""
 from __future__ import annotations
 
 import chex
+import jax
 import jax.numpy as jnp
 
 from rlhf_jax.kernels import _validation as v
@@ -20,7 +21,8 @@ def ppo_policy_loss(logprobs: chex.Array, old_logprobs: chex.Array,
                     dual_clip: float | None = None,
                     agg: aggregation.AggregationMode = "token-mean",
                     agg_normalizer: chex.Array | float | None = None,
-                    agg_horizon: float | None = None
+                    agg_horizon: float | None = None,
+                    weights: chex.Array | None = None
                     ) -> tuple[chex.Array, dict[str, chex.Array]]:
   """PPO's clipped surrogate with decoupled clip range and dual clip.
 
@@ -28,7 +30,7 @@ def ppo_policy_loss(logprobs: chex.Array, old_logprobs: chex.Array,
       ℓ = max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high))       (PPO, arXiv:1707.06347 Eq. 7;
                                                               DAPO clip-higher, arXiv:2503.14476 Eq. 10)
       ℓ = min(ℓ, −A·c)  where A < 0                           (dual clip, Ye et al. arXiv:1912.09729 Eq. 5)
-      loss = aggregate(ℓ, mask, mode=agg)
+      loss = aggregate(w·ℓ, mask, mode=agg)                   (w: rollout-correction weights, 1 by default)
 
   Metrics (masked means over valid tokens):
     clip_frac_upper  A > 0 and ρ > 1 + ε_high (gradient cut by the upper clip)
@@ -48,6 +50,9 @@ def ppo_policy_loss(logprobs: chex.Array, old_logprobs: chex.Array,
     agg: aggregation mode (see `aggregate`).
     agg_normalizer: optional global count for `aggregate`.
     agg_horizon: the constant L for seq-mean-token-sum-norm.
+    weights: optional [B, T] per-token importance weights, constants
+      (`rollout_correction`: TIS / masked IS); they scale ℓ after the clips,
+      as verl scales pg_losses by its rollout IS weights.
   Returns:
     (loss, metrics): scalar float32 loss and a dict of scalar metrics.
   """
@@ -77,6 +82,10 @@ def ppo_policy_loss(logprobs: chex.Array, old_logprobs: chex.Array,
   else:
     dual_clipped = jnp.zeros_like(negative)
 
+  if weights is not None:
+    v.check_batch_time(per_token, weights, names=("logprobs", "weights"))
+    v.check_floating(weights, "weights")
+    per_token = per_token * jax.lax.stop_gradient(jnp.asarray(weights, jnp.float32))
   loss = aggregation.aggregate(per_token, mask, mode=agg, normalizer=agg_normalizer,
                                horizon=agg_horizon)
   positive = advantages > 0

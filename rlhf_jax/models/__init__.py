@@ -11,9 +11,12 @@ from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import critic_from_policy
 from rlhf_jax.models.functional import init_model
 from rlhf_jax.models.functional import score_at_last_token
+from rlhf_jax.models.functional import with_numerics
 from rlhf_jax.models.hf import load_hf_checkpoint
 from rlhf_jax.models.hf import read_hf_config
 from rlhf_jax.models.hf import save_hf_checkpoint
+from rlhf_jax.models.policy_files import load_prompt_prefix
+from rlhf_jax.models.policy_files import save_policy
 from rlhf_jax.models.tokenizer import Tokenizer
 from rlhf_jax.models.tokenizer import build_character_tokenizer
 from rlhf_jax.models.tokenizer import train_bpe_tokenizer
@@ -22,4 +25,5 @@ __all__ = [
     "DecoderConfig", "DecoderLM", "FunctionalModel", "KVCache", "RopeScaling", "Tokenizer",
     "build_character_tokenizer", "config_from_hf", "critic_from_policy", "score_at_last_token", "config_to_hf", "init_model",
     "load_hf_checkpoint", "read_hf_config", "save_hf_checkpoint", "train_bpe_tokenizer",
+    "with_numerics", "load_prompt_prefix", "save_policy",
 ]

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 DTYPES = ("float32", "bfloat16", "float16")
+MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,21 @@ class DecoderConfig:
       name: "nothing_saveable" (recompute everything: least memory),
       "dots_saveable" / "dots_with_no_batch_dims_saveable" (keep matmul outputs,
       recompute elementwise ops), "everything_saveable".
+    matmul_precision: the `jax.lax.Precision` of every matmul / einsum of the
+      model (projections, attention forward and its hand-written backward,
+      heads); see `precision`. Not part of HF `config.json`.
+      "highest": true float32 products (on GPU ~several-fold slower float32
+        GEMMs than TF32); a sampler and a trainer running the same float32
+        model agree to float32 rounding (and match HF/PyTorch float32).
+      "high": bf16x3 on TPU; TF32 on GPU (a 10-bit mantissa).
+      "default": the backend default. On NVIDIA GPUs float32 matmuls then
+        run in TF32 (10-bit mantissa): relative differences ~1e-3 per
+        product, ~1e-4 in log-probs between programs that compile
+        differently (sampler vs trainer, JAX vs HF). With bfloat16 compute it
+        is the native bf16 tensor-core / MXU rate.
+      "auto" (default): "highest" when `dtype` is float32 (asking for float32
+        means asking for float32 numerics), else "default" (bf16 rate).
+      On CPU all four compute the same true float32 products.
   """
   vocab_size: int
   hidden_size: int
@@ -63,6 +79,7 @@ class DecoderConfig:
   dtype: str = "float32"
   remat: bool = False
   remat_policy: str = "nothing_saveable"
+  matmul_precision: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -85,6 +102,21 @@ class DecoderConfig:
       if getattr(self, name) not in DTYPES:
         raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r}; allowed: "
                          f"{', '.join(DTYPES)}.")
+    if self.matmul_precision not in MATMUL_PRECISIONS:
+      raise ValueError(f"DecoderConfig.matmul_precision={self.matmul_precision!r}; allowed: "
+                       f"{', '.join(MATMUL_PRECISIONS)}.")
+
+  @property
+  def precision(self) -> jax.lax.Precision | None:
+    """The `jax.lax.Precision` every model matmul runs at; None = the backend default.
+
+    "auto" → HIGHEST when `dtype` is float32, else None; "default" → None;
+    "high" → HIGH; "highest" → HIGHEST (see the class docstring for costs).
+    """
+    if self.matmul_precision == "auto":
+      return jax.lax.Precision.HIGHEST if self.dtype == "float32" else None
+    return {"default": None, "high": jax.lax.Precision.HIGH,
+            "highest": jax.lax.Precision.HIGHEST}[self.matmul_precision]
 
   @property
   def jnp_dtype(self):
@@ -134,7 +166,9 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
 
   Args:
     hf: the parsed config.json.
-    **overrides: DecoderConfig fields to set (e.g. dtype="bfloat16", remat=True).
+    **overrides: DecoderConfig fields to set (e.g. dtype="bfloat16", remat=True,
+      matmul_precision="highest"); fields config.json does not carry
+      (remat, matmul_precision, ...) otherwise keep their defaults.
   Returns:
     The DecoderConfig.
   """
@@ -180,7 +214,11 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
 
 
 def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
-  """The HF `config.json` dict that `transformers` loads back into the same model."""
+  """The HF `config.json` dict that `transformers` loads back into the same model.
+
+  Runtime numerics that are not part of the checkpoint (compute dtype, remat,
+  matmul_precision) are not written.
+  """
   rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
   if config.rope_scaling is not None:
     rope.update(rope_type="llama3", **dataclasses.asdict(config.rope_scaling))

@@ -139,8 +139,9 @@ def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------- modules
 
 
-def _dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """[..., K] @ [K, N] as one 2-D GEMM over the flattened leading axes.
+def _dense(x: jax.Array, kernel: jax.Array, precision: jax.lax.Precision | None) -> jax.Array:
+  """[..., K] @ [K, N] as one 2-D GEMM over the flattened leading axes, at `precision`
+  (`DecoderConfig.precision`; None: the backend default).
 
   Every projection goes through here: with plain 2-D GEMMs XLA:CPU picks
   transpose-free layouts for the backward, while 3-D einsums ([B,T,E] x [E,H,D])
@@ -148,7 +149,8 @@ def _dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
   (W2 PPO step: 6.8-8.2 s -> 4.7-5.3 s per step, benchmarks/train_step.py).
   """
   leading = x.shape[:-1]
-  return (x.reshape(-1, x.shape[-1]) @ kernel).reshape(*leading, kernel.shape[-1])
+  out = jnp.matmul(x.reshape(-1, x.shape[-1]), kernel, precision=precision)
+  return out.reshape(*leading, kernel.shape[-1])
 
 
 class RMSNorm(nnx.Module):
@@ -185,7 +187,8 @@ class Attention(nnx.Module):
     dtype = self.config.jnp_dtype
     batch, time, embed = x.shape
     _, heads, dim = kernel.shape
-    out = _dense(x, kernel[...].reshape(embed, heads * dim).astype(dtype))
+    out = _dense(x, kernel[...].reshape(embed, heads * dim).astype(dtype),
+                 self.config.precision)
     if self.config.qkv_bias:
       out = out + getattr(self, bias_name)[...].reshape(1, 1, heads * dim).astype(dtype)
     return out.reshape(batch, time, heads, dim)
@@ -213,15 +216,17 @@ class Attention(nnx.Module):
     itself = key_slots[None, None, :] == query_slots[:, :, None]
     allowed = (causal & key_valid[:, None, :]) | itself
     if layer_cache is None:
-      out, new_cache = grouped_query_attention(q, k, v, allowed), None
+      out = grouped_query_attention(q, k, v, allowed, precision=self.config.precision)
+      new_cache = None
     else:
       num_used = jnp.max(query_slots) + 1  # no query looks further
-      out = cached_attention(q, cache_keys, cache_values, allowed, num_used)
+      out = cached_attention(q, cache_keys, cache_values, allowed, num_used,
+                             precision=self.config.precision)
       new_cache = (cache_keys, cache_values)
     dtype = self.config.jnp_dtype
     batch, time, heads, dim = out.shape
     o_proj = self.o_proj[...].reshape(heads * dim, -1).astype(dtype)
-    return _dense(out.reshape(batch, time, heads * dim), o_proj), new_cache
+    return _dense(out.reshape(batch, time, heads * dim), o_proj, self.config.precision), new_cache
 
 
 class MLP(nnx.Module):
@@ -235,10 +240,10 @@ class MLP(nnx.Module):
     self.down_proj = _param(rngs, (f, e), ("mlp", "embed"), config)
 
   def __call__(self, x):
-    dtype = self.config.jnp_dtype
-    gate = _dense(x, self.gate_proj[...].astype(dtype))
-    up = _dense(x, self.up_proj[...].astype(dtype))
-    return _dense(jax.nn.silu(gate) * up, self.down_proj[...].astype(dtype))
+    dtype, precision = self.config.jnp_dtype, self.config.precision
+    gate = _dense(x, self.gate_proj[...].astype(dtype), precision)
+    up = _dense(x, self.up_proj[...].astype(dtype), precision)
+    return _dense(jax.nn.silu(gate) * up, self.down_proj[...].astype(dtype), precision)
 
 
 class Block(nnx.Module):
@@ -345,13 +350,16 @@ class DecoderLM(nnx.Module):
     if head_positions is not None:
       x = jnp.take_along_axis(x, head_positions.astype(jnp.int32)[:, None, None], axis=1)
     x = self.final_norm(x)
+    precision = config.precision
     if self.head == "scalar":
       weights = self.scalar_head[...].astype(jnp.float32)
-      out = x.astype(jnp.float32) @ weights + self.scalar_bias[...].astype(jnp.float32)
+      out = (jnp.matmul(x.astype(jnp.float32), weights, precision=precision)
+             + self.scalar_bias[...].astype(jnp.float32))
     elif config.tie_embeddings:
-      out = jnp.einsum("bte,ve->btv", x, self.embed[...].astype(config.jnp_dtype))
+      out = jnp.einsum("bte,ve->btv", x, self.embed[...].astype(config.jnp_dtype),
+                       precision=precision)
     else:
-      out = x @ self.lm_head[...].astype(config.jnp_dtype)
+      out = jnp.matmul(x, self.lm_head[...].astype(config.jnp_dtype), precision=precision)
     if head_positions is not None:
       out = out[:, 0]
     return out, cache

@@ -119,3 +119,14 @@ def init_model(config: DecoderConfig, *, seed: int = 0, head: HeadKind = "lm",
     return model, nnx.to_pure_dict(abstract_state)
   _, state = nnx.split(build(), nnx.Param)
   return model, nnx.to_pure_dict(state)
+
+
+def with_numerics(model: FunctionalModel, *, dtype: str, matmul_precision: str
+                  ) -> FunctionalModel:
+  """The same model (same parameter tree) computing in `dtype` at `matmul_precision`
+  (the precision policy, `DecoderConfig.matmul_precision`): e.g. a bf16 sampler's
+  copy of a float32 trainer's policy."""
+  config = model.config.replace(dtype=dtype, matmul_precision=matmul_precision)
+  if config == model.config:
+    return model
+  return init_model(config, head=model.head, abstract=True)[0]

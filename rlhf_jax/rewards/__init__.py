@@ -1,7 +1,8 @@
-"""rlhf_jax.rewards: rule-based verifiers and a router that scores samples by task,
-with a per-sample timeout and failure reason."""
+"""rlhf_jax.rewards: the `Scorer` seam and its implementations (the rule-based verifier
+router today; reward models and judges plug in the same way)."""
 
 from rlhf_jax.rewards.router import RewardRouter
-from rlhf_jax.rewards.router import ScoredBatch
+from rlhf_jax.rewards.scorer import Scorer
+from rlhf_jax.rewards.scorer import Scores
 
-__all__ = ["RewardRouter", "ScoredBatch"]
+__all__ = ["RewardRouter", "Scorer", "Scores"]

@@ -1,17 +1,18 @@
 """Scoring samples by task with rule-based verifiers, never crashing the loop.
 
-A verifier is `fn(response_text, answer) -> bool | float`. The router runs it
-per sample in a worker thread with a timeout; a verifier that raises or times
-out gives that sample `failure_score` and a recorded reason, and the run goes
-on (DESIGN.md, "Reward").
+A verifier is `fn(response_text, answer) -> bool | float`. The router is a
+`Scorer` (rewards/scorer.py): it runs the verifier of each example's task per
+sample in a worker thread with a timeout; a verifier that raises or times out
+gives that sample `failure_score` and a recorded reason, and the run goes on.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 from typing import Callable, Mapping, Sequence
 
+from rlhf_jax.data import Example
+from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.tasks import arith
 
 Verifier = Callable[[str, str], "bool | float"]
@@ -19,23 +20,8 @@ Verifier = Callable[[str, str], "bool | float"]
 BUILTIN_VERIFIERS: dict[str, Verifier] = {arith.TASK: arith.verify}
 
 
-@dataclasses.dataclass
-class ScoredBatch:
-  """Scores of a batch of samples.
-
-  Attributes:
-    scores: per sample, the reward (correct_score / wrong_score for boolean
-      verifiers, the verifier's number otherwise, failure_score on failure).
-    correct: per sample, whether the verifier accepted it (False on failure).
-    failures: per sample, "" or why scoring failed ("timeout", "error: ...").
-  """
-  scores: list[float]
-  correct: list[bool]
-  failures: list[str]
-
-
 class RewardRouter:
-  """Routes each sample to its task's verifier.
+  """A `Scorer` that routes each sample to its task's verifier.
 
   Args:
     verifiers: task name → verifier (default: the built-in tasks).
@@ -62,12 +48,13 @@ class RewardRouter:
     if unknown:
       raise ValueError(f"no verifier for task(s) {unknown}; known: {sorted(self.verifiers)}.")
 
-  def score(self, responses: Sequence[str], answers: Sequence[str],
-            tasks: Sequence[str]) -> ScoredBatch:
-    """Scores every (response, answer, task) triple."""
-    self.check_tasks(tasks)
-    futures = [self._pool.submit(self.verifiers[task], response, answer)
-               for response, answer, task in zip(responses, answers, tasks)]
+  def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
+    """Scores `responses[i]` against `examples[i].answer` with its task's verifier."""
+    if len(examples) != len(responses):
+      raise ValueError(f"{len(examples)} examples for {len(responses)} responses.")
+    self.check_tasks([e.task for e in examples])
+    futures = [self._pool.submit(self.verifiers[e.task], response, e.answer)
+               for e, response in zip(examples, responses)]
     scores, correct, failures = [], [], []
     for future in futures:
       try:
@@ -87,4 +74,4 @@ class RewardRouter:
         scores.append(float(verdict))
         correct.append(float(verdict) > 0)
       failures.append("")
-    return ScoredBatch(scores, correct, failures)
+    return Scores(scores, correct, failures)

@@ -11,6 +11,7 @@ can take either sampler.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from typing import Iterator, Sequence
 
 import grpc
@@ -71,6 +72,7 @@ class SamplerClient:
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
     self._stub = sampler_pb2_grpc.SamplerStub(self._channel)
+    self._futures: dict[str, grpc.Future] = {}  # request id → open unary call
 
   def close(self) -> None:
     """Closes the channel."""
@@ -107,17 +109,38 @@ class SamplerClient:
     samplings = per_prompt(prompts, sampling)
     out: list[list[Completion] | None] = [None] * len(prompts)
     pending = list(enumerate(zip(prompts, samplings)))[::-1]
-    in_flight = []  # (index, prompt, future), oldest first
-    while pending or in_flight:
-      while pending and len(in_flight) < self.max_in_flight:
-        index, (prompt, sampling_params) = pending.pop()
-        in_flight.append((index, prompt, self._stub.Generate.future(
-            self._request(prompt, sampling_params, ""), timeout=self.timeout_s)))
-      index, prompt, future = in_flight.pop(0)
-      response = future.result()
-      out[index] = [completion_from_proto(response.request_id, prompt, s)
-                    for s in response.samples]
+    in_flight = []  # (index, prompt, request id, future), oldest first
+    batch_id = uuid.uuid4().hex[:12]
+    try:
+      while pending or in_flight:
+        while pending and len(in_flight) < self.max_in_flight:
+          index, (prompt, sampling_params) = pending.pop()
+          request_id = f"{batch_id}-{index}"
+          future = self._stub.Generate.future(
+              self._request(prompt, sampling_params, request_id), timeout=self.timeout_s)
+          self._futures[request_id] = future
+          in_flight.append((index, prompt, request_id, future))
+        index, prompt, request_id, future = in_flight.pop(0)
+        try:
+          response = future.result()
+          out[index] = [completion_from_proto(response.request_id, prompt, s)
+                        for s in response.samples]
+        except grpc.FutureCancelledError:
+          out[index] = []  # cancelled by `cancel`
+        finally:
+          self._futures.pop(request_id, None)
+    finally:
+      for _, _, request_id, future in in_flight:  # an error: the server frees their slots
+        future.cancel()
+        self._futures.pop(request_id, None)
     return out
+
+  def cancel(self, request_id: str) -> None:
+    """Cancels an open `generate` request (ids are `<batch>-<prompt index>`); the
+    server sees the disconnect and frees its slots. Unknown ids are ignored."""
+    future = self._futures.get(request_id)
+    if future is not None:
+      future.cancel()
 
   def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams = SamplingParams(), *,
              request_id: str = "") -> Iterator[TokenEvent | Completion]:

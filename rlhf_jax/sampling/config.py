@@ -11,6 +11,10 @@ import os
 
 import ml_collections
 
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.models import with_numerics
+from rlhf_jax.models.config import DTYPES
+from rlhf_jax.models.config import MATMUL_PRECISIONS
 from rlhf_jax.sampling.engine import Engine
 from rlhf_jax.sampling.scheduler import UPDATE_POLICIES
 from rlhf_jax.sampling.scheduler import Scheduler
@@ -32,6 +36,12 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
   config.max_queue = 4096  # Most requests queued or running; beyond: rejected.
   config.update_policy = "finish_old"  # Weight updates: 'finish_old' or 'swap_now'.
   config.max_stop_tokens = 4  # Room for stop token ids per request.
+  # The sampler's compute dtype (float32, bfloat16): bf16 rollouts with a float32 trainer
+  # are the common GPU setup (the trainer then corrects the mismatch, algorithm.correction).
+  config.dtype = "float32"
+  # Matmul precision: 'auto' (highest for float32, the backend default for bfloat16),
+  # 'default', 'high', 'highest' (models.DecoderConfig.matmul_precision).
+  config.matmul_precision = "auto"
   return config
 
 
@@ -39,7 +49,7 @@ def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sa
                             num_devices: int | None = None) -> None:
   """Raises ValueError naming the field of an impossible sampler setting."""
   def fail(field, message):
-    raise ValueError(f"config.{prefix}.{field}={config[field]!r} {message}.")
+    raise ConfigError(f"config.{prefix}.{field}={config[field]!r} {message}.")
 
   for field in ("num_slots", "cache_length", "steps_per_sync", "max_queue", "max_stop_tokens",
                 "max_prefill_batch"):
@@ -55,6 +65,10 @@ def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sa
     fail("max_prefill_batch", "must be a power of two")
   if config.update_policy not in UPDATE_POLICIES:
     fail("update_policy", f"is not one of {', '.join(UPDATE_POLICIES)}")
+  if config.dtype not in DTYPES:
+    fail("dtype", f"is not one of {', '.join(DTYPES)}")
+  if config.matmul_precision not in MATMUL_PRECISIONS:
+    fail("matmul_precision", f"is not one of {', '.join(MATMUL_PRECISIONS)}")
   if config.address and ":" not in config.address:
     fail("address", "must be 'host:port' (or empty for the in-process engine)")
 
@@ -67,9 +81,11 @@ def newline_token_ids(tokenizer) -> list[int]:
 
 def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokenizer=None,
                     seed: int = 0) -> Scheduler:
-  """An Engine and Scheduler as the sampler section says (validate it first); with
-  `config.warmup`, every program is compiled before this returns."""
+  """An Engine and Scheduler as the sampler section says (validate it first): the
+  model computes in `config.dtype` at `config.matmul_precision`; with `config.warmup`,
+  every program is compiled before this returns. Every launcher builds its sampler here."""
   newline = newline_token_ids(tokenizer) if tokenizer is not None else ()
+  model = with_numerics(model, dtype=config.dtype, matmul_precision=config.matmul_precision)
   engine = Engine(model, num_slots=config.num_slots, cache_length=config.cache_length,
                   newline_token_ids=newline, max_stop_tokens=config.max_stop_tokens)
   scheduler = Scheduler(engine, params, prompt_buckets=tuple(config.prompt_buckets),

@@ -177,3 +177,31 @@ def verify(response: str, answer: str) -> bool:
   """Whether the response's final answer line equals `answer` (as integers)."""
   got = extract_answer(response)
   return got is not None and int(got) == int(answer)
+
+
+# The token the arith task puts before every prompt (its chat-like format).
+PROMPT_PREFIX = ("<|im_start|>",)
+
+
+def examples(seed: int, count: int, levels: tuple[int, ...] = (1, 2, 3),
+             weights: tuple[float, ...] | None = None) -> list:
+  """`count` generated problems as `rlhf_jax.data.Example`s (prompt, answer, task)."""
+  from rlhf_jax.data import Example
+  return [Example(**p.to_json()) for p in generate(seed, count, levels, weights)]
+
+
+def tokenizer():
+  """The character tokenizer of the task (`ALPHABET` plus special tokens)."""
+  from rlhf_jax import models
+  return models.build_character_tokenizer(ALPHABET)
+
+
+def model_config(*, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int,
+                 max_positions: int):
+  """The tiny decoder of the task: GQA with half the heads as KV heads, MLP 3× wide."""
+  from rlhf_jax import models
+  return models.DecoderConfig(
+      vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+      num_heads=num_heads, num_kv_heads=max(1, num_heads // 2),
+      head_dim=hidden_size // num_heads, intermediate_size=3 * hidden_size,
+      max_position_embeddings=max_positions)

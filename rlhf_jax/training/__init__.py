@@ -1,2 +1,3 @@
-"""rlhf_jax.training: the RL loop (trainer), SFT warm start, evaluation, configs and
-checkpoints; it wires sampling, rewards, algorithms and models together."""
+"""rlhf_jax.training: the RL loop (loop.py) over roles (roles.py) and a learner
+(learner.py), built from a validated config (config.py, build.py); checkpoints,
+metrics, SFT warm start and evaluation."""

@@ -21,16 +21,16 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
   return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
 
 
-def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], router, *,
+def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], scorer, *,
                     prefix: Sequence[int], samples: int, temperature: float,
                     max_new_tokens: int, seed: int = 0) -> dict[str, float]:
   """avg@n accuracy, pass@k for k = 1, 2, 4, ... ≤ n, mean response length.
 
   Args:
-    sampler: a Scheduler or SamplerClient (`generate(prompts, params)`).
+    sampler: a `Sampler` (the in-process Scheduler or a SamplerClient).
     tokenizer: the policy's tokenizer.
     examples: prompts with answers and tasks.
-    router: a RewardRouter (the training verifiers).
+    scorer: a `Scorer` (e.g. the RewardRouter of the training verifiers).
     prefix: token ids before each prompt.
     samples: n samples per prompt (1 with temperature 0 = greedy accuracy).
     temperature: sampling temperature (0 = greedy).
@@ -41,13 +41,9 @@ def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], router, *,
   params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
                           stop_token_ids=(tokenizer.eos_id,), n=samples, seed=seed)
   out = sampler.generate(prompts, params)
-  texts, answers, tasks = [], [], []
-  for example, group in zip(examples, out):
-    for completion in group:
-      texts.append(tokenizer.decode(completion.token_ids))
-      answers.append(example.answer)
-      tasks.append(example.task)
-  scored = router.score(texts, answers, tasks)
+  pairs = [(example, tokenizer.decode(c.token_ids)) for example, group in zip(examples, out)
+           for c in group]
+  scored = scorer.score([e for e, _ in pairs], [text for _, text in pairs])
   correct = np.asarray(scored.correct).reshape(len(examples), samples)
   result = {"prompts": float(len(examples)), "samples_per_prompt": float(samples),
             "accuracy": float(correct.mean()),

@@ -8,6 +8,8 @@ token-mean negative log-likelihood of the solution tokens.
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import time
 from typing import Callable, Sequence
 
@@ -15,7 +17,9 @@ import jax
 import optax
 
 from rlhf_jax import kernels
+from rlhf_jax import models
 from rlhf_jax.algorithms import rollout as rollout_lib
+from rlhf_jax.tasks import arith
 
 
 @dataclasses.dataclass
@@ -91,8 +95,6 @@ def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
   """
   import numpy as np
 
-  from rlhf_jax.tasks import arith
-
   def make_batch(step):
     problems = list(arith.generate(seed * 1_000_003 + step, batch_size, levels, weights))
     direct = np.random.default_rng([seed, step]).random(batch_size) < direct_fraction
@@ -102,3 +104,52 @@ def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
                         response_length=response_length)
 
   return make_batch
+
+
+def policy_checkpoint_dir(c, workdir: str) -> str:
+  """Where a run's initial policy lives: `model.checkpoint`, or <workdir>/sft (arith)."""
+  return c.model.checkpoint or os.path.join(workdir, "sft")
+
+
+def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print) -> str:
+  """The arith warm start: trains and saves `policy_checkpoint_dir` unless it exists
+  (a 3-layer decoder and the character tokenizer, created locally). Returns the directory."""
+  directory = policy_checkpoint_dir(c, workdir)
+  if os.path.exists(os.path.join(directory, "config.json")):
+    log(f"SFT warm start: {directory} (delete it to train a new one)")
+    return directory
+  log(f"no SFT checkpoint in {directory}: training the arith warm start from scratch "
+      f"({c.sft.steps} steps)")
+  tokenizer = arith.tokenizer()
+  model, params = models.init_model(arith.model_config(
+      vocab_size=tokenizer.vocab_size, hidden_size=c.model.hidden_size,
+      num_layers=c.model.num_layers, num_heads=c.model.num_heads,
+      max_positions=c.sampler.cache_length), seed=c.seed)
+  prefix = [tokenizer.backend.token_to_id(token) for token in arith.PROMPT_PREFIX]
+  make_batch = sft_arith_batches(
+      tokenizer, seed=c.seed + 17, batch_size=c.sft.batch_size, levels=tuple(c.sft.levels),
+      weights=tuple(c.sft.level_weights), prompt_prefix=prefix,
+      prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
+      direct_fraction=c.sft.direct_fraction)
+  from tqdm import tqdm
+  bar = tqdm(total=c.sft.steps, desc="SFT warm start", unit="step", dynamic_ncols=True)
+
+  def progress(step, loss):
+    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+    bar.update(1)
+
+  try:
+    result = run_sft(model, params, make_batch, steps=c.sft.steps,
+                     learning_rate=c.sft.learning_rate, progress=progress)
+  finally:
+    bar.close()
+  # Written aside and renamed, so an interrupted save never looks like a checkpoint.
+  partial = directory.rstrip("/") + ".partial"
+  shutil.rmtree(partial, ignore_errors=True)
+  models.save_policy(partial, model, result.params, tokenizer, list(arith.PROMPT_PREFIX))
+  if os.path.exists(directory):  # a leftover without config.json
+    shutil.rmtree(directory)
+  os.replace(partial, directory)
+  log(f"SFT warm start saved to {directory} (final loss {result.losses[-1]:.4f}, "
+      f"{result.seconds:.0f} s)")
+  return directory

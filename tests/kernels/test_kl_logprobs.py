@@ -28,6 +28,9 @@ def kl_reference(logp, ref_logp, estimator):
   return np.clip(np.exp(log_ratio) - log_ratio - 1, -10, 10)
 
 
+STRAIGHT_THROUGH = [e for e in kernels.KL_ESTIMATORS if e.endswith("+")]
+
+
 class KlTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -50,7 +53,11 @@ class KlTest(parameterized.TestCase):
       kernels.kl_penalty(np.zeros(2, np.float32), np.zeros(2, np.float32),
                          estimator="low_var_kl")
 
-  @given(st.sampled_from(["k1+", "k3+"]), st.integers(0, 1000))
+  def test_every_estimator_has_a_straight_through_variant(self):
+    bases = [e for e in kernels.KL_ESTIMATORS if not e.endswith("+")]
+    self.assertEqual(sorted(STRAIGHT_THROUGH), sorted(b + "+" for b in bases))
+
+  @given(st.sampled_from(STRAIGHT_THROUGH), st.integers(0, 1000))
   def test_straight_through_value_and_gradient(self, estimator, seed):
     rng = np.random.default_rng(seed)
     logp = -rng.uniform(0, 3, 5).astype(np.float32)
@@ -59,6 +66,20 @@ class KlTest(parameterized.TestCase):
     np.testing.assert_allclose(value, kl_reference(logp, ref, estimator), rtol=1e-5, atol=1e-6)
     grad = jax.grad(lambda lp: jnp.sum(kernels.kl_penalty(lp, ref, estimator=estimator)))(logp)
     np.testing.assert_allclose(grad, logp - ref, rtol=1e-5, atol=1e-6)  # ∇ ½Δ² = Δ
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*STRAIGHT_THROUGH)
+  def test_straight_through_beyond_the_k3_clamps(self, estimator):
+    # |Δ| up to 30: k3's value is clamped to 10 there, k1/abs are large; the
+    # gradient is still Δ (that of ½Δ²), not the base estimator's (1, sign Δ, clamp 0).
+    logp = np.array([[-30.0, -12.0, -0.5, -1.0], [-0.2, -3.0, -7.0, -2.5]], np.float32)
+    ref = np.array([[-0.1, -0.7, -2.0, -1.0], [-25.0, -1.0, -0.3, -9.0]], np.float32)
+    fn = self.variant(jax.value_and_grad(
+        lambda lp: (jnp.sum(kernels.kl_penalty(lp, ref, estimator=estimator)),
+                    kernels.kl_penalty(lp, ref, estimator=estimator)), has_aux=True))
+    (_, value), grad = fn(logp)
+    np.testing.assert_allclose(value, kl_reference(logp, ref, estimator), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, logp.astype(np.float64) - ref, rtol=1e-6, atol=1e-6)
 
   def test_adaptive_controller(self):
     # Ziegler et al.: e = clip(KL/target − 1, ±0.2); β ← β(1 + e·n/horizon).
@@ -172,6 +193,43 @@ class LogprobsTest(parameterized.TestCase):
                                rtol=1e-5, atol=1e-6)
     uniform = kernels.entropy_from_logits(np.zeros((1, 23), np.float32))
     np.testing.assert_allclose(uniform, [np.log(23)], rtol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(1.0, 0.7)
+  def test_entropy_at_large_logits(self, temperature):
+    # Logits of ±80..±240: lse − Σp·z without the max shift cancels two numbers
+    # of that size (float32 ulp(80) ≈ 8e-6; the unshifted formula was off by
+    # ~1e-5..1e-3 here). Rows with spreads of 0.3..3 have entropies of 2..5.5 nats,
+    # where float32 resolves ~5e-7.
+    rng = np.random.default_rng(56)
+    offsets = np.array([-80.0, 80.0, 120.0, -120.0, 80.0, 0.0])[:, None]
+    scales = np.array([1.0, 1.0, 3.0, 0.3, 40.0, 40.0])[:, None]
+    logits = (offsets + scales * rng.standard_normal((6, 257))).astype(np.float32)
+    logits = np.stack([logits, logits[::-1]])  # [2, 6, 257]
+    self.assertGreaterEqual(np.abs(logits).max(), 80.0)
+    _, logp = log_softmax_reference(logits, np.zeros((2, 6), np.int64), temperature)
+    expected = -np.sum(np.exp(logp) * logp, axis=-1)
+    self.assertGreater(expected.max(), 4.0)
+    out = self.variant(functools.partial(kernels.entropy_from_logits,
+                                         temperature=temperature))(logits)
+    self.assertEqual(out.dtype, jnp.float32)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-6)
+
+  @parameterized.parameters(1.0, 0.7)
+  def test_entropy_gradient_at_large_logits(self, temperature):
+    # Analytic reference in float64: ∂H/∂x = −p·(log p + H) / τ.
+    rng = np.random.default_rng(58)
+    offsets = np.array([[-80.0], [80.0], [150.0]])
+    logits = (offsets + 2.0 * rng.standard_normal((3, 257))).astype(np.float32)
+    weights = np.array([0.5, -1.0, 2.0], np.float32)
+    _, logp = log_softmax_reference(logits, np.zeros(3, np.int64), temperature)
+    probs = np.exp(logp)
+    entropy = -np.sum(probs * logp, axis=-1, keepdims=True)
+    expected = -weights[:, None] * probs * (logp + entropy) / temperature
+    grad = jax.grad(lambda x: jnp.sum(
+        weights * kernels.entropy_from_logits(x, temperature=temperature)))(logits)
+    self.assertEqual(grad.dtype, jnp.float32)
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
 
   def test_shape_and_type_errors(self):
     with self.assertRaisesRegex(ValueError, "one more axis"):

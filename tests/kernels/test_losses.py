@@ -15,8 +15,9 @@ from tests.kernels.batches import random_batch
 from tests.kernels.test_aggregation import aggregate_reference
 
 
-def ppo_reference(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip, mode):
-  """Per token: PPO-clip with decoupled ε and dual clip, then the aggregation."""
+def ppo_reference(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip, mode,
+                  weights=None):
+  """Per token: PPO-clip with decoupled ε and dual clip, times the weight, then the aggregation."""
   batch, time = logp.shape
   per_token = np.zeros((batch, time))
   upper = lower = dual = 0
@@ -27,7 +28,7 @@ def ppo_reference(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip, mod
       loss = max(-a * ratio, -a * min(max(ratio, 1 - clip_low), 1 + clip_high))
       if dual_clip is not None and a < 0:
         loss = min(loss, -a * dual_clip)
-      per_token[i, t] = loss
+      per_token[i, t] = loss if weights is None else weights[i, t] * loss
       if mask[i, t]:
         upper += a > 0 and ratio > 1 + clip_high
         lower += a < 0 and ratio < 1 - clip_low
@@ -73,6 +74,38 @@ class PpoPolicyLossTest(parameterized.TestCase):
     np.testing.assert_allclose(metrics["approx_kl"],
                                (np.exp(log_ratio) - 1 - log_ratio).mean(), rtol=1e-4)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(
+      dict(dual_clip=None, agg="token-mean"),
+      dict(dual_clip=3.0, agg="seq-mean-token-mean"),
+      dict(dual_clip=1.5, agg="token-sum"),
+  )
+  def test_importance_weights(self, dual_clip, agg):
+    logp, old_logp, adv, mask = ppo_batch(seed=49)
+    rng = np.random.default_rng(149)
+    # TIS-like weights in [0, 2] with some dropped (0) tokens.
+    weights = (rng.uniform(0.0, 2.0, logp.shape) * (rng.uniform(size=logp.shape) > 0.2)
+               ).astype(np.float32)
+    fn = self.variant(functools.partial(kernels.ppo_policy_loss, clip_low=0.2, clip_high=0.28,
+                                        dual_clip=dual_clip, agg=agg))
+    loss, metrics = fn(logp, old_logp, adv, mask, weights=weights)
+    ref_loss, _ = ppo_reference(logp, old_logp, adv, mask, 0.2, 0.28, dual_clip, agg,
+                                weights=weights)
+    unweighted, _ = ppo_reference(logp, old_logp, adv, mask, 0.2, 0.28, dual_clip, agg)
+    self.assertGreater(abs(ref_loss - unweighted), 1e-3)  # the weights do matter here
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    # weights=None is weights=ones, metrics included.
+    plain = fn(logp, old_logp, adv, mask)
+    ones = fn(logp, old_logp, adv, mask, weights=np.ones_like(weights))
+    chex.assert_trees_all_close(plain, ones, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(plain[0], unweighted, rtol=1e-5, atol=1e-6)
+    # Weights are constants; the policy gradient is scaled token by token.
+    grad_logp, grad_weights = jax.grad(
+        lambda lp, w: fn(lp, old_logp, adv, mask, weights=w)[0], argnums=(0, 1))(logp, weights)
+    np.testing.assert_array_equal(grad_weights, np.zeros_like(weights))
+    grad_plain = jax.grad(lambda lp: fn(lp, old_logp, adv, mask)[0])(logp)
+    np.testing.assert_allclose(grad_logp, weights * grad_plain, rtol=1e-5, atol=1e-7)
+
   def test_gradient_against_finite_differences(self):
     logp, old_logp, adv, mask = ppo_batch(seed=41, batch=3, time=4)
     # Keep ratios away from the clip kinks, where the loss is not differentiable.
@@ -109,7 +142,8 @@ class PpoPolicyLossTest(parameterized.TestCase):
     for kwargs, pattern in [(dict(clip_low=1.0), "clip_low=1.0"),
                             (dict(clip_high=-0.1), "clip_high=-0.1"),
                             (dict(dual_clip=1.0), "dual_clip=1.0"),
-                            (dict(agg="mean"), "mode='mean'")]:
+                            (dict(agg="mean"), "mode='mean'"),
+                            (dict(weights=np.ones((5, 7), np.float32)), "shape mismatch")]:
       with self.assertRaisesRegex(ValueError, pattern):
         kernels.ppo_policy_loss(logp, old_logp, adv, mask, **kwargs)
 

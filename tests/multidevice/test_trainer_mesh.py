@@ -7,20 +7,18 @@ import numpy as np
 import pytest
 
 from rlhf_jax import parallel
-from rlhf_jax.training import trainer as trainer_lib
 from tests.training.test_config_and_rollout import preset
-from tests.training.test_trainer import odd_length
+from tests.training.test_trainer import make_trainer
 from tests.training.test_trainer import shrink
 
 
 def run(tmp_path, name, mesh):
   config = shrink(preset("ppo"))  # actor, critic and reference: every sharded tree
   config.model.num_heads = 4
-  config.algorithm.kl_loss_coef = 0.01
+  config.algorithm.kl.placement, config.algorithm.kl.coef = "loss", 0.01
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
   workdir = tmp_path / name
-  trainer = trainer_lib.Trainer(config, str(workdir), log=lambda line: None,
-                                verifiers={"arith": odd_length})
+  trainer = make_trainer(config, workdir)
   trainer.run()
   records = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
   return trainer, records
@@ -32,19 +30,20 @@ def test_trainer_on_a_mesh_matches_one_device(tmp_path):
   sharded, got = run(tmp_path, "mesh", (2, 4, 1))
   assert sharded.mesh.devices.size == 8 and single.mesh.devices.size == 1
   # Parameters and optimizer state keep the FSDP layout through the updates.
-  wanted = parallel.param_shardings(sharded.actor.params, sharded.model.logical_axes(),
-                                    sharded.mesh)
-  for leaf, sharding in zip(jax.tree.leaves(sharded.actor.params), jax.tree.leaves(wanted)):
+  actor = sharded.learner.actor
+  wanted = parallel.param_shardings(actor.params, actor.model.logical_axes(), sharded.mesh)
+  for leaf, sharding in zip(jax.tree.leaves(actor.params), jax.tree.leaves(wanted)):
     assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
   assert any(len(leaf.sharding.device_set) == 8 and not leaf.sharding.is_fully_replicated
-             for leaf in jax.tree.leaves(sharded.actor.opt_state) if hasattr(leaf, "sharding"))
+             for leaf in jax.tree.leaves(actor.state.opt_state) if hasattr(leaf, "sharding"))
   # Same rollouts (the sampler draws from the same distribution with the same keys) and
   # the same losses up to float32 reduction order.
   for key in ("reward_mean", "response_length_mean", "accuracy"):
     assert [r.get(key) for r in got] == [r.get(key) for r in expected], key
-  for key in ("loss", "pg_loss", "kl_loss", "value_loss", "entropy", "grad_norm"):
+  for key in ("loss", "pg_loss", "kl_loss", "value_loss", "entropy", "grad_norm",
+              "critic_loss"):
     np.testing.assert_allclose([r[key] for r in got[1:]], [r[key] for r in expected[1:]],
                                rtol=2e-4, atol=1e-5, err_msg=key)
   assert got[1]["logprob_mismatch_max"] < 1e-4
-  for a, b in zip(jax.tree.leaves(sharded.actor.params), jax.tree.leaves(single.actor.params)):
+  for a, b in zip(jax.tree.leaves(actor.params), jax.tree.leaves(single.learner.actor.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)

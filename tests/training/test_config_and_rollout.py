@@ -11,6 +11,7 @@ from rlhf_jax import kernels
 from rlhf_jax import models
 from rlhf_jax.algorithms import ppo_family
 from rlhf_jax.algorithms import rollout as rollout_lib
+from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.config import validate_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -30,26 +31,41 @@ def test_presets_validate(name):
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("algorithm.clip_high", 0.1, r"config\.algorithm\.clip_high=0\.1 must be >= clip_low"),
-    ("algorithm.estimator", "ppo2", r"config\.algorithm\.estimator='ppo2' is not one of gae"),
-    ("algorithm.agg", "mean", r"config\.algorithm\.agg='mean'"),
-    ("algorithm.value_pretrain_steps", 5, r"config\.algorithm\.value_pretrain_steps=5 needs "
-     "a critic"),
-    ("algorithm.window_tokens", 8, r"config\.algorithm\.window_tokens .*needs a critic"),
-    ("algorithm.group_size", 1, r"config\.algorithm\.group_size=1 must be >= 2"),
+    ("algorithm.policy_loss.clip_high", 0.1,
+     r"config\.algorithm\.policy_loss\.clip_high=0\.1 must be >= clip_low"),
+    ("algorithm.advantage.estimator", "ppo2",
+     r"config\.algorithm\.advantage\.estimator='ppo2' is not one of gae"),
+    ("algorithm.policy_loss.agg", "mean", r"config\.algorithm\.policy_loss\.agg='mean'"),
+    ("algorithm.value.pretrain_steps", 5,
+     r"config\.algorithm\.value\.pretrain_steps=5 needs a critic"),
+    ("rollout.mode", "windows", r"config\.rollout\.mode='windows' \(T-PPO\) needs a critic"),
+    ("rollout.mode", "beam", r"config\.rollout\.mode='beam' is not one of groups"),
+    ("rollout.group_size", 1, r"config\.rollout\.group_size=1 must be >= 2"),
     ("train.minibatches", 7, r"config\.train\.minibatches=7 must divide"),
+    ("train.micro_batches", 3, r"config\.train\.micro_batches=3 must divide the 64 rows"),
     ("sampler.cache_length", 100, r"config\.sampler\.cache_length=100 is below"),
+    ("sampler.dtype", "float8", r"config\.sampler\.dtype='float8' is not one of"),
+    ("model.matmul_precision", "tf32", r"config\.model\.matmul_precision='tf32' is not one"),
     ("mesh.data", 4, r"config\.mesh data×fsdp×tensor = 4 exceeds the 1"),
-    ("algorithm.ref_ema", 0.1, r"config\.algorithm\.ref_ema needs a KL term"),
-    ("algorithm.window_tokens", -1, r"config\.algorithm\.window_tokens=-1 must be >= 0"),
-    ("algorithm.kl_target", 0.1, r"config\.algorithm\.kl_target \(adaptive KL controller\) "
-     "adapts kl_reward_coef, which is 0"),
+    ("algorithm.kl.reference_ema", 0.1, r"config\.algorithm\.kl\.reference_ema needs a KL"),
+    ("algorithm.kl.placement", "loss", r"config\.algorithm\.kl\.coef=0 with "
+     r"kl\.placement='loss'"),
+    ("algorithm.kl.controller", "adaptive", r"config\.algorithm\.kl\.controller='adaptive' "
+     "adapts the in-reward β"),
+    ("algorithm.policy_loss.dual_clip", 0.5, r"config\.algorithm\.policy_loss\.dual_clip=0\.5"
+     " must be > 1"),
+    ("algorithm.correction.mode", "clip", r"config\.algorithm\.correction\.mode='clip' is "
+     "not one of auto, none, tis"),
+    ("algorithm.correction.threshold", 1.0, r"config\.algorithm\.correction\.threshold=1\.0"),
 ])
 def test_validation_names_the_field(field, value, match):
   config = preset("dapo")
-  section, name = field.split(".")
-  config[section][name] = value
-  with pytest.raises(ValueError, match=match):
+  *sections, name = field.split(".")
+  section = config
+  for part in sections:
+    section = section[part]
+  section[name] = value
+  with pytest.raises(ConfigError, match=match):
     validate_config(config, num_devices=1)
 
 
@@ -68,14 +84,13 @@ def test_mesh_validation_names_the_field():
 
 def test_tppo_validation():
   config = preset("tppo")
-  config.algorithm.dynamic_sampling = True
-  with pytest.raises(ValueError, match=r"config\.algorithm\.dynamic_sampling cannot be "
-                     "combined with algorithm.window_tokens"):
+  config.rollout.windows.window_tokens = 0
+  with pytest.raises(ValueError, match=r"config\.rollout\.windows\.window_tokens=0 must be"):
     validate_config(config, num_devices=1)
   config = preset("tppo")
   config.sampler.prompt_buckets = (64,)
   with pytest.raises(ValueError, match=r"config\.sampler\.prompt_buckets=\(64,\) must reach "
-                     "128 tokens with algorithm.window_tokens=32"):
+                     "128 tokens with rollout.windows.window_tokens=32"):
     validate_config(config, num_devices=1)
 
 
@@ -92,7 +107,7 @@ def test_unknown_keys_are_rejected_by_the_locked_config():
   config = preset("grpo")
   config.lock()
   with pytest.raises(AttributeError, match="clip_hihg"):
-    config.algorithm.clip_hihg = 0.3
+    config.algorithm.policy_loss.clip_hihg = 0.3
 
 
 def test_rollout_batch_layout():
@@ -129,13 +144,13 @@ def test_response_logprobs_match_an_unpadded_forward():
 
 
 def test_group_estimators_broadcast_per_sample_advantages():
-  config = preset("grpo").algorithm
+  algorithm = preset("grpo").algorithm
   batch = rollout_lib.build_rollout_batch(
       [[1]] * 4, [[2, 3], [2], [2, 3, 4], [5]], [[0.0] * 2, [0.0], [0.0] * 3, [0.0]],
       [1.0, 0.0, 0.0, 0.0], [False] * 4, [0, 0, 1, 1], prompt_length=1, response_length=3,
       pad_id=0)
-  config.group_size = 2
-  advantages, _ = ppo_family.advantages_and_returns(config, rollout_lib.as_device(batch))
+  advantages, _ = ppo_family.advantages_and_returns(algorithm, rollout_lib.as_device(batch),
+                                                    0.0, group_size=2)
   scores = np.array([1.0, 0.0, 0.0, 0.0]).reshape(2, 2)
   per_sample = ((scores - scores.mean(1, keepdims=True))
                 / (scores.std(1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)

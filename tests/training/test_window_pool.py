@@ -1,10 +1,10 @@
-"""T-PPO's in-flight pool (rlhf_jax.algorithms.windowed), without a model."""
+"""T-PPO's in-flight pool (rlhf_jax.rollout.windows), without a model."""
 
 import dataclasses
 
 import pytest
 
-from rlhf_jax.algorithms import windowed
+from rlhf_jax.rollout import windows as windowed
 from rlhf_jax.data import Example
 from rlhf_jax.sampling import FireSchedule
 from rlhf_jax.sampling import SamplingParams

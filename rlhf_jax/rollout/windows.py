@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
+from rlhf_jax.algorithms.rollout import build_rollout_batch
 from rlhf_jax.data import Example
+from rlhf_jax.data import PromptStream
+from rlhf_jax.rollout.generation import GroupGenerator
+from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.sampling import SamplingParams
 
 
@@ -173,3 +177,64 @@ def longest_request_prompt(prompt_length: int, max_new_tokens: int, window_token
   """The longest prompt a continuation request can have: a prompt of `prompt_length`
   plus the longest unfinished response (whole windows below the cap)."""
   return prompt_length + ((max_new_tokens - 1) // window_tokens) * window_tokens
+
+
+class WindowRollout:
+  """T-PPO's rollout mode (rollout.mode = "windows"): one window per in-flight response.
+
+  Args:
+    generator: samples (n = 1 per request here) and scores finished responses.
+    stream: the resumable prompt stream.
+    prompts_per_step, group_size: the pool holds prompts_per_step × group_size
+      responses (the batch's rows).
+    window_tokens: W.
+    response_length: R.
+  """
+
+  def __init__(self, generator: GroupGenerator, stream: PromptStream, *, prompts_per_step: int,
+               group_size: int, window_tokens: int, response_length: int):
+    self.generator = generator
+    self.stream = stream
+    self.response_length = response_length
+    self.pool = WindowPool(prompts_per_step * group_size, group_size=group_size,
+                           window_tokens=window_tokens, max_new_tokens=response_length,
+                           stop_token_ids=generator.sampling.stop_token_ids)
+
+  def collect(self) -> Rollouts:
+    """Tops the pool up, generates one window per response, scores those that
+    finished, and packs every in-flight response as a row."""
+    pool, generator = self.pool, self.generator
+    started = pool.fill(lambda n: [(e, generator.encode(e)) for e in self.stream.take(n)])
+    seeds = [generator.next_seed() for _ in pool.in_flight]
+    requests = pool.requests(generator.sampling, seeds=seeds)
+    out = generator.sampler.generate([prompt for prompt, _ in requests],
+                                     [sampling for _, sampling in requests])
+    segments = pool.advance([(o[0].token_ids, o[0].model_logprobs) for o in out])
+    done = [i for i, segment in enumerate(segments) if segment.finished]
+    scored = generator.score([segments[i].trajectory.example for i in done],
+                             [segments[i].trajectory.tokens for i in done])
+    scores = dict(zip(done, scored.scores))
+    batch = build_rollout_batch(
+        [s.trajectory.prompt_ids for s in segments], [s.trajectory.tokens for s in segments],
+        [s.trajectory.logprobs for s in segments],
+        [scores.get(i, 0.0) for i in range(len(segments))],
+        [s.truncated for s in segments], [s.trajectory.group for s in segments],
+        prompt_length=generator.prompt_length, response_length=self.response_length,
+        pad_id=generator.tokenizer.pad_id, window_starts=[s.window_start for s in segments],
+        finished=[s.finished for s in segments])
+    return Rollouts(batch=batch, correct=list(scored.correct),
+                    failures=[f for f in scored.failures if f],
+                    metrics={"finished_responses": float(len(done)),
+                             "started_responses": float(started),
+                             "in_flight_responses": float(len(pool.in_flight))})
+
+  def state(self) -> dict[str, Any]:
+    """JSON-able state for checkpoints (the pool holds responses in flight)."""
+    return {"stream": self.stream.state(), "generator": self.generator.state(),
+            "windows": self.pool.state()}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    """Restores `state()`."""
+    self.stream.restore(state["stream"])
+    self.generator.restore(state["generator"])
+    self.pool.restore(state["windows"])

@@ -1,0 +1,37 @@
+"""A policy directory: an HF checkpoint, its tokenizer, and its prompt format.
+
+`prompt_format.json` records the tokens put before every prompt (the arith task's
+`<|im_start|>`), so that evaluation and further training format prompts the way
+the policy was trained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from rlhf_jax.models.hf import save_hf_checkpoint
+
+PROMPT_FORMAT_FILE = "prompt_format.json"
+
+
+def save_policy(directory: str, model, params, tokenizer, prefix_tokens: list[str]) -> None:
+  """Writes an HF checkpoint directory + tokenizer + prompt format."""
+  save_hf_checkpoint(directory, model, params)
+  tokenizer.save(directory)
+  with open(os.path.join(directory, PROMPT_FORMAT_FILE), "w", encoding="utf-8") as f:
+    json.dump({"prefix_tokens": prefix_tokens}, f)
+
+
+def load_prompt_prefix(directory: str, tokenizer) -> list[int]:
+  """Token ids to put before each prompt, from the directory's prompt_format.json
+  ([] if there is none)."""
+  path = os.path.join(directory, PROMPT_FORMAT_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    tokens = json.load(f)["prefix_tokens"]
+  ids = [tokenizer.backend.token_to_id(t) for t in tokens]
+  if None in ids:
+    raise ValueError(f"{path}: prefix tokens {tokens} are not all in the tokenizer.")
+  return ids

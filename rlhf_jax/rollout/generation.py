@@ -1,0 +1,137 @@
+"""Sampling and scoring groups of responses: what every rollout mode shares.
+
+`GroupGenerator` turns examples into scored `Group`s (G samples per prompt) with
+any `Sampler` and `Scorer`; `pack_batch` turns rows of responses into the
+fixed-shape `RolloutBatch` the update compiles once for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from rlhf_jax.algorithms.rollout import RolloutBatch
+from rlhf_jax.algorithms.rollout import build_rollout_batch
+from rlhf_jax.data import Example
+from rlhf_jax.rewards import Scorer
+from rlhf_jax.rewards import Scores
+from rlhf_jax.sampling import SamplingParams
+from rlhf_jax.sampling.protocol import Sampler
+
+
+@dataclasses.dataclass
+class Group:
+  """The G scored samples of one prompt."""
+  example: Example
+  prompt_ids: list[int]
+  responses: list[list[int]]
+  logprobs: list[list[float]]
+  scores: list[float]
+  correct: list[bool]
+  truncated: list[bool]
+  failures: list[str]
+
+  @staticmethod
+  def from_json(data: dict) -> "Group":
+    """Inverse of `dataclasses.asdict` (checkpoints)."""
+    return Group(**{**data, "example": Example(**data["example"])})
+
+
+@dataclasses.dataclass
+class Rollouts:
+  """One step's rollouts: the batch and what the metrics need from the host side.
+
+  Attributes:
+    batch: the packed RolloutBatch (NumPy arrays).
+    correct: per finished response, the scorer's verdict.
+    failures: the scorer's failure reasons (non-empty ones only).
+    metrics: the rollout mode's own metrics (e.g. dynamic sampling's kept ratio).
+  """
+  batch: RolloutBatch
+  correct: list[bool]
+  failures: list[str]
+  metrics: dict[str, float]
+
+
+class GroupGenerator:
+  """Samples G responses per example with a `Sampler` and scores them with a `Scorer`.
+
+  Args:
+    sampler: the in-process scheduler or a server client.
+    scorer: the reward (a RewardRouter, a reward model, ...).
+    tokenizer: the policy's tokenizer (`encode`, `decode`, `eos_id`, `pad_id`).
+    sampling: the training SamplingParams (n = G); each call gets a fresh seed.
+    prefix: token ids put before every prompt.
+    prompt_length: P, the longest prompt in tokens (longer is an error).
+    seed: seeds the per-call sampling seeds (its state is checkpointed).
+  """
+
+  def __init__(self, sampler: Sampler, scorer: Scorer, tokenizer, *, sampling: SamplingParams,
+               prefix: Sequence[int], prompt_length: int, seed: int):
+    self.sampler = sampler
+    self.scorer = scorer
+    self.tokenizer = tokenizer
+    self.sampling = sampling
+    self.prefix = list(prefix)
+    self.prompt_length = prompt_length
+    self.rng = np.random.default_rng(seed)
+
+  def encode(self, example: Example) -> list[int]:
+    """Prompt token ids (prefix + text); a prompt longer than P is an error."""
+    ids = self.prefix + self.tokenizer.encode(example.prompt)
+    if len(ids) > self.prompt_length:
+      raise ValueError(f"a prompt has {len(ids)} tokens, more than data.prompt_length="
+                       f"{self.prompt_length}: {example.prompt[:60]!r}...")
+    return ids
+
+  def next_seed(self) -> int:
+    """A fresh sampling seed."""
+    return int(self.rng.integers(2**31))
+
+  def score(self, examples: Sequence[Example], responses: Sequence[Sequence[int]]) -> Scores:
+    """Decodes and scores `responses[i]` against `examples[i]`."""
+    return self.scorer.score(list(examples), [self.tokenizer.decode(r) for r in responses])
+
+  def generate_groups(self, examples: Sequence[Example]) -> list[Group]:
+    """Samples G responses per example and scores them."""
+    prompts = [self.encode(e) for e in examples]
+    sampling = dataclasses.replace(self.sampling, seed=self.next_seed())
+    out = self.sampler.generate(prompts, sampling)
+    flat = [(example, sample) for example, samples in zip(examples, out) for sample in samples]
+    scored = self.score([e for e, _ in flat], [s.token_ids for _, s in flat])
+    groups, index = [], 0
+    for example, prompt, samples in zip(examples, prompts, out):
+      part = slice(index, index + len(samples))
+      groups.append(Group(example=example, prompt_ids=prompt,
+                          responses=[s.token_ids for s in samples],
+                          logprobs=[s.model_logprobs for s in samples],
+                          scores=scored.scores[part], correct=scored.correct[part],
+                          truncated=[s.finish_reason == "length" for s in samples],
+                          failures=scored.failures[part]))
+      index += len(samples)
+    return groups
+
+  def state(self) -> dict[str, Any]:
+    """JSON-able state (the seed generator) for checkpoints."""
+    return {"rng": self.rng.bit_generator.state}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    """Restores `state()`."""
+    self.rng.bit_generator.state = state["rng"]
+
+
+def pack_groups(groups: Sequence[Group], *, prompt_length: int, response_length: int,
+                pad_id: int) -> Rollouts:
+  """The Rollouts of whole responses: one row per sample, rows of a group adjacent."""
+  rows = [(g.prompt_ids, response, lps, score, trunc, gid)
+          for gid, g in enumerate(groups)
+          for response, lps, score, trunc in zip(g.responses, g.logprobs, g.scores,
+                                                 g.truncated)]
+  prompts, responses, logprobs, scores, truncated, group_ids = (list(x) for x in zip(*rows))
+  batch = build_rollout_batch(prompts, responses, logprobs, scores, truncated, group_ids,
+                              prompt_length=prompt_length, response_length=response_length,
+                              pad_id=pad_id)
+  return Rollouts(batch=batch, correct=[c for g in groups for c in g.correct],
+                  failures=[f for g in groups for f in g.failures if f], metrics={})

@@ -1,0 +1,156 @@
+"""Building a run's parts from its config: mesh, models, roles, sampler, scorer, data,
+rollout. The loop (training/loop.py) receives them ready to use."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+
+from rlhf_jax import models
+from rlhf_jax import parallel
+from rlhf_jax.algorithms import ppo_config
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.data import Example
+from rlhf_jax.data import PromptStream
+from rlhf_jax.data import read_jsonl
+from rlhf_jax.rewards import RewardRouter
+from rlhf_jax.rewards import Scorer
+from rlhf_jax.rollout import GroupGenerator
+from rlhf_jax.rollout import config as rollout_config_lib
+from rlhf_jax.sampling import config as sampler_config_lib
+from rlhf_jax.tasks import arith
+from rlhf_jax.training import learner as learner_lib
+from rlhf_jax.training.roles import FrozenRole
+from rlhf_jax.training.roles import make_optimizer
+from rlhf_jax.training.sft import policy_checkpoint_dir
+
+
+@dataclasses.dataclass
+class Policy:
+  """The initial policy as loaded: model (trainer numerics), params on the mesh,
+  tokenizer and prompt prefix."""
+  model: Any
+  params: Any
+  tokenizer: Any
+  prefix: list[int]
+  prefix_tokens: list[str]
+
+
+def trainer_mesh(c) -> jax.sharding.Mesh:
+  """The (data, fsdp, tensor) mesh of `config.mesh` over the first devices it needs
+  (−1 takes the rest); the default 1×1×1 is one device."""
+  sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "tensor": c.mesh.tensor}
+  if -1 in sizes.values():
+    sizes = parallel.resolve_axis_sizes(sizes, jax.device_count())
+  count = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+  return parallel.make_mesh(**sizes, devices=jax.devices()[:count])
+
+
+def check_deterministic(c) -> None:
+  """`train.deterministic` on a GPU needs XLA's flag set before JAX started."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if (c.train.deterministic and jax.default_backend() == "gpu"
+      and "--xla_gpu_deterministic_ops=true" not in flags):
+    raise ConfigError("config.train.deterministic=True needs XLA_FLAGS="
+                      "--xla_gpu_deterministic_ops=true before JAX starts (launch/train.py "
+                      "sets it; in your own program, export it first).")
+
+
+def load_policy(c, workdir: str, mesh) -> Policy:
+  """The initial policy from `model.checkpoint` (or the arith warm start in <workdir>/sft),
+  computing in `model.dtype` at `model.matmul_precision`, params in the training layout."""
+  directory = policy_checkpoint_dir(c, workdir)
+  if not os.path.exists(os.path.join(directory, "config.json")):
+    raise ConfigError(f"config.model.checkpoint: no policy checkpoint in {directory!r} "
+                      "(for the arith variant run launch/sft.py, or launch/train.py, which "
+                      "trains the warm start first)")
+  model, params = models.load_hf_checkpoint(directory)
+  model = models.with_numerics(model, dtype=c.model.dtype,
+                               matmul_precision=c.model.matmul_precision)
+  params = parallel.shard_params(params, parallel.param_shardings(
+      params, model.logical_axes(), mesh))
+  tokenizer = models.Tokenizer.from_directory(directory)
+  prefix = models.load_prompt_prefix(directory, tokenizer)
+  return Policy(model=model, params=params, tokenizer=tokenizer, prefix=prefix,
+                prefix_tokens=[tokenizer.backend.id_to_token(i) for i in prefix])
+
+
+def load_examples(c) -> tuple[list[Example], list[Example]]:
+  """Training and held-out examples (JSONL files, or generated arith problems)."""
+  levels, weights = tuple(c.data.levels), tuple(c.data.level_weights)
+  train = (read_jsonl(c.data.train_file) if c.data.train_file
+           else arith.examples(c.seed + 1, c.data.num_train, levels, weights))
+  if c.data.eval_file:
+    held_out = read_jsonl(c.data.eval_file)
+  else:
+    held_out = (arith.examples(c.seed + 2, c.data.num_eval, levels, weights)
+                if c.variant == "arith" else [])
+  return train, held_out
+
+
+def build_scorer(c) -> RewardRouter:
+  """The reward section's scorer: the rule-based router over the built-in verifiers."""
+  return RewardRouter(correct_score=c.reward.correct_score, wrong_score=c.reward.wrong_score,
+                      failure_score=c.reward.failure_score, timeout_s=c.reward.timeout_s)
+
+
+def generation_params(c, policy: Policy, params, mesh):
+  """The policy in the sampler's layout (GENERATE_RULES: replicated over data and fsdp,
+  split over tensor); a server gets host arrays anyway."""
+  if c.sampler.address:
+    return params
+  return parallel.reshard(params, parallel.param_shardings(
+      params, policy.model.logical_axes(), mesh, parallel.GENERATE_RULES))
+
+
+def build_sampler(c, policy: Policy, mesh):
+  """The in-process scheduler (sampler section), or a client of `sampler.address`
+  that is sent the initial weights before the first rollout."""
+  if c.sampler.address:
+    from rlhf_jax.sampling.client import SamplerClient
+    sampler = SamplerClient(c.sampler.address)
+    sampler.wait_ready()
+    sampler.update_params(policy.params, version=0)
+    return sampler
+  return sampler_config_lib.build_scheduler(
+      c.sampler, policy.model, generation_params(c, policy, policy.params, mesh),
+      tokenizer=policy.tokenizer, seed=c.seed)
+
+
+def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Example]):
+  """The rollout of `rollout.mode` over a resumable stream of `examples`."""
+  stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
+  generator = GroupGenerator(sampler, scorer, policy.tokenizer,
+                             sampling=rollout_config_lib.sampling_params(c.rollout, stop),
+                             prefix=policy.prefix, prompt_length=c.data.prompt_length,
+                             seed=c.seed)
+  stream = PromptStream(examples, seed=c.seed, shuffle=c.data.shuffle)
+  return rollout_config_lib.build_rollout(c.rollout, generator, stream)
+
+
+def build_learner(c, policy: Policy, mesh) -> learner_lib.PPOLearner:
+  """Actor, critic (estimator 'gae') and reference (a KL term) with their optimizers."""
+  a, o = c.algorithm, c.optimizer
+  actor = learner_lib.actor_role(
+      policy.model, policy.params,
+      make_optimizer(o.learning_rate, o.warmup_steps, o.weight_decay, o.max_grad_norm),
+      mesh, a, c.train)
+  critic = None
+  if ppo_config.uses_critic(a):
+    critic_model, critic_params = models.critic_from_policy(policy.model, policy.params)
+    # A copy: the actor's update donates (frees) the backbone arrays they share.
+    critic_params = parallel.shard_params(jax.tree.map(lambda x: x.copy(), critic_params),
+                                          parallel.param_shardings(
+                                              critic_params, critic_model.logical_axes(), mesh))
+    critic = learner_lib.critic_role(
+        critic_model, critic_params,
+        make_optimizer(o.critic_learning_rate, o.warmup_steps, 0.0, o.max_grad_norm),
+        mesh, a, c.train)
+  reference = FrozenRole(policy.model, policy.params) if ppo_config.uses_reference(a) else None
+  correction = ppo_config.correction_mode(a, trainer_dtype=c.model.dtype,
+                                          sampler_dtype=c.sampler.dtype)
+  return learner_lib.PPOLearner(a, actor, critic, reference, correction=correction,
+                                group_size=c.rollout.group_size, seed=c.seed)

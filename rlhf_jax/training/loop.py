@@ -1,0 +1,192 @@
+"""The RL loop: prompts → sampler → scorer → prepare → updates → new weights to the sampler.
+
+    rollouts = rollout.collect()              host: sample (any Sampler), score (any Scorer)
+    batch    = on_mesh(rollouts.batch)        rows split over (data, fsdp)
+    out      = learner.learn(batch, step)     device: one jitted prepare, donated updates
+    sampler.update_params(policy)             the next rollout samples the new policy
+    metrics  = device_get(out)                the step's only host sync
+
+Everything algorithm-specific lives in the learner's config (algorithms/ppo_config.py)
+and the rollout mode (rlhf_jax/rollout); the loop is the same for every preset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from rlhf_jax import models
+from rlhf_jax import parallel
+from rlhf_jax.rewards import Scorer
+from rlhf_jax.training import build
+from rlhf_jax.training import metrics as metrics_lib
+from rlhf_jax.training.checkpoint import Checkpointer
+from rlhf_jax.training.config import validate_config
+from rlhf_jax.training.evaluation import evaluate_policy
+
+
+class Trainer:
+  """Runs one RL training job.
+
+  Args:
+    config: the trainer config (validated here; rlhf_jax.training.config).
+    workdir: checkpoints, metrics.jsonl, TensorBoard events and the final policy.
+      The initial policy is `model.checkpoint`, or <workdir>/sft for the arith
+      variant (`sft.ensure_arith_warm_start` trains it; the launcher calls it).
+    log: where status lines go.
+    scorer: the reward (default: the rule-based router of the `reward` section).
+    progress: show a tqdm bar (launchers; off in tests).
+  """
+
+  def __init__(self, config, workdir: str, *, log: Callable[[str], None] = print,
+               scorer: Scorer | None = None, progress: bool = False):
+    validate_config(config, num_devices=jax.device_count())
+    build.check_deterministic(config)
+    self.config = c = config
+    self.workdir, self.log, self.show_progress = workdir, log, progress
+    os.makedirs(workdir, exist_ok=True)
+    self.mesh = build.trainer_mesh(c)
+    self.policy = build.load_policy(c, workdir, self.mesh)
+    self.train_examples, self.held_out = build.load_examples(c)
+    self.scorer = scorer if scorer is not None else build.build_scorer(c)
+    self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
+    self.sampler = build.build_sampler(c, self.policy, self.mesh)
+    self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
+                                       self.train_examples)
+    self.learner = build.build_learner(c, self.policy, self.mesh)
+    self.step = 0
+    self.metrics = metrics_lib.MetricsWriter(workdir, tensorboard=c.train.tensorboard)
+    self.checkpointer = Checkpointer(workdir)
+    if self.checkpointer.latest_step() is not None:
+      self.restore(self.checkpointer.latest_step())
+
+  # ------------------------------------------------------------------ one step
+
+  def train_step(self) -> dict[str, float]:
+    """One rollout batch → updates → new weights in the sampler; returns the step's metrics."""
+    start = time.perf_counter()
+    rollouts = self.rollout.collect()
+    generated = time.perf_counter()
+    batch = jax.tree.map(
+        lambda x: jax.device_put(x, parallel.batch_sharding(self.mesh, np.ndim(x))),
+        rollouts.batch)
+    update_actor = self.step >= self.config.algorithm.value.pretrain_steps
+    out = self.learner.learn(batch, self.step, update_actor=update_actor)
+    self.step += 1
+    self.push_weights()
+    out = jax.device_get(out)  # the step's one read of device values
+    updated = time.perf_counter()
+    metrics = metrics_lib.rollout_metrics(rollouts, out["prepare"])
+    if "actor" in out:
+      metrics.update(metrics_lib.reduce_updates(out["actor"]))
+    if "critic" in out:
+      metrics.update(metrics_lib.reduce_updates(out["critic"], prefix="critic_"))
+    batch = rollouts.batch
+    new_tokens = int(np.sum(np.asarray(batch.lengths) - np.asarray(batch.window_starts)))
+    metrics.update(step=self.step, actor_updated=float(update_actor),
+                   time_generate=generated - start, time_update=updated - generated,
+                   tokens_per_second=new_tokens / max(generated - start, 1e-9))
+    return metrics
+
+  def push_weights(self) -> None:
+    """The sampler gets the current policy (in its layout), tagged with the step."""
+    params = build.generation_params(self.config, self.policy, self.learner.actor.params,
+                                     self.mesh)
+    self.sampler.update_params(params, version=self.step)
+
+  # ------------------------------------------------------------------ evaluation
+
+  def evaluate(self) -> dict[str, float]:
+    """Greedy accuracy on the held-out examples with the current weights."""
+    if not self.held_out:
+      return {}
+    result = evaluate_policy(self.sampler, self.policy.tokenizer, self.held_out, self.scorer,
+                             prefix=self.policy.prefix, samples=1, temperature=0.0,
+                             max_new_tokens=self.config.rollout.max_new_tokens)
+    return {"eval_accuracy": result["accuracy"],
+            "eval_response_length": result["response_length"]}
+
+  # ------------------------------------------------------------------ checkpoints
+
+  def save(self) -> None:
+    """Checkpoints every role's state, the rollout's state (data position, buffers,
+    responses in flight, seeds) and the config (see training/checkpoint.py)."""
+    meta = {"step": self.step, "rollout": self.rollout.state(),
+            "config": self.config.to_dict()}
+    self.checkpointer.save(self.step, self.learner.state(), json.loads(json.dumps(meta)))
+
+  def restore(self, step: int) -> None:
+    """Continues from checkpoint `step` (and drops metrics logged after it)."""
+    state, meta = self.checkpointer.restore(step, self.learner.state())
+    self.learner.restore(state)
+    self.step = int(meta["step"])
+    self.rollout.restore(meta["rollout"])
+    changed = changed_fields(meta["config"], self.config.to_dict())
+    if changed:
+      self.log(f"resuming with changed config fields: {', '.join(changed)}")
+    self.push_weights()
+    self.metrics.truncate_after(self.step)
+    self.log(f"resumed from step {self.step}")
+
+  # ------------------------------------------------------------------ the loop
+
+  def run(self) -> dict[str, Any]:
+    """Trains until `train.steps` with evaluation and checkpoints; returns the summary.
+
+    Ctrl-C (KeyboardInterrupt) saves a checkpoint before it propagates.
+    """
+    c = self.config
+    start = time.perf_counter()
+    summary: dict[str, Any] = {}
+    if self.held_out and self.step == 0:
+      first = self.evaluate()
+      summary["eval_accuracy_start"] = first["eval_accuracy"]
+      self.metrics.write({"step": self.step, **first})
+      self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
+    progress = metrics_lib.Progress(c.train.steps, self.step, disable=not self.show_progress)
+    try:
+      while self.step < c.train.steps:
+        metrics = self.train_step()
+        if self.held_out and (self.step % c.train.eval_every == 0 or self.step == c.train.steps):
+          metrics.update(self.evaluate())
+          summary["eval_accuracy_end"] = metrics["eval_accuracy"]
+          self.log(f"step {self.step}: held-out accuracy {metrics['eval_accuracy']:.3f}")
+        metrics["elapsed_s"] = time.perf_counter() - start
+        self.metrics.write(metrics)
+        progress.update(metrics)
+        if self.step % c.train.log_every == 0 and not self.show_progress:
+          self.log(f"step {self.step}/{c.train.steps}: {metrics_lib.summary_line(metrics)}")
+        if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
+          self.save()
+    except KeyboardInterrupt:
+      self.log(f"interrupted: saving a checkpoint at step {self.step}")
+      self.save()
+      raise
+    finally:
+      progress.close()
+      self.checkpointer.close()
+      self.metrics.close()
+    policy = os.path.join(self.workdir, "policy")
+    models.save_policy(policy, self.policy.model, self.learner.actor.params,
+                       self.policy.tokenizer, self.policy.prefix_tokens)
+    summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
+    return summary
+
+
+def changed_fields(saved: dict, current: dict) -> list[str]:
+  """Dotted names of config fields whose values differ between two `to_dict()`s."""
+  def flatten(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        out.update(flatten(value, f"{prefix}{key}."))
+      else:
+        out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+  saved, current = flatten(saved), flatten(current)
+  return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))

@@ -1,0 +1,129 @@
+"""Step metrics: reduced from device once per step, written to metrics.jsonl and
+TensorBoard, and shown as a tqdm progress bar."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from rlhf_jax.rollout import Rollouts
+
+# Per-mini-batch metrics reduced by their extreme, not their mean.
+_EXTREMES = {"is_ratio_max": np.max, "is_ratio_min": np.min, "logprob_mismatch_max": np.max}
+
+
+# Metrics every role's update reports; a role's prefix tells them apart.
+_GENERIC = ("loss", "grad_norm", "skipped")
+
+
+def reduce_updates(metrics: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, float]:
+  """Per-mini-batch metrics ([E·M] host arrays) → one number each, over the mini-batches
+  that were applied (`applied`); nothing when none was (e.g. a T-PPO critic step
+  without a finished response). `skipped` is the fraction of non-finite updates. The
+  generic names (loss, grad_norm, skipped) get `prefix`; loss terms keep their own."""
+  name = lambda key: f"{prefix}{key}" if key in _GENERIC else key
+  applied = np.asarray(metrics["applied"], bool)
+  out = {name("skipped"): float(np.mean(metrics["skipped"]))}
+  if not applied.any():
+    return out
+  for key, values in metrics.items():
+    if key in ("applied", "skipped"):
+      continue
+    values = np.asarray(values)[applied]
+    out[name(key)] = float(_EXTREMES.get(key, np.mean)(values))
+  return out
+
+
+def rollout_metrics(rollouts: Rollouts, prepared: Mapping[str, np.ndarray]) -> dict[str, float]:
+  """Scores, lengths and accuracy of the finished responses (all rows except T-PPO's
+  unfinished ones; none of these keys when nothing finished), plus the rollout
+  correction's and the KL controller's metrics from `prepare`."""
+  batch = rollouts.batch
+  finished = np.asarray(batch.finished, bool)
+  scores = np.asarray(prepared.pop("scores"))[finished]
+  lengths = np.asarray(batch.lengths)[finished]
+  out = {k: float(v) for k, v in prepared.items()}
+  if lengths.size:
+    out.update(reward_mean=float(scores.mean()), reward_std=float(scores.std()),
+               accuracy=float(np.mean(rollouts.correct)),
+               response_length_mean=float(lengths.mean()),
+               response_length_max=float(lengths.max()),
+               truncation_rate=float(np.asarray(batch.truncated)[finished].mean()))
+  out["reward_failures"] = float(len(rollouts.failures))
+  out.update(rollouts.metrics)
+  return out
+
+
+class MetricsWriter:
+  """Appends one JSON line per record to <workdir>/metrics.jsonl and, with
+  `tensorboard`, the numbers as TensorBoard scalars under <workdir>/tensorboard."""
+
+  def __init__(self, workdir: str, *, tensorboard: bool):
+    self.workdir = workdir
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tensorboard = tensorboard
+    self._writer = None
+
+  def write(self, record: dict[str, Any]) -> None:
+    """Appends `record` (it must have a `step`)."""
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record) + "\n")
+    if not self.tensorboard:
+      return
+    if self._writer is None:
+      from tensorboardX import SummaryWriter
+      self._writer = SummaryWriter(os.path.join(self.workdir, "tensorboard"))
+    for key, value in record.items():
+      if key != "step" and isinstance(value, (int, float)):
+        self._writer.add_scalar(key, value, global_step=record["step"])
+    self._writer.flush()
+
+  def truncate_after(self, step: int) -> None:
+    """Drops records after `step` (a resumed run writes them again)."""
+    if not os.path.exists(self.path):
+      return
+    with open(self.path, encoding="utf-8") as f:
+      kept = [line for line in f if json.loads(line)["step"] <= step]
+    with open(self.path, "w", encoding="utf-8") as f:
+      f.writelines(kept)
+
+  def close(self) -> None:
+    """Closes the TensorBoard writer."""
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+
+def summary_line(m: Mapping[str, float]) -> str:
+  """The step's key metrics for the progress bar's postfix."""
+  parts = []
+  if "reward_mean" in m:
+    parts += [f"reward {m['reward_mean']:+.3f}", f"acc {m['accuracy']:.3f}",
+              f"len {m['response_length_mean']:.1f}"]
+  for key, label, fmt in (("finished_responses", "done", ".0f"), ("entropy", "ent", ".3f"),
+                          ("kept_groups_ratio", "kept", ".2f"), ("value_loss", "vloss", ".4f"),
+                          ("logprob_mismatch_max", "mismatch", ".1e"),
+                          ("eval_accuracy", "EVAL", ".3f")):
+    if key in m:
+      parts.append(f"{label} {m[key]:{fmt}}")
+  return " | ".join(parts)
+
+
+class Progress:
+  """A tqdm bar over training steps (to the log's stream), one postfix per step."""
+
+  def __init__(self, total: int, initial: int, *, file=None, disable: bool = False):
+    from tqdm import tqdm
+    self.bar = tqdm(total=total, initial=initial, unit="step", file=file, disable=disable,
+                    dynamic_ncols=True, mininterval=0)
+
+  def update(self, metrics: Mapping[str, float]) -> None:
+    """Advances one step and shows its metrics."""
+    self.bar.set_postfix_str(summary_line(metrics), refresh=False)
+    self.bar.update(1)
+
+  def close(self) -> None:
+    self.bar.close()

@@ -1,0 +1,191 @@
+"""Roles: the models a run holds. A trained role owns its parameters, optimizer state,
+layout and one jitted, donated update over a whole rollout batch; a frozen role
+holds parameters that only a rule changes (the reference's EMA).
+
+The update of a trained role is one program per run:
+
+    for epoch in E:                       lax.scan
+      permute the rows (device RNG)
+      for mini-batch in M:                lax.scan
+        grads = Σ_micro ∇ loss(micro, N)  lax.scan; N = the mini-batch's global count
+        state ← optimizer step            skipped if non-finite or nothing to learn
+
+Summing micro-batch losses that share the mini-batch's normalizer N gives the
+unsplit loss exactly (kernels' `agg_normalizer`), so gradient accumulation
+changes memory, not the update. Parameters and optimizer state are donated:
+the update writes them in place instead of holding two copies at the peak.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from rlhf_jax import parallel
+from rlhf_jax.parallel.sharding import BATCH_AXES
+
+
+@flax.struct.dataclass
+class TrainState:
+  """A trained model's parameters and optimizer state."""
+  params: Any
+  opt_state: Any
+
+
+def make_optimizer(learning_rate: float, warmup_steps: int, weight_decay: float,
+                   max_grad_norm: float) -> optax.GradientTransformation:
+  """Global-norm clipping, then AdamW with linear warmup to a constant rate (DAPO §4.1).
+
+  Update k (from 0) uses lr·min(1, (k+1)/warmup_steps): the first update already moves.
+  """
+  warmup = max(warmup_steps, 1)
+
+  def schedule(count):
+    return learning_rate * jnp.minimum(1.0, (count + 1) / warmup)
+
+  return optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                     optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8,
+                                 weight_decay=weight_decay))
+
+
+def new_train_state(optimizer: optax.GradientTransformation, params, mesh) -> TrainState:
+  """Params with a fresh optimizer state on `mesh`: moments take the params' layout,
+  scalars (step counts) are replicated."""
+  opt_state = optimizer.init(params)
+  mesh_devices = set(mesh.devices.flat)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  opt_state = jax.tree.map(
+      lambda x: x if x.sharding.device_set == mesh_devices else jax.device_put(x, replicated),
+      opt_state)
+  return TrainState(params=params, opt_state=opt_state)
+
+
+def _where(condition, new, old):
+  return jax.tree.map(lambda n, o: jnp.where(condition, n, o), new, old)
+
+
+def _split_rows(tree, parts: int):
+  """[N, ...] leaves → [parts, N / parts, ...]."""
+  return jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), tree)
+
+
+# loss_fn(params, batch, normalizers) -> (loss, metrics); normalizer_fn(batch) -> normalizers
+LossFn = Callable[[Any, Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def minibatch_update(loss_fn: LossFn, normalizer_fn: Callable, has_target: Callable,
+                     optimizer: optax.GradientTransformation, micro_batches: int):
+  """(state, minibatch) → (state, metrics): one optimizer step from the gradient summed
+  over `micro_batches` slices. Skipped (state unchanged) when the loss or gradient is
+  not finite or `has_target(minibatch)` is False; metrics `skipped` / `applied` say so."""
+
+  def step(state: TrainState, batch):
+    norm = normalizer_fn(batch)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if micro_batches == 1:
+      (loss, metrics), grads = grad_fn(state.params, batch, norm)
+    else:
+      def accumulate(carry, micro):
+        (loss, metrics), grads = grad_fn(state.params, micro, norm)
+        total_loss, total_grads = carry
+        return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
+
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      (loss, grads), metrics = jax.lax.scan(accumulate, (jnp.zeros(()), zeros),
+                                            _split_rows(batch, micro_batches))
+      metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    apply = finite & has_target(batch)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    new = TrainState(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+    return _where(apply, new, state), dict(
+        metrics, loss=loss, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32),
+        applied=apply.astype(jnp.float32))
+
+  return step
+
+
+class TrainedRole:
+  """A trained model (actor, critic): parameters and optimizer state on the mesh and
+  one jitted, donated update over a whole rollout batch (see the module docstring).
+
+  Args:
+    model: the FunctionalModel.
+    params: its parameters, already in the training layout.
+    optimizer: the optax transformation.
+    mesh: the device mesh.
+    loss_fn: (params, batch, normalizers) → (loss, metrics).
+    normalizer_fn: batch → the global counts `loss_fn` divides by.
+    has_target: batch → bool scalar, whether the mini-batch has anything to learn.
+    epochs, minibatches, micro_batches: passes, optimizer steps per pass, and
+      gradient-accumulation slices per optimizer step.
+  """
+
+  def __init__(self, model, params, optimizer: optax.GradientTransformation, mesh, *,
+               loss_fn: LossFn, normalizer_fn: Callable, has_target: Callable,
+               epochs: int, minibatches: int, micro_batches: int = 1):
+    self.model = model
+    self.mesh = mesh
+    self.state = new_train_state(optimizer, params, mesh)
+    step = minibatch_update(loss_fn, normalizer_fn, has_target, optimizer, micro_batches)
+    self._update = self._build(step, epochs, minibatches)
+
+  @property
+  def params(self):
+    """The current parameters."""
+    return self.state.params
+
+  def _build(self, step, epochs: int, minibatches: int):
+    shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    # Mini-batch rows stay split over (data, fsdp) after the shuffle when they divide.
+    spread = jax.sharding.NamedSharding(
+        self.mesh, jax.sharding.PartitionSpec(None, BATCH_AXES))
+
+    def run(state: TrainState, batch, key):
+      rows = jax.tree.leaves(batch)[0].shape[0]
+
+      def epoch(state, epoch_key):
+        order = jax.random.permutation(epoch_key, rows)
+        minis = _split_rows(jax.tree.map(lambda x: x[order], batch), minibatches)
+        if shards > 1 and (rows // minibatches) % shards == 0:
+          minis = jax.lax.with_sharding_constraint(
+              minis, jax.tree.map(lambda _: spread, minis))
+        return jax.lax.scan(step, state, minis)
+
+      state, metrics = jax.lax.scan(epoch, state, jax.random.split(key, epochs))
+      return state, jax.tree.map(lambda m: m.reshape(-1), metrics)
+
+    layout = jax.tree.map(lambda x: x.sharding, self.state)
+    return jax.jit(run, donate_argnums=(0,), out_shardings=(layout, None))
+
+  def update(self, batch, key: jax.Array) -> dict[str, jax.Array]:
+    """Runs every epoch and mini-batch on `batch`; returns per-mini-batch metrics
+    ([E·M] device arrays, not yet read)."""
+    self.state, metrics = self._update(self.state, batch, key)
+    return metrics
+
+
+class FrozenRole:
+  """A model whose parameters the optimizer never touches (the reference policy;
+  later reward models and judges).
+
+  Args:
+    model: the FunctionalModel.
+    params: its parameters (copied, so donating a trained role's state never
+      frees them).
+  """
+
+  def __init__(self, model, params):
+    self.model = model
+    self.params = jax.tree.map(jnp.copy, params)
+    self._ema = jax.jit(lambda ref, new, rate: jax.tree.map(
+        lambda r, p: (1 - rate) * r + rate * p, ref, new), donate_argnums=(0,))
+
+  def move_toward(self, params, rate: float) -> None:
+    """params_ref ← (1 − rate)·params_ref + rate·params (an EMA reference), in place."""
+    self.params = self._ema(self.params, params, jnp.float32(rate))

@@ -1,0 +1,135 @@
+"""Rollout modes without a model, and the trained role's update in isolation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rlhf_jax import models
+from rlhf_jax import parallel
+from rlhf_jax.algorithms import rollout as rollout_lib
+from rlhf_jax.data import Example
+from rlhf_jax.rollout import DynamicSamplingRollout
+from rlhf_jax.rollout import Group
+from rlhf_jax.rollout import NoSignalError
+from rlhf_jax.training import learner as learner_lib
+from rlhf_jax.training import roles
+from tests.training.test_config_and_rollout import preset
+
+
+def group(correct):
+  n = len(correct)
+  return Group(Example("q", "1", "arith"), [1], [[2]] * n, [[0.0]] * n,
+               [1.0 if c else -1.0 for c in correct], list(correct), [False] * n, [""] * n)
+
+
+class ScriptedGenerator:
+  """Each call returns the next scripted round of groups (no model, no sampler)."""
+
+  def __init__(self, rounds):
+    self.rounds = list(rounds)
+
+  def generate_groups(self, examples):
+    return self.rounds.pop(0)
+
+
+class NullStream:
+  def take(self, count):
+    return [None] * count
+
+
+def dynamic(rounds, max_rounds=10):
+  return DynamicSamplingRollout(ScriptedGenerator(rounds), NullStream(), prompts_per_step=2,
+                                response_length=4, oversample=3, max_rounds=max_rounds)
+
+
+def test_dynamic_sampling_keeps_surplus_groups_for_the_next_step():
+  mixed, solved, failed = [True, False], [True, True], [False, False]
+  rollout = dynamic([[group(solved), group(mixed)], [group(mixed), group(mixed)],
+                     [group(failed), group(failed)]])
+  kept, metrics = rollout.next_groups()
+  assert len(kept) == 2 and len(rollout.buffer) == 1
+  assert metrics["kept_groups_ratio"] == 3 / 4 and metrics["generation_rounds"] == 2
+  # The next step starts from the buffered group and needs one more.
+  rollout.generator.rounds = [[group(failed), group(mixed)]]
+  kept, _ = rollout.next_groups()
+  assert len(kept) == 2 and not rollout.buffer
+
+
+def test_dynamic_sampling_gives_up_after_fruitless_rounds():
+  rollout = dynamic([[group([True, True])] * 2] * 3, max_rounds=3)
+  with pytest.raises(NoSignalError, match=r"rollout\.dynamic\.max_rounds=3"):
+    rollout.next_groups()
+
+
+def tiny_model():
+  config = models.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2,
+                                num_kv_heads=1, head_dim=8, intermediate_size=24)
+  return models.init_model(config, seed=0)
+
+
+def random_batch(rows=8, prompt=3, response=5, seed=0):
+  """A prepared batch with ragged responses, stale old log-probs and random advantages."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, response + 1, rows)
+  batch = rollout_lib.build_rollout_batch(
+      [list(rng.integers(1, 32, prompt)) for _ in range(rows)],
+      [list(rng.integers(1, 32, n)) for n in lengths],
+      [list(-rng.uniform(2, 4, n)) for n in lengths], list(rng.choice([-1.0, 1.0], rows)),
+      [False] * rows, list(range(rows)), prompt_length=prompt, response_length=response,
+      pad_id=0)
+  batch = batch.replace(advantages=rng.normal(size=(rows, response)).astype(np.float32),
+                        is_weights=rng.uniform(0.5, 1.5, (rows, response)).astype(np.float32))
+  return rollout_lib.as_device(batch)
+
+
+def actor(micro_batches, algorithm, minibatches=2, optimizer=None):
+  model, params = tiny_model()
+  train = preset("grpo").train
+  train.minibatches, train.micro_batches = minibatches, micro_batches
+  optimizer = optimizer or roles.make_optimizer(1e-2, 1, 0.0, 1.0)
+  mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  return learner_lib.actor_role(model, params, optimizer, mesh, algorithm, train)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_give_the_unsplit_update(agg):
+  algorithm = preset("vapo").algorithm  # clip-higher, positive-example NLL
+  algorithm.policy_loss.agg = agg
+  algorithm.policy_loss.entropy_coef = 0.01
+  algorithm.kl.placement, algorithm.kl.coef = "loss", 0.1  # with zero reference log-probs
+  batch, key = random_batch(), jax.random.key(3)
+  # Plain SGD: parameters move by the gradient itself (Adam's g/√v would magnify float32
+  # summation-order differences in near-zero gradients).
+  whole = actor(1, algorithm, optimizer=optax.sgd(0.1))
+  expected = whole.update(batch, key)
+  for micro in (2, 4):
+    split = actor(micro, algorithm, optimizer=optax.sgd(0.1))
+    got = split.update(batch, key)
+    np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got["grad_norm"], expected["grad_norm"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+                 split.params, whole.params)
+
+
+def test_a_non_finite_update_is_skipped():
+  algorithm = preset("grpo").algorithm
+  role = actor(1, algorithm, minibatches=1)
+  before = jax.tree.map(np.asarray, role.params)
+  batch = random_batch()
+  metrics = role.update(batch.replace(advantages=jnp.full_like(batch.advantages, jnp.nan)),
+                        jax.random.key(0))
+  assert metrics["skipped"].tolist() == [1.0] and metrics["applied"].tolist() == [0.0]
+  jax.tree.map(np.testing.assert_array_equal, role.params, before)
+  metrics = role.update(batch, jax.random.key(0))
+  assert metrics["skipped"].tolist() == [0.0]
+  assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.all(np.asarray(a) == b)),
+                                              role.params, before)))
+
+
+def test_the_update_donates_the_state():
+  role = actor(1, preset("grpo").algorithm, minibatches=1)
+  old = role.params
+  role.update(random_batch(), jax.random.key(0))
+  assert all(leaf.is_deleted() for leaf in jax.tree.leaves(old))
