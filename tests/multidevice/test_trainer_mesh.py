@@ -15,7 +15,8 @@ from tests.training.test_trainer import shrink
 def run(tmp_path, name, mesh):
   config = shrink(preset("ppo"))  # actor, critic and reference: every sharded tree
   config.model.num_heads = 4
-  config.algorithm.kl.placement, config.algorithm.kl.coef = "loss", 0.01
+  kl = config.algorithm.kl
+  kl.placement, kl.coef, kl.controller = "loss", 0.01, "fixed"
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
   workdir = tmp_path / name
   trainer = make_trainer(config, workdir)
