@@ -69,8 +69,10 @@ def validate_rollout_config(r: ml_collections.ConfigDict, *, prompt_length: int,
       fail("sampler.prompt_buckets", f"={tuple(prompt_buckets)} must reach {longest} tokens "
            f"with rollout.windows.window_tokens={w} (a continued response is sent as "
            "prompt + the tokens so far)")
-  if r.fire and (r.fire_temperature <= 0 or r.fire_top_k < 0):
-    fail("rollout.fire_temperature", f"={r.fire_temperature} must be > 0 (and fire_top_k >= 0)")
+  if r.fire and r.fire_temperature <= 0:
+    fail("rollout.fire_temperature", f"={r.fire_temperature} must be > 0")
+  if r.fire and r.fire_top_k < 0:
+    fail("rollout.fire_top_k", f"={r.fire_top_k} must be >= 0 (0: no top-k)")
 
 
 def sampling_params(r: ml_collections.ConfigDict, stop_token_ids: tuple[int, ...]

@@ -14,6 +14,7 @@ import time
 from typing import Callable, Sequence
 
 import jax
+import numpy as np
 import optax
 
 from rlhf_jax import kernels
@@ -93,8 +94,6 @@ def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
   demonstrator that is always right, but in a form the tiny student cannot imitate
   reliably. Which form to use is then the student's choice, and RL's to correct.
   """
-  import numpy as np
-
   def make_batch(step):
     problems = list(arith.generate(seed * 1_000_003 + step, batch_size, levels, weights))
     direct = np.random.default_rng([seed, step]).random(batch_size) < direct_fraction
