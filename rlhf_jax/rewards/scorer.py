@@ -17,6 +17,21 @@ from typing import runtime_checkable
 from rlhf_jax.data import Example
 
 
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+  """One rule verifier's verdict on one response.
+
+  Attributes:
+    correct: whether the response's answer is right.
+    reason: "" when correct, else why not ("no answer found", "not equivalent: 1/2 vs 0.4").
+    score: an explicit reward, or None to let the scorer map `correct` to its
+      correct / wrong scores (DAPO's ±1, or 1/0).
+  """
+  correct: bool
+  reason: str = ""
+  score: float | None = None
+
+
 @dataclasses.dataclass
 class Scores:
   """What a scorer returns for N responses.
@@ -25,21 +40,41 @@ class Scores:
     scores: [N] the sequence-level reward of each response.
     correct: [N] whether the response is judged correct (accuracy metrics,
       DAPO's dynamic sampling, VAPO's positive examples).
-    failures: [N] "" or why scoring failed ("timeout", "error: ...").
+    failures: [N] "" or why scoring itself failed ("timeout", "error: ...",
+      "scorer error: ..."): the sample got the failure score.
     token_scores: optional, per response a list of per-token rewards (a
       process reward model), or None.
+    reasons: optional [N] "" or why a response is not correct ("no answer found",
+      "test failed: ..."); a failure's reason is the failure.
   """
   scores: list[float]
   correct: list[bool]
   failures: list[str]
   token_scores: list[list[float]] | None = None
+  reasons: list[str] | None = None
 
   def __post_init__(self):
     lengths = {len(self.scores), len(self.correct), len(self.failures)}
-    if self.token_scores is not None:
-      lengths.add(len(self.token_scores))
+    for optional in (self.token_scores, self.reasons):
+      if optional is not None:
+        lengths.add(len(optional))
     if len(lengths) != 1:
       raise ValueError(f"Scores fields have different lengths: {sorted(lengths)}.")
+
+  def reason(self, i: int) -> str:
+    """Why sample i is not correct ("" if it is, or if the scorer gave no reasons)."""
+    if self.reasons is not None:
+      return self.reasons[i]
+    return self.failures[i]
+
+  def append(self, score: float, correct: bool, failure: str, reason: str) -> None:
+    """Adds one sample (scorers that build their result one sample at a time)."""
+    self.scores.append(float(score))
+    self.correct.append(bool(correct))
+    self.failures.append(failure)
+    if self.reasons is None:
+      self.reasons = [""] * (len(self.scores) - 1)
+    self.reasons.append(reason)
 
 
 @runtime_checkable
@@ -53,3 +88,10 @@ class Scorer(Protocol):
   def check_tasks(self, tasks: Sequence[str]) -> None:
     """Raises ValueError naming a task this scorer cannot score (before training)."""
     ...
+
+
+def pop_scorer_metrics(scorer: Scorer) -> dict[str, float]:
+  """The scorer's own metrics since the last call (a router's per-task accuracy,
+  failure rate and time); {} for scorers that keep none."""
+  pop = getattr(scorer, "pop_metrics", None)
+  return pop() if pop is not None else {}

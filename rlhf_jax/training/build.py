@@ -4,8 +4,9 @@ rollout. The loop (training/loop.py) receives them ready to use."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 
@@ -22,6 +23,7 @@ from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
+from rlhf_jax.tasks import pycalc
 from rlhf_jax.training import learner as learner_lib
 from rlhf_jax.training.roles import FrozenRole
 from rlhf_jax.training.roles import make_optimizer
@@ -78,23 +80,55 @@ def load_policy(c, workdir: str, mesh) -> Policy:
                 prefix_tokens=[tokenizer.backend.id_to_token(i) for i in prefix])
 
 
+GENERATED = {arith.TASK: arith.examples, pycalc.TASK: pycalc.examples}
+
+
 def load_examples(c) -> tuple[list[Example], list[Example]]:
-  """Training and held-out examples (JSONL files, or generated arith problems)."""
+  """Training and held-out examples (JSONL files, or generated `data.task` problems)."""
   levels, weights = tuple(c.data.levels), tuple(c.data.level_weights)
+  generate = GENERATED[c.data.task]
   train = (read_jsonl(c.data.train_file) if c.data.train_file
-           else arith.examples(c.seed + 1, c.data.num_train, levels, weights))
+           else generate(c.seed + 1, c.data.num_train, levels, weights))
   if c.data.eval_file:
     held_out = read_jsonl(c.data.eval_file)
   else:
-    held_out = (arith.examples(c.seed + 2, c.data.num_eval, levels, weights)
+    held_out = (generate(c.seed + 2, c.data.num_eval, levels, weights)
                 if c.variant == "arith" else [])
   return train, held_out
 
 
-def build_scorer(c) -> RewardRouter:
-  """The reward section's scorer: the rule-based router over the built-in verifiers."""
-  return RewardRouter(correct_score=c.reward.correct_score, wrong_score=c.reward.wrong_score,
-                      failure_score=c.reward.failure_score, timeout_s=c.reward.timeout_s)
+def build_scorer(c, tasks: Sequence[str]) -> RewardRouter:
+  """The `reward` section's router over the scorers the data's `tasks` need: the arith
+  and math rule verifiers (killable workers) and the code sandbox ('code', 'pycalc').
+  A missing dependency or a sandbox that cannot start is a ConfigError here."""
+  r = c.reward
+  tasks = set(tasks)
+  verifiers = {arith.TASK: arith.verify}
+  if "math" in tasks:
+    try:
+      from rlhf_jax.rewards import math as math_lib  # pylint: disable=import-outside-toplevel
+    except ImportError as error:
+      raise ConfigError(f"task 'math' in the data: {error}") from None
+    verifiers["math"] = functools.partial(math_lib.verify, extractor=r.math_extractor)
+  scores = dict(correct_score=r.correct_score, wrong_score=r.wrong_score)
+  scorers = {}
+  code_tasks = sorted(tasks & {"code", pycalc.TASK})
+  if code_tasks:
+    from rlhf_jax.rewards import code as code_lib  # pylint: disable=import-outside-toplevel
+    from rlhf_jax.rewards import sandbox  # pylint: disable=import-outside-toplevel
+    try:
+      sandbox.check_isolation(r.sandbox.isolation)
+    except sandbox.SandboxUnavailable as error:
+      raise ConfigError(f"config.reward.sandbox.isolation={r.sandbox.isolation!r}: "
+                        f"{error}") from None
+    code = code_lib.CodeScorer(code_tasks, timeout_s=r.sandbox.timeout_s,
+                               memory_mb=r.sandbox.memory_mb,
+                               max_workers=r.sandbox.workers or None,
+                               isolation=r.sandbox.isolation, **scores)
+    scorers.update({task: code for task in code_tasks})
+  return RewardRouter({t: v for t, v in verifiers.items() if t in tasks or t == arith.TASK},
+                      scorers=scorers, failure_score=r.failure_score, timeout_s=r.timeout_s,
+                      max_workers=r.workers, **scores)
 
 
 def generation_params(c, policy: Policy, params, mesh):

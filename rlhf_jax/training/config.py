@@ -23,6 +23,8 @@ from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.sampling import config as sampler_config_lib
 
 VARIANTS = ("arith", "hf")
+GENERATED_TASKS = ("arith", "pycalc")  # data.task of the arith variant
+MATH_EXTRACTORS = ("auto", "boxed", "answer_line", "gsm8k", "last_number")
 
 
 def base_config(variant: str) -> ml_collections.ConfigDict:
@@ -47,6 +49,9 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.train_file = ""  # JSONL of prompts (prompt, answer, task); arith: empty = generated.
   c.data.eval_file = ""  # JSONL of held-out prompts; arith: empty = generated (other seeds).
+  # arith variant: the built-in task of the generated problems: 'arith' (worked
+  # solutions, verified by the answer line) or 'pycalc' (a program run in the sandbox).
+  c.data.task = "arith"
   c.data.levels = (1, 2)  # arith difficulty levels of generated problems.
   c.data.level_weights = (1.0, 1.0)  # arith: sampling weight of each level.
   c.data.num_train = 20000  # arith: generated training prompts.
@@ -75,7 +80,19 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.reward.correct_score = 1.0  # Reward of a verified answer (DAPO: +1).
   c.reward.wrong_score = -1.0  # Reward of a wrong answer (DAPO: −1).
   c.reward.failure_score = -1.0  # Reward when the verifier raises or times out.
-  c.reward.timeout_s = 5.0  # Per-sample verifier time limit.
+  c.reward.timeout_s = 5.0  # Per-sample rule-verifier time limit (arith, math).
+  c.reward.workers = 2  # Rule-verifier worker processes (killed and replaced when they hang).
+  # Math answers (task 'math', rewards/math.py): where the final answer is: 'auto'
+  # (\boxed{}, else an "Answer:" line, else GSM8K's "#### N"), 'boxed', 'answer_line',
+  # 'gsm8k', 'last_number', or 're:<regex with one group>'.
+  c.reward.math_extractor = "auto"
+  c.reward.sandbox = ml_collections.ConfigDict()  # code tasks ('code', 'pycalc'): rewards/code.py
+  c.reward.sandbox.timeout_s = 5.0  # Wall clock (and CPU seconds) per program.
+  c.reward.sandbox.memory_mb = 512  # Address space per program.
+  c.reward.sandbox.workers = 0  # Concurrent sandboxes (0: 4 per core).
+  # 'namespaces' (bubblewrap: no network, private /tmp, own PID namespace) or 'rlimits'
+  # (machines without user namespaces; weaker, see docs/sandbox.md).
+  c.reward.sandbox.isolation = "namespaces"
 
   c.algorithm = ppo_config.algorithm_config()
 
@@ -120,6 +137,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   rollout_config_lib.validate_rollout_config(r, prompt_length=c.data.prompt_length,
                                              prompt_buckets=tuple(c.sampler.prompt_buckets))
   _validate_model(c.model)
+  _validate_reward(c)
   _validate_train(c, rows=r.prompts_per_step * r.group_size)
   if c.data.prompt_length > max(c.sampler.prompt_buckets):
     fail("data.prompt_length", f"={c.data.prompt_length} exceeds the largest "
@@ -142,6 +160,28 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   for field in ("learning_rate", "critic_learning_rate"):
     if c.optimizer[field] <= 0:
       fail(f"optimizer.{field}", f"={c.optimizer[field]} must be > 0")
+
+
+def _validate_reward(c) -> None:
+  from rlhf_jax.rewards import sandbox  # pylint: disable=import-outside-toplevel
+  if c.data.task not in GENERATED_TASKS:
+    fail("data.task", f"={c.data.task!r} is not one of {', '.join(GENERATED_TASKS)}")
+  r = c.reward
+  if r.timeout_s <= 0 or r.sandbox.timeout_s <= 0:
+    fail("reward.timeout_s" if r.timeout_s <= 0 else "reward.sandbox.timeout_s", "must be > 0")
+  if r.workers < 1:
+    fail("reward.workers", f"={r.workers} must be >= 1")
+  if r.sandbox.workers < 0:
+    fail("reward.sandbox.workers", f"={r.sandbox.workers} must be >= 0 (0: 4 per core)")
+  if r.sandbox.memory_mb < 64:
+    fail("reward.sandbox.memory_mb", f"={r.sandbox.memory_mb} must be >= 64")
+  if r.sandbox.isolation not in sandbox.ISOLATIONS:
+    fail("reward.sandbox.isolation", f"={r.sandbox.isolation!r} is not one of "
+         f"{', '.join(sandbox.ISOLATIONS)}")
+  extractor = r.math_extractor
+  if not (extractor in MATH_EXTRACTORS or extractor.startswith("re:")):
+    fail("reward.math_extractor", f"={extractor!r} is not one of {', '.join(MATH_EXTRACTORS)} "
+         "or 're:<regex>'")
 
 
 def _validate_model(m) -> None:

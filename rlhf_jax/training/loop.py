@@ -23,6 +23,7 @@ import numpy as np
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.rewards import Scorer
+from rlhf_jax.rewards.scorer import pop_scorer_metrics
 from rlhf_jax.training import build
 from rlhf_jax.training import metrics as metrics_lib
 from rlhf_jax.training.checkpoint import Checkpointer
@@ -53,7 +54,8 @@ class Trainer:
     self.mesh = build.trainer_mesh(c)
     self.policy = build.load_policy(c, workdir, self.mesh)
     self.train_examples, self.held_out = build.load_examples(c)
-    self.scorer = scorer if scorer is not None else build.build_scorer(c)
+    tasks = sorted({e.task for e in self.train_examples + self.held_out})
+    self.scorer = scorer if scorer is not None else build.build_scorer(c, tasks)
     self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
     self.sampler = build.build_sampler(c, self.policy, self.mesh)
     self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
@@ -82,6 +84,7 @@ class Trainer:
     out = jax.device_get(out)  # the step's one read of device values
     updated = time.perf_counter()
     metrics = metrics_lib.rollout_metrics(rollouts, out["prepare"])
+    metrics.update(pop_scorer_metrics(self.scorer))  # per task: accuracy, failures, time
     if "actor" in out:
       metrics.update(metrics_lib.reduce_updates(out["actor"]))
     if "critic" in out:
@@ -108,6 +111,7 @@ class Trainer:
     result = evaluate_policy(self.sampler, self.policy.tokenizer, self.held_out, self.scorer,
                              prefix=self.policy.prefix, samples=1, temperature=0.0,
                              max_new_tokens=self.config.rollout.max_new_tokens)
+    pop_scorer_metrics(self.scorer)  # the per-task counters are the training samples'
     return {"eval_accuracy": result["accuracy"],
             "eval_response_length": result["response_length"]}
 

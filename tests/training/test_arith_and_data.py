@@ -2,7 +2,6 @@
 
 import json
 import re
-import time
 
 import numpy as np
 import pytest
@@ -11,8 +10,6 @@ from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
 from rlhf_jax.data import read_jsonl
 from rlhf_jax.data import write_jsonl
-from rlhf_jax.rewards import RewardRouter
-from rlhf_jax.rewards import Scorer
 from rlhf_jax.tasks import arith
 
 LINE = re.compile(r"^(\d)([+\-*])(\d)([+\-])(\d)=(\d) ([cb])(\d)$")
@@ -91,30 +88,6 @@ def test_prompt_stream_covers_each_epoch_and_resumes_exactly():
   resumed = PromptStream(examples, seed=1)
   resumed.restore(saved)
   assert [e.prompt for e in resumed.take(9)] == expected
-
-
-def test_reward_router_records_failures_and_goes_on():
-  def slow(response, answer):
-    time.sleep(2)
-    return True
-
-  def broken(response, answer):
-    raise KeyError("oops")
-
-  router = RewardRouter({"arith": arith.verify, "slow": slow, "broken": broken},
-                        correct_score=1.0, wrong_score=-1.0, failure_score=-0.5, timeout_s=0.5)
-  examples = [Example("q", answer, task) for answer, task in
-              zip(["4", "4", "1", "1"], ["arith", "arith", "slow", "broken"])]
-  scored = router.score(examples, ["Answer: 4", "Answer: 5", "x", "y"])
-  assert scored.scores == [1.0, -1.0, -0.5, -0.5]
-  assert scored.correct == [True, False, False, False]
-  assert scored.failures[:2] == ["", ""] and scored.failures[2] == "timeout"
-  assert scored.failures[3].startswith("error: KeyError")
-  with pytest.raises(ValueError, match="no verifier for task"):
-    router.score([Example("a", "b", "unknown")], ["a"])
-  with pytest.raises(ValueError, match="1 examples for 2 responses"):
-    router.score([Example("a", "b", "arith")], ["a", "b"])
-  assert isinstance(router, Scorer)
 
 
 def test_prompt_stream_without_shuffle_keeps_file_order():

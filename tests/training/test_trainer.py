@@ -11,6 +11,7 @@ from rlhf_jax.algorithms import rollout as rollout_lib
 from rlhf_jax.rewards import RewardRouter
 from rlhf_jax.training import loop
 from rlhf_jax.training import sft
+from tests.rewards.verifiers import odd_length
 from tests.training.test_config_and_rollout import preset
 
 
@@ -28,11 +29,6 @@ def shrink(config):
   config.train.steps, config.train.eval_every = 2, 2
   config.rollout.windows.window_tokens = 48  # T-PPO: two windows reach the cap.
   return config
-
-
-def odd_length(response, answer):
-  """A verifier with varied verdicts for an untrained model."""
-  return len(response) % 2 == 1
 
 
 def scorer(config):

@@ -1,0 +1,39 @@
+"""GRPO on the built-in `pycalc` task: answers are Python programs run in the sandbox.
+
+  python launch/train.py --config=configs/pycalc.py --workdir=/tmp/pycalc
+
+The policy (arith's tiny model, warm-started on `x=<a><op><b>` programs) writes a
+program for each word problem; the code verifier runs every sample in its own sandbox
+(rewards/code.py; 32 prompts × 8 samples = 256 programs per step) and rewards the ones
+whose `x` is right. Per-task reward metrics (accuracy, failure rate, sandbox seconds)
+are logged as reward/pycalc/*.
+"""
+
+from rlhf_jax.training.config import base_config
+
+
+def get_config(variant: str = "arith"):
+  """GRPO (as configs/grpo.py) on pycalc (arith variant only: the task is generated)."""
+  c = base_config(variant)
+  a = c.algorithm
+  a.name = "grpo"
+  a.advantage.estimator = "grpo"
+  c.rollout.group_size = 8
+  a.policy_loss.clip_low = a.policy_loss.clip_high = 0.2
+  a.policy_loss.agg = "seq-mean-token-mean"
+  a.kl.placement = "loss"
+  a.kl.coef = 0.04
+  a.kl.estimator = "k3"
+  c.data.task = "pycalc"
+  c.data.levels = (1, 2, 3)
+  c.data.level_weights = (1.0, 1.0, 1.0)
+  c.sft.steps = 120  # a short warm start: RL has room to improve it
+  c.sft.levels = (1, 2)
+  c.sft.level_weights = (1.0, 1.0)
+  c.rollout.prompts_per_step = 32
+  c.rollout.max_new_tokens = 24  # "x=1234*7" and an end token fit easily
+  c.sampler.cache_length = c.data.prompt_length + c.rollout.max_new_tokens
+  c.train.steps = 30
+  c.train.eval_every = 10
+  c.reward.sandbox.timeout_s = 5.0
+  return c

@@ -1,0 +1,121 @@
+"""A pool of worker processes whose calls have a deadline and can be killed.
+
+Rule verifiers are ordinary Python functions (math_verify, regexes); one that hangs
+or crashes must cost only its sample. Threads cannot be killed, so each call runs in
+a persistent worker process; a call that passes its deadline gets its worker killed
+and replaced, a worker that dies is replaced, and both are recorded as failures.
+Workers are started with "spawn" (forking a process that runs JAX threads is unsafe).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import pickle
+import time
+from typing import Any, Callable, Sequence
+
+
+def _serve(connection) -> None:
+  """Worker: receive (fn, args), send ("ok", result) or ("error", repr)."""
+  while True:
+    try:
+      fn, args = connection.recv()
+    except (EOFError, OSError):
+      return
+    try:
+      reply = ("ok", fn(*args))
+    except BaseException as error:  # reported, the worker lives on
+      reply = ("error", f"{type(error).__name__}: {error}"[:300])
+    try:
+      connection.send(reply)
+    except Exception as error:  # an unpicklable result
+      connection.send(("error", f"unpicklable result: {error!r}"[:300]))
+
+
+class _Worker:
+
+  def __init__(self, context):
+    self.connection, child = context.Pipe()
+    self.process = context.Process(target=_serve, args=(child,), daemon=True)
+    self.process.start()
+    child.close()
+
+  def kill(self) -> None:
+    self.process.kill()
+    self.process.join()
+    self.connection.close()
+
+
+class KillablePool:
+  """Runs `fn(*args)` calls on `size` worker processes, each call within `timeout_s`.
+
+  Args:
+    size: worker processes (started lazily on the first `map`).
+    timeout_s: per-call limit, from when the call reaches a worker.
+  """
+
+  def __init__(self, size: int, timeout_s: float):
+    if size < 1 or timeout_s <= 0:
+      raise ValueError(f"KillablePool needs size >= 1 and timeout_s > 0; got {size}, "
+                       f"{timeout_s}.")
+    self.size, self.timeout_s = size, timeout_s
+    self._context = multiprocessing.get_context("spawn")
+    self._workers: list[_Worker] = []
+
+  @staticmethod
+  def check_picklable(fn: Callable, name: str) -> None:
+    """Raises ValueError if `fn` cannot be sent to a worker (lambdas, closures)."""
+    try:
+      pickle.dumps(fn)
+    except Exception as error:
+      raise ValueError(f"verifier {name!r} must be a module-level function (or a "
+                       f"functools.partial of one) to run in a worker process: {error}") from None
+
+  def map(self, calls: Sequence[tuple[Callable, tuple]]) -> list[tuple[str, Any]]:
+    """Runs the calls; per call ("ok", result), ("error", why) or ("timeout", "")."""
+    while len(self._workers) < min(self.size, len(calls)):
+      self._workers.append(_Worker(self._context))
+    results: list[tuple[str, Any] | None] = [None] * len(calls)
+    pending = list(range(len(calls)))[::-1]
+    busy: dict[int, tuple[int, float]] = {}  # worker slot → (call index, deadline)
+    idle = list(range(len(self._workers)))
+    while pending or busy:
+      while pending and idle:
+        slot, index = idle.pop(), pending.pop()
+        try:
+          self._workers[slot].connection.send(calls[index])
+        except (OSError, ValueError):  # the worker died between calls
+          self._replace(slot)
+          self._workers[slot].connection.send(calls[index])
+        busy[slot] = (index, time.monotonic() + self.timeout_s)
+      deadline = min(d for _, d in busy.values())
+      ready = multiprocessing.connection.wait(
+          [self._workers[s].connection for s in busy], max(0.0, deadline - time.monotonic()))
+      for slot in list(busy):
+        index, deadline = busy[slot]
+        worker = self._workers[slot]
+        if worker.connection in ready:
+          try:
+            results[index] = worker.connection.recv()
+          except (EOFError, OSError):
+            results[index] = ("error", f"worker died (exit code {worker.process.exitcode})")
+            self._replace(slot)
+        elif time.monotonic() >= deadline:
+          results[index] = ("timeout", "")
+          self._replace(slot)
+        else:
+          continue
+        del busy[slot]
+        idle.append(slot)
+    return results  # type: ignore[return-value]
+
+  def _replace(self, slot: int) -> None:
+    self._workers[slot].kill()
+    self._workers[slot] = _Worker(self._context)
+
+  def close(self) -> None:
+    """Stops the workers."""
+    for worker in self._workers:
+      worker.kill()
+    self._workers = []

@@ -1,0 +1,107 @@
+"""The reward router: per-task dispatch, killable verifier workers, per-task metrics."""
+
+import time
+
+import pytest
+
+from rlhf_jax.data import Example
+from rlhf_jax.rewards import RewardRouter
+from rlhf_jax.rewards import Scorer
+from rlhf_jax.rewards import Scores
+from rlhf_jax.rewards.router import VerifierScorer
+from rlhf_jax.rewards.workers import KillablePool
+from rlhf_jax.tasks import arith
+from tests.rewards import verifiers
+
+
+class RaisingScorer:
+  """A scorer object whose score() raises (a model scorer with a bug)."""
+
+  def check_tasks(self, tasks):
+    pass
+
+  def score(self, examples, responses):
+    raise RuntimeError("model scorer broke")
+
+
+class LengthScorer:
+
+  def check_tasks(self, tasks):
+    pass
+
+  def score(self, examples, responses):
+    return Scores([float(len(r)) for r in responses], [True] * len(responses),
+                  [""] * len(responses))
+
+
+@pytest.fixture(scope="module")
+def router():
+  router = RewardRouter(
+      {"arith": arith.verify, "exact": verifiers.exact, "hangs": verifiers.hangs,
+       "raises": verifiers.raises, "dies": verifiers.kills_its_worker,
+       "junk": verifiers.returns_junk, "scaled": verifiers.scaled},
+      scorers={"broken_model": RaisingScorer(), "length": LengthScorer()},
+      correct_score=1.0, wrong_score=-1.0, failure_score=-0.5, timeout_s=1.0, max_workers=2)
+  yield router
+  router.close()
+
+
+def test_every_failure_costs_only_its_sample_and_is_recorded(router):
+  tasks = ["arith", "arith", "hangs", "raises", "dies", "junk", "broken_model", "exact",
+           "length", "scaled"]
+  examples = [Example("q", "4", task) for task in tasks]
+  responses = ["Answer: 4", "Answer: 5", "x", "x", "x", "x", "x", "4", "abc", "four"]
+  start = time.monotonic()
+  scored = router.score(examples, responses)
+  assert time.monotonic() - start < 15.0  # one timeout, not a hung worker
+  assert scored.scores == [1.0, -1.0, -0.5, -0.5, -0.5, -0.5, -0.5, 1.0, 3.0, 4.0]
+  assert scored.correct == [True, False, False, False, False, False, False, True, True, True]
+  failures = scored.failures
+  assert failures[:2] == ["", ""] and failures[7:] == ["", "", ""]
+  assert failures[2] == "timeout"
+  assert failures[3].startswith("error: KeyError")
+  assert failures[4].startswith("error: worker died")
+  assert "not a Judgement" in failures[5]
+  assert failures[6].startswith("scorer error: RuntimeError: model scorer broke")
+  assert scored.reason(1) == "wrong answer" and scored.reason(0) == ""
+  # The pool replaced the killed workers: the next call works.
+  again = router.score([Example("q", "4", "exact")] * 3, ["4", "5", "4"])
+  assert again.correct == [True, False, True] and again.reason(1) == "different"
+
+
+def test_per_task_metrics_count_since_the_last_pop(router):
+  router.pop_metrics()
+  router.score([Example("q", "4", "exact")] * 4 + [Example("q", "4", "raises")],
+               ["4", "4", "4", "5", "x"])
+  metrics = router.pop_metrics()
+  assert metrics["reward/exact/accuracy"] == 0.75
+  assert metrics["reward/exact/failure_rate"] == 0.0
+  assert metrics["reward/exact/samples"] == 4.0
+  assert metrics["reward/raises/failure_rate"] == 1.0
+  assert metrics["reward/exact/seconds"] >= 0.0
+  assert router.pop_metrics() == {}
+
+
+def test_unknown_tasks_and_bad_inputs_are_errors(router):
+  with pytest.raises(ValueError, match="no scorer for task"):
+    router.score([Example("a", "b", "unknown")], ["a"])
+  with pytest.raises(ValueError, match="1 examples for 2 responses"):
+    router.score([Example("a", "b", "arith")], ["a", "b"])
+  assert isinstance(router, Scorer)
+
+
+def test_verifiers_must_be_module_level_functions():
+  with pytest.raises(ValueError, match="verifier 'lambda_task' must be a module-level"):
+    VerifierScorer({"lambda_task": lambda response, answer: True})
+
+
+def test_pool_keeps_input_order_and_respects_its_size():
+  pool = KillablePool(2, timeout_s=5.0)
+  try:
+    results = pool.map([(verifiers.scaled, (str(i) * (i + 1), "")) for i in range(7)])
+    assert results == [("ok", float(i + 1)) for i in range(7)]
+    assert len(pool._workers) == 2  # pylint: disable=protected-access
+  finally:
+    pool.close()
+  with pytest.raises(ValueError, match="size >= 1"):
+    KillablePool(0, 1.0)
