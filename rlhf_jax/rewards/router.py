@@ -12,6 +12,7 @@ per-task accuracy, failure rate and time for the metrics.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -25,6 +26,7 @@ from rlhf_jax.tasks import arith
 Verifier = Callable[[str, str], "Judgement | bool | float"]
 
 BUILTIN_VERIFIERS: dict[str, Verifier] = {arith.TASK: arith.verify}
+CODE_TASKS = frozenset({"code", "pycalc"})  # scored by the sandbox (rewards/code.py)
 
 
 class VerifierScorer:
@@ -178,3 +180,37 @@ class RewardRouter:
     for scorer in {id(s): s for s in self.scorers.values()}.values():
       if hasattr(scorer, "close"):
         scorer.close()
+
+
+def router_for_tasks(tasks: Sequence[str], *, correct_score: float = 1.0,
+                     wrong_score: float = 0.0, failure_score: float = 0.0,
+                     timeout_s: float = 5.0, workers: int = 2, math_extractor: str = "auto",
+                     sandbox_timeout_s: float = 5.0, sandbox_memory_mb: int = 512,
+                     sandbox_workers: int | None = None,
+                     sandbox_isolation: str = "namespaces") -> RewardRouter:
+  """The router of the built-in scorers that `tasks` need: arith's and math's rule
+  verifiers (`math` needs math-verify) and the code sandbox for 'code' and 'pycalc'.
+
+  Raises:
+    ImportError: math-verify is missing for a 'math' task.
+    rewards.sandbox.SandboxUnavailable: a code task, and the sandbox cannot start here.
+  """
+  tasks = set(tasks)
+  verifiers: dict[str, Verifier] = {arith.TASK: arith.verify}
+  if "math" in tasks:
+    from rlhf_jax.rewards import math as math_lib  # pylint: disable=import-outside-toplevel
+    math_lib.check_extractor(math_extractor)
+    verifiers["math"] = functools.partial(math_lib.verify, extractor=math_extractor)
+  scores = dict(correct_score=correct_score, wrong_score=wrong_score)
+  scorers = {}
+  code_tasks = sorted(tasks & CODE_TASKS)
+  if code_tasks:
+    from rlhf_jax.rewards import code  # pylint: disable=import-outside-toplevel
+    from rlhf_jax.rewards import sandbox  # pylint: disable=import-outside-toplevel
+    sandbox.check_isolation(sandbox_isolation)
+    scorer = code.CodeScorer(code_tasks, timeout_s=sandbox_timeout_s,
+                             memory_mb=sandbox_memory_mb, max_workers=sandbox_workers,
+                             isolation=sandbox_isolation, **scores)
+    scorers.update({task: scorer for task in code_tasks})
+  return RewardRouter(verifiers, scorers=scorers, failure_score=failure_score,
+                      timeout_s=timeout_s, max_workers=workers, **scores)

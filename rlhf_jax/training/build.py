@@ -4,7 +4,6 @@ rollout. The loop (training/loop.py) receives them ready to use."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from typing import Any, Sequence
 
@@ -18,6 +17,7 @@ from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
 from rlhf_jax.data import read_jsonl
 from rlhf_jax.rewards import RewardRouter
+from rlhf_jax.rewards.router import router_for_tasks
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
@@ -98,37 +98,25 @@ def load_examples(c) -> tuple[list[Example], list[Example]]:
 
 
 def build_scorer(c, tasks: Sequence[str]) -> RewardRouter:
-  """The `reward` section's router over the scorers the data's `tasks` need: the arith
-  and math rule verifiers (killable workers) and the code sandbox ('code', 'pycalc').
-  A missing dependency or a sandbox that cannot start is a ConfigError here."""
+  """The `reward` section's router over the scorers the data's `tasks` need
+  (`rewards.router.router_for_tasks`); a missing dependency or a sandbox that cannot
+  start is a ConfigError here, before anything compiles."""
+  from rlhf_jax.rewards.sandbox import SandboxUnavailable  # pylint: disable=import-outside-toplevel
   r = c.reward
-  tasks = set(tasks)
-  verifiers = {arith.TASK: arith.verify}
-  if "math" in tasks:
-    try:
-      from rlhf_jax.rewards import math as math_lib  # pylint: disable=import-outside-toplevel
-    except ImportError as error:
-      raise ConfigError(f"task 'math' in the data: {error}") from None
-    verifiers["math"] = functools.partial(math_lib.verify, extractor=r.math_extractor)
-  scores = dict(correct_score=r.correct_score, wrong_score=r.wrong_score)
-  scorers = {}
-  code_tasks = sorted(tasks & {"code", pycalc.TASK})
-  if code_tasks:
-    from rlhf_jax.rewards import code as code_lib  # pylint: disable=import-outside-toplevel
-    from rlhf_jax.rewards import sandbox  # pylint: disable=import-outside-toplevel
-    try:
-      sandbox.check_isolation(r.sandbox.isolation)
-    except sandbox.SandboxUnavailable as error:
-      raise ConfigError(f"config.reward.sandbox.isolation={r.sandbox.isolation!r}: "
-                        f"{error}") from None
-    code = code_lib.CodeScorer(code_tasks, timeout_s=r.sandbox.timeout_s,
-                               memory_mb=r.sandbox.memory_mb,
-                               max_workers=r.sandbox.workers or None,
-                               isolation=r.sandbox.isolation, **scores)
-    scorers.update({task: code for task in code_tasks})
-  return RewardRouter({t: v for t, v in verifiers.items() if t in tasks or t == arith.TASK},
-                      scorers=scorers, failure_score=r.failure_score, timeout_s=r.timeout_s,
-                      max_workers=r.workers, **scores)
+  try:
+    return router_for_tasks(
+        tasks, correct_score=r.correct_score, wrong_score=r.wrong_score,
+        failure_score=r.failure_score, timeout_s=r.timeout_s, workers=r.workers,
+        math_extractor=r.math_extractor, sandbox_timeout_s=r.sandbox.timeout_s,
+        sandbox_memory_mb=r.sandbox.memory_mb, sandbox_workers=r.sandbox.workers or None,
+        sandbox_isolation=r.sandbox.isolation)
+  except ImportError as error:
+    raise ConfigError(f"the data has a 'math' task: {error}") from None
+  except ValueError as error:
+    raise ConfigError(f"config.reward.math_extractor: {error}") from None
+  except SandboxUnavailable as error:
+    raise ConfigError(f"config.reward.sandbox.isolation={r.sandbox.isolation!r}: "
+                      f"{error}") from None
 
 
 def generation_params(c, policy: Policy, params, mesh):

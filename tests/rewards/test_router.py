@@ -105,3 +105,25 @@ def test_pool_keeps_input_order_and_respects_its_size():
     pool.close()
   with pytest.raises(ValueError, match="size >= 1"):
     KillablePool(0, 1.0)
+
+
+def test_router_for_tasks_mixes_math_code_and_arith_in_one_batch():
+  from rlhf_jax.rewards.router import router_for_tasks
+  router = router_for_tasks(["math", "pycalc", "arith"], correct_score=1.0, wrong_score=-1.0,
+                            math_extractor="boxed", sandbox_timeout_s=5.0)
+  try:
+    examples = [Example("q", "\\frac{1}{2}", "math"), Example("q", "\\frac{1}{2}", "math"),
+                Example("q", "assert x == 12", "pycalc"), Example("q", "12", "arith"),
+                Example("q", "assert x == 12", "pycalc")]
+    responses = ["so \\boxed{0.5}", "Answer: 0.5", "x=3*4", "Answer: 12", "x=3+4"]
+    scored = router.score(examples, responses)
+    assert scored.correct == [True, False, True, True, False]
+    assert scored.scores == [1.0, -1.0, 1.0, 1.0, -1.0]
+    assert scored.reason(1) == "no answer found"  # the boxed extractor was configured
+    assert scored.reason(4).startswith("test failed: AssertionError")
+    metrics = router.pop_metrics()
+    assert metrics["reward/math/accuracy"] == 0.5 and metrics["reward/pycalc/samples"] == 2.0
+  finally:
+    router.close()
+  with pytest.raises(ValueError, match="extractor"):
+    router_for_tasks(["math"], math_extractor="bogus")
