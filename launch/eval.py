@@ -34,7 +34,7 @@ def main(argv) -> None:
 
   from rlhf_jax import models
   from rlhf_jax.data import read_jsonl
-  from rlhf_jax.rewards import RewardRouter
+  from rlhf_jax.rewards.router import router_for_tasks
   from rlhf_jax.sampling import config as sampler_config_lib
   from rlhf_jax.tasks import arith
   from rlhf_jax.training.evaluation import evaluate_policy
@@ -59,7 +59,8 @@ def main(argv) -> None:
   sampler_config.warmup = False  # one pass over the data: compile on first use
   sampler = sampler_config_lib.build_scheduler(sampler_config, model, params,
                                                tokenizer=tokenizer)
-  result = evaluate_policy(sampler, tokenizer, examples, RewardRouter(), prefix=prefix,
+  scorer = router_for_tasks(sorted({e.task for e in examples}))
+  result = evaluate_policy(sampler, tokenizer, examples, scorer, prefix=prefix,
                            samples=_SAMPLES.value, temperature=_TEMPERATURE.value,
                            max_new_tokens=_MAX_NEW_TOKENS.value)
   print(json.dumps({"checkpoint": _CHECKPOINT.value, "data": _DATA.value or "arith",

@@ -50,7 +50,8 @@ def main(argv) -> None:
   _, held_out = build.load_examples(config)
   sampler = sampler_config_lib.build_scheduler(config.sampler, model, params,
                                                tokenizer=tokenizer, seed=config.seed)
-  result = evaluate_policy(sampler, tokenizer, held_out, build.build_scorer(config),
+  scorer = build.build_scorer(config, sorted({e.task for e in held_out}))
+  result = evaluate_policy(sampler, tokenizer, held_out, scorer,
                            prefix=models.load_prompt_prefix(directory, tokenizer),
                            samples=1, temperature=0.0,
                            max_new_tokens=config.rollout.max_new_tokens)

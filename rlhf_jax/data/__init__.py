@@ -1,8 +1,13 @@
-"""rlhf_jax.data: prompt datasets (JSONL) and a resumable, deterministic prompt stream."""
+"""rlhf_jax.data: prompt sources (JSONL, Parquet, TFDS), the resumable prompt stream,
+task curricula and Pre-PPO prompt selection."""
 
 from rlhf_jax.data.jsonl import Example
 from rlhf_jax.data.jsonl import PromptStream
 from rlhf_jax.data.jsonl import read_jsonl
 from rlhf_jax.data.jsonl import write_jsonl
+from rlhf_jax.data.sources import read_examples
+from rlhf_jax.data.sources import read_tfds
+from rlhf_jax.data.sources import write_examples
 
-__all__ = ["Example", "PromptStream", "read_jsonl", "write_jsonl"]
+__all__ = ["Example", "PromptStream", "read_examples", "read_jsonl", "read_tfds",
+           "write_examples", "write_jsonl"]

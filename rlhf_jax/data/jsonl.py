@@ -1,11 +1,14 @@
 """Prompt data as JSONL, one example per line, and a resumable prompt stream.
 
 Schema (training and evaluation alike):
-  {"prompt": str, "answer": str, "task": str, "metadata": {...}}   # metadata optional
+  {"prompt": str, "answer": str, "task": str, "metadata": {...}, "messages": [...]}
+  (metadata and messages optional). Parquet files, other schemas and column mappings:
+  data/sources.py.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -23,11 +26,14 @@ class Example:
     answer: the reference the task's verifier compares against.
     task: which verifier scores it (e.g. "arith", "math").
     metadata: anything else (difficulty, source, a worked solution for SFT).
+    messages: the chat form of the prompt ([{"role", "content"}, ...]) when the data has
+      one (for a tokenizer with a chat template); `prompt` is then its last user turn.
   """
   prompt: str
   answer: str
   task: str
   metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+  messages: list[dict[str, str]] | None = None
 
 
 def read_jsonl(path: str) -> list[Example]:
@@ -49,17 +55,29 @@ def read_jsonl(path: str) -> list[Example]:
         if not isinstance(record.get(field), str):
           raise ValueError(f"{path}:{number}: field {field!r} must be a string; got "
                            f"{record.get(field)!r}.")
-      unknown = set(record) - {"prompt", "answer", "task", "metadata"}
+      unknown = set(record) - {"prompt", "answer", "task", "metadata", "messages"}
       if unknown:
         raise ValueError(f"{path}:{number}: unknown fields {sorted(unknown)}; allowed: prompt, "
-                         "answer, task, metadata.")
+                         "answer, task, metadata, messages.")
       metadata = record.get("metadata", {})
       if not isinstance(metadata, dict):
         raise ValueError(f"{path}:{number}: field 'metadata' must be an object.")
-      examples.append(Example(record["prompt"], record["answer"], record["task"], metadata))
+      messages = record.get("messages")
+      if messages is not None and not _is_chat(messages):
+        raise ValueError(f"{path}:{number}: field 'messages' must be a list of "
+                         "{'role': str, 'content': str} objects.")
+      examples.append(Example(record["prompt"], record["answer"], record["task"], metadata,
+                              messages))
   if not examples:
     raise ValueError(f"{path}: no examples.")
   return examples
+
+
+def _is_chat(value) -> bool:
+  """Whether `value` is a list of {"role": str, "content": str} messages."""
+  return isinstance(value, (list, tuple)) and all(
+      isinstance(m, dict) and isinstance(m.get("role"), str)
+      and isinstance(m.get("content"), str) for m in value)
 
 
 def write_jsonl(path: str, examples: Iterable[Example | dict]) -> int:
@@ -69,6 +87,8 @@ def write_jsonl(path: str, examples: Iterable[Example | dict]) -> int:
   with open(path, "w", encoding="utf-8") as f:
     for example in examples:
       record = dataclasses.asdict(example) if isinstance(example, Example) else example
+      if record.get("messages", 0) is None:
+        record = {k: v for k, v in record.items() if k != "messages"}
       f.write(json.dumps(record) + "\n")
       count += 1
   return count
@@ -91,6 +111,7 @@ class PromptStream:
     self.shuffle = shuffle
     self.epoch = 0
     self.index = 0
+    self._mix: collections.Counter = collections.Counter()
 
   def _order(self, epoch: int) -> np.ndarray:
     if not self.shuffle:
@@ -107,6 +128,16 @@ class PromptStream:
       self.index += take
       if self.index == len(order):
         self.epoch, self.index = self.epoch + 1, 0
+    self._mix.update(e.task for e in out)
+    return out
+
+  def set_step(self, step: int) -> None:
+    """No schedule: the step changes nothing (see data/curriculum.py for one that does)."""
+    del step
+
+  def pop_mix(self) -> dict[str, int]:
+    """Prompts drawn per task since the last call (the `data/task_mix/<task>` metrics)."""
+    out, self._mix = dict(self._mix), collections.Counter()
     return out
 
   def state(self) -> dict[str, int]:

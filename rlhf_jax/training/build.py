@@ -15,7 +15,9 @@ from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
-from rlhf_jax.data import read_jsonl
+from rlhf_jax.data import read_examples
+from rlhf_jax.data.curriculum import CurriculumStream
+from rlhf_jax.data.curriculum import parse_curriculum
 from rlhf_jax.rewards import RewardRouter
 from rlhf_jax.rewards.router import router_for_tasks
 from rlhf_jax.rewards import Scorer
@@ -25,6 +27,7 @@ from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import pycalc
 from rlhf_jax.training import learner as learner_lib
+from rlhf_jax.training.config import parse_columns
 from rlhf_jax.training.roles import FrozenRole
 from rlhf_jax.training.roles import make_optimizer
 from rlhf_jax.training.sft import policy_checkpoint_dir
@@ -87,10 +90,11 @@ def load_examples(c) -> tuple[list[Example], list[Example]]:
   """Training and held-out examples (JSONL files, or generated `data.task` problems)."""
   levels, weights = tuple(c.data.levels), tuple(c.data.level_weights)
   generate = GENERATED[c.data.task]
-  train = (read_jsonl(c.data.train_file) if c.data.train_file
+  columns = parse_columns(c.data.columns)
+  train = (read_examples(c.data.train_file, columns=columns) if c.data.train_file
            else generate(c.seed + 1, c.data.num_train, levels, weights))
   if c.data.eval_file:
-    held_out = read_jsonl(c.data.eval_file)
+    held_out = read_examples(c.data.eval_file, columns=columns)
   else:
     held_out = (generate(c.seed + 2, c.data.num_eval, levels, weights)
                 if c.variant == "arith" else [])
@@ -149,7 +153,11 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
                              sampling=rollout_config_lib.sampling_params(c.rollout, stop),
                              prefix=policy.prefix, prompt_length=c.data.prompt_length,
                              seed=c.seed)
-  stream = PromptStream(examples, seed=c.seed, shuffle=c.data.shuffle)
+  if c.data.curriculum:
+    stream = CurriculumStream(examples, parse_curriculum(c.data.curriculum), seed=c.seed,
+                              shuffle=c.data.shuffle)
+  else:
+    stream = PromptStream(examples, seed=c.seed, shuffle=c.data.shuffle)
   return rollout_config_lib.build_rollout(c.rollout, generator, stream)
 
 

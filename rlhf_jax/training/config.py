@@ -17,6 +17,8 @@ import ml_collections
 from rlhf_jax import parallel
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.config_errors import fail
+from rlhf_jax.data.curriculum import parse_curriculum
+from rlhf_jax.data.sources import FIELDS as SOURCE_FIELDS
 from rlhf_jax.models.config import DTYPES
 from rlhf_jax.models.config import MATMUL_PRECISIONS
 from rlhf_jax.rollout import config as rollout_config_lib
@@ -47,8 +49,14 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.model.num_heads = 4  # arith tiny model: query heads.
 
   c.data = ml_collections.ConfigDict()
-  c.data.train_file = ""  # JSONL of prompts (prompt, answer, task); arith: empty = generated.
-  c.data.eval_file = ""  # JSONL of held-out prompts; arith: empty = generated (other seeds).
+  c.data.train_file = ""  # .jsonl/.parquet of prompts (prompt, answer, task); arith: empty = generated.
+  c.data.eval_file = ""  # Held-out prompts, same formats; arith: empty = generated (other seeds).
+  # Other schemas: our field = the file's dotted column, e.g. verl's Parquet layout
+  # "answer=reward_model.ground_truth,task=data_source" (a chat-list prompt becomes messages).
+  c.data.columns = ""
+  # Task schedule (data/curriculum.py), e.g. "math:1,code:1@50; math:1,code:1,arith:2":
+  # per phase the tasks' shares of each step's prompts; empty: the file's mix, shuffled.
+  c.data.curriculum = ""
   # arith variant: the built-in task of the generated problems: 'arith' (worked
   # solutions, verified by the answer line) or 'pycalc' (a program run in the sandbox).
   c.data.task = "arith"
@@ -149,6 +157,9 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
     fail("model.checkpoint", "is required for the hf variant (an HF checkpoint directory)")
   if c.variant == "hf" and not c.data.train_file:
     fail("data.train_file", "is required for the hf variant (JSONL: prompt, answer, task)")
+  parse_columns(c.data.columns)
+  if c.data.curriculum:
+    parse_curriculum(c.data.curriculum)
   if len(c.data.levels) != len(c.data.level_weights):
     fail("data.level_weights", f"has {len(c.data.level_weights)} entries for "
          f"{len(c.data.levels)} data.levels")
@@ -160,6 +171,18 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   for field in ("learning_rate", "critic_learning_rate"):
     if c.optimizer[field] <= 0:
       fail(f"optimizer.{field}", f"={c.optimizer[field]} must be > 0")
+
+
+def parse_columns(text: str) -> dict[str, str]:
+  """`data.columns` ("answer=reward_model.ground_truth,task=data_source") as a mapping."""
+  mapping = {}
+  for item in filter(None, (part.strip() for part in text.split(","))):
+    field, _, path = item.partition("=")
+    if field.strip() not in SOURCE_FIELDS or not path.strip():
+      fail("data.columns", f"={text!r}: {item!r} is not field=column with field one of "
+           f"{', '.join(SOURCE_FIELDS)}")
+    mapping[field.strip()] = path.strip()
+  return mapping
 
 
 def _validate_reward(c) -> None:

@@ -72,6 +72,7 @@ class Trainer:
   def train_step(self) -> dict[str, float]:
     """One rollout batch → updates → new weights in the sampler; returns the step's metrics."""
     start = time.perf_counter()
+    self.rollout.stream.set_step(self.step)  # a curriculum's phase
     rollouts = self.rollout.collect()
     generated = time.perf_counter()
     batch = jax.tree.map(
@@ -85,6 +86,8 @@ class Trainer:
     updated = time.perf_counter()
     metrics = metrics_lib.rollout_metrics(rollouts, out["prepare"])
     metrics.update(pop_scorer_metrics(self.scorer))  # per task: accuracy, failures, time
+    metrics.update({f"data/task_mix/{task}": float(n)
+                    for task, n in self.rollout.stream.pop_mix().items()})
     if "actor" in out:
       metrics.update(metrics_lib.reduce_updates(out["actor"]))
     if "critic" in out:
