@@ -79,3 +79,31 @@ def test_sft_launcher_reports_accuracy(tmp_path):
   report = json.loads(result.stdout.strip().splitlines()[-1])
   assert report["checkpoint"] == str(tmp_path / "sft") and 0 <= report["accuracy"] <= 1
   assert (tmp_path / "sft" / "prompt_format.json").exists()
+
+
+@pytest.mark.slow
+def test_pycalc_preset_with_a_curriculum_runs_end_to_end(tmp_path):
+  """2 GRPO steps on pycalc (every sample run in the sandbox) with a task schedule."""
+  from rlhf_jax.data import write_examples
+  from rlhf_jax.tasks import arith
+  from rlhf_jax.tasks import pycalc
+  train = tmp_path / "mix.jsonl"
+  write_examples(str(train), pycalc.examples(5, 16, (1,)) + arith.examples(6, 16, (1,)))
+  result = run("train.py", "--config=configs/pycalc.py", f"--workdir={tmp_path}", *SMALL,
+               "--config.train.steps=2", "--config.rollout.prompts_per_step=4",
+               f"--config.data.train_file={train}",
+               "--config.data.curriculum=pycalc:1@1; pycalc:1,arith:1")
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  steps = [r for r in rows if "reward_mean" in r]
+  assert steps[0]["data/task_mix/pycalc"] == 4 and "data/task_mix/arith" not in steps[0]
+  assert steps[1]["data/task_mix/pycalc"] == 2 and steps[1]["data/task_mix/arith"] == 2
+  assert steps[0]["reward/pycalc/samples"] == 8  # 4 prompts × group_size 2
+  assert steps[0]["reward/pycalc/failure_rate"] == 0.0
+  assert steps[1]["reward/arith/samples"] == 4
+  # Resuming continues the schedule where it was (nothing left to do here).
+  result = run("train.py", "--config=configs/pycalc.py", f"--workdir={tmp_path}", *SMALL,
+               "--config.train.steps=2", "--config.rollout.prompts_per_step=4",
+               f"--config.data.train_file={train}",
+               "--config.data.curriculum=pycalc:1@1; pycalc:1,arith:1")
+  assert result.returncode == 0 and "resumed from step 2" in result.stdout
