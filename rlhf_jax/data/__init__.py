@@ -1,7 +1,9 @@
 """rlhf_jax.data: prompt sources (JSONL, Parquet, TFDS), the resumable prompt stream,
 task curricula and Pre-PPO prompt selection."""
 
-from rlhf_jax.data.jsonl import Example
+from rlhf_jax.data.curriculum import CurriculumStream
+from rlhf_jax.data.curriculum import parse_curriculum
+from rlhf_jax.data.example import Example
 from rlhf_jax.data.jsonl import PromptStream
 from rlhf_jax.data.jsonl import read_jsonl
 from rlhf_jax.data.jsonl import write_jsonl
@@ -9,5 +11,5 @@ from rlhf_jax.data.sources import read_examples
 from rlhf_jax.data.sources import read_tfds
 from rlhf_jax.data.sources import write_examples
 
-__all__ = ["Example", "PromptStream", "read_examples", "read_jsonl", "read_tfds",
-           "write_examples", "write_jsonl"]
+__all__ = ["CurriculumStream", "Example", "PromptStream", "parse_curriculum", "read_examples",
+           "read_jsonl", "read_tfds", "write_examples", "write_jsonl"]

@@ -9,75 +9,38 @@ Schema (training and evaluation alike):
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from rlhf_jax.data.example import Example
+from rlhf_jax.data.example import record_to_example
+from rlhf_jax.data.example import to_record
 
-@dataclasses.dataclass(frozen=True)
-class Example:
-  """One prompt with its reference answer.
 
-  Attributes:
-    prompt: the text given to the model.
-    answer: the reference the task's verifier compares against.
-    task: which verifier scores it (e.g. "arith", "math").
-    metadata: anything else (difficulty, source, a worked solution for SFT).
-    messages: the chat form of the prompt ([{"role", "content"}, ...]) when the data has
-      one (for a tokenizer with a chat template); `prompt` is then its last user turn.
-  """
-  prompt: str
-  answer: str
-  task: str
-  metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
-  messages: list[dict[str, str]] | None = None
+def json_lines(path: str) -> Iterator[tuple[int, Any]]:
+  """(1-based line number, parsed value) of each non-blank line; errors name file and line."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no such file.")
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if line.strip():
+        try:
+          yield number, json.loads(line)
+        except json.JSONDecodeError as error:
+          raise ValueError(f"{path}:{number}: not JSON ({error.msg}).") from None
 
 
 def read_jsonl(path: str) -> list[Example]:
-  """Reads examples; errors name the file, line and field."""
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path}: no such JSONL file.")
-  examples = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{number}: not JSON ({error.msg}).") from None
-      if not isinstance(record, dict):
-        raise ValueError(f"{path}:{number}: expected an object, got {type(record).__name__}.")
-      for field in ("prompt", "answer", "task"):
-        if not isinstance(record.get(field), str):
-          raise ValueError(f"{path}:{number}: field {field!r} must be a string; got "
-                           f"{record.get(field)!r}.")
-      unknown = set(record) - {"prompt", "answer", "task", "metadata", "messages"}
-      if unknown:
-        raise ValueError(f"{path}:{number}: unknown fields {sorted(unknown)}; allowed: prompt, "
-                         "answer, task, metadata, messages.")
-      metadata = record.get("metadata", {})
-      if not isinstance(metadata, dict):
-        raise ValueError(f"{path}:{number}: field 'metadata' must be an object.")
-      messages = record.get("messages")
-      if messages is not None and not _is_chat(messages):
-        raise ValueError(f"{path}:{number}: field 'messages' must be a list of "
-                         "{'role': str, 'content': str} objects.")
-      examples.append(Example(record["prompt"], record["answer"], record["task"], metadata,
-                              messages))
+  """Reads examples of our schema strictly (string answers, no other fields); errors name
+  the file, line and field. `sources.read_examples` also takes numbers and mappings."""
+  examples = [record_to_example(record, f"{path}:{number}", strict=True, numbers=False)
+              for number, record in json_lines(path)]
   if not examples:
-    raise ValueError(f"{path}: no examples.")
+    raise ValueError(f"{path}: no examples (empty file).")
   return examples
-
-
-def _is_chat(value) -> bool:
-  """Whether `value` is a list of {"role": str, "content": str} messages."""
-  return isinstance(value, (list, tuple)) and all(
-      isinstance(m, dict) and isinstance(m.get("role"), str)
-      and isinstance(m.get("content"), str) for m in value)
 
 
 def write_jsonl(path: str, examples: Iterable[Example | dict]) -> int:
@@ -86,9 +49,10 @@ def write_jsonl(path: str, examples: Iterable[Example | dict]) -> int:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     for example in examples:
-      record = dataclasses.asdict(example) if isinstance(example, Example) else example
-      if record.get("messages", 0) is None:
-        record = {k: v for k, v in record.items() if k != "messages"}
+      if isinstance(example, Example):
+        record = to_record(example)
+      else:
+        record = {k: v for k, v in example.items() if k != "messages" or v is not None}
       f.write(json.dumps(record) + "\n")
       count += 1
   return count
@@ -112,6 +76,7 @@ class PromptStream:
     self.epoch = 0
     self.index = 0
     self._mix: collections.Counter = collections.Counter()
+    self._last: collections.Counter = collections.Counter()
 
   def _order(self, epoch: int) -> np.ndarray:
     if not self.shuffle:
@@ -128,15 +93,21 @@ class PromptStream:
       self.index += take
       if self.index == len(order):
         self.epoch, self.index = self.epoch + 1, 0
-    self._mix.update(e.task for e in out)
+    self._last = collections.Counter(e.task for e in out)
+    self._mix.update(self._last)
     return out
 
   def set_step(self, step: int) -> None:
     """No schedule: the step changes nothing (see data/curriculum.py for one that does)."""
     del step
 
+  def last_mix(self) -> dict[str, int]:
+    """Prompts per task of the last `take`."""
+    return dict(self._last)
+
   def pop_mix(self) -> dict[str, int]:
-    """Prompts drawn per task since the last call (the `data/task_mix/<task>` metrics)."""
+    """Prompts drawn per task since the last call (the `data/task_mix/<task>` metrics; a
+    rollout may `take` more than once a step)."""
     out, self._mix = dict(self._mix), collections.Counter()
     return out
 
@@ -146,4 +117,7 @@ class PromptStream:
 
   def restore(self, state: dict[str, int]) -> None:
     """Continues from a `state()`."""
+    if "epoch" not in state:
+      raise ValueError(f"not a PromptStream state (keys {sorted(state)}); a checkpoint of a "
+                       "run with data.curriculum resumes only with one.")
     self.epoch, self.index = int(state["epoch"]), int(state["index"])

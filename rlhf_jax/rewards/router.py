@@ -165,12 +165,12 @@ class RewardRouter:
     totals["seconds"] += seconds
 
   def pop_metrics(self) -> dict[str, float]:
-    """Per task since the last call: accuracy, failure rate, scoring seconds per sample."""
+    """Per task since the last call: accuracy, failure rate, scoring seconds (as time_reward/<task>: wall clock, like time_generate)."""
     out = {}
     for task, t in sorted(self._totals.items()):
       out[f"reward/{task}/accuracy"] = t["correct"] / t["samples"]
       out[f"reward/{task}/failure_rate"] = t["failures"] / t["samples"]
-      out[f"reward/{task}/seconds"] = t["seconds"]
+      out[f"time_reward/{task}"] = t["seconds"]
       out[f"reward/{task}/samples"] = float(t["samples"])
     self._totals.clear()
     return out

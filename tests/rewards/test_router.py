@@ -78,7 +78,7 @@ def test_per_task_metrics_count_since_the_last_pop(router):
   assert metrics["reward/exact/failure_rate"] == 0.0
   assert metrics["reward/exact/samples"] == 4.0
   assert metrics["reward/raises/failure_rate"] == 1.0
-  assert metrics["reward/exact/seconds"] >= 0.0
+  assert metrics["time_reward/exact"] >= 0.0
   assert router.pop_metrics() == {}
 
 

@@ -139,7 +139,7 @@ def test_tppo_carries_unfinished_responses_across_steps(tmp_path):
     assert record["logprob_mismatch_max"] < 1e-5
 
 
-TIMING = ("elapsed_s", "tokens_per_second", "time_generate", "time_update")
+TIMING = ("elapsed_s", "tokens_per_second")  # and every time_* key: wall clock
 
 
 @pytest.mark.slow
@@ -181,7 +181,7 @@ def test_resume_continues_exactly(tmp_path, name):
   resumed.run()
 
   def timeless(directory):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records(directory)]
+    return [{k: v for k, v in r.items() if k not in TIMING and not k.startswith("time_")} for r in records(directory)]
 
   assert timeless(split_dir) == timeless(straight_dir)
   jax.tree.map(np.testing.assert_array_equal, resumed.learner.state(), straight.learner.state())
