@@ -5,6 +5,10 @@ or crashes must cost only its sample. Threads cannot be killed, so each call run
 a persistent worker process; a call that passes its deadline gets its worker killed
 and replaced, a worker that dies is replaced, and both are recorded as failures.
 Workers are started with "spawn" (forking a process that runs JAX threads is unsafe).
+A worker says it is ready before it gets its first call, so a call's deadline never
+includes the worker's start-up; a worker that cannot start is an error naming the
+likely cause (a script without an `if __name__ == "__main__":` guard re-runs itself
+in every spawned worker), not a loop of replacements.
 """
 
 from __future__ import annotations
@@ -16,8 +20,13 @@ import time
 from typing import Any, Callable, Sequence
 
 
+STARTUP_TIMEOUT_S = 120.0  # spawn re-imports the parent's main module: allow a slow import
+_READY = "ready"
+
+
 def _serve(connection) -> None:
-  """Worker: receive (fn, args), send ("ok", result) or ("error", repr)."""
+  """Worker: say ready, then receive (fn, args), send ("ok", result) or ("error", repr)."""
+  connection.send(_READY)
   while True:
     try:
       fn, args = connection.recv()
@@ -33,6 +42,10 @@ def _serve(connection) -> None:
       connection.send(("error", f"unpicklable result: {error!r}"[:300]))
 
 
+class WorkerStartError(RuntimeError):
+  """A worker process died or hung before it could take calls."""
+
+
 class _Worker:
 
   def __init__(self, context):
@@ -40,6 +53,28 @@ class _Worker:
     self.process = context.Process(target=_serve, args=(child,), daemon=True)
     self.process.start()
     child.close()
+    self.ready = False
+
+  def wait_ready(self, timeout_s: float) -> None:
+    """Blocks until the worker has started; WorkerStartError if it dies or hangs first."""
+    if self.ready:
+      return
+    message = None
+    try:
+      if self.connection.poll(timeout_s):
+        message = self.connection.recv()
+    except (EOFError, OSError):
+      pass
+    if message != _READY:
+      exitcode = self.process.exitcode
+      self.kill()
+      state = (f"exited with code {exitcode}" if exitcode is not None
+               else f"did not start within {timeout_s:.0f} s")
+      raise WorkerStartError(
+          f"a verifier worker process {state}. Workers are started with multiprocessing "
+          "'spawn', which imports the main module again in each worker: a script must "
+          "run its work under `if __name__ == \"__main__\":`.")
+    self.ready = True
 
   def kill(self) -> None:
     self.process.kill()
@@ -52,14 +87,15 @@ class KillablePool:
 
   Args:
     size: worker processes (started lazily on the first `map`).
-    timeout_s: per-call limit, from when the call reaches a worker.
+    timeout_s: per-call limit, from when the call reaches a started worker.
+    startup_timeout_s: how long a new worker may take to start.
   """
 
-  def __init__(self, size: int, timeout_s: float):
+  def __init__(self, size: int, timeout_s: float, startup_timeout_s: float = STARTUP_TIMEOUT_S):
     if size < 1 or timeout_s <= 0:
       raise ValueError(f"KillablePool needs size >= 1 and timeout_s > 0; got {size}, "
                        f"{timeout_s}.")
-    self.size, self.timeout_s = size, timeout_s
+    self.size, self.timeout_s, self.startup_timeout_s = size, timeout_s, startup_timeout_s
     self._context = multiprocessing.get_context("spawn")
     self._workers: list[_Worker] = []
 
@@ -76,6 +112,8 @@ class KillablePool:
     """Runs the calls; per call ("ok", result), ("error", why) or ("timeout", "")."""
     while len(self._workers) < min(self.size, len(calls)):
       self._workers.append(_Worker(self._context))
+    for worker in self._workers:  # started together, waited for together
+      worker.wait_ready(self.startup_timeout_s)
     results: list[tuple[str, Any] | None] = [None] * len(calls)
     pending = list(range(len(calls)))[::-1]
     busy: dict[int, tuple[int, float]] = {}  # worker slot → (call index, deadline)
@@ -84,9 +122,11 @@ class KillablePool:
       while pending and idle:
         slot, index = idle.pop(), pending.pop()
         try:
+          self._workers[slot].wait_ready(self.startup_timeout_s)  # a replacement may be new
           self._workers[slot].connection.send(calls[index])
         except (OSError, ValueError):  # the worker died between calls
           self._replace(slot)
+          self._workers[slot].wait_ready(self.startup_timeout_s)
           self._workers[slot].connection.send(calls[index])
         busy[slot] = (index, time.monotonic() + self.timeout_s)
       deadline = min(d for _, d in busy.values())

@@ -1,5 +1,8 @@
 """The reward router: per-task dispatch, killable verifier workers, per-task metrics."""
 
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -127,3 +130,38 @@ def test_router_for_tasks_mixes_math_code_and_arith_in_one_batch():
     router.close()
   with pytest.raises(ValueError, match="extractor"):
     router_for_tasks(["math"], math_extractor="bogus")
+
+
+def _run_script(tmp_path, text: str) -> subprocess.CompletedProcess:
+  script = tmp_path / "script.py"
+  script.write_text(textwrap.dedent(text))
+  return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                        timeout=240, cwd=tmp_path, check=False)
+
+
+def test_a_call_deadline_does_not_include_the_workers_start_up(tmp_path):
+  """spawn re-imports the main module in each worker: a slow import is start-up, not
+  the call's time."""
+  done = _run_script(tmp_path, """
+      import operator
+      import time
+      time.sleep(2.0)  # a slow main-module import, repeated in every spawned worker
+      from rlhf_jax.rewards.workers import KillablePool
+      if __name__ == "__main__":
+        pool = KillablePool(1, timeout_s=1.0)
+        print(pool.map([(operator.add, (1, 2))]))
+        pool.close()
+      """)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip() == "[('ok', 3)]"
+
+
+def test_a_script_without_a_main_guard_gets_an_error_not_a_hang(tmp_path):
+  done = _run_script(tmp_path, """
+      import operator
+      from rlhf_jax.rewards.workers import KillablePool
+      pool = KillablePool(1, timeout_s=1.0)
+      print(pool.map([(operator.add, (1, 2))]))
+      """)
+  assert done.returncode != 0
+  assert "WorkerStartError" in done.stderr and '__name__ == "__main__"' in done.stderr
