@@ -1,6 +1,6 @@
 r"""The arith warm start on its own: trains <workdir>/sft (or --config.model.checkpoint).
 
-  python launch/sft.py --config=configs/dapo.py:arith --workdir=/tmp/dapo [--config.sft.steps=600]
+  python launch/sft.py --config=configs/dapo.py:arith --workdir=/tmp/dapo [--config.sft.steps=450]
 
 train.py runs this itself when the SFT checkpoint is missing. Prints the held-out
 greedy accuracy of the result as JSON.

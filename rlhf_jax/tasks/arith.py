@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -96,30 +96,38 @@ def _digits(n: int) -> list[int]:
   return [int(c) for c in str(n)[::-1]]
 
 
-def solution_lines(a: int, b: int, op: str) -> list[str]:
+def solution_lines(a: int, b: int, op: str, drops: Sequence[bool] = ()) -> list[str]:
   """One line per digit of the result, least significant first.
 
   +: "{a_i}+{b_i}+{carry}={digit} c{carry'}"; −: "{a_i}-{b_i}-{borrow}={digit}
   b{borrow'}"; ×: "{a_i}*{b}+{carry}={digit} c{carry'}" (b one digit). A last
   carry beyond a's digits gets its own line ("0+0+1=1 c0", "0*b+c=c c0").
+
+  `drops[i]` true makes line i ignore the carry (or borrow) coming into it, as a
+  careless teacher would: the line writes "+0" and the rest of the solution follows
+  from that slip consistently, so the answer line is wrong exactly when a dropped
+  carry was not 0 (`slipped_solution`).
   """
   da, db = _digits(a), _digits(b)
+  dropped = lambda i: i < len(drops) and bool(drops[i])  # noqa: E731
   lines = []
   if op == "*":
     if b > 9:
       raise ValueError(f"b={b}: the multiplier must be one digit.")
     carry = 0
     for i in range(len(da)):
+      carry = 0 if dropped(i) else carry
       value = da[i] * b + carry
       lines.append(f"{da[i]}*{b}+{carry}={value % 10} c{value // 10}")
       carry = value // 10
-    if carry:
+    if carry and not dropped(len(da)):
       lines.append(f"0*{b}+{carry}={carry} c0")
     return lines
   width = max(len(da), len(db))
   da, db = da + [0] * (width - len(da)), db + [0] * (width - len(db))
   carry = 0
   for i in range(width):
+    carry = 0 if dropped(i) else carry
     if op == "+":
       value = da[i] + db[i] + carry
       lines.append(f"{da[i]}+{db[i]}+{carry}={value % 10} c{value // 10}")
@@ -131,9 +139,28 @@ def solution_lines(a: int, b: int, op: str) -> list[str]:
       carry = borrow
     else:
       raise ValueError(f"op={op!r}; allowed: '+', '-', '*'.")
-  if op == "+" and carry:
+  if op == "+" and carry and not dropped(width):
     lines.append(f"0+0+{carry}={carry} c0")
   return lines
+
+
+def answer_of_lines(lines: Sequence[str], op: str) -> int:
+  """The number a solution's lines spell (their result digits, most significant last;
+  a subtraction that ends owing a borrow reads as the digits alone)."""
+  digits = "".join(line.split("=")[1].split(" ")[0] for line in lines)
+  del op  # every format writes one result digit per line
+  return int(digits[::-1])
+
+
+def slipped_solution(problem: "Problem", rng: np.random.Generator, slip_rate: float) -> str:
+  """The worked solution of a teacher that drops each incoming carry or borrow with
+  probability `slip_rate` (`solution_lines`' drops); its answer line is what its lines
+  spell, so a slip on a real carry makes the whole demonstration wrong."""
+  if not 0.0 <= slip_rate <= 1.0:
+    raise ValueError(f"slip_rate={slip_rate} must be in [0, 1].")
+  drops = rng.random(max(len(str(problem.a)), len(str(problem.b))) + 1) < slip_rate
+  lines = solution_lines(problem.a, problem.b, problem.op, drops)
+  return "".join(line + "\n" for line in lines) + f"Answer: {answer_of_lines(lines, problem.op)}"
 
 
 def sample_problem(rng: np.random.Generator, level: int) -> Problem:

@@ -68,20 +68,24 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.data.shuffle = True  # Shuffle the prompts each epoch (False: file order).
 
   c.sft = ml_collections.ConfigDict()  # arith warm start (launch/sft.py, or train.py when missing)
-  c.sft.steps = 600  # SFT steps.
+  c.sft.steps = 450  # SFT steps.
   c.sft.batch_size = 64  # Problems per SFT step.
   c.sft.learning_rate = 3e-3  # Peak AdamW learning rate (warmup 20 steps, cosine to 10%).
-  c.sft.levels = (1, 2, 3)  # Difficulty levels of the SFT problems.
-  c.sft.level_weights = (3.0, 2.0, 1.0)  # Their weights (easier heavier: RL has room to grow).
+  c.sft.levels = (1, 2)  # Difficulty levels of the SFT problems.
+  c.sft.level_weights = (1.0, 2.0)  # Their weights (the harder level heavier).
   # Fraction of SFT demonstrations that give only "Answer: N" instead of the worked
-  # digit-serial solution. The tiny model imitates that style but cannot get it right,
-  # so RL has a strategy to discover (the README's demo); 0 = worked solutions only.
-  c.sft.direct_fraction = 0.6
+  # digit-serial solution (a style RL can switch away from); 0 = worked solutions only.
+  c.sft.direct_fraction = 0.0
+  # Probability that the SFT teacher drops a carry or borrow coming into a line of its
+  # worked solution (tasks/arith.py, slipped_solution). Above 0.5 the student's greedy
+  # solutions drop every carry, a habit of reasoning the verifier's reward can correct
+  # (the README's demo); 0 = a flawless teacher.
+  c.sft.carry_slip = 0.6
 
   c.rollout = rollout_config_lib.rollout_config(prompts_per_step=16 if arith else 128,
-                                                max_new_tokens=96 if arith else 1024)
+                                                max_new_tokens=64 if arith else 1024)
   c.sampler = sampler_config_lib.sampler_config(
-      num_slots=64 if arith else 256, cache_length=(64 + 96) if arith else 1536,
+      num_slots=64 if arith else 256, cache_length=(64 + 64) if arith else 1536,
       prompt_buckets=(64,) if arith else (512,))
 
   c.reward = ml_collections.ConfigDict()
@@ -121,6 +125,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.train.deterministic = False
   c.train.eval_every = 10 if arith else 50  # Held-out greedy accuracy every N steps (and at
   # start and end).
+  # Sampled held-out accuracy and pass@k at each evaluation: samples per prompt (0: off).
+  c.train.eval_samples = 4 if arith else 0
   c.train.checkpoint_every = 20  # Save a checkpoint every N steps (and at the end).
   c.train.log_every = 1  # Console progress line every N steps.
   c.train.tensorboard = True  # Also write TensorBoard event files (needs the tensorboard extra).
@@ -147,6 +153,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   _validate_model(c.model)
   _validate_reward(c)
   _validate_train(c, rows=r.prompts_per_step * r.group_size)
+  _validate_sft(c.sft)
   if c.data.prompt_length > max(c.sampler.prompt_buckets):
     fail("data.prompt_length", f"={c.data.prompt_length} exceeds the largest "
          f"sampler.prompt_buckets={max(c.sampler.prompt_buckets)}")
@@ -215,11 +222,19 @@ def _validate_model(m) -> None:
          f"{', '.join(MATMUL_PRECISIONS)}")
 
 
+def _validate_sft(sft) -> None:
+  for field in ("direct_fraction", "carry_slip"):
+    if not 0.0 <= sft[field] <= 1.0:
+      fail(f"sft.{field}", f"={sft[field]} must be in [0, 1]")
+
+
 def _validate_train(c, *, rows: int) -> None:
   for field in ("steps", "ppo_epochs", "minibatches", "micro_batches", "eval_every",
                 "checkpoint_every", "log_every"):
     if c.train[field] < 1:
       fail(f"train.{field}", f"={c.train[field]} must be >= 1")
+  if c.train.eval_samples < 0:
+    fail("train.eval_samples", f"={c.train.eval_samples} must be >= 0 (0: no sampled eval)")
   if rows % c.train.minibatches:
     fail("train.minibatches", f"={c.train.minibatches} must divide the {rows} rollouts per "
          "step (rollout.prompts_per_step × rollout.group_size)")

@@ -21,10 +21,18 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
   return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
 
 
+def example_group(example: Example) -> str:
+  """The group an example is reported in: its difficulty level ("L2") when the data
+  gives one (metadata "level"), else its task."""
+  level = example.metadata.get("level") if example.metadata else None
+  return f"L{level}" if level is not None else example.task
+
+
 def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], scorer, *,
                     prefix: Sequence[int], samples: int, temperature: float,
                     max_new_tokens: int, seed: int = 0) -> dict[str, float]:
-  """avg@n accuracy, pass@k for k = 1, 2, 4, ... ≤ n, mean response length.
+  """avg@n accuracy (overall and per `example_group` as "accuracy/<group>"), pass@k for
+  k = 1, 2, 4, ... ≤ n, mean response length.
 
   Args:
     sampler: a `Sampler` (the in-process Scheduler or a SamplerClient).
@@ -49,6 +57,10 @@ def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], scorer, *,
             "accuracy": float(correct.mean()),
             "response_length": float(np.mean([len(c.token_ids) for g in out for c in g])),
             "verifier_failures": float(sum(bool(f) for f in scored.failures))}
+  groups = np.asarray([example_group(e) for e in examples])
+  if len(set(groups)) > 1:
+    for group in sorted(set(groups)):
+      result[f"accuracy/{group}"] = float(correct[groups == group].mean())
   k = 1
   while k <= samples:
     result[f"pass@{k}"] = float(np.mean([pass_at_k(samples, int(c), k)

@@ -12,6 +12,7 @@ and the rollout mode (rlhf_jax/rollout); the loop is the same for every preset.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -108,15 +109,26 @@ class Trainer:
   # ------------------------------------------------------------------ evaluation
 
   def evaluate(self) -> dict[str, float]:
-    """Greedy accuracy on the held-out examples with the current weights."""
+    """Held-out accuracy with the current weights: greedy ("eval_accuracy") and, with
+    `train.eval_samples` > 0, sampled at the rollout temperature ("eval_sampled_accuracy",
+    "eval_pass@k"); both also per level or task ("eval_accuracy/L2")."""
     if not self.held_out:
       return {}
-    result = evaluate_policy(self.sampler, self.policy.tokenizer, self.held_out, self.scorer,
-                             prefix=self.policy.prefix, samples=1, temperature=0.0,
-                             max_new_tokens=self.config.rollout.max_new_tokens)
+    c = self.config
+    evaluate = functools.partial(evaluate_policy, self.sampler, self.policy.tokenizer,
+                                 self.held_out, self.scorer, prefix=self.policy.prefix,
+                                 max_new_tokens=c.rollout.max_new_tokens)
+    greedy = evaluate(samples=1, temperature=0.0)
+    out = {f"eval_{k}": v for k, v in greedy.items() if k.startswith("accuracy")}
+    out["eval_response_length"] = greedy["response_length"]
+    if c.train.eval_samples:
+      sampled = evaluate(samples=c.train.eval_samples, temperature=c.rollout.temperature,
+                         seed=c.seed + 7919 * (self.step + 1))
+      out.update({f"eval_sampled_{k}": v for k, v in sampled.items()
+                  if k.startswith("accuracy")})
+      out.update({f"eval_{k}": v for k, v in sampled.items() if k.startswith("pass@")})
     pop_scorer_metrics(self.scorer)  # the per-task counters are the training samples'
-    return {"eval_accuracy": result["accuracy"],
-            "eval_response_length": result["response_length"]}
+    return out
 
   # ------------------------------------------------------------------ checkpoints
 

@@ -86,7 +86,8 @@ def run_sft(model, params, make_batch: Callable[[int], rollout_lib.RolloutBatch]
 
 def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
                       prompt_prefix: Sequence[int], prompt_length: int, response_length: int,
-                      direct_fraction: float = 0.0, task: str = arith.TASK):
+                      direct_fraction: float = 0.0, slip_rate: float = 0.0,
+                      task: str = arith.TASK):
   """`make_batch(step)` for run_sft: fresh arith problems every step (never the eval set's
   seeds, which the caller keeps apart).
 
@@ -94,15 +95,19 @@ def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
   (`Problem.direct_solution`) instead of the worked digit-serial solution: a
   demonstrator that is always right, but in a form the tiny student cannot imitate
   reliably. Which form to use is then the student's choice, and RL's to correct.
+  A `slip_rate` makes the worked demonstrations those of a careless teacher who drops
+  each incoming carry or borrow with that probability (`arith.slipped_solution`).
   For the `pycalc` task the demonstration is the program (`tasks/pycalc.program`).
   """
   def make_batch(step):
     problems = list(arith.generate(seed * 1_000_003 + step, batch_size, levels, weights))
-    direct = np.random.default_rng([seed, step]).random(batch_size) < direct_fraction
+    rng = np.random.default_rng([seed, step])
+    direct = rng.random(batch_size) < direct_fraction
     if task == pycalc.TASK:
       solutions = [pycalc.program(p) for p in problems]
     else:
-      solutions = [p.direct_solution if d else p.solution for p, d in zip(problems, direct)]
+      solutions = [p.direct_solution if d else arith.slipped_solution(p, rng, slip_rate)
+                   for p, d in zip(problems, direct)]
     return encode_pairs(tokenizer, [p.prompt for p in problems], solutions,
                         prompt_prefix=prompt_prefix, prompt_length=prompt_length,
                         response_length=response_length)
@@ -134,7 +139,7 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
       tokenizer, seed=c.seed + 17, batch_size=c.sft.batch_size, levels=tuple(c.sft.levels),
       weights=tuple(c.sft.level_weights), prompt_prefix=prefix,
       prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
-      direct_fraction=c.sft.direct_fraction, task=c.data.task)
+      direct_fraction=c.sft.direct_fraction, slip_rate=c.sft.carry_slip, task=c.data.task)
   from tqdm import tqdm
   bar = tqdm(total=c.sft.steps, desc="SFT warm start", unit="step", dynamic_ncols=True)
 

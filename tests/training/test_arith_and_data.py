@@ -43,6 +43,36 @@ def test_solutions_are_correct_digit_by_digit(level):
     assert set(problem.prompt + problem.solution) <= set(arith.ALPHABET)
 
 
+def carryless(problem) -> int:
+  """The result of a teacher that drops every carry and borrow: each digit alone."""
+  a = str(problem.a)[::-1]
+  b = (str(problem.b) if problem.op != "*" else "")[::-1]
+  width = max(len(a), len(b))
+  a, b = a.ljust(width, "0"), b.ljust(width, "0")
+  digit = {"+": lambda x, y: (x + y) % 10, "-": lambda x, y: (x - y) % 10,
+           "*": lambda x, _: (x * problem.b) % 10}[problem.op]
+  return int("".join(str(digit(int(x), int(y))) for x, y in zip(a, b))[::-1])
+
+
+@pytest.mark.parametrize("level", sorted(arith.LEVELS))
+def test_a_slipping_teacher_is_consistent_and_wrong_only_when_it_drops_a_carry(level):
+  rng = np.random.default_rng(level)
+  for _ in range(300):
+    problem = arith.sample_problem(rng, level)
+    assert arith.slipped_solution(problem, rng, 0.0) == problem.solution
+    always = arith.slipped_solution(problem, rng, 1.0)
+    assert replay(always) == carryless(problem) == int(always.rsplit(" ", 1)[1])
+    sometimes = arith.slipped_solution(problem, rng, 0.5)
+    answer = replay(sometimes)  # every line's arithmetic holds, and the answer line agrees
+    assert int(sometimes.rsplit(" ", 1)[1]) == answer
+    carried_lines = [line for line in problem.solution.split("\n")[:-1]
+                     if not re.search(r"[+-]0=", line)]
+    if not carried_lines:  # no carry to drop: the teacher cannot go wrong
+      assert answer == problem.answer
+  with pytest.raises(ValueError, match="slip_rate"):
+    arith.slipped_solution(problem, rng, 1.5)
+
+
 def test_generator_is_deterministic_and_levels_follow_weights():
   first = list(arith.generate(3, 50, levels=(1, 3), weights=(1.0, 0.0)))
   assert first == list(arith.generate(3, 50, levels=(1, 3), weights=(1.0, 0.0)))

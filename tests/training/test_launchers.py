@@ -49,6 +49,15 @@ def test_train_rejects_a_bad_field_in_one_line_before_loading_anything(tmp_path)
     assert "Traceback" not in result.stderr
 
 
+def held_out_levels(num_eval: int) -> set[str]:
+  """The levels of the held-out problems a generated arith run evaluates on."""
+  from rlhf_jax.training import build
+  from rlhf_jax.training.config import base_config
+  config = base_config("arith")
+  config.data.num_eval, config.data.num_train = num_eval, 1
+  return {f"L{e.metadata['level']}" for e in build.load_examples(config)[1]}
+
+
 @pytest.mark.slow
 def test_train_then_eval_then_plot(tmp_path):
   result = run("train.py", "--config=configs/grpo.py:arith", f"--workdir={tmp_path}", *SMALL)
@@ -66,6 +75,17 @@ def test_train_then_eval_then_plot(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / "plots" / "summary.png").stat().st_size > 1000
   assert (tmp_path / "plots" / "reward_mean.png").exists()
+  result = run("report.py", f"--workdir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  table = (tmp_path / "report.md").read_text()
+  rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+  levels = held_out_levels(4)
+  assert rows == (sorted(levels) if len(levels) > 1 else []) + ["all"], table
+  evaluations = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+                 if "eval_accuracy" in line]
+  assert [r["step"] for r in evaluations] == [0, 1]
+  assert all(0 <= r["eval_sampled_accuracy"] <= r["eval_pass@4"] <= 1 for r in evaluations)
+  assert (tmp_path / "report.png").stat().st_size > 1000
   # Re-running with the same workdir resumes (here: nothing left to do).
   result = run("train.py", "--config=configs/grpo.py:arith", f"--workdir={tmp_path}", *SMALL)
   assert result.returncode == 0, result.stderr[-3000:]

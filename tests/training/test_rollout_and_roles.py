@@ -133,3 +133,38 @@ def test_the_update_donates_the_state():
   old = role.params
   role.update(random_batch(), jax.random.key(0))
   assert all(leaf.is_deleted() for leaf in jax.tree.leaves(old))
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo"])
+def test_an_update_raises_rewarded_responses_and_lowers_the_others(name):
+  """The advantage's sign reaches the tokens: after one on-policy update from a group of
+  8 responses (3 rewarded), the rewarded ones are more likely and the others less."""
+  algorithm = preset(name).algorithm
+  algorithm.kl.placement = "none"
+  algorithm.overlong.penalty = False  # its buffer is longer than these 5-token responses
+  model, params = tiny_model()
+  train = preset(name).train
+  train.minibatches, train.micro_batches = 1, 1
+  mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  role = learner_lib.actor_role(model, params, optax.sgd(0.05), mesh, algorithm, train)
+  learner = learner_lib.PPOLearner(algorithm, role, None, None, correction="none",
+                                   group_size=8, seed=0)
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(3, 6, 8)
+  rewarded = np.array([True, False, False, True, False, True, False, False])
+  batch = rollout_lib.build_rollout_batch(
+      [[5, 6, 7]] * 8, [list(rng.integers(1, 32, n)) for n in lengths],
+      [[0.0] * n for n in lengths], list(np.where(rewarded, 1.0, -1.0)), [False] * 8,
+      [0] * 8, prompt_length=3, response_length=5, pad_id=0)
+  batch = rollout_lib.as_device(batch)
+
+  def mean_logprob(p):
+    logprobs = rollout_lib.response_logprobs(model, p, batch)
+    return np.asarray((logprobs * batch.response_mask).sum(1) / batch.response_mask.sum(1))
+
+  before = mean_logprob(role.params)
+  on_policy = rollout_lib.response_logprobs(model, role.params, batch)
+  learner.learn(batch.replace(old_logprobs=on_policy), step=0)
+  change = mean_logprob(role.params) - before
+  assert np.all(change[rewarded] > 0), change
+  assert np.all(change[~rewarded] < 0), change
