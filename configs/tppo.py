@@ -30,7 +30,10 @@ def get_config(variant: str = "arith"):
   c.rollout.windows.window_tokens = 32 if variant == "arith" else 512
   c.reward.correct_score, c.reward.wrong_score = 1.0, -1.0
   if variant == "arith":
-    # A continued response is re-sent as prompt + tokens so far: 64 + 64.
+    # Three windows of 32 per response; a continued response is re-sent as prompt +
+    # tokens so far: up to 64 + 64.
+    c.rollout.max_new_tokens = 96
+    c.sampler.cache_length = 64 + 96
     c.sampler.prompt_buckets = (64, 128)
   else:
     c.rollout.max_new_tokens = 1536

@@ -223,6 +223,9 @@ def _validate_model(m) -> None:
 
 
 def _validate_sft(sft) -> None:
+  if len(sft.levels) != len(sft.level_weights):
+    fail("sft.level_weights", f"has {len(sft.level_weights)} entries for {len(sft.levels)} "
+         "sft.levels")
   for field in ("direct_fraction", "carry_slip"):
     if not 0.0 <= sft[field] <= 1.0:
       fail(f"sft.{field}", f"={sft[field]} must be in [0, 1]")

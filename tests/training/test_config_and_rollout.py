@@ -57,6 +57,9 @@ def test_presets_validate(name):
     ("algorithm.correction.mode", "clip", r"config\.algorithm\.correction\.mode='clip' is "
      "not one of auto, none, tis"),
     ("algorithm.correction.threshold", 1.0, r"config\.algorithm\.correction\.threshold=1\.0"),
+    ("sft.carry_slip", 1.5, r"config\.sft\.carry_slip=1\.5 must be in \[0, 1\]"),
+    ("sft.levels", (1, 2, 3), r"config\.sft\.level_weights has 2 entries for 3 sft\.levels"),
+    ("train.eval_samples", -1, r"config\.train\.eval_samples=-1 must be >= 0"),
 ])
 def test_validation_names_the_field(field, value, match):
   config = preset("dapo")
