@@ -29,6 +29,7 @@ def get_config(variant: str = "arith"):
     # The README's demo: about 3 min of RL on 2 CPU cores after the SFT warm start.
     c.train.steps = 60
     c.train.eval_every = 20
+    c.optimizer.schedule = "cosine"  # settles the policy by the end of a short run
   if variant == "hf":
     c.optimizer.learning_rate = 1e-6  # Constant after 20 warm-up steps (§4.1).
     c.optimizer.warmup_steps = 20

@@ -9,6 +9,7 @@ from rlhf_jax.sampling.engine import SlotSampling
 from rlhf_jax.sampling.engine import StepResult
 from rlhf_jax.sampling.params import FireSchedule
 from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.params import prompt_seed
 from rlhf_jax.sampling.scheduler import Completion
 from rlhf_jax.sampling.scheduler import Scheduler
 from rlhf_jax.sampling.token_sampling import sample_tokens
@@ -16,5 +17,6 @@ from rlhf_jax.sampling.token_sampling import truncation_mask
 
 __all__ = [
     "Completion", "DecodeState", "Engine", "FireSchedule", "Prefix", "SamplingParams",
-    "Scheduler", "SlotSampling", "StepResult", "sample_tokens", "truncation_mask",
+    "Scheduler", "SlotSampling", "StepResult", "prompt_seed", "sample_tokens",
+    "truncation_mask",
 ]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
+
 # FIRE defaults: Chen et al., "Flaming-hot Initiation with Regular Execution
 # Sampling for Large Language Models" (arXiv:2410.21236): the first response
 # token at a very high temperature, made safe by top-k.
@@ -108,11 +110,30 @@ class SamplingParams:
         raise ValueError(f"{name}={value} exceeds the vocabulary size {vocab_size}.")
 
 
+def prompt_seed(seed: int, index: int) -> int:
+  """The seed of prompt `index` of a batch sampled with one seeded SamplingParams: the
+  seed itself for the first prompt (a one-prompt call samples as `submit` does), a 31-bit
+  hash of (seed, index) for the others, so prompts of one call draw independent numbers."""
+  if index == 0:
+    return seed
+  return int(np.random.SeedSequence([seed, index]).generate_state(1)[0] >> 1)
+
+
 def per_prompt(prompts: Sequence, sampling: "SamplingParams | Sequence[SamplingParams]"
                ) -> list[SamplingParams]:
-  """One SamplingParams per prompt: `sampling` repeated, or the given list (same length)."""
-  samplings = ([sampling] * len(prompts) if isinstance(sampling, SamplingParams)
-               else list(sampling))
+  """One SamplingParams per prompt: the given list (same length), or `sampling` for
+  every prompt, its seed (when set) replaced by `prompt_seed(seed, k)` for prompt k.
+
+  Without that, sample i of every prompt would draw the same uniform numbers, so their
+  outcomes would be correlated across prompts: a batch of 256 prompts × 4 samples would
+  estimate an accuracy with the variance of a handful of samples.
+  """
+  if isinstance(sampling, SamplingParams):
+    if sampling.seed is None:
+      return [sampling] * len(prompts)
+    return [dataclasses.replace(sampling, seed=prompt_seed(sampling.seed, k))
+            for k in range(len(prompts))]
+  samplings = list(sampling)
   if len(samplings) != len(prompts):
     raise ValueError(f"got {len(samplings)} SamplingParams for {len(prompts)} prompts.")
   return samplings

@@ -164,9 +164,12 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
 def build_learner(c, policy: Policy, mesh) -> learner_lib.PPOLearner:
   """Actor, critic (estimator 'gae') and reference (a KL term) with their optimizers."""
   a, o = c.algorithm, c.optimizer
+  decay = dict(decay_updates=(c.train.steps * c.train.ppo_epochs * c.train.minibatches
+                              if o.schedule == "cosine" else 0),
+               final_fraction=o.final_fraction)
   actor = learner_lib.actor_role(
       policy.model, policy.params,
-      make_optimizer(o.learning_rate, o.warmup_steps, o.weight_decay, o.max_grad_norm),
+      make_optimizer(o.learning_rate, o.warmup_steps, o.weight_decay, o.max_grad_norm, **decay),
       mesh, a, c.train)
   critic = None
   if ppo_config.uses_critic(a):
@@ -177,7 +180,7 @@ def build_learner(c, policy: Policy, mesh) -> learner_lib.PPOLearner:
                                               critic_params, critic_model.logical_axes(), mesh))
     critic = learner_lib.critic_role(
         critic_model, critic_params,
-        make_optimizer(o.critic_learning_rate, o.warmup_steps, 0.0, o.max_grad_norm),
+        make_optimizer(o.critic_learning_rate, o.warmup_steps, 0.0, o.max_grad_norm, **decay),
         mesh, a, c.train)
   reference = FrozenRole(policy.model, policy.params) if ppo_config.uses_reference(a) else None
   correction = ppo_config.correction_mode(a, trainer_dtype=c.model.dtype,

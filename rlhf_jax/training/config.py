@@ -110,7 +110,11 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.learning_rate = 2e-4 if arith else 1e-6  # Actor peak learning rate.
-  c.optimizer.warmup_steps = 5 if arith else 20  # Linear warmup (DAPO: 20), then constant.
+  c.optimizer.warmup_steps = 5 if arith else 20  # Linear warmup in updates (DAPO: 20), then:
+  # 'constant' (DAPO §4.1) or 'cosine' (down to final_fraction × the rate at the last
+  # update of train.steps).
+  c.optimizer.schedule = "constant"
+  c.optimizer.final_fraction = 0.1
   c.optimizer.weight_decay = 0.0  # AdamW weight decay (DAPO script: 0.1).
   c.optimizer.max_grad_norm = 1.0  # Global-norm gradient clipping.
   c.optimizer.critic_learning_rate = 1e-3 if arith else 1e-5  # Critic peak learning rate.
@@ -154,6 +158,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   _validate_reward(c)
   _validate_train(c, rows=r.prompts_per_step * r.group_size)
   _validate_sft(c.sft)
+  _validate_schedule(c.optimizer)
   if c.data.prompt_length > max(c.sampler.prompt_buckets):
     fail("data.prompt_length", f"={c.data.prompt_length} exceeds the largest "
          f"sampler.prompt_buckets={max(c.sampler.prompt_buckets)}")
@@ -220,6 +225,13 @@ def _validate_model(m) -> None:
   if m.matmul_precision not in MATMUL_PRECISIONS:
     fail("model.matmul_precision", f"={m.matmul_precision!r} is not one of "
          f"{', '.join(MATMUL_PRECISIONS)}")
+
+
+def _validate_schedule(o) -> None:
+  if o.schedule not in ("constant", "cosine"):
+    fail("optimizer.schedule", f"={o.schedule!r} is not one of constant, cosine")
+  if not 0.0 <= o.final_fraction <= 1.0:
+    fail("optimizer.final_fraction", f"={o.final_fraction} must be in [0, 1]")
 
 
 def _validate_sft(sft) -> None:

@@ -36,17 +36,31 @@ class TrainState:
   opt_state: Any
 
 
-def make_optimizer(learning_rate: float, warmup_steps: int, weight_decay: float,
-                   max_grad_norm: float) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW with linear warmup to a constant rate (DAPO §4.1).
-
-  Update k (from 0) uses lr·min(1, (k+1)/warmup_steps): the first update already moves.
-  """
+def learning_rate_schedule(learning_rate: float, warmup_steps: int, *, decay_updates: int = 0,
+                           final_fraction: float = 0.1):
+  """count → rate: lr·min(1, (k+1)/warmup) for update k (the first update already moves),
+  times, with `decay_updates` > 0, a cosine from 1 after warmup to `final_fraction` at
+  update `decay_updates` (and after it)."""
   warmup = max(warmup_steps, 1)
 
   def schedule(count):
-    return learning_rate * jnp.minimum(1.0, (count + 1) / warmup)
+    rate = learning_rate * jnp.minimum(1.0, (count + 1) / warmup)
+    if decay_updates <= 0:
+      return rate
+    progress = jnp.clip((count + 1 - warmup) / max(decay_updates - warmup, 1), 0.0, 1.0)
+    return rate * (final_fraction
+                   + (1.0 - final_fraction) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress)))
 
+  return schedule
+
+
+def make_optimizer(learning_rate: float, warmup_steps: int, weight_decay: float,
+                   max_grad_norm: float, *, decay_updates: int = 0,
+                   final_fraction: float = 0.1) -> optax.GradientTransformation:
+  """Global-norm clipping, then AdamW on `learning_rate_schedule`: linear warmup to a
+  constant rate (DAPO §4.1), or a cosine decay after it when `decay_updates` > 0."""
+  schedule = learning_rate_schedule(learning_rate, warmup_steps, decay_updates=decay_updates,
+                                    final_fraction=final_fraction)
   return optax.chain(optax.clip_by_global_norm(max_grad_norm),
                      optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8,
                                  weight_decay=weight_decay))

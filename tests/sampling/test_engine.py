@@ -247,3 +247,15 @@ def test_bad_requests_name_the_field():
   sched.submit([3], sampling.SamplingParams(max_new_tokens=2))
   with pytest.raises(QueueFull):
     sched.submit([3], sampling.SamplingParams(max_new_tokens=2))
+
+
+def test_prompts_of_one_seeded_call_draw_independent_numbers():
+  """One SamplingParams with a seed for many prompts: prompt k samples with
+  prompt_seed(seed, k), so equal prompts get different samples (before, sample i of every
+  prompt drew the same uniforms and their outcomes were correlated across the batch)."""
+  prompt = prompts(1, seed=4)[0]
+  params = sampling.SamplingParams(temperature=1.0, max_new_tokens=16, seed=5)
+  out = scheduler().generate([prompt] * 6, params)
+  assert len({tuple(c.token_ids) for (c,) in out}) >= 5  # one seed for all: 1
+  assert [c.seed for (c,) in out] == [sampling.prompt_seed(5, k) for k in range(6)]
+  assert out[0][0].token_ids == scheduler().generate([prompt], params)[0][0].token_ids

@@ -60,6 +60,7 @@ def test_presets_validate(name):
     ("sft.carry_slip", 1.5, r"config\.sft\.carry_slip=1\.5 must be in \[0, 1\]"),
     ("sft.levels", (1, 2, 3), r"config\.sft\.level_weights has 2 entries for 3 sft\.levels"),
     ("train.eval_samples", -1, r"config\.train\.eval_samples=-1 must be >= 0"),
+    ("optimizer.schedule", "linear", r"config\.optimizer\.schedule='linear' is not one of"),
 ])
 def test_validation_names_the_field(field, value, match):
   config = preset("dapo")
