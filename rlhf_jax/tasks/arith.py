@@ -144,11 +144,10 @@ def solution_lines(a: int, b: int, op: str, drops: Sequence[bool] = ()) -> list[
   return lines
 
 
-def answer_of_lines(lines: Sequence[str], op: str) -> int:
-  """The number a solution's lines spell (their result digits, most significant last;
-  a subtraction that ends owing a borrow reads as the digits alone)."""
+def answer_of_lines(lines: Sequence[str]) -> int:
+  """The number a solution's lines spell: one result digit per line, least significant
+  first (the format of every operation)."""
   digits = "".join(line.split("=")[1].split(" ")[0] for line in lines)
-  del op  # every format writes one result digit per line
   return int(digits[::-1])
 
 
@@ -160,7 +159,7 @@ def slipped_solution(problem: "Problem", rng: np.random.Generator, slip_rate: fl
     raise ValueError(f"slip_rate={slip_rate} must be in [0, 1].")
   drops = rng.random(max(len(str(problem.a)), len(str(problem.b))) + 1) < slip_rate
   lines = solution_lines(problem.a, problem.b, problem.op, drops)
-  return "".join(line + "\n" for line in lines) + f"Answer: {answer_of_lines(lines, problem.op)}"
+  return "".join(line + "\n" for line in lines) + f"Answer: {answer_of_lines(lines)}"
 
 
 def sample_problem(rng: np.random.Generator, level: int) -> Problem:
