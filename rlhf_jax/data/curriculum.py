@@ -141,7 +141,6 @@ class CurriculumStream:
     self.draws = 0  # takes so far (seeds each take's interleaving)
     self.counts_phase = 0  # the phase `counts` belong to
     self.counts: dict[str, int] = {}  # per task, prompts drawn in that phase
-    self._last: dict[str, int] = {}
     self._mix: collections.Counter = collections.Counter()
 
   def set_step(self, step: int) -> None:
@@ -170,13 +169,8 @@ class CurriculumStream:
     self.draws += 1
     for task, n in counts.items():
       self.counts[task] = self.counts.get(task, 0) + n
-    self._last = {t: n for t, n in counts.items() if n}
-    self._mix.update(self._last)
+    self._mix.update({t: n for t, n in counts.items() if n})
     return [batch[i] for i in order]
-
-  def last_mix(self) -> dict[str, int]:
-    """Prompts per task of the last `take`."""
-    return dict(self._last)
 
   def pop_mix(self) -> dict[str, int]:
     """Prompts drawn per task since the last call (the `data/task_mix/<task>` metrics; a

@@ -76,7 +76,6 @@ class PromptStream:
     self.epoch = 0
     self.index = 0
     self._mix: collections.Counter = collections.Counter()
-    self._last: collections.Counter = collections.Counter()
 
   def _order(self, epoch: int) -> np.ndarray:
     if not self.shuffle:
@@ -93,17 +92,12 @@ class PromptStream:
       self.index += take
       if self.index == len(order):
         self.epoch, self.index = self.epoch + 1, 0
-    self._last = collections.Counter(e.task for e in out)
-    self._mix.update(self._last)
+    self._mix.update(e.task for e in out)
     return out
 
   def set_step(self, step: int) -> None:
     """No schedule: the step changes nothing (see data/curriculum.py for one that does)."""
     del step
-
-  def last_mix(self) -> dict[str, int]:
-    """Prompts per task of the last `take`."""
-    return dict(self._last)
 
   def pop_mix(self) -> dict[str, int]:
     """Prompts drawn per task since the last call (the `data/task_mix/<task>` metrics; a

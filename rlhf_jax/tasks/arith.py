@@ -109,7 +109,10 @@ def solution_lines(a: int, b: int, op: str, drops: Sequence[bool] = ()) -> list[
   carry was not 0 (`slipped_solution`).
   """
   da, db = _digits(a), _digits(b)
-  dropped = lambda i: i < len(drops) and bool(drops[i])  # noqa: E731
+
+  def dropped(i: int) -> bool:
+    return i < len(drops) and bool(drops[i])
+
   lines = []
   if op == "*":
     if b > 9:

@@ -79,11 +79,9 @@ def test_phases_give_exact_task_counts_and_switch_at_the_bound():
   for step in (0, 1):  # phase 1 holds for steps 0 and 1
     stream.set_step(step)
     assert tasks(stream.take(6)) == {"math": 3, "code": 3}
-    assert stream.last_mix() == {"math": 3, "code": 3}
   assert stream.pop_mix() == {"math": 6, "code": 6}
   stream.set_step(2)  # the bound: phase 2 from step 2 on
   assert tasks(stream.take(8)) == {"math": 2, "code": 2, "arith": 4}
-  assert stream.last_mix() == {"math": 2, "code": 2, "arith": 4}
   assert stream.pop_mix() == {"math": 2, "code": 2, "arith": 4}
   stream.set_step(1000)
   assert tasks(stream.take(4)) == {"math": 1, "code": 1, "arith": 2}
@@ -95,7 +93,7 @@ def test_fractional_takes_alternate_instead_of_favouring_one_name():
   for step in range(4):
     stream.set_step(step)
     stream.take(7)
-    mixes.append(stream.last_mix())
+    mixes.append(stream.pop_mix())
   # Phase 1: 4/3 then 3/4 (the carry); phase 2 starts afresh: arith < math wins the tie.
   assert mixes == [{"code": 4, "math": 3}, {"code": 3, "math": 4},
                    {"arith": 4, "math": 3}, {"arith": 3, "math": 4}]
@@ -120,14 +118,15 @@ def test_missing_tasks_and_foreign_states_are_errors():
     plain.restore(curriculum.state())
 
 
-def test_prompt_stream_counts_the_tasks_of_its_last_take():
+def test_prompt_stream_counts_the_tasks_it_gave_since_the_last_pop():
   stream = PromptStream(EXAMPLES, shuffle=False)
   stream.set_step(5)  # no-op
   stream.take(25)
-  assert stream.last_mix() == {"math": 20, "code": 5}
+  assert stream.pop_mix() == {"math": 20, "code": 5}
   stream.take(3)
-  assert stream.last_mix() == {"code": 3}
-  assert stream.pop_mix() == {"math": 20, "code": 8}
+  stream.take(1)
+  assert stream.pop_mix() == {"code": 4}
+  assert stream.pop_mix() == {}
 
 
 @pytest.mark.parametrize("make", [
