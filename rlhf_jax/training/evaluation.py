@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from rlhf_jax.data import Example
+from rlhf_jax.sampling import FireSchedule
 from rlhf_jax.sampling import SamplingParams
 
 
@@ -30,7 +31,8 @@ def example_group(example: Example) -> str:
 
 def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], scorer, *,
                     prefix: Sequence[int], samples: int, temperature: float,
-                    max_new_tokens: int, seed: int = 0) -> dict[str, float]:
+                    max_new_tokens: int, seed: int = 0,
+                    fire: FireSchedule | None = None) -> dict[str, float]:
   """avg@n accuracy (overall and per `example_group` as "accuracy/<group>"), pass@k for
   k = 1, 2, 4, ... ≤ n, mean response length.
 
@@ -44,10 +46,12 @@ def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], scorer, *,
     temperature: sampling temperature (0 = greedy).
     max_new_tokens: response cap.
     seed: sampling seed.
+    fire: FIRE's hot first token (and, with `every_line`, hot line starts; Chen et al.
+      arXiv:2410.21236), or None for regular sampling.
   """
   prompts = [list(prefix) + tokenizer.encode(e.prompt) for e in examples]
   params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
-                          stop_token_ids=(tokenizer.eos_id,), n=samples, seed=seed)
+                          stop_token_ids=(tokenizer.eos_id,), n=samples, seed=seed, fire=fire)
   out = sampler.generate(prompts, params)
   pairs = [(example, tokenizer.decode(c.token_ids)) for example, group in zip(examples, out)
            for c in group]

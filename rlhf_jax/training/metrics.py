@@ -52,6 +52,10 @@ def rollout_metrics(rollouts: Rollouts, prepared: Mapping[str, np.ndarray]) -> d
                response_length_mean=float(lengths.mean()),
                response_length_max=float(lengths.max()),
                truncation_rate=float(np.asarray(batch.truncated)[finished].mean()))
+    correct = np.asarray(rollouts.correct, bool)
+    for verdict, rows in (("correct", correct), ("wrong", ~correct)):
+      if rows.any():  # DAPO §3.3 watches the length of the wrong ones
+        out[f"response_length_{verdict}_mean"] = float(lengths[rows].mean())
   out["reward_failures"] = float(len(rollouts.failures))
   out.update(rollouts.metrics)
   return out

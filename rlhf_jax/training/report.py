@@ -72,3 +72,49 @@ def plot_evaluations(records: list[dict], path: str) -> bool:
   figure.savefig(path, dpi=110)
   plt.close(figure)
   return True
+
+
+def passk_table(results: dict[str, list[dict]]) -> str:
+  """Markdown: per sampling mode the mean over checkpoints of accuracy and each pass@k,
+  each checkpoint's value in brackets. `results[mode]` holds evaluate_policy's dicts."""
+  ks = sorted({int(k.split("@")[1]) for rows in results.values() for r in rows
+               for k in r if k.startswith("pass@")})
+  keys = ["accuracy"] + [f"pass@{k}" for k in ks]
+  lines = ["| sampling | " + " | ".join(keys) + " |", "| --- |" + " ---: |" * len(keys)]
+  for mode, rows in results.items():
+    cells = []
+    for key in keys:
+      values = [100 * r[key] for r in rows]
+      cells.append(f"{sum(values) / len(values):.1f} ({' / '.join(f'{v:.1f}' for v in values)})")
+    lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def plot_passk(results: dict[str, list[dict]], path: str, title: str = "") -> bool:
+  """pass@k against k (log scale), a colour per sampling mode: each checkpoint thin,
+  their mean thick. False without matplotlib."""
+  try:
+    import matplotlib
+  except ImportError:
+    return False
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  figure, axis = plt.subplots(figsize=(5.5, 3.8))
+  for i, (mode, rows) in enumerate(results.items()):
+    ks = sorted(int(k.split("@")[1]) for k in rows[0] if k.startswith("pass@"))
+    curves = [[100 * r[f"pass@{k}"] for k in ks] for r in rows]
+    for curve in curves:
+      axis.plot(ks, curve, color=f"C{i}", alpha=0.35, linewidth=0.8)
+    axis.plot(ks, [sum(c) / len(c) for c in zip(*curves)], color=f"C{i}", linewidth=2.2,
+              marker="o", markersize=3, label=mode)
+  axis.set_xscale("log", base=2)
+  axis.set_xlabel("k")
+  axis.set_ylabel("pass@k (%)")
+  axis.grid(alpha=0.3)
+  axis.legend(fontsize=8)
+  if title:
+    axis.set_title(title, fontsize=10)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+  return True

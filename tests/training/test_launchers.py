@@ -71,6 +71,19 @@ def test_train_then_eval_then_plot(tmp_path):
   scores = json.loads(result.stdout.strip().splitlines()[-1])
   assert scores["prompts"] == 6 and {"pass@1", "pass@2", "pass@4"} <= set(scores)
   assert 0 <= scores["pass@1"] <= scores["pass@2"] <= scores["pass@4"] <= 1
+  result = run("eval.py", f"--checkpoint={policy},{policy}", "--samples=2", "--temperature=1.0",
+               "--arith_count=4", "--num_slots=8", "--fire=none,first_token,every_line",
+               f"--table={tmp_path / 'passk.md'}", f"--plot={tmp_path / 'passk.png'}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+  assert [r["fire"] for r in lines] == ["none", "first_token", "every_line"] * 2
+  assert lines[0] == lines[3]  # the same checkpoint and seed: the same samples
+  table = (tmp_path / "passk.md").read_text().splitlines()
+  assert [row.split("|")[1].strip() for row in table[2:]] == ["none", "first_token",
+                                                              "every_line"]
+  assert (tmp_path / "passk.png").stat().st_size > 1000
+  result = run("eval.py", f"--checkpoint={policy}", "--fire=first_token")
+  assert result.returncode != 0 and "--fire needs --temperature > 0" in result.stderr
   result = run("plot.py", f"--workdir={tmp_path}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / "plots" / "summary.png").stat().st_size > 1000
@@ -127,3 +140,34 @@ def test_pycalc_preset_with_a_curriculum_runs_end_to_end(tmp_path):
                f"--config.data.train_file={train}",
                "--config.data.curriculum=pycalc:1@1; pycalc:1,arith:1")
   assert result.returncode == 0 and "resumed from step 2" in result.stdout
+
+
+@pytest.mark.slow
+def test_sweep_runs_arms_and_seeds_reuses_finished_runs_and_tabulates(tmp_path):
+  small = " ".join(flag.removeprefix("--config.") for flag in SMALL)
+  args = ["--config=configs/grpo.py:arith", f"--root={tmp_path}", "--seeds=0",
+          f"--warm_start={tmp_path}/sft{{seed}}", f"--warm_start_set={small}",
+          f"--set={small} train.steps=2 train.eval_every=1 train.eval_samples=0",
+          "--arm=base:", "--arm=sym: algorithm.policy_loss.clip_high=0.2",
+          "--stat=final:eval_accuracy", "--stat=mean:entropy",
+          f"--table={tmp_path / 'row.md'}", f"--plot={tmp_path / 'row.png'}",
+          "--plot_metrics=eval_accuracy,entropy"]
+  result = run("sweep.py", *args)
+  assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+  assert (tmp_path / "sft0" / "config.json").exists()
+  for arm in ("base", "sym"):
+    records = [json.loads(line) for line in
+               (tmp_path / arm / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records) == 2
+  assert "--config.algorithm.policy_loss.clip_high=0.2" in (
+      tmp_path / "sym" / "seed0" / "train.log").read_text().splitlines()[0]
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  assert set(summary["summary"]) == {"base", "sym"}
+  table = (tmp_path / "row.md").read_text().splitlines()
+  assert [row.split("|")[1].strip() for row in table[2:]] == ["base", "sym"]
+  assert (tmp_path / "row.png").stat().st_size > 1000
+  again = run("sweep.py", *args)  # finished runs are reused, not retrained
+  assert again.returncode == 0 and "[sweep]" not in again.stdout
+  assert json.loads(again.stdout.strip().splitlines()[-1]) == summary
+  changed = run("sweep.py", *[a.replace("clip_high=0.2", "clip_high=0.3") for a in args])
+  assert changed.returncode != 0 and "holds a finished run of other settings" in changed.stderr

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# DAPO §3.2: dynamic sampling (keep groups with 0 < #correct < G, over-sample to fill the
+# batch) reaches a target held-out accuracy in fewer updates than plain groups, where
+# all-right and all-wrong groups carry no gradient.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+sweep dapo_dynamic_sampling --config=configs/dapo.py:arith --root="$REPRO/dapo" --set="$SHORT" \
+  --arm="dapo:" --arm="no-dynamic-sampling: rollout.mode=groups" \
+  --stat=steps_to:eval_accuracy:0.15 --stat=seconds_to:eval_accuracy:0.15 \
+  --stat=final:eval_accuracy --plot_metrics=eval_accuracy,accuracy \
+  --title="DAPO: dynamic sampling vs plain groups" "$@"
