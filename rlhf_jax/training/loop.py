@@ -67,6 +67,8 @@ class Trainer:
     self.checkpointer = Checkpointer(workdir)
     if self.checkpointer.latest_step() is not None:
       self.restore(self.checkpointer.latest_step())
+    else:  # a run that died before its first checkpoint starts over: so do its records
+      self.metrics.truncate_after(-1)
 
   # ------------------------------------------------------------------ one step
 
