@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every training row of docs/reproductions.md in turn (about 1 h 40 min on 2 CPU cores);
+# Every row of docs/reproductions.md in turn (about 1 h 30 min on 2 CPU cores, plus ~9 min
+# for the three SFT warm starts when they are missing);
 # a finished run is reused, so a stopped sweep picks up where it was. Extra arguments go
 # to every row (e.g. --seeds=0 for a quick pass).
 set -euo pipefail
