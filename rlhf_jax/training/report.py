@@ -14,6 +14,26 @@ def read_metrics(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def pyplot():
+  """matplotlib.pyplot on the Agg backend (files, no display), or None without
+  matplotlib (the `plot` extra)."""
+  try:
+    import matplotlib
+  except ImportError:
+    return None
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def save_figure(plt, figure, path: str) -> bool:
+  """Lays out, writes (PNG at 110 dpi) and closes `figure`; True."""
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+  return True
+
+
 def evaluations(path: str) -> list[dict]:
   """The metrics records that hold an evaluation, in step order."""
   return sorted((r for r in read_metrics(path) if "eval_accuracy" in r),
@@ -45,12 +65,9 @@ def report_table(first: dict, last: dict) -> str:
 
 def plot_evaluations(records: list[dict], path: str) -> bool:
   """Greedy accuracy per group and sampled accuracy over steps; False without matplotlib."""
-  try:
-    import matplotlib
-  except ImportError:
+  plt = pyplot()
+  if plt is None:
     return False
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   steps = [r["step"] for r in records]
   keys = sorted({k for r in records for k in r
                  if k.startswith(("eval_accuracy", "eval_sampled_accuracy"))})
@@ -68,10 +85,7 @@ def plot_evaluations(records: list[dict], path: str) -> bool:
   axis.set_ylabel("held-out accuracy (%)")
   axis.grid(alpha=0.3)
   axis.legend(fontsize=7, ncol=2)
-  figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
-  return True
+  return save_figure(plt, figure, path)
 
 
 def passk_table(results: dict[str, list[dict]]) -> str:
@@ -93,12 +107,9 @@ def passk_table(results: dict[str, list[dict]]) -> str:
 def plot_passk(results: dict[str, list[dict]], path: str, title: str = "") -> bool:
   """pass@k against k (log scale), a colour per sampling mode: each checkpoint thin,
   their mean thick. False without matplotlib."""
-  try:
-    import matplotlib
-  except ImportError:
+  plt = pyplot()
+  if plt is None:
     return False
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   figure, axis = plt.subplots(figsize=(5.5, 3.8))
   for i, (mode, rows) in enumerate(results.items()):
     ks = sorted(int(k.split("@")[1]) for k in rows[0] if k.startswith("pass@"))
@@ -114,7 +125,4 @@ def plot_passk(results: dict[str, list[dict]], path: str, title: str = "") -> bo
   axis.legend(fontsize=8)
   if title:
     axis.set_title(title, fontsize=10)
-  figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
-  return True
+  return save_figure(plt, figure, path)

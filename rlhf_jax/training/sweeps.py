@@ -15,6 +15,9 @@ import re
 
 import numpy as np
 
+from rlhf_jax.training.report import pyplot
+from rlhf_jax.training.report import save_figure
+
 _ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 # What a statistic computes from one run's series of a metric (values at the steps
 # that logged it, in step order):
@@ -148,12 +151,9 @@ def plot_sweep(results: dict[str, dict[int, list[dict]]], metrics: list[str], pa
   """One panel per metric: each seed thin, the seeds' mean thick, a colour per arm.
   The mean is taken where every seed logged the metric at the same x (steps; for
   x='seconds' the seeds' curves are drawn without a mean). False without matplotlib."""
-  try:
-    import matplotlib
-  except ImportError:
+  plt = pyplot()
+  if plt is None:
     return False
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   figure, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4),
                               squeeze=False)
   for axis, metric in zip(axes[0], metrics):
@@ -174,7 +174,4 @@ def plot_sweep(results: dict[str, dict[int, list[dict]]], metrics: list[str], pa
   axes[0][0].legend(fontsize=8)
   if title:
     figure.suptitle(title, fontsize=10)
-  figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
-  return True
+  return save_figure(plt, figure, path)
