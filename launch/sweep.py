@@ -10,8 +10,10 @@ Each run lives in <root>/<arm>/seed<k> and starts from the SFT warm start of see
 (--warm_start; trained first with configs/dapo.py:arith when missing, the demo's own).
 A finished run (its done.json) is reused, so rows that share an arm share its runs, and
 an interrupted sweep resumes where it stopped (an unfinished run resumes from its
-checkpoint). Each run's console goes to <run>/train.log. Prints the markdown table
-(also written to --table) and the summary as JSON.
+checkpoint). Every arm's config is checked first (train.py --validate_only): a bad
+override stops the sweep, in one line with exit status 2, before anything trains. Each
+run's console goes to <run>/train.log. Prints the markdown table (also written to
+--table) and the summary as JSON.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def _overrides(arm) -> list[str]:
   return [f"--config.{key}={value}" for key, value in arm.overrides]
 
 
+def _fail(message: str) -> None:
+  """Bad input: one line on stderr, exit status 2 (as train.py's config errors)."""
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  raise SystemExit(2)
+
+
 def _run(command: list[str], log_path: str) -> None:
   with open(log_path, "a", encoding="utf-8") as log:
     log.write(" ".join(command) + "\n")
@@ -73,12 +81,28 @@ def _ensure_warm_start(seed: int, directory: str, overrides: list[str]) -> None:
         f"--workdir={os.path.dirname(directory) or '.'}", *overrides], directory + ".log")
 
 
+def _train_command(arm, seed: int, common: list[str]) -> list[str]:
+  return [sys.executable, "launch/train.py", f"--config={_CONFIG.value}",
+          f"--workdir={os.path.join(_ROOT.value, arm.name, f'seed{seed}')}",
+          f"--config.seed={seed}",
+          f"--config.model.checkpoint={_WARM_START.value.format(seed=seed)}",
+          "--config.train.tensorboard=False", *common, *_overrides(arm)]
+
+
+def _check_arms(arms, seed: int, common: list[str]) -> None:
+  """Every arm's config through train.py --validate_only, before anything trains: a
+  misspelt key in the last arm fails now, not after the first arms' runs."""
+  for arm in arms:
+    result = subprocess.run(_train_command(arm, seed, common) + ["--validate_only"],
+                            capture_output=True, text=True, check=False)
+    if result.returncode:
+      last = (result.stderr.strip().splitlines() or ["(no message)"])[-1]
+      _fail(f"arm {arm.name!r}: {last.removeprefix('error: ')}")
+
+
 def _run_arm(arm, seed: int, common: list[str]) -> str:
   workdir = os.path.join(_ROOT.value, arm.name, f"seed{seed}")
-  command = [sys.executable, "launch/train.py", f"--config={_CONFIG.value}",
-             f"--workdir={workdir}", f"--config.seed={seed}",
-             f"--config.model.checkpoint={_WARM_START.value.format(seed=seed)}",
-             "--config.train.tensorboard=False", *common, *_overrides(arm)]
+  command = _train_command(arm, seed, common)
   if _DRY_RUN.value:
     print(" ".join(command))
     return workdir
@@ -107,13 +131,16 @@ def main(argv) -> None:
     stats = [sweeps.parse_stat(text) for text in _STATS.value]
     common = _overrides(sweeps.parse_arm("common: " + " ".join(_SET.value)))
     warm_start = _overrides(sweeps.parse_arm("sft: " + " ".join(_WARM_START_SET.value)))
-    seeds = [int(seed) for seed in _SEEDS.value]
   except ValueError as error:
-    raise app.UsageError(str(error)) from None
+    _fail(str(error))
+  if not all(seed.strip().isdigit() for seed in _SEEDS.value):
+    _fail(f"--seeds={','.join(_SEEDS.value)}: expected integers >= 0")
+  seeds = [int(seed) for seed in _SEEDS.value]
   if not arms:
-    raise app.UsageError("give at least one --arm")
+    _fail("give at least one --arm")
   if len({a.name for a in arms}) != len(arms):
-    raise app.UsageError("arm names repeat")
+    _fail("arm names repeat")
+  _check_arms(arms, seeds[0], common)
   results = {}
   for seed in seeds:  # seed-major: a stopped sweep has every arm of its first seeds
     if not _DRY_RUN.value:

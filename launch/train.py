@@ -8,7 +8,8 @@ The config is validated before anything loads or compiles; a bad field is report
 in one line naming its full path (exit status 2). For the arith variant the SFT
 warm start runs first when <workdir>/sft (or --config.model.checkpoint) does not
 exist. Metrics go to <workdir>/metrics.jsonl; a progress bar goes to the console;
-the last line is a JSON summary.
+the last line is a JSON summary. --validate_only checks the config (and the overrides)
+and exits: "config ok", or the one-line error with exit status 2.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:variant).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the config and exit "
+                                   "(nothing loads, trains or compiles; exit 2 on an error).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -39,6 +42,9 @@ def main(argv) -> None:
   from rlhf_jax.training.sft import ensure_arith_warm_start
 
   validate_config(config, num_devices=jax.device_count())
+  if _VALIDATE_ONLY.value:
+    print("config ok", flush=True)
+    return
   log = lambda line: print(line, flush=True)
   if config.variant == "arith":
     ensure_arith_warm_start(config, _WORKDIR.value, log=log)

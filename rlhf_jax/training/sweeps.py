@@ -47,6 +47,7 @@ class Stat:
 
   @property
   def label(self) -> str:
+    """The table's column header, e.g. "steps_to eval_accuracy +0.15"."""
     if self.kind in ("steps_to", "seconds_to"):
       return f"{self.kind} {self.metric} +{self.threshold:g}"
     return f"{self.kind} {self.metric}"

@@ -159,3 +159,23 @@ def test_group_estimators_broadcast_per_sample_advantages():
   per_sample = ((scores - scores.mean(1, keepdims=True))
                 / (scores.std(1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)
   np.testing.assert_allclose(advantages, per_sample[:, None] * batch.response_mask, atol=1e-5)
+
+
+def test_rollout_metrics_split_lengths_by_verdict_over_finished_rows():
+  from rlhf_jax.rollout.generation import Rollouts
+  from rlhf_jax.training.metrics import rollout_metrics
+  # Rows of 2, 3, 1 and 4 tokens; the third is a T-PPO row still in flight (no verdict).
+  batch = rollout_lib.build_rollout_batch(
+      [[5]] * 4, [[9, 10], [11, 12, 13], [14], [1, 2, 3, 4]], [[0.0] * 2, [0.0] * 3, [0.0],
+                                                               [0.0] * 4],
+      [1.0, -1.0, 0.0, 1.0], [False] * 4, [0, 0, 1, 1], prompt_length=2, response_length=4,
+      pad_id=0, finished=[True, True, False, True])
+  out = rollout_metrics(Rollouts(batch, correct=[True, False, True], failures=[], metrics={}),
+                        {"scores": np.asarray([1.0, -1.0, 0.0, 1.0])})
+  assert out["response_length_correct_mean"] == (2 + 4) / 2
+  assert out["response_length_wrong_mean"] == 3
+  assert out["response_length_mean"] == (2 + 3 + 4) / 3 and out["accuracy"] == 2 / 3
+  everything_right = rollout_metrics(
+      Rollouts(batch, correct=[True] * 3, failures=[], metrics={}),
+      {"scores": np.asarray([1.0, 1.0, 0.0, 1.0])})
+  assert "response_length_wrong_mean" not in everything_right

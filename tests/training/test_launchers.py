@@ -41,6 +41,10 @@ def test_train_rejects_a_bad_field_in_one_line_before_loading_anything(tmp_path)
   assert result.stderr.strip().splitlines() == [
       "error: config.algorithm.policy_loss.clip_high=0.1 must be >= clip_low=0.2."]
   assert not (tmp_path / "sft").exists()
+  result = run("train.py", "--config=configs/dapo.py:arith", f"--workdir={tmp_path}",
+               "--validate_only")
+  assert result.returncode == 0 and result.stdout.strip() == "config ok", result.stderr
+  assert not (tmp_path / "sft").exists()  # nothing trained or loaded
   for flag in ("--config.algorithm.bogus=1", "--config.algorithm.policy_loss.clip_hihg=0.3"):
     result = run("train.py", "--config=configs/dapo.py:arith", f"--workdir={tmp_path}", flag)
     lines = result.stderr.strip().splitlines()
@@ -169,5 +173,10 @@ def test_sweep_runs_arms_and_seeds_reuses_finished_runs_and_tabulates(tmp_path):
   again = run("sweep.py", *args)  # finished runs are reused, not retrained
   assert again.returncode == 0 and "[sweep]" not in again.stdout
   assert json.loads(again.stdout.strip().splitlines()[-1]) == summary
+  bad = run("sweep.py", *[a.replace("--arm=base:", "--arm=base: algorithm.policy_loss.clip_hihg=1")
+                           for a in args[:-5]], f"--root={tmp_path / 'bad'}")
+  assert bad.returncode == 2 and not (tmp_path / "bad").exists(), bad.stderr
+  assert len(bad.stderr.strip().splitlines()) == 1
+  assert bad.stderr.startswith("error: arm 'base': config.algorithm.policy_loss.clip_hihg")
   changed = run("sweep.py", *[a.replace("clip_high=0.2", "clip_high=0.3") for a in args])
   assert changed.returncode != 0 and "holds a finished run of other settings" in changed.stderr
