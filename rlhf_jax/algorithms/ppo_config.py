@@ -8,6 +8,7 @@ Nested sub-sections, each a concept of its own (ALGORITHMS.md §0–§5):
   value         the critic's loss and pretraining (estimator 'gae' only)
   overlong      DAPO's soft overlong punishment and the truncation filter
   correction    sampler–trainer mismatch correction (TIS / masked IS)
+  process_reward  how a PRM's step rewards are refined (Clip / Delta) before the advantages
 Presets (configs/*.py) set fields of these sections; nothing else differs.
 """
 
@@ -26,6 +27,9 @@ LAMBDA_SCHEDULES = ("fixed", "length_adaptive")
 KL_PLACEMENTS = ("none", "loss", "reward")
 KL_CONTROLLERS = ("fixed", "adaptive")
 CORRECTION_MODES = ("auto",) + tuple(kernels.ROLLOUT_CORRECTION_MODES)
+PROCESS_SHAPINGS = ("none", "clip", "delta", "clip_delta")
+# Estimators whose advantages read per-token rewards (the others use sequence scores).
+TOKEN_REWARD_ESTIMATORS = ("gae", "reinforce_pp")
 
 
 def algorithm_config() -> ml_collections.ConfigDict:
@@ -75,6 +79,13 @@ def algorithm_config() -> ml_collections.ConfigDict:
   # else none), 'none', 'tis', 'mis_token', 'mis_sequence'.
   a.correction.mode = "auto"
   a.correction.threshold = 2.0  # C: TIS truncation / MIS trust region [1/C, C] (verl 2.0).
+
+  a.process_reward = ml_collections.ConfigDict()  # step rewards of reward.process (a PRM)
+  # Refinement against reward farming (Gao et al. §4): 'delta' (the return telescopes to
+  # the current step's score), 'clip' (min(r − eta, 0)), 'clip_delta', or 'none' (raw).
+  a.process_reward.shaping = "delta"
+  a.process_reward.eta = 0.5  # Clip's threshold η.
+  a.process_reward.coef = 1.0  # Weight of the step rewards beside the outcome score.
   return a
 
 
@@ -140,6 +151,11 @@ def validate_algorithm_config(a, *, group_size: int, response_length: int) -> No
          f"{', '.join(CORRECTION_MODES)}")
   if a.correction.threshold <= 1:
     fail("algorithm.correction.threshold", f"={a.correction.threshold} must be > 1")
+  if a.process_reward.shaping not in PROCESS_SHAPINGS:
+    fail("algorithm.process_reward.shaping", f"={a.process_reward.shaping!r} is not one of "
+         f"{', '.join(PROCESS_SHAPINGS)}")
+  if a.process_reward.coef < 0:
+    fail("algorithm.process_reward.coef", f"={a.process_reward.coef} must be >= 0")
 
 
 def _validate_kl(kl) -> None:

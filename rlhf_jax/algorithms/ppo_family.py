@@ -41,10 +41,25 @@ def shape_rewards(algorithm, batch: RolloutBatch) -> RolloutBatch:
   return batch
 
 
+def process_rewards(algorithm, batch: RolloutBatch) -> jax.Array:
+  """[B, R] the PRM's step rewards at step-end tokens, refined as
+  `algorithm.process_reward.shaping` says (Gao et al., arXiv:2410.15115 §4: 'clip'
+  r̃ = min(r − η, 0), 'delta' r̃_k = r_k − r_{k+1}, 'clip_delta' both, 'none' raw), times
+  `coef`. Zeros when the batch has no step rewards."""
+  p = algorithm.process_reward
+  rewards, mask = batch.step_rewards, batch.step_mask
+  if p.shaping in ("clip", "clip_delta"):
+    rewards = kernels.prm_clip(rewards, mask, eta=p.eta)
+  if p.shaping in ("delta", "clip_delta"):
+    rewards = kernels.prm_delta(rewards, mask)
+  return p.coef * rewards * mask
+
+
 def token_rewards(algorithm, batch: RolloutBatch, kl_coef: jax.Array | float) -> jax.Array:
-  """[B, R] rewards: the score at the last token, minus β·KL(π_old ‖ π_ref) per token
-  when the KL is in the reward (InstructGPT; `kernels.kl_in_reward`)."""
-  rewards = batch.token_rewards()
+  """[B, R] rewards: the score at the last token plus the shaped process rewards at
+  step ends (`process_rewards`; Dai et al., arXiv:2410.17621), minus β·KL(π_old ‖ π_ref)
+  per token when the KL is in the reward (InstructGPT; `kernels.kl_in_reward`)."""
+  rewards = batch.token_rewards() + process_rewards(algorithm, batch)
   if algorithm.kl.placement == "reward":
     rewards, _ = kernels.kl_in_reward(rewards, batch.old_logprobs, batch.ref_logprobs,
                                       batch.response_mask, beta=kl_coef,

@@ -47,6 +47,9 @@ class RolloutBatch:
     is_weights: [B, R] rollout-correction importance weights (1 until `prepare`
       sets them; `kernels.rollout_correction`).
     correction_mask: [B, R] 0 on tokens masked importance sampling drops.
+    step_rewards: [B, R] process rewards (a PRM's step scores) at step-end tokens, 0
+      elsewhere; shaped in `prepare` (algorithm.process_reward: Clip / Delta).
+    step_mask: [B, R] 1 at the step-end tokens that carry a step reward.
     advantages: [B, R] the actor's advantages (set by `prepare`).
     returns: [B, R] the critic's targets (set by `prepare`; zeros without a critic).
   """
@@ -65,6 +68,8 @@ class RolloutBatch:
   sampler_logprobs: jax.Array
   is_weights: jax.Array
   correction_mask: jax.Array
+  step_rewards: jax.Array
+  step_mask: jax.Array
   advantages: jax.Array
   returns: jax.Array
 
@@ -106,9 +111,12 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                         truncated: Sequence[bool], group_ids: Sequence[int], *,
                         prompt_length: int, response_length: int, pad_id: int,
                         window_starts: Sequence[int] | None = None,
-                        finished: Sequence[bool] | None = None) -> RolloutBatch:
+                        finished: Sequence[bool] | None = None,
+                        step_rewards: Sequence[Sequence[tuple[int, float]]] | None = None
+                        ) -> RolloutBatch:
   """Packs host-side rollouts into a RolloutBatch of NumPy arrays (`window_starts`
-  default 0, `finished` default True: whole responses).
+  default 0, `finished` default True: whole responses; `step_rewards` per row a list of
+  (response column, process reward) pairs, default none).
 
   Raises:
     ValueError naming the row if a prompt or response does not fit.
@@ -136,10 +144,17 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
     lengths[row] = n
   zeros = lambda: np.zeros((batch, response_length), np.float32)
   ones = lambda: np.ones((batch, response_length), np.float32)
+  process, process_mask = zeros(), zeros()
+  for row, steps in enumerate(step_rewards or ()):
+    for column, reward in steps:
+      if 0 <= column < lengths[row]:
+        process[row, column] = reward
+        process_mask[row, column] = 1.0
   return RolloutBatch(tokens=tokens, attention_mask=attention, response_mask=response_mask,
                       old_logprobs=logprobs, sampler_logprobs=logprobs.copy(),
                       ref_logprobs=zeros(), values=zeros(), is_weights=ones(),
                       correction_mask=ones(), advantages=zeros(), returns=zeros(),
+                      step_rewards=process, step_mask=process_mask,
                       scores=np.asarray(scores, np.float32), lengths=lengths,
                       truncated=np.asarray(truncated, bool),
                       group_ids=np.asarray(group_ids, np.int32),
@@ -147,6 +162,24 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                           [0] * batch if window_starts is None else window_starts, np.int32),
                       finished=np.asarray([True] * batch if finished is None else finished,
                                           bool))
+
+
+def encode_pairs(tokenizer, prompts: Sequence[str], responses: Sequence[str], *,
+                 prompt_prefix: Sequence[int], prompt_length: int, response_length: int
+                 ) -> RolloutBatch:
+  """Tokenizes prompt/response texts into a RolloutBatch (response + EOS as the response
+  tokens): the layout of SFT batches and of the inputs reward models score.
+
+  Raises:
+    ValueError naming the row if a prompt or response does not fit.
+  """
+  prompt_ids = [list(prompt_prefix) + tokenizer.encode(p) for p in prompts]
+  encoded = [tokenizer.encode(r) + [tokenizer.eos_id] for r in responses]
+  zeros = [[0.0] * len(r) for r in encoded]
+  return build_rollout_batch(
+      prompt_ids, encoded, zeros, [0.0] * len(prompts), [False] * len(prompts),
+      list(range(len(prompts))), prompt_length=prompt_length,
+      response_length=response_length, pad_id=tokenizer.pad_id)
 
 
 def response_logits_inputs(batch: RolloutBatch) -> tuple[jax.Array, jax.Array, int]:

@@ -29,6 +29,11 @@ BUILTIN_VERIFIERS: dict[str, Verifier] = {arith.TASK: arith.verify}
 CODE_TASKS = frozenset({"code", "pycalc"})  # scored by the sandbox (rewards/code.py)
 
 
+def has_verifier(task: str) -> bool:
+  """Whether `router_for_tasks` has a rule scorer for `task` (a verifier or the sandbox)."""
+  return task in BUILTIN_VERIFIERS or task in CODE_TASKS or task == "math"
+
+
 class VerifierScorer:
   """A `Scorer` running rule verifiers (task → function) in killable worker processes.
 

@@ -42,20 +42,21 @@ class Scores:
       DAPO's dynamic sampling, VAPO's positive examples).
     failures: [N] "" or why scoring itself failed ("timeout", "error: ...",
       "scorer error: ..."): the sample got the failure score.
-    token_scores: optional, per response a list of per-token rewards (a
-      process reward model), or None.
+    step_scores: optional, per response its process rewards in step order (a PRM's
+      score of each step; rewards/prm.py): the rollout places step k's reward at the
+      token that ends step k (`prm.step_end_positions`).
     reasons: optional [N] "" or why a response is not correct ("no answer found",
       "test failed: ..."); a failure's reason is the failure.
   """
   scores: list[float]
   correct: list[bool]
   failures: list[str]
-  token_scores: list[list[float]] | None = None
+  step_scores: list[list[float]] | None = None
   reasons: list[str] | None = None
 
   def __post_init__(self):
     lengths = {len(self.scores), len(self.correct), len(self.failures)}
-    for optional in (self.token_scores, self.reasons):
+    for optional in (self.step_scores, self.reasons):
       if optional is not None:
         lengths.add(len(optional))
     if len(lengths) != 1:

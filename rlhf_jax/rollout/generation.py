@@ -32,6 +32,8 @@ class Group:
   correct: list[bool]
   truncated: list[bool]
   failures: list[str]
+  # Per sample its process rewards as (response column, reward) pairs (a PRM), or None.
+  step_rewards: list[list[tuple[int, float]]] | None = None
 
   @staticmethod
   def from_json(data: dict) -> "Group":
@@ -66,10 +68,13 @@ class GroupGenerator:
     prefix: token ids put before every prompt.
     prompt_length: P, the longest prompt in tokens (longer is an error).
     seed: seeds the per-call sampling seeds (its state is checkpointed).
+    step_end_ids: the tokens that end a step (`prm.step_end_token_ids`) when the scorer
+      returns step scores, which are then placed at those tokens; None: no PRM.
   """
 
   def __init__(self, sampler: Sampler, scorer: Scorer, tokenizer, *, sampling: SamplingParams,
-               prefix: Sequence[int], prompt_length: int, seed: int):
+               prefix: Sequence[int], prompt_length: int, seed: int,
+               step_end_ids: frozenset[int] | None = None):
     self.sampler = sampler
     self.scorer = scorer
     self.tokenizer = tokenizer
@@ -77,6 +82,7 @@ class GroupGenerator:
     self.prefix = list(prefix)
     self.prompt_length = prompt_length
     self.rng = np.random.default_rng(seed)
+    self.step_end_ids = step_end_ids
 
   def encode(self, example: Example) -> list[int]:
     """Prompt token ids (prefix + text); a prompt longer than P is an error."""
@@ -101,6 +107,7 @@ class GroupGenerator:
     out = self.sampler.generate(prompts, sampling)
     flat = [(example, sample) for example, samples in zip(examples, out) for sample in samples]
     scored = self.score([e for e, _ in flat], [s.token_ids for _, s in flat])
+    steps = self.place_steps([s.token_ids for _, s in flat], scored)
     groups, index = [], 0
     for example, prompt, samples in zip(examples, prompts, out):
       part = slice(index, index + len(samples))
@@ -109,9 +116,22 @@ class GroupGenerator:
                           logprobs=[s.model_logprobs for s in samples],
                           scores=scored.scores[part], correct=scored.correct[part],
                           truncated=[s.finish_reason == "length" for s in samples],
-                          failures=scored.failures[part]))
+                          failures=scored.failures[part],
+                          step_rewards=None if steps is None else steps[part]))
       index += len(samples)
     return groups
+
+  def place_steps(self, responses: Sequence[Sequence[int]], scored: Scores
+                  ) -> list[list[tuple[int, float]]] | None:
+    """Per response (column, step score) pairs: step k's score at the token that ends
+    step k (`prm.step_end_positions`); None without step scores. Extra scores or
+    step ends (a PRM with another tokenizer) are dropped, pairing in order."""
+    if scored.step_scores is None or self.step_end_ids is None:
+      return None
+    from rlhf_jax.rewards.prm import step_end_positions  # pylint: disable=import-outside-toplevel
+    eos = self.tokenizer.eos_id
+    return [list(zip(step_end_positions(ids, self.step_end_ids, eos), step_scores))
+            for ids, step_scores in zip(responses, scored.step_scores)]
 
   def state(self) -> dict[str, Any]:
     """JSON-able state (the seed generator) for checkpoints."""
@@ -125,13 +145,15 @@ class GroupGenerator:
 def pack_groups(groups: Sequence[Group], *, prompt_length: int, response_length: int,
                 pad_id: int) -> Rollouts:
   """The Rollouts of whole responses: one row per sample, rows of a group adjacent."""
-  rows = [(g.prompt_ids, response, lps, score, trunc, gid)
+  rows = [(g.prompt_ids, response, lps, score, trunc, gid, steps)
           for gid, g in enumerate(groups)
-          for response, lps, score, trunc in zip(g.responses, g.logprobs, g.scores,
-                                                 g.truncated)]
-  prompts, responses, logprobs, scores, truncated, group_ids = (list(x) for x in zip(*rows))
+          for response, lps, score, trunc, steps in zip(
+              g.responses, g.logprobs, g.scores, g.truncated,
+              g.step_rewards or [()] * len(g.responses))]
+  prompts, responses, logprobs, scores, truncated, group_ids, steps = (
+      list(x) for x in zip(*rows))
   batch = build_rollout_batch(prompts, responses, logprobs, scores, truncated, group_ids,
                               prompt_length=prompt_length, response_length=response_length,
-                              pad_id=pad_id)
+                              pad_id=pad_id, step_rewards=steps)
   return Rollouts(batch=batch, correct=[c for g in groups for c in g.correct],
                   failures=[f for g in groups for f in g.failures if f], metrics={})

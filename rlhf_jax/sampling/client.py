@@ -48,7 +48,7 @@ def completion_from_proto(request_id: str, prompt_ids: Sequence[int],
       model_logprobs=list(sample.model_logprobs), finish_reason=sample.finish_reason,
       seed=sample.seed,
       weights_version=(sample.first_weights_version, sample.last_weights_version),
-      error=sample.error)
+      error=sample.error, candidate_logprobs=list(sample.candidate_logprobs))
 
 
 class SamplerClient:

@@ -62,6 +62,10 @@ class SamplingParams:
     seed: PRNG seed; the same seed gives the same tokens whatever else is in
       the batch. None: the scheduler draws one and reports it.
     fire: a FireSchedule, or None for regular sampling at every position.
+    candidate_token_ids: tokens whose log-probabilities at the first generated position
+      (under the model at temperature 1, read from the prefill logits) each sample
+      reports in `Completion.candidate_logprobs`: a generative judge's verdict
+      probabilities without parsing its text (rewards/genrm.py).
   """
   temperature: float = 1.0
   top_k: int = 0
@@ -72,6 +76,7 @@ class SamplingParams:
   n: int = 1
   seed: int | None = None
   fire: FireSchedule | None = None
+  candidate_token_ids: Sequence[int] = ()
 
   def __post_init__(self):
     _check_number("temperature", self.temperature, low=0.0)
@@ -88,6 +93,13 @@ class SamplingParams:
       raise ValueError(f"stop_token_ids={self.stop_token_ids!r} must be a sequence of "
                        "non-negative token ids.")
     object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+    if isinstance(self.candidate_token_ids, (str, bytes)) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0
+        for t in self.candidate_token_ids):
+      raise ValueError(f"candidate_token_ids={self.candidate_token_ids!r} must be a sequence "
+                       "of non-negative token ids.")
+    object.__setattr__(self, "candidate_token_ids",
+                       tuple(int(t) for t in self.candidate_token_ids))
     if self.fire is not None and not isinstance(self.fire, FireSchedule):
       raise ValueError(f"fire={self.fire!r} must be a FireSchedule or None.")
 
@@ -97,10 +109,12 @@ class SamplingParams:
 
   def check_against(self, *, vocab_size: int, max_stop_tokens: int) -> None:
     """Checks the fields that depend on the engine; raises ValueError naming the field."""
-    for token in self.stop_token_ids:
-      if token >= vocab_size:
-        raise ValueError(f"stop_token_ids contains {token}, outside the vocabulary "
-                         f"(size {vocab_size}).")
+    for name, tokens in (("stop_token_ids", self.stop_token_ids),
+                         ("candidate_token_ids", self.candidate_token_ids)):
+      for token in tokens:
+        if token >= vocab_size:
+          raise ValueError(f"{name} contains {token}, outside the vocabulary "
+                           f"(size {vocab_size}).")
     if len(self.stop_token_ids) > max_stop_tokens:
       raise ValueError(f"stop_token_ids has {len(self.stop_token_ids)} ids; this engine "
                        f"takes at most {max_stop_tokens} (Engine(max_stop_tokens=...)).")

@@ -49,6 +49,8 @@ class Completion:
     seed: the seed used (drawn by the scheduler when the request gave none).
     weights_version: (first, last) weight versions the sample was generated with.
     error: the failure message when finish_reason == "error".
+    candidate_logprobs: log π (T=1) of `sampling.candidate_token_ids` at the first
+      generated position (empty when none were asked for).
   """
   request_id: str
   sample_index: int
@@ -60,6 +62,7 @@ class Completion:
   seed: int
   weights_version: tuple[int, int]
   error: str = ""
+  candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
 
 
 TokenCallback = Callable[[str, int, int, float, float], None]
@@ -76,6 +79,7 @@ class _Request:
   waiting: collections.deque  # sample indices not yet in a slot
   prefix: Prefix | None = None
   prefix_row: int = 0
+  candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
   outstanding: int = 0  # samples not yet completed
   cancelled: bool = False
 
@@ -359,7 +363,8 @@ class Scheduler:
                       prompt_ids=request.prompt_ids, token_ids=sample.tokens,
                       sampled_logprobs=sample.sampled, model_logprobs=sample.model,
                       finish_reason=reason, seed=request.seed,
-                      weights_version=(sample.version, self.weights_version), error=error)
+                      weights_version=(sample.version, self.weights_version), error=error,
+                      candidate_logprobs=request.candidate_logprobs)
 
   def _reap_cancelled(self) -> list[Completion]:
     completions = []
@@ -435,3 +440,9 @@ class Scheduler:
       prefix = self.engine.prefill(self.params, tokens, lengths)
       for row, request in enumerate(group):
         request.prefix, request.prefix_row = prefix, row
+        if request.sampling.candidate_token_ids:
+          # The first token is drawn from these logits: its T=1 log-probs are exact.
+          logits = np.asarray(prefix.logits[row], np.float64)
+          logz = logits.max() + np.log(np.exp(logits - logits.max()).sum())
+          request.candidate_logprobs = [
+              float(logits[t] - logz) for t in request.sampling.candidate_token_ids]

@@ -61,6 +61,7 @@ def sampling_from_proto(message: sampler_pb2.SamplingParams) -> SamplingParams:
     if message.HasField(name):
       fields[name] = getattr(message, name)
   fields["stop_token_ids"] = tuple(message.stop_token_ids)
+  fields["candidate_token_ids"] = tuple(message.candidate_token_ids)
   if message.HasField("fire"):
     fire = {name: getattr(message.fire, name) for name in ("temperature", "top_k")
             if message.fire.HasField(name)}
@@ -76,7 +77,8 @@ def sampling_to_proto(params: SamplingParams) -> sampler_pb2.SamplingParams:
   message = sampler_pb2.SamplingParams(
       temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
       min_p=params.min_p, max_new_tokens=params.max_new_tokens,
-      stop_token_ids=list(params.stop_token_ids), n=params.n)
+      stop_token_ids=list(params.stop_token_ids), n=params.n,
+      candidate_token_ids=list(params.candidate_token_ids))
   if params.seed is not None:
     message.seed = params.seed
   if params.fire is not None:
@@ -94,7 +96,7 @@ def sample_to_proto(completion: Completion, text: str = "") -> sampler_pb2.Sampl
       sampled_logprobs=completion.sampled_logprobs, model_logprobs=completion.model_logprobs,
       finish_reason=completion.finish_reason, seed=completion.seed,
       first_weights_version=first, last_weights_version=last, text=text,
-      error=completion.error)
+      error=completion.error, candidate_logprobs=completion.candidate_logprobs)
 
 
 def param_names(params) -> list[tuple[str, jax.Array]]:

@@ -19,6 +19,7 @@ from rlhf_jax.data import read_examples
 from rlhf_jax.data.curriculum import CurriculumStream
 from rlhf_jax.data.curriculum import parse_curriculum
 from rlhf_jax.rewards import RewardRouter
+from rlhf_jax.rewards.router import has_verifier  # pylint: disable=unused-import
 from rlhf_jax.rewards.router import router_for_tasks
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rollout import GroupGenerator
@@ -101,10 +102,22 @@ def load_examples(c) -> tuple[list[Example], list[Example]]:
   return train, held_out
 
 
-def build_scorer(c, tasks: Sequence[str]) -> RewardRouter:
-  """The `reward` section's router over the scorers the data's `tasks` need
-  (`rewards.router.router_for_tasks`); a missing dependency or a sandbox that cannot
-  start is a ConfigError here, before anything compiles."""
+def build_scorer(c, tasks: Sequence[str], mesh=None) -> Scorer:
+  """The run's reward (`reward.route`): the rule verifiers of `tasks` (`build_verifiers`)
+  by default, else reward models and judges routed per sample, and a PRM's step
+  rewards with `reward.process.checkpoint` (training/reward_models.py). Models load
+  onto `mesh` (default: the trainer mesh of the config)."""
+  if c.reward.route == "verifier" and not c.reward.process.checkpoint:
+    return build_verifiers(c, tasks)
+  from rlhf_jax.training import reward_models  # pylint: disable=import-outside-toplevel
+  return reward_models.build_reward(c, tasks, mesh if mesh is not None else trainer_mesh(c),
+                                    lambda subset: build_verifiers(c, subset))
+
+
+def build_verifiers(c, tasks: Sequence[str]) -> RewardRouter:
+  """The `reward` section's router over the rule verifiers and sandbox the data's `tasks`
+  need (`rewards.router.router_for_tasks`); a missing dependency or a sandbox that
+  cannot start is a ConfigError here, before anything compiles."""
   from rlhf_jax.rewards.sandbox import SandboxUnavailable  # pylint: disable=import-outside-toplevel
   r = c.reward
   try:
@@ -149,10 +162,14 @@ def build_sampler(c, policy: Policy, mesh):
 def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Example]):
   """The rollout of `rollout.mode` over a resumable stream of `examples`."""
   stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
+  step_ends = None
+  if c.reward.process.checkpoint:
+    from rlhf_jax.rewards.prm import step_end_token_ids  # pylint: disable=import-outside-toplevel
+    step_ends = step_end_token_ids(policy.tokenizer, c.reward.process.step_delimiter)
   generator = GroupGenerator(sampler, scorer, policy.tokenizer,
                              sampling=rollout_config_lib.sampling_params(c.rollout, stop),
                              prefix=policy.prefix, prompt_length=c.data.prompt_length,
-                             seed=c.seed)
+                             seed=c.seed, step_end_ids=step_ends)
   if c.data.curriculum:
     stream = CurriculumStream(examples, parse_curriculum(c.data.curriculum), seed=c.seed,
                               shuffle=c.data.shuffle)
@@ -172,8 +189,13 @@ def build_learner(c, policy: Policy, mesh) -> learner_lib.PPOLearner:
       make_optimizer(o.learning_rate, o.warmup_steps, o.weight_decay, o.max_grad_norm, **decay),
       mesh, a, c.train)
   critic = None
-  if ppo_config.uses_critic(a):
+  if ppo_config.uses_critic(a) and c.critic.init_from:
+    from rlhf_jax.training import reward_models  # pylint: disable=import-outside-toplevel
+    critic_model, critic_params = reward_models.critic_from_checkpoint(c.critic.init_from,
+                                                                       policy.model)
+  elif ppo_config.uses_critic(a):
     critic_model, critic_params = models.critic_from_policy(policy.model, policy.params)
+  if ppo_config.uses_critic(a):
     # A copy: the actor's update donates (frees) the backbone arrays they share.
     critic_params = parallel.shard_params(jax.tree.map(lambda x: x.copy(), critic_params),
                                           parallel.param_shardings(

@@ -21,6 +21,7 @@ from rlhf_jax.data.curriculum import parse_curriculum
 from rlhf_jax.data.sources import FIELDS as SOURCE_FIELDS
 from rlhf_jax.models.config import DTYPES
 from rlhf_jax.models.config import MATMUL_PRECISIONS
+from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.sampling import config as sampler_config_lib
 
@@ -105,8 +106,14 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   # 'namespaces' (bubblewrap: no network, private /tmp, own PID namespace) or 'rlimits'
   # (machines without user namespaces; weaker, see docs/sandbox.md).
   c.reward.sandbox.isolation = "namespaces"
+  reward_config_lib.add_reward_model_fields(c.reward)  # route, rm, genrm, pairwise, process
 
   c.algorithm = ppo_config.algorithm_config()
+
+  c.critic = ml_collections.ConfigDict()
+  # HF directory of a scalar-head model (a PRM: launch/train_prm.py) whose weights start
+  # the critic (Dai et al.); empty: the policy's backbone with a zero value head.
+  c.critic.init_from = ""
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.learning_rate = 2e-4 if arith else 1e-6  # Actor peak learning rate.
@@ -141,6 +148,18 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   return c
 
 
+def sibling_preset(preset_file: str, name: str, variant: str) -> ml_collections.ConfigDict:
+  """`get_config(variant)` of configs/<name>.py beside `preset_file` (a preset built on
+  another, e.g. Pairwise-PPO on PPO), loaded by path: presets are files, not a package."""
+  import importlib.util  # pylint: disable=import-outside-toplevel,redefined-outer-name
+  import os  # pylint: disable=import-outside-toplevel
+  path = os.path.join(os.path.dirname(os.path.abspath(preset_file)), f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"rlhf_jax_preset_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant)
+
+
 def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Raises ConfigError naming the field of an impossible setting (before any compile)."""
   if c.variant not in VARIANTS:
@@ -156,6 +175,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
                                              prompt_buckets=tuple(c.sampler.prompt_buckets))
   _validate_model(c.model)
   _validate_reward(c)
+  reward_config_lib.validate_reward_models(c)
   _validate_train(c, rows=r.prompts_per_step * r.group_size)
   _validate_sft(c.sft)
   _validate_schedule(c.optimizer)

@@ -56,7 +56,13 @@ class Trainer:
     self.policy = build.load_policy(c, workdir, self.mesh)
     self.train_examples, self.held_out = build.load_examples(c)
     tasks = sorted({e.task for e in self.train_examples + self.held_out})
-    self.scorer = scorer if scorer is not None else build.build_scorer(c, tasks)
+    self.scorer = scorer if scorer is not None else build.build_scorer(c, tasks, self.mesh)
+    # Held-out accuracy is the rule verifiers' (the true one) whatever the reward is.
+    self.eval_scorer = self.scorer
+    if scorer is None and (c.reward.route != "verifier" or c.reward.process.checkpoint):
+      held_out_tasks = sorted({e.task for e in self.held_out})
+      if all(build.has_verifier(t) for t in held_out_tasks):
+        self.eval_scorer = build.build_verifiers(c, held_out_tasks)
     self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
     self.sampler = build.build_sampler(c, self.policy, self.mesh)
     self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
@@ -118,7 +124,7 @@ class Trainer:
       return {}
     c = self.config
     evaluate = functools.partial(evaluate_policy, self.sampler, self.policy.tokenizer,
-                                 self.held_out, self.scorer, prefix=self.policy.prefix,
+                                 self.held_out, self.eval_scorer, prefix=self.policy.prefix,
                                  max_new_tokens=c.rollout.max_new_tokens)
     greedy = evaluate(samples=1, temperature=0.0)
     out = {f"eval_{k}": v for k, v in greedy.items() if k.startswith("accuracy")}
@@ -129,7 +135,7 @@ class Trainer:
       out.update({f"eval_sampled_{k}": v for k, v in sampled.items()
                   if k.startswith("accuracy")})
       out.update({f"eval_{k}": v for k, v in sampled.items() if k.startswith("pass@")})
-    pop_scorer_metrics(self.scorer)  # the per-task counters are the training samples'
+    pop_scorer_metrics(self.eval_scorer)  # the per-task counters are the training samples'
     return out
 
   # ------------------------------------------------------------------ checkpoints

@@ -20,6 +20,7 @@ import optax
 from rlhf_jax import kernels
 from rlhf_jax import models
 from rlhf_jax.algorithms import rollout as rollout_lib
+from rlhf_jax.algorithms.rollout import encode_pairs
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import pycalc
 
@@ -32,56 +33,49 @@ class SFTResult:
   seconds: float
 
 
-def encode_pairs(tokenizer, prompts: Sequence[str], solutions: Sequence[str], *,
-                 prompt_prefix: Sequence[int], prompt_length: int, response_length: int
-                 ) -> rollout_lib.RolloutBatch:
-  """Tokenizes prompt/solution pairs into a RolloutBatch (solution + EOS as the response)."""
-  prompt_ids = [list(prompt_prefix) + tokenizer.encode(p) for p in prompts]
-  responses = [tokenizer.encode(s) + [tokenizer.eos_id] for s in solutions]
-  zeros = [[0.0] * len(r) for r in responses]
-  return rollout_lib.build_rollout_batch(
-      prompt_ids, responses, zeros, [0.0] * len(prompts), [False] * len(prompts),
-      list(range(len(prompts))), prompt_length=prompt_length,
-      response_length=response_length, pad_id=tokenizer.pad_id)
+def sft_loss(model, params, batch: rollout_lib.RolloutBatch) -> jax.Array:
+  """Token-mean negative log-likelihood of the response tokens."""
+  logprobs = rollout_lib.response_logprobs(model, params, batch)
+  return -kernels.aggregate(logprobs, batch.response_mask, mode="token-mean")
 
 
-def make_sft_step(model, optimizer: optax.GradientTransformation):
-  """The jitted step: (params, opt_state, batch) → (params, opt_state, loss)."""
-
-  def loss_fn(params, batch):
-    logprobs = rollout_lib.response_logprobs(model, params, batch)
-    return -kernels.aggregate(logprobs, batch.response_mask, mode="token-mean")
-
-  @jax.jit
-  def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return step
-
-
-def run_sft(model, params, make_batch: Callable[[int], rollout_lib.RolloutBatch], *,
-            steps: int, learning_rate: float, warmup_steps: int = 20,
-            weight_decay: float = 0.0, max_grad_norm: float = 1.0,
-            progress: Callable[[int, float], None] | None = None) -> SFTResult:
-  """Trains for `steps` steps on `make_batch(step)` batches (AdamW, warmup + cosine decay)."""
+def fit(loss_fn: Callable, params, make_batch: Callable[[int], object], *, steps: int,
+        learning_rate: float, warmup_steps: int = 20, weight_decay: float = 0.0,
+        max_grad_norm: float = 1.0,
+        progress: Callable[[int, float], None] | None = None) -> SFTResult:
+  """Minimises `loss_fn(params, batch)` for `steps` steps on `make_batch(step)` batches
+  (any pytree of arrays) with AdamW, linear warmup and a cosine decay to 10 %: the
+  supervised loop of SFT, reward models, PRMs and judges."""
   schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(warmup_steps, 1),
                                                 max(steps, warmup_steps + 1),
                                                 end_value=learning_rate * 0.1)
   optimizer = optax.chain(optax.clip_by_global_norm(max_grad_norm),
                           optax.adamw(schedule, weight_decay=weight_decay))
+
+  @jax.jit
+  def step_fn(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
   opt_state = optimizer.init(params)
-  step_fn = make_sft_step(model, optimizer)
   losses = []
   start = time.perf_counter()
   for step in range(steps):
-    batch = rollout_lib.as_device(make_batch(step))
+    batch = jax.tree.map(jax.numpy.asarray, make_batch(step))
     params, opt_state, loss = step_fn(params, opt_state, batch)
     losses.append(float(loss))
     if progress is not None:
       progress(step, losses[-1])
   return SFTResult(params=params, losses=losses, seconds=time.perf_counter() - start)
+
+
+def run_sft(model, params, make_batch: Callable[[int], rollout_lib.RolloutBatch], *,
+            steps: int, learning_rate: float, **options) -> SFTResult:
+  """Trains the LM on `make_batch(step)` batches of (prompt, response) rows (`fit` of
+  `sft_loss`; options: warmup_steps, weight_decay, max_grad_norm, progress)."""
+  return fit(lambda p, batch: sft_loss(model, p, batch), params, make_batch, steps=steps,
+             learning_rate=learning_rate, **options)
 
 
 def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,

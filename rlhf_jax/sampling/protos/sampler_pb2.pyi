@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "max_new_tokens", "stop_token_ids", "n", "seed", "fire")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "max_new_tokens", "stop_token_ids", "n", "seed", "fire", "candidate_token_ids")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class SamplingParams(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     FIRE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -26,7 +27,8 @@ class SamplingParams(_message.Message):
     n: int
     seed: int
     fire: Fire
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., fire: _Optional[_Union[Fire, _Mapping]] = ...) -> None: ...
+    candidate_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., fire: _Optional[_Union[Fire, _Mapping]] = ..., candidate_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Fire(_message.Message):
     __slots__ = ("temperature", "top_k", "every_line")
@@ -57,7 +59,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("sample_index", "token_ids", "sampled_logprobs", "model_logprobs", "finish_reason", "seed", "first_weights_version", "last_weights_version", "text", "error")
+    __slots__ = ("sample_index", "token_ids", "sampled_logprobs", "model_logprobs", "finish_reason", "seed", "first_weights_version", "last_weights_version", "text", "error", "candidate_logprobs")
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +70,7 @@ class Sample(_message.Message):
     LAST_WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampled_logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -78,7 +81,8 @@ class Sample(_message.Message):
     last_weights_version: int
     text: str
     error: str
-    def __init__(self, sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampled_logprobs: _Optional[_Iterable[float]] = ..., model_logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., seed: _Optional[int] = ..., first_weights_version: _Optional[int] = ..., last_weights_version: _Optional[int] = ..., text: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    candidate_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampled_logprobs: _Optional[_Iterable[float]] = ..., model_logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., seed: _Optional[int] = ..., first_weights_version: _Optional[int] = ..., last_weights_version: _Optional[int] = ..., text: _Optional[str] = ..., error: _Optional[str] = ..., candidate_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "samples")

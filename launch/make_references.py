@@ -1,0 +1,80 @@
+r"""Reference responses for GenRM w/ SFT-BoN: best-of-N SFT samples by the BT reward model.
+
+  python launch/make_references.py --config=configs/grpo.py:arith --workdir=runs/arith \
+      --rm=runs/arith/rm --output=refs.jsonl [--n=8 --max_prompts=1000]
+
+The policy (`model.checkpoint`, or <workdir>/sft) samples --n responses per training
+prompt at the rollout temperature; the reward model (--rm, launch/train_rm.py) scores
+them and the best is written into each example's metadata under
+`reward.genrm.reference_key` (with its score as `<key>_rm_score`), JSONL or Parquet by
+extension. Shen et al. (arXiv:2503.22230) judge general prompts against it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from absl import flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:variant).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (arith: the warm start in sft/).")
+_RM = flags.DEFINE_string("rm", None, "The Bradley–Terry reward model's HF directory.")
+_OUTPUT = flags.DEFINE_string("output", None, "Where to write the examples (.jsonl/.parquet).")
+_N = flags.DEFINE_integer("n", 8, "Samples per prompt.")
+_LIMIT = flags.DEFINE_integer("max_prompts", 0, "Only the first N prompts (0: all).")
+flags.mark_flags_as_required(["config", "rm", "output"])
+
+
+def main(argv) -> None:
+  del argv
+  from rlhf_jax.config_errors import ConfigError
+  from rlhf_jax.runtime import quiet_library_logs
+  quiet_library_logs()
+  if _N.value < 1:
+    raise ConfigError(f"--n={_N.value} must be >= 1")
+  import dataclasses
+
+  import jax
+  import numpy as np
+
+  from rlhf_jax.data import write_examples
+  from rlhf_jax.rewards.reward_model import RewardModelScorer
+  from rlhf_jax.sampling import SamplingParams
+  from rlhf_jax.training import build
+  from rlhf_jax.training import reward_models
+  from rlhf_jax.training.config import validate_config
+
+  c = _CONFIG.value
+  validate_config(c, num_devices=jax.device_count())
+  mesh = build.trainer_mesh(c)
+  policy = build.load_policy(c, _WORKDIR.value, mesh)
+  examples = build.load_examples(c)[0]
+  examples = examples[:_LIMIT.value] if _LIMIT.value else examples
+  role, tokenizer, prefix = reward_models.load_frozen(_RM.value, mesh, head="scalar")
+  rm = RewardModelScorer(role, reward_models.scoring_layout(c, tokenizer, prefix), mesh=mesh)
+  sampler = build.build_sampler(c, policy, mesh)
+  out = sampler.generate([policy.prefix + policy.tokenizer.encode(e.prompt) for e in examples],
+                         SamplingParams(temperature=c.rollout.temperature, n=_N.value,
+                                        max_new_tokens=c.rollout.max_new_tokens,
+                                        stop_token_ids=(policy.tokenizer.eos_id,), seed=c.seed))
+  texts = [[policy.tokenizer.decode(s.token_ids) for s in group] for group in out]
+  scores, failures = rm.raw_scores([e.prompt for e, g in zip(examples, texts) for _ in g],
+                                   [t for g in texts for t in g])
+  scores = np.where([bool(f) for f in failures], -np.inf, scores).reshape(len(examples), _N.value)
+  key = c.reward.genrm.reference_key
+  written = []
+  for example, group, row in zip(examples, texts, scores):
+    best = int(np.argmax(row))
+    metadata = dict(example.metadata or {}, **{key: group[best],
+                                              f"{key}_rm_score": float(row[best])})
+    written.append(dataclasses.replace(example, metadata=metadata))
+  write_examples(_OUTPUT.value, written)
+  print(json.dumps({"output": _OUTPUT.value, "prompts": len(written), "n": _N.value,
+                    "mean_best_rm_score": float(np.mean(scores.max(axis=1)))}), flush=True)
+
+
+if __name__ == "__main__":
+  from rlhf_jax import cli
+  cli.run(main)

@@ -1,0 +1,131 @@
+"""The model-based parts of the `reward` config section, and their validation.
+
+`reward.route` picks where each sample's reward comes from (rewards/hybrid.py): the
+rule verifiers ('verifier', the default), one model route for every sample ('rm',
+'genrm_gt', 'genrm_reference', 'pairwise'), or 'hybrid' routing per sample. A process
+reward model (`reward.process.checkpoint`) adds step rewards on top of any route.
+Reward models and judges are HF checkpoint directories (launch/train_rm.py,
+launch/train_prm.py, launch/train_judge.py write them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from rlhf_jax.config_errors import fail
+from rlhf_jax.rewards import genrm
+from rlhf_jax.rewards import hybrid
+from rlhf_jax.rewards import pairwise
+from rlhf_jax.rewards.judge import check_template
+from rlhf_jax.sampling import config as sampler_config_lib
+
+
+def add_reward_model_fields(r: ml_collections.ConfigDict) -> None:
+  """Adds the model-based fields to the `reward` section `r` (one comment per field)."""
+  # 'verifier', 'rm', 'genrm_gt', 'genrm_reference', 'pairwise', or 'hybrid' (per sample:
+  # verifier if the task has one, else GenRM w/ GT if there is an answer, else GenRM w/
+  # reference if the metadata has one, else the RM; Shen et al. §3).
+  r.route = "verifier"
+  # Also run the rule verifiers on model-routed samples whose task has one: the true
+  # accuracy beside the proxy reward (reward/<route>/true_accuracy). Never a reward.
+  r.monitor = True
+  r.rm = ml_collections.ConfigDict()  # Bradley–Terry reward model (launch/train_rm.py)
+  r.rm.checkpoint = ""  # HF directory with a scalar head.
+  r.rm.batch_size = 64  # Rows per jitted scoring forward.
+  r.rm.correct_threshold = 0.0  # A response counts as correct when its score exceeds this.
+  r.genrm = ml_collections.ConfigDict()  # generative judge vs a reference (rewards/genrm.py)
+  r.genrm.checkpoint = ""  # HF directory of the judge LM (launch/train_judge.py --kind=genrm).
+  r.genrm.yes = "Y"  # The verdict tokens: the reward is P(yes).
+  r.genrm.no = "N"
+  r.genrm.template_gt = genrm.GT_TEMPLATE  # {prompt} {answer} {response}
+  r.genrm.template_reference = genrm.REFERENCE_TEMPLATE  # {prompt} {reference} {response}
+  r.genrm.reference_key = "reference"  # metadata key of the reference response.
+  r.genrm.min_verdict_mass = 0.5  # Less probability on Y+N: an off-format answer (failure).
+  r.pairwise = ml_collections.ConfigDict()  # Pairwise-PPO's judge (rewards/pairwise.py)
+  r.pairwise.checkpoint = ""  # HF directory of the judge LM (train_judge.py --kind=pairwise).
+  r.pairwise.first = "A"  # Verdict token: the first response is better.
+  r.pairwise.second = "B"  # Verdict token: the second is better.
+  r.pairwise.template = pairwise.PAIR_TEMPLATE  # {prompt} {first} {second}
+  r.pairwise.anchor_key = "solution"  # 'answer' or the metadata key of the anchor response.
+  r.pairwise.centre = 0.5  # Reward = P(y beats the anchor) − centre.
+  r.pairwise.min_verdict_mass = 0.5
+  # The judges' sampler (GenRM and pairwise): in-process engines over the judges'
+  # weights, or `address` of a server that serves the judge (one judge per server).
+  r.judge_sampler = sampler_config_lib.sampler_config(num_slots=64, cache_length=264,
+                                                      prompt_buckets=(128, 256))
+  r.process = ml_collections.ConfigDict()  # process reward model (rewards/prm.py)
+  r.process.checkpoint = ""  # HF directory with a scalar head (launch/train_prm.py); empty: off.
+  r.process.step_delimiter = "\n"  # A step ends at a token containing this text.
+  r.process.batch_size = 64
+
+
+def routes_needed(r) -> tuple[str, ...]:
+  """The model routes `reward.route` uses (hybrid: every configured one)."""
+  if r.route == "hybrid":
+    configured = {"rm": r.rm.checkpoint, "genrm_gt": r.genrm.checkpoint,
+                  "genrm_reference": r.genrm.checkpoint}
+    return tuple(route for route, directory in configured.items() if directory)
+  return () if r.route == "verifier" else (r.route,)
+
+
+def _check_checkpoint(field: str, directory: str, why: str) -> None:
+  if not directory:
+    fail(field, f"is required: {why}")
+  if not os.path.exists(os.path.join(directory, "config.json")):
+    fail(field, f"={directory!r} is not an HF checkpoint directory (no config.json)")
+
+
+def validate_reward_models(c) -> None:
+  """Raises ConfigError naming the `reward.*` / `critic.*` field of an impossible
+  model-based reward setting (before anything loads)."""
+  from rlhf_jax.algorithms import ppo_config  # pylint: disable=import-outside-toplevel
+  r = c.reward
+  if r.route not in hybrid.ROUTE_MODES:
+    fail("reward.route", f"={r.route!r} is not one of {', '.join(hybrid.ROUTE_MODES)}")
+  routes = routes_needed(r)
+  if r.route == "hybrid" and not routes:
+    fail("reward.route", "='hybrid' needs at least one of reward.rm.checkpoint, "
+         "reward.genrm.checkpoint")
+  judge_served = bool(r.judge_sampler.address)
+  for route in routes:
+    if route == "rm":
+      _check_checkpoint("reward.rm.checkpoint", r.rm.checkpoint, f"reward.route={r.route!r}")
+    elif route.startswith("genrm") and not judge_served:
+      _check_checkpoint("reward.genrm.checkpoint", r.genrm.checkpoint,
+                        f"reward.route={r.route!r} (or serve the judge: "
+                        "reward.judge_sampler.address)")
+    elif route == "pairwise" and not judge_served:
+      _check_checkpoint("reward.pairwise.checkpoint", r.pairwise.checkpoint,
+                        "reward.route='pairwise' (or reward.judge_sampler.address)")
+  if any(route.startswith("genrm") for route in routes):
+    check_template(r.genrm.template_gt, genrm.TEMPLATE_FIELDS["gt"],
+                   genrm.TEMPLATE_FIELDS["gt"][1:], "reward.genrm.template_gt")
+    check_template(r.genrm.template_reference, genrm.TEMPLATE_FIELDS["reference"],
+                   genrm.TEMPLATE_FIELDS["reference"][1:], "reward.genrm.template_reference")
+  if "pairwise" in routes:
+    check_template(r.pairwise.template, pairwise.TEMPLATE_FIELDS,
+                   pairwise.TEMPLATE_FIELDS[1:], "reward.pairwise.template")
+  if any(route != "rm" for route in routes):
+    sampler_config_lib.validate_sampler_config(r.judge_sampler, "reward.judge_sampler")
+  for field in ("genrm", "pairwise"):
+    if not 0.0 <= r[field].min_verdict_mass <= 1.0:
+      fail(f"reward.{field}.min_verdict_mass", f"={r[field].min_verdict_mass} must be in [0, 1]")
+  for field in ("rm", "process"):
+    if r[field].batch_size < 1:
+      fail(f"reward.{field}.batch_size", f"={r[field].batch_size} must be >= 1")
+  if r.process.checkpoint:
+    _check_checkpoint("reward.process.checkpoint", r.process.checkpoint, "")
+    if not r.process.step_delimiter:
+      fail("reward.process.step_delimiter", "must not be empty")
+    if c.algorithm.advantage.estimator not in ppo_config.TOKEN_REWARD_ESTIMATORS:
+      fail("reward.process.checkpoint", "gives per-step rewards, which the estimator "
+           f"{c.algorithm.advantage.estimator!r} ignores; use one of "
+           f"{', '.join(ppo_config.TOKEN_REWARD_ESTIMATORS)}")
+    if c.rollout.mode == "windows":
+      fail("reward.process.checkpoint", "is not supported with rollout.mode='windows'")
+  if c.critic.init_from:
+    _check_checkpoint("critic.init_from", c.critic.init_from, "")
+    if not ppo_config.uses_critic(c.algorithm):
+      fail("critic.init_from", "needs a critic (algorithm.advantage.estimator 'gae')")

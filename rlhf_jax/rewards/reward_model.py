@@ -1,0 +1,135 @@
+"""Scalar-head reward models as `Scorer`s: the Bradley–Terry outcome RM.
+
+A reward model reads the rollout layout (prefix + prompt left-padded to P, response +
+EOS right-padded to R; `algorithms.rollout.encode_pairs`), so training batches and
+scoring batches are the same arrays. Scoring runs one jitted forward per fixed-size
+chunk of rows on the mesh (the params are a frozen role laid out like the reference):
+no Python loop over samples and one compile per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from rlhf_jax import parallel
+from rlhf_jax.algorithms.rollout import RolloutBatch
+from rlhf_jax.algorithms.rollout import encode_pairs
+from rlhf_jax.data import Example
+from rlhf_jax.models import score_at_last_token
+from rlhf_jax.rewards.scorer import Scores
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoringLayout:
+  """How texts become a reward model's input rows.
+
+  Attributes:
+    tokenizer: the reward model's tokenizer (`encode`, `eos_id`, `pad_id`).
+    prefix: token ids before every prompt.
+    prompt_length: P, prompt tokens (prefix included).
+    response_length: R, response tokens (EOS included).
+  """
+  tokenizer: Any
+  prefix: tuple[int, ...]
+  prompt_length: int
+  response_length: int
+
+  def encode(self, prompts: Sequence[str], responses: Sequence[str]
+             ) -> tuple[RolloutBatch, list[str]]:
+    """The rows of (prompt, response) pairs, and per pair "" or why it does not fit
+    (such a row is encoded with an empty response; its score must not be used)."""
+    failures, kept = [], []
+    for prompt, response in zip(prompts, responses, strict=True):
+      p = len(self.prefix) + len(self.tokenizer.encode(prompt))
+      r = len(self.tokenizer.encode(response)) + 1
+      if p > self.prompt_length or r > self.response_length:
+        failures.append(f"too long for the reward model: prompt {p} tokens (max "
+                        f"{self.prompt_length}), response {r} (max {self.response_length})")
+        kept.append("")
+      else:
+        failures.append("")
+        kept.append(response)
+    prompts = [p if not f else "" for p, f in zip(prompts, failures)]
+    batch = encode_pairs(self.tokenizer, prompts, kept, prompt_prefix=self.prefix,
+                         prompt_length=self.prompt_length,
+                         response_length=self.response_length)
+    return batch, failures
+
+
+def sequence_scores(model, params, tokens: jax.Array, attention_mask: jax.Array) -> jax.Array:
+  """[B] a scalar-head model's output at each row's last real token (the BT RM score)."""
+  values, _ = model.apply(params, tokens, attention_mask=attention_mask)
+  return score_at_last_token(values, attention_mask)
+
+
+def run_in_chunks(fn: Callable, arrays: Sequence[np.ndarray], chunk: int,
+                  mesh: jax.sharding.Mesh | None = None) -> np.ndarray:
+  """`fn(*arrays)` over rows in chunks of exactly `chunk` rows (the last one padded by
+  repeating row 0, so `fn` compiles once), concatenated on the host. With a mesh, each
+  chunk's rows are split over (data, fsdp) when they divide evenly."""
+  rows = arrays[0].shape[0]
+  shards = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+  outputs = []
+  for start in range(0, rows, chunk):
+    part = [a[start:start + chunk] for a in arrays]
+    missing = chunk - part[0].shape[0]
+    if missing:
+      part = [np.concatenate([p, np.repeat(p[:1], missing, axis=0)]) for p in part]
+    if mesh is not None and chunk % shards == 0:
+      part = [jax.device_put(p, parallel.batch_sharding(mesh, p.ndim)) for p in part]
+    outputs.append(np.asarray(jax.device_get(fn(*part)))[:chunk - missing])
+  return np.concatenate(outputs) if outputs else np.zeros((0,), np.float32)
+
+
+class RewardModelScorer:
+  """A `Scorer` reading a Bradley–Terry reward model's score at the last token
+  (Ouyang et al., arXiv:2203.02155 §3.5).
+
+  Args:
+    role: a frozen role (`.model` with a scalar head, `.params` on the mesh).
+    layout: the ScoringLayout of its inputs.
+    batch_size: rows per jitted forward.
+    correct_threshold: a response counts as correct when its score exceeds this
+      (the reward's own verdict, for accuracy metrics and dynamic sampling).
+    failure_score: the reward of a response that cannot be scored (too long).
+    mesh: the trainer mesh (rows are split over data × fsdp), or None.
+  """
+
+  def __init__(self, role, layout: ScoringLayout, *, batch_size: int = 64,
+               correct_threshold: float = 0.0, failure_score: float = 0.0,
+               mesh: jax.sharding.Mesh | None = None):
+    if role.model.head != "scalar":
+      raise ValueError(f"a reward model needs a scalar head; got head={role.model.head!r}.")
+    self.role, self.layout, self.batch_size, self.mesh = role, layout, batch_size, mesh
+    self.correct_threshold, self.failure_score = correct_threshold, failure_score
+    self._score = jax.jit(lambda params, tokens, mask: sequence_scores(
+        role.model, params, tokens, mask))
+
+  def check_tasks(self, tasks: Sequence[str]) -> None:
+    """A reward model scores any task."""
+
+  def raw_scores(self, prompts: Sequence[str], responses: Sequence[str]
+                 ) -> tuple[np.ndarray, list[str]]:
+    """[N] scores and per response "" or why it could not be scored."""
+    batch, failures = self.layout.encode(prompts, responses)
+    scores = run_in_chunks(lambda t, m: self._score(self.role.params, t, m),
+                           [batch.tokens, batch.attention_mask], self.batch_size, self.mesh)
+    return scores.astype(np.float32), failures
+
+  def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
+    """The RM's score of each response; a response too long to score gets
+    `failure_score` and a recorded failure."""
+    raw, failures = self.raw_scores([e.prompt for e in examples], responses)
+    out = Scores([], [], [], reasons=[])
+    for value, failure in zip(raw, failures):
+      if failure:
+        out.append(self.failure_score, False, failure, failure)
+      else:
+        correct = bool(value > self.correct_threshold)
+        out.append(float(value), correct, "", "" if correct else
+                   f"RM score {value:.3f} <= {self.correct_threshold}")
+    return out

@@ -1,0 +1,150 @@
+"""Building the reward of a run from its `reward` section: rule verifiers, reward models,
+judges and the PRM, as one `Scorer` (rewards/hybrid.py routes between them).
+
+Reward models and the PRM are frozen roles on the trainer mesh, laid out like the
+reference (`param_shardings` of the training rules); a judge's weights get the
+sampler's layout (GENERATE_RULES) and an in-process engine of their own, or the judge
+is a server (`reward.judge_sampler.address`). Nothing goes through the host.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+
+from rlhf_jax import models
+from rlhf_jax import parallel
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.rewards import config as reward_config_lib
+from rlhf_jax.rewards.genrm import GenRMScorer
+from rlhf_jax.rewards.hybrid import RoutedScorer
+from rlhf_jax.rewards.hybrid import hybrid_chooser
+from rlhf_jax.rewards.judge import VerdictJudge
+from rlhf_jax.rewards.judge import verdict_token_ids
+from rlhf_jax.rewards.pairwise import PairwiseScorer
+from rlhf_jax.rewards.prm import ProcessRewardModel
+from rlhf_jax.rewards.prm import WithProcessRewards
+from rlhf_jax.rewards.prm import step_end_token_ids
+from rlhf_jax.rewards.reward_model import RewardModelScorer
+from rlhf_jax.rewards.reward_model import ScoringLayout
+from rlhf_jax.rewards.router import has_verifier
+from rlhf_jax.rewards.scorer import Scorer
+from rlhf_jax.training.roles import FrozenRole
+
+
+def load_frozen(directory: str, mesh, *, head: str, dtype: str = "float32",
+                matmul_precision: str = "auto", rules=None) -> tuple[FrozenRole, object, list[int]]:
+  """(role, tokenizer, prompt prefix) of an HF checkpoint, its params on `mesh` in the
+  layout of `rules` (default: the training layout, like the reference)."""
+  model, params = models.load_hf_checkpoint(directory, head=head)
+  model = models.with_numerics(model, dtype=dtype, matmul_precision=matmul_precision)
+  shardings = (parallel.param_shardings(params, model.logical_axes(), mesh) if rules is None
+               else parallel.param_shardings(params, model.logical_axes(), mesh, rules))
+  role = FrozenRole(model, parallel.shard_params(params, shardings))
+  tokenizer = models.Tokenizer.from_directory(directory)
+  return role, tokenizer, models.load_prompt_prefix(directory, tokenizer)
+
+
+def scoring_layout(c, tokenizer, prefix: Sequence[int]) -> ScoringLayout:
+  """Reward-model inputs of this run: the policy's prompts and responses (+ EOS)."""
+  return ScoringLayout(tokenizer=tokenizer, prefix=tuple(prefix),
+                       prompt_length=c.data.prompt_length,
+                       response_length=c.rollout.max_new_tokens + 1)
+
+
+def build_judge(c, section, verdicts: Sequence[str], field: str, mesh) -> VerdictJudge:
+  """A VerdictJudge over the checkpoint of `section` (reward.genrm / reward.pairwise)
+  in an in-process engine, or over the server at reward.judge_sampler.address."""
+  s = c.reward.judge_sampler
+  directory = section.checkpoint
+  tokenizer = models.Tokenizer.from_directory(directory)
+  prefix = models.load_prompt_prefix(directory, tokenizer)
+  try:
+    ids = verdict_token_ids(tokenizer, verdicts, field)
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
+  if s.address:
+    from rlhf_jax.sampling.client import SamplerClient  # pylint: disable=import-outside-toplevel
+    sampler = SamplerClient(s.address)
+    sampler.wait_ready()
+  else:
+    from rlhf_jax.sampling import config as sampler_config_lib  # pylint: disable=import-outside-toplevel
+    role, _, _ = load_frozen(directory, mesh, head="lm", dtype=s.dtype,
+                             matmul_precision=s.matmul_precision,
+                             rules=parallel.GENERATE_RULES)
+    sampler = sampler_config_lib.build_scheduler(s, role.model, role.params,
+                                                 tokenizer=tokenizer, seed=c.seed)
+  return VerdictJudge(sampler, tokenizer, ids, prefix=prefix,
+                      max_prompt_tokens=min(max(s.prompt_buckets), s.cache_length - 1),
+                      min_verdict_mass=section.min_verdict_mass)
+
+
+def build_model_routes(c, mesh) -> dict[str, Scorer]:
+  """The model scorers `reward.route` needs (rm, genrm_gt, genrm_reference, pairwise)."""
+  r, routes = c.reward, {}
+  needed = reward_config_lib.routes_needed(r)
+  if "rm" in needed:
+    role, tokenizer, prefix = load_frozen(r.rm.checkpoint, mesh, head="scalar",
+                                          dtype=c.model.dtype)
+    routes["rm"] = RewardModelScorer(role, scoring_layout(c, tokenizer, prefix),
+                                     batch_size=r.rm.batch_size,
+                                     correct_threshold=r.rm.correct_threshold,
+                                     failure_score=r.failure_score, mesh=mesh)
+  if any(route.startswith("genrm") for route in needed):
+    judge = build_judge(c, r.genrm, (r.genrm.yes, r.genrm.no), "reward.genrm.yes/no", mesh)
+    for route, mode, template in (("genrm_gt", "gt", r.genrm.template_gt),
+                                  ("genrm_reference", "reference", r.genrm.template_reference)):
+      if route in needed:
+        routes[route] = GenRMScorer(judge, mode=mode, template=template,
+                                    reference_key=r.genrm.reference_key,
+                                    failure_score=r.failure_score)
+  if "pairwise" in needed:
+    judge = build_judge(c, r.pairwise, (r.pairwise.first, r.pairwise.second),
+                        "reward.pairwise.first/second", mesh)
+    routes["pairwise"] = PairwiseScorer(judge, anchor_key=r.pairwise.anchor_key,
+                                        template=r.pairwise.template,
+                                        centre=r.pairwise.centre,
+                                        failure_score=r.failure_score)
+  return routes
+
+
+def build_reward(c, tasks: Sequence[str], mesh, rule_router) -> Scorer:
+  """The run's scorer: `rule_router()` (the rule verifiers of `tasks`) alone for
+  route 'verifier', else a RoutedScorer over the model routes (and the verifiers for
+  'hybrid'), with a monitor of the rule verifiers; plus the PRM's step rewards when
+  `reward.process.checkpoint` is set."""
+  r = c.reward
+  if r.route == "verifier":
+    scorer = rule_router(tasks)
+  else:
+    routes = build_model_routes(c, mesh)
+    verifiable = [t for t in tasks if has_verifier(t)]
+    if r.route == "hybrid" and verifiable:
+      routes["verifier"] = rule_router(verifiable)
+    choose = (hybrid_chooser(routes, verifiable, reference_key=r.genrm.reference_key)
+              if r.route == "hybrid" else (lambda example, route=r.route: route))
+    monitor = rule_router(verifiable) if r.monitor and verifiable else None
+    scorer = RoutedScorer(routes, choose, monitor=monitor, monitor_tasks=verifiable,
+                          failure_score=r.failure_score)
+  if r.process.checkpoint:
+    role, tokenizer, prefix = load_frozen(r.process.checkpoint, mesh, head="scalar",
+                                          dtype=c.model.dtype)
+    prm = ProcessRewardModel(role, scoring_layout(c, tokenizer, prefix),
+                             step_end_token_ids(tokenizer, r.process.step_delimiter),
+                             batch_size=r.process.batch_size, mesh=mesh)
+    scorer = WithProcessRewards(scorer, prm)
+  return scorer
+
+
+def critic_from_checkpoint(directory: str, policy_model) -> tuple[object, dict]:
+  """A critic whose weights are a scalar-head checkpoint's (a PRM; Dai et al.): its
+  values start as the PRM's success-probability estimates. The architecture must be
+  the policy's (the critic reads the policy's token ids)."""
+  model, params = models.load_hf_checkpoint(directory, head="scalar")
+  if model.config.vocab_size != policy_model.config.vocab_size:
+    raise ConfigError(f"config.critic.init_from={directory!r}: vocabulary "
+                      f"{model.config.vocab_size} differs from the policy's "
+                      f"{policy_model.config.vocab_size}.")
+  return models.with_numerics(model, dtype=policy_model.config.dtype,
+                              matmul_precision=policy_model.config.matmul_precision), params
