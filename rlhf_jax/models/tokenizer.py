@@ -193,7 +193,9 @@ def build_character_tokenizer(characters: str, *,
       raise ValueError(f"character {character!r} collides with a special token.")
     vocab[character] = len(vocab)
   backend = Backend(models.WordLevel(vocab, unk_token=None))
-  backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+  # Any character, newlines included (Oniguruma's "." is not), so "\n\n" is two tokens,
+  # not one unknown piece.
+  backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
   backend.decoder = decoders.Fuse()
   backend.add_special_tokens(list(special_tokens))
   return Tokenizer(backend, eos_token=special_tokens[0])

@@ -77,7 +77,11 @@ class VerdictJudge:
     failures = [""] * len(questions)
     prompts, rows = [], []
     for i, question in enumerate(questions):
-      ids = self.prefix + self.tokenizer.encode(question)
+      try:
+        ids = self.prefix + self.tokenizer.encode(question)
+      except Exception as error:  # pylint: disable=broad-except
+        failures[i] = f"judge cannot tokenize the question: {error}"[:300]
+        continue
       if len(ids) > self.max_prompt_tokens:
         failures[i] = (f"judge prompt of {len(ids)} tokens exceeds {self.max_prompt_tokens} "
                        "(truncated input)")

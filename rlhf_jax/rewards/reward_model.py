@@ -44,8 +44,13 @@ class ScoringLayout:
     (such a row is encoded with an empty response; its score must not be used)."""
     failures, kept = [], []
     for prompt, response in zip(prompts, responses, strict=True):
-      p = len(self.prefix) + len(self.tokenizer.encode(prompt))
-      r = len(self.tokenizer.encode(response)) + 1
+      try:
+        p = len(self.prefix) + len(self.tokenizer.encode(prompt))
+        r = len(self.tokenizer.encode(response)) + 1
+      except Exception as error:  # pylint: disable=broad-except
+        failures.append(f"the reward model cannot tokenize it: {error}"[:300])
+        kept.append("")
+        continue
       if p > self.prompt_length or r > self.response_length:
         failures.append(f"too long for the reward model: prompt {p} tokens (max "
                         f"{self.prompt_length}), response {r} (max {self.response_length})")

@@ -83,3 +83,9 @@ def test_chat_template_errors(char_tokenizer):
   no_chat = tokenizer_lib.build_character_tokenizer("ab", special_tokens=("<eos>",))
   with pytest.raises(ValueError, match="chat template token='<\\|im_start\\|>'"):
     no_chat.apply_chat_template([{"role": "user", "content": "ab"}])
+
+
+def test_character_tokenizer_keeps_every_newline_of_a_run():
+  tokenizer = tokenizer_lib.build_character_tokenizer("ab\n")
+  ids = tokenizer.encode("a\n\n\nb")
+  assert len(ids) == 5 and tokenizer.decode(ids) == "a\n\n\nb"

@@ -277,3 +277,21 @@ def test_generated_protocol_modules_are_up_to_date(tmp_path):
   for generated in copy.glob("*_pb2*.py*"):
     assert generated.read_text() == (protos / generated.name).read_text(), (
         f"{generated.name} is stale: run python scripts/gen_protos.py")
+
+
+def test_candidate_logprobs_are_the_first_position_softmax_in_process_and_served(served):
+  client, _, _ = served
+  params = sampling.SamplingParams(max_new_tokens=3, seed=2, n=2,
+                                   candidate_token_ids=(3, 7, 60))
+  assert server_lib.sampling_from_proto(server_lib.sampling_to_proto(params)) == params
+  remote = client.generate_one(PROMPT, params)
+  local = in_process(PROMPT, params)
+  logits, _ = MODEL.apply(PARAMS, np.asarray([PROMPT], np.int32))
+  logits = np.asarray(logits[0, -1], np.float64)
+  expected = logits[[3, 7, 60]] - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+  for sample in [*remote, *local]:
+    np.testing.assert_allclose(sample.candidate_logprobs, expected, atol=1e-5)
+  plain = in_process(PROMPT, sampling.SamplingParams(max_new_tokens=2, seed=2))
+  assert plain[0].candidate_logprobs == []
+  with pytest.raises(ValueError, match="candidate_token_ids"):
+    sampling.SamplingParams(candidate_token_ids=(-1,))
