@@ -8,7 +8,8 @@ them; for each wrong one, --completions policy completions per probed prefix dec
 whether the prefix can still succeed, in a binary search for its first unrecoverable
 step (rlhf_jax/rewards/prm.py). Steps end at --step_delimiter. The PRM (the policy's
 backbone with a scalar head) is trained by regression on the 0/1 step labels at
-step-end tokens; held-out step-label accuracy is printed as JSON before and after.
+step-end tokens; its held-out Brier score (beside a constant predictor's) and
+step-label accuracy are printed as JSON.
 The result is what `reward.process.checkpoint` and `critic.init_from` read.
 """
 
@@ -35,22 +36,27 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling, data order, generated prompts
 flags.mark_flags_as_required(["policy", "output"])
 
 
-def sample_and_label(policy: str, examples):
-  """(examples, responses, labels) of --samples policy responses per example."""
+def policy_sampler(policy: str):
+  """(sampler, tokenizer, prefix) of the policy, with room for a prompt and a partial
+  response as the prompt of a completion."""
   from rlhf_jax import models
-  from rlhf_jax.rewards.prm import label_responses
-  from rlhf_jax.rewards.router import router_for_tasks
-  from rlhf_jax.sampling import SamplingParams
   from rlhf_jax.sampling import config as sampler_config_lib
-
   model, params = models.load_hf_checkpoint(policy)
   tokenizer = models.Tokenizer.from_directory(policy)
-  prefix = models.load_prompt_prefix(policy, tokenizer)
-  length = _PROMPT_LENGTH.value + _MAX_NEW.value  # prompt + a partial response
+  length = _PROMPT_LENGTH.value + _MAX_NEW.value
   sampler_config = sampler_config_lib.sampler_config(
       num_slots=64, cache_length=length + _MAX_NEW.value, prompt_buckets=(length,))
   sampler = sampler_config_lib.build_scheduler(sampler_config, model, params,
                                                tokenizer=tokenizer, seed=_SEED.value)
+  return sampler, tokenizer, models.load_prompt_prefix(policy, tokenizer)
+
+
+def sample_and_label(sampler, tokenizer, prefix, examples):
+  """(examples, responses, labels) of --samples policy responses per example."""
+  from rlhf_jax.rewards.prm import label_responses
+  from rlhf_jax.rewards.router import router_for_tasks
+  from rlhf_jax.sampling import SamplingParams
+
   out = sampler.generate([prefix + tokenizer.encode(e.prompt) for e in examples],
                          SamplingParams(temperature=1.0, n=_SAMPLES.value,
                                         max_new_tokens=_MAX_NEW.value,
@@ -91,10 +97,10 @@ def main(argv) -> None:
   train_prompts, held_prompts = split_held_out(examples, None, _EVAL_FRACTION.value)
   layout = rt.policy_layout(_POLICY.value, _PROMPT_LENGTH.value, _MAX_NEW.value + 1)
   step_ends = step_end_token_ids(layout.tokenizer, _DELIMITER.value)
-  rows = {}
-  stats = {}
+  rows, stats = {}, {}
+  sampler, tokenizer, prefix = policy_sampler(_POLICY.value)
   for name, part in (("train", train_prompts), ("held_out", held_prompts)):
-    part_examples, responses, labels = sample_and_label(_POLICY.value, part)
+    part_examples, responses, labels = sample_and_label(sampler, tokenizer, prefix, part)
     rows[name] = rt.step_targets(layout, [e.prompt for e in part_examples], responses, labels,
                                  step_ends)
     flat = np.concatenate([np.asarray(x) for x in labels])
@@ -109,8 +115,12 @@ def main(argv) -> None:
                           progress=progress)
   rt.save_beside_policy(_OUTPUT.value, model, result.params, _POLICY.value)
   print(json.dumps({"checkpoint": _OUTPUT.value, **stats,
-                    "step_label_accuracy_before": result.before,
-                    "step_label_accuracy": result.after, "final_loss": result.losses[-1],
+                    "step_label_mse_before": result.before["mse"],
+                    "step_label_mse": result.after["mse"],
+                    "constant_baseline_mse": rt.constant_baseline_mse(rows["train"],
+                                                                      rows["held_out"]),
+                    "step_label_accuracy": result.after["accuracy"],
+                    "final_loss": result.losses[-1],
                     "seconds": round(result.seconds, 1)}), flush=True)
 
 

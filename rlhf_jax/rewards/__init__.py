@@ -1,5 +1,7 @@
-"""rlhf_jax.rewards: the `Scorer` seam and its implementations (the rule-based verifier
-router today; reward models and judges plug in the same way)."""
+"""rlhf_jax.rewards: the `Scorer` seam and its implementations: rule verifiers and the code
+sandbox (router.py), the Bradley–Terry reward model (reward_model.py), generative judges
+(genrm.py, pairwise.py over judge.py), the process reward model (prm.py), and routing
+between them (hybrid.py; its config in config.py)."""
 
 from rlhf_jax.rewards.router import RewardRouter
 from rlhf_jax.rewards.scorer import Scorer

@@ -19,7 +19,6 @@ from rlhf_jax.data import read_examples
 from rlhf_jax.data.curriculum import CurriculumStream
 from rlhf_jax.data.curriculum import parse_curriculum
 from rlhf_jax.rewards import RewardRouter
-from rlhf_jax.rewards.router import has_verifier  # pylint: disable=unused-import
 from rlhf_jax.rewards.router import router_for_tasks
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rollout import GroupGenerator

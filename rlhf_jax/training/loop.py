@@ -24,6 +24,7 @@ import numpy as np
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.rewards import Scorer
+from rlhf_jax.rewards.router import has_verifier
 from rlhf_jax.rewards.scorer import pop_scorer_metrics
 from rlhf_jax.training import build
 from rlhf_jax.training import metrics as metrics_lib
@@ -61,7 +62,7 @@ class Trainer:
     self.eval_scorer = self.scorer
     if scorer is None and (c.reward.route != "verifier" or c.reward.process.checkpoint):
       held_out_tasks = sorted({e.task for e in self.held_out})
-      if all(build.has_verifier(t) for t in held_out_tasks):
+      if all(has_verifier(t) for t in held_out_tasks):
         self.eval_scorer = build.build_verifiers(c, held_out_tasks)
     self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
     self.sampler = build.build_sampler(c, self.policy, self.mesh)

@@ -29,12 +29,12 @@ from rlhf_jax.training.sft import fit
 
 @dataclasses.dataclass
 class RewardTrainingResult:
-  """Trained params, the loss curve, and the held-out metric before and after."""
+  """Trained params, the loss curve, and the held-out metric(s) before and after."""
   params: dict
   losses: list[float]
   seconds: float
-  before: float
-  after: float
+  before: float | dict[str, float]
+  after: float | dict[str, float]
 
 
 def scalar_model_from_policy(directory: str) -> tuple[models.FunctionalModel, dict]:
@@ -137,28 +137,40 @@ def prm_objective(model, response_length: int) -> Callable:
   return loss
 
 
-def step_label_accuracy(model, params, rows, response_length: int, *,
-                        batch_size: int = 64) -> float:
-  """The fraction of held-out step labels the PRM gets on the right side of 0.5."""
+def step_label_metrics(model, params, rows, response_length: int, *,
+                       batch_size: int = 64) -> dict[str, float]:
+  """Held-out step labels against the PRM: `mse` (Brier score of its success
+  probabilities; the labels are noisy 0/1 draws, so this is the measure to compare with
+  a constant predictor's) and `accuracy` (on the right side of 0.5)."""
   tokens, mask, targets, where = rows
   values = run_in_chunks(jax.jit(lambda t, m: model.apply(
       params, t, attention_mask=m, num_last=response_length)[0]), [tokens, mask], batch_size)
+  count = max(float(where.sum()), 1.0)
   hits = ((values > 0.5) == (targets > 0.5)) * where
-  return float(hits.sum() / max(where.sum(), 1.0))
+  return {"mse": float((where * (values - targets) ** 2).sum() / count),
+          "accuracy": float(hits.sum() / count)}
+
+
+def constant_baseline_mse(train_rows, held_out_rows) -> float:
+  """The held-out Brier score of always predicting the training labels' mean."""
+  _, _, targets, where = train_rows
+  rate = float((targets * where).sum() / max(where.sum(), 1.0))
+  _, _, held_targets, held_where = held_out_rows
+  return float((held_where * (held_targets - rate) ** 2).sum() / max(held_where.sum(), 1.0))
 
 
 def train_prm(model, params, rows, held_out_rows, *, response_length: int, steps: int,
               batch_size: int, learning_rate: float, seed: int = 0,
               progress: Callable[[int, float], None] | None = None) -> RewardTrainingResult:
-  """Trains a scalar-head PRM on `step_targets` rows; held-out step-label accuracy
-  before and after."""
+  """Trains a scalar-head PRM on `step_targets` rows; `before` / `after` are the held-out
+  step-label metrics (`step_label_metrics`: mse, accuracy)."""
   rng = np.random.default_rng(seed)
   count = rows[0].shape[0]
   make_batch = lambda step: tuple(r[rng.integers(0, count, batch_size)] for r in rows)
-  before = step_label_accuracy(model, params, held_out_rows, response_length)
+  before = step_label_metrics(model, params, held_out_rows, response_length)
   result = fit(prm_objective(model, response_length), params, make_batch, steps=steps,
                learning_rate=learning_rate, progress=progress)
-  after = step_label_accuracy(model, result.params, held_out_rows, response_length)
+  after = step_label_metrics(model, result.params, held_out_rows, response_length)
   return RewardTrainingResult(result.params, result.losses, result.seconds, before, after)
 
 

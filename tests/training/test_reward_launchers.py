@@ -59,6 +59,7 @@ def test_reward_model_launchers_write_checkpoints_and_report(checkpoints):
   prm = checkpoints["prm_report"]
   assert prm["train_responses"] == 12 and prm["held_out_responses"] == 4
   assert prm["train_steps"] >= prm["train_responses"]
+  assert prm["step_label_mse"] >= 0 and prm["constant_baseline_mse"] >= 0
 
 
 @pytest.mark.slow
