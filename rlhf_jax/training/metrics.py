@@ -37,6 +37,21 @@ def reduce_updates(metrics: Mapping[str, np.ndarray], prefix: str = "") -> dict[
   return out
 
 
+def process_reward_metrics(batch) -> dict[str, float]:
+  """A PRM's raw step scores in the batch (none without step rewards): their mean, the
+  mean score of each response's last step (the PRM's own verdict on the whole response,
+  to set beside the verifier's accuracy), and steps per response."""
+  mask = np.asarray(batch.step_mask) > 0
+  if not mask.any():
+    return {}
+  scores = np.asarray(batch.step_rewards)
+  rows = mask.any(axis=1)
+  last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
+  return {"process/step_score_mean": float(scores[mask].mean()),
+          "process/last_step_score_mean": float(scores[rows, last[rows]].mean()),
+          "process/steps_per_response": float(mask.sum(axis=1)[rows].mean())}
+
+
 def rollout_metrics(rollouts: Rollouts, prepared: Mapping[str, np.ndarray]) -> dict[str, float]:
   """Scores, lengths and accuracy of the finished responses (all rows except T-PPO's
   unfinished ones; none of these keys when nothing finished), plus the rollout
@@ -57,6 +72,7 @@ def rollout_metrics(rollouts: Rollouts, prepared: Mapping[str, np.ndarray]) -> d
       if rows.any():  # DAPO §3.3 watches the length of the wrong ones
         out[f"response_length_{verdict}_mean"] = float(lengths[rows].mean())
   out["reward_failures"] = float(len(rollouts.failures))
+  out.update(process_reward_metrics(batch))
   out.update(rollouts.metrics)
   return out
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # docs/reward_models.md: PPO on arith rewarded by the verifier, a Bradley–Terry RM,
-# GenRM w/ GT, and the verifier + a PRM (Delta shaping, critic from the PRM); proxy
+# GenRM w/ GT, and the verifier + a PRM (Delta-shaped or raw step rewards, critic from the
+# PRM); proxy
 # reward beside true accuracy (Shen et al.'s hacking comparison, one seed, 30 steps).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RM="$REPRO/rewards"
@@ -22,7 +23,8 @@ sweep reward_hacking --config=configs/ppo.py:arith --root="$RM/hacking" --seeds=
   --arm="bt_rm: reward.route=rm reward.rm.checkpoint=$RM/rm" \
   --arm="genrm_gt: reward.route=genrm_gt reward.genrm.checkpoint=$RM/genrm" \
   --arm="prm_delta: reward.process.checkpoint=$RM/prm critic.init_from=$RM/prm" \
+  --arm="prm_raw: reward.process.checkpoint=$RM/prm critic.init_from=$RM/prm algorithm.process_reward.shaping=none" \
   --stat=final:eval_accuracy --stat=gain:eval_accuracy --stat=late_mean:reward_mean \
-  --plot_metrics=reward_mean,eval_accuracy
+  --stat=late_mean:response_length_mean --plot_metrics=reward_mean,eval_accuracy
 py scripts/reproduce/reward_hacking_plot.py "$RM/hacking" "$DOCS/../reward_models/hacking" \
-  verifier bt_rm genrm_gt prm_delta
+  verifier bt_rm genrm_gt prm_delta prm_raw

@@ -2,8 +2,9 @@
 
   python scripts/reproduce/reward_hacking_plot.py ROOT OUT_PREFIX arm [arm ...]
 
-Reads ROOT/<arm>/seed0/metrics.jsonl. Per step: the training reward the policy
-optimised (`reward_mean`: the proxy for model rewards), the true accuracy of the same
+Reads ROOT/<arm>/seed0/metrics.jsonl. Per step: what the reward model says (`reward_mean`:
+the RM's score or the judge's P(yes); with a PRM its last-step score, the PRM's verdict on
+the whole response), the true accuracy of the same
 training samples (the monitor's `reward/<route>/true_accuracy`, or the verifier's
 `accuracy` when the verifier is the reward), and held-out greedy accuracy by the
 verifier (`eval_accuracy`). Writes OUT_PREFIX.md (a table) and OUT_PREFIX.png.
@@ -24,11 +25,17 @@ def true_training_accuracy(record):
   return record.get("accuracy") if not any(k.endswith("/share") for k in record) else None
 
 
+def proxy(record):
+  """What the run's reward model says: the PRM's last-step score when a PRM is in the
+  reward, else the training reward (RM score, judge's P(yes), or the verifier's)."""
+  return record.get("process/last_step_score_mean", record["reward_mean"])
+
+
 def series(root, arm):
   rows = [json.loads(line) for line in open(os.path.join(root, arm, "seed0", "metrics.jsonl"))]
   steps = [r for r in rows if "reward_mean" in r]
   evals = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
-  return ([(r["step"], r["reward_mean"]) for r in steps],
+  return ([(r["step"], proxy(r)) for r in steps],
           [(r["step"], true_training_accuracy(r)) for r in steps], evals)
 
 
@@ -38,7 +45,7 @@ def mean(values):
 
 
 def main(root, prefix, arms):
-  lines = ["| reward | proxy reward, steps 1–5 → last 5 | true accuracy of training samples, "
+  lines = ["| reward | proxy (model's verdict), steps 1–5 → last 5 | true accuracy of training samples, "
            "steps 1–5 → last 5 | held-out greedy accuracy, start → end |",
            "| --- | --- | --- | --- |"]
   data = {arm: series(root, arm) for arm in arms}
@@ -54,7 +61,7 @@ def main(root, prefix, arms):
   if plt is None:
     return
   figure, axes = plt.subplots(1, 3, figsize=(15, 4))
-  titles = ("training reward (proxy)", "true accuracy, training samples",
+  titles = ("reward model's verdict (proxy)", "true accuracy, training samples",
             "held-out greedy accuracy (verifier)")
   for arm, curves in data.items():
     for axis, curve in zip(axes, curves):

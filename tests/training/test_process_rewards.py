@@ -81,3 +81,14 @@ def test_a_batch_without_step_rewards_is_unchanged_by_any_shaping():
   batch = batch.replace(step_rewards=jnp.zeros_like(batch.step_rewards),
                         step_mask=jnp.zeros_like(batch.step_mask))
   np.testing.assert_array_equal(ppo_family.process_rewards(a, batch), 0.0)
+
+
+def test_process_reward_metrics_read_the_raw_step_scores():
+  from rlhf_jax.training.metrics import process_reward_metrics
+  _, batch = batch_and_algorithm("delta")
+  metrics = process_reward_metrics(batch)
+  scores = [s for steps in STEPS for _, s in steps]
+  assert metrics["process/step_score_mean"] == pytest.approx(np.mean(scores))
+  assert metrics["process/last_step_score_mean"] == pytest.approx((0.6 + 0.8) / 2)
+  assert metrics["process/steps_per_response"] == 2.5
+  assert process_reward_metrics(batch.replace(step_mask=jnp.zeros_like(batch.step_mask))) == {}
