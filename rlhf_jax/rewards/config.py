@@ -52,7 +52,8 @@ def add_reward_model_fields(r: ml_collections.ConfigDict) -> None:
   r.pairwise.centre = 0.5  # Reward = P(y beats the anchor) − centre.
   r.pairwise.min_verdict_mass = 0.5
   # The judges' sampler (GenRM and pairwise): in-process engines over the judges'
-  # weights, or `address` of a server that serves the judge (one judge per server).
+  # weights, or `address` of a server that serves the judge (one judge per server; the
+  # judge's checkpoint directory still gives its tokenizer and prompt format).
   r.judge_sampler = sampler_config_lib.sampler_config(num_slots=64, cache_length=264,
                                                       prompt_buckets=(128, 256))
   r.process = ml_collections.ConfigDict()  # process reward model (rewards/prm.py)
@@ -88,17 +89,17 @@ def validate_reward_models(c) -> None:
   if r.route == "hybrid" and not routes:
     fail("reward.route", "='hybrid' needs at least one of reward.rm.checkpoint, "
          "reward.genrm.checkpoint")
-  judge_served = bool(r.judge_sampler.address)
+  served = (" (a served judge: its tokenizer and prompt format are read from here)"
+            if r.judge_sampler.address else "")
   for route in routes:
     if route == "rm":
       _check_checkpoint("reward.rm.checkpoint", r.rm.checkpoint, f"reward.route={r.route!r}")
-    elif route.startswith("genrm") and not judge_served:
+    elif route.startswith("genrm"):
       _check_checkpoint("reward.genrm.checkpoint", r.genrm.checkpoint,
-                        f"reward.route={r.route!r} (or serve the judge: "
-                        "reward.judge_sampler.address)")
-    elif route == "pairwise" and not judge_served:
+                        f"reward.route={r.route!r}{served}")
+    elif route == "pairwise":
       _check_checkpoint("reward.pairwise.checkpoint", r.pairwise.checkpoint,
-                        "reward.route='pairwise' (or reward.judge_sampler.address)")
+                        f"reward.route='pairwise'{served}")
   if any(route.startswith("genrm") for route in routes):
     check_template(r.genrm.template_gt, genrm.TEMPLATE_FIELDS["gt"],
                    genrm.TEMPLATE_FIELDS["gt"][1:], "reward.genrm.template_gt")

@@ -151,6 +151,8 @@ def config_with(**fields):
     ({"reward__route": "hybrid"}, "config.reward.route='hybrid' needs at least one"),
     ({"reward__route": "pairwise", "reward__pairwise__checkpoint": "/nowhere"},
      "config.reward.pairwise.checkpoint='/nowhere' is not an HF checkpoint"),
+    ({"reward__route": "genrm_gt", "reward__judge_sampler__address": "localhost:1"},
+     "config.reward.genrm.checkpoint is required: reward.route='genrm_gt' (a served judge"),
     ({"reward__process__checkpoint": "/nowhere"}, "config.reward.process.checkpoint"),
     ({"critic__init_from": "/nowhere"}, "config.critic.init_from"),
     ({"algorithm__process_reward__shaping": "square"},
