@@ -64,15 +64,21 @@ def main(argv) -> None:
                                    [t for g in texts for t in g])
   scores = np.where([bool(f) for f in failures], -np.inf, scores).reshape(len(examples), _N.value)
   key = c.reward.genrm.reference_key
-  written = []
+  written, unscored = [], 0
   for example, group, row in zip(examples, texts, scores):
     best = int(np.argmax(row))
-    metadata = dict(example.metadata or {}, **{key: group[best],
-                                              f"{key}_rm_score": float(row[best])})
+    metadata = dict(example.metadata or {})
+    if np.isfinite(row[best]):
+      metadata.update({key: group[best], f"{key}_rm_score": float(row[best])})
+    else:  # no sample the RM could score: no reference (hybrid routing falls through)
+      unscored += 1
     written.append(dataclasses.replace(example, metadata=metadata))
   write_examples(_OUTPUT.value, written)
+  best_scores = scores.max(axis=1)
   print(json.dumps({"output": _OUTPUT.value, "prompts": len(written), "n": _N.value,
-                    "mean_best_rm_score": float(np.mean(scores.max(axis=1)))}), flush=True)
+                    "without_reference": unscored,
+                    "mean_best_rm_score": float(np.mean(best_scores[np.isfinite(best_scores)]))
+                    if unscored < len(written) else None}), flush=True)
 
 
 if __name__ == "__main__":

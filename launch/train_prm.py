@@ -53,7 +53,7 @@ def policy_sampler(policy: str):
 
 def sample_and_label(sampler, tokenizer, prefix, examples):
   """(examples, responses, labels) of --samples policy responses per example."""
-  from rlhf_jax.rewards.prm import label_responses
+  from rlhf_jax.rewards.prm import label_responses, step_end_token_ids
   from rlhf_jax.rewards.router import router_for_tasks
   from rlhf_jax.sampling import SamplingParams
 
@@ -67,7 +67,8 @@ def sample_and_label(sampler, tokenizer, prefix, examples):
     labels = label_responses(sampler, tokenizer, verifier, [e for e, _ in flat],
                              [r for _, r in flat], prefix=prefix,
                              completions=_COMPLETIONS.value, max_new_tokens=_MAX_NEW.value,
-                             delimiter=_DELIMITER.value, seed=_SEED.value + 1)
+                             step_end_ids=step_end_token_ids(tokenizer, _DELIMITER.value),
+                             seed=_SEED.value + 1)
   finally:
     verifier.close()
   return [e for e, _ in flat], [r for _, r in flat], labels

@@ -22,8 +22,11 @@ from rlhf_jax.rewards.judge import check_template
 from rlhf_jax.sampling import config as sampler_config_lib
 
 
-def add_reward_model_fields(r: ml_collections.ConfigDict) -> None:
-  """Adds the model-based fields to the `reward` section `r` (one comment per field)."""
+def add_reward_model_fields(r: ml_collections.ConfigDict, *, judge_prompt_buckets=(128, 256)
+                            ) -> None:
+  """Adds the model-based fields to the `reward` section `r` (one comment per field);
+  the judges' questions are padded to `judge_prompt_buckets` (a question holds the prompt
+  and one response, two for the pairwise judge, plus the template)."""
   # 'verifier', 'rm', 'genrm_gt', 'genrm_reference', 'pairwise', or 'hybrid' (per sample:
   # verifier if the task has one, else GenRM w/ GT if there is an answer, else GenRM w/
   # reference if the metadata has one, else the RM; Shen et al. §3).
@@ -54,8 +57,9 @@ def add_reward_model_fields(r: ml_collections.ConfigDict) -> None:
   # The judges' sampler (GenRM and pairwise): in-process engines over the judges'
   # weights, or `address` of a server that serves the judge (one judge per server; the
   # judge's checkpoint directory still gives its tokenizer and prompt format).
-  r.judge_sampler = sampler_config_lib.sampler_config(num_slots=64, cache_length=264,
-                                                      prompt_buckets=(128, 256))
+  r.judge_sampler = sampler_config_lib.sampler_config(
+      num_slots=64, cache_length=max(judge_prompt_buckets) + 8,
+      prompt_buckets=tuple(judge_prompt_buckets))
   r.process = ml_collections.ConfigDict()  # process reward model (rewards/prm.py)
   r.process.checkpoint = ""  # HF directory with a scalar head (launch/train_prm.py); empty: off.
   r.process.step_delimiter = "\n"  # A step ends at a token containing this text.
@@ -110,6 +114,14 @@ def validate_reward_models(c) -> None:
                    pairwise.TEMPLATE_FIELDS[1:], "reward.pairwise.template")
   if any(route != "rm" for route in routes):
     sampler_config_lib.validate_sampler_config(r.judge_sampler, "reward.judge_sampler")
+    # The longest question: the prompt and one response (the pairwise judge: the response
+    # and an anchor of the same cap), before the template's own text.
+    responses = 2 if "pairwise" in routes else 1
+    needed = c.data.prompt_length + responses * c.rollout.max_new_tokens
+    if max(r.judge_sampler.prompt_buckets) < needed:
+      fail("reward.judge_sampler.prompt_buckets", f"={tuple(r.judge_sampler.prompt_buckets)}: "
+           f"the longest judge question needs more than {needed} tokens (data.prompt_length "
+           f"+ {responses} × rollout.max_new_tokens); raise it (and cache_length)")
   for field in ("genrm", "pairwise"):
     if not 0.0 <= r[field].min_verdict_mass <= 1.0:
       fail(f"reward.{field}.min_verdict_mass", f"={r[field].min_verdict_mass} must be in [0, 1]")

@@ -41,7 +41,8 @@ def hybrid_chooser(routes: Mapping[str, Scorer], verifier_tasks: Sequence[str], 
     if route == "genrm_gt":
       return bool(example.answer.strip())
     if route == "genrm_reference":
-      return isinstance((example.metadata or {}).get(reference_key), str)
+      reference = (example.metadata or {}).get(reference_key)
+      return isinstance(reference, str) and bool(reference)
     return True
 
   def choose(example: Example) -> str:

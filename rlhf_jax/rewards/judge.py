@@ -19,8 +19,8 @@ from rlhf_jax.sampling import SamplingParams
 
 
 def template_fields(template: str) -> set[str]:
-  """The `{field}` names a template uses."""
-  return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+  """The `{field}` names a template uses ("" or a number for a positional `{}`)."""
+  return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
 
 
 def check_template(template: str, allowed: Sequence[str], required: Sequence[str],

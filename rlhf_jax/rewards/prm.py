@@ -30,11 +30,19 @@ from rlhf_jax.sampling import SamplingParams
 
 
 def step_end_token_ids(tokenizer, delimiter: str = "\n") -> frozenset[int]:
-  """Ids of the tokens whose text contains `delimiter` (they end a step)."""
+  """Ids of the tokens whose text contains `delimiter` (they end a step).
+
+  Raises:
+    ValueError: the delimiter is empty or no token contains it (every response would be
+      one step).
+  """
   if not delimiter:
     raise ValueError("the step delimiter is empty.")
-  return frozenset(i for i in range(tokenizer.vocab_size)
-                   if delimiter in tokenizer.decode([i], skip_special_tokens=False))
+  ids = frozenset(i for i in range(tokenizer.vocab_size)
+                  if delimiter in tokenizer.decode([i], skip_special_tokens=False))
+  if not ids:
+    raise ValueError(f"no token of the tokenizer contains the step delimiter {delimiter!r}.")
+  return ids
 
 
 def step_end_positions(token_ids: Sequence[int], step_end_ids: frozenset[int],
@@ -50,17 +58,15 @@ def step_end_positions(token_ids: Sequence[int], step_end_ids: frozenset[int],
   return ends
 
 
-def split_steps(text: str, delimiter: str = "\n") -> list[str]:
-  """The response's steps as texts, each keeping its delimiter ("".join gives `text`)."""
+def token_steps(tokenizer, text: str, step_end_ids: frozenset[int]) -> list[str]:
+  """The response's steps as texts, cut where `step_end_positions` cuts its tokens (so a
+  token holding two delimiters ends one step, as the PRM and the rollout see it); [] for
+  an empty response."""
+  ids = tokenizer.encode(text)
   steps, start = [], 0
-  while True:
-    end = text.find(delimiter, start)
-    if end < 0:
-      break
-    steps.append(text[start:end + len(delimiter)])
-    start = end + len(delimiter)
-  if start < len(text):
-    steps.append(text[start:])
+  for end in step_end_positions(ids, step_end_ids, tokenizer.eos_id):
+    steps.append(tokenizer.decode(ids[start:end + 1], skip_special_tokens=False))
+    start = end + 1
   return steps
 
 
@@ -128,7 +134,11 @@ class WithProcessRewards:
   def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
     """Outcome scores with `step_scores` filled in."""
     scored = self.outcome.score(examples, responses)
-    steps, failures = self.prm.step_scores([e.prompt for e in examples], responses)
+    try:
+      steps, failures = self.prm.step_scores([e.prompt for e in examples], responses)
+    except Exception as error:  # pylint: disable=broad-except
+      steps = [[] for _ in responses]
+      failures = [f"PRM error: {type(error).__name__}: {error}"[:300]] * len(responses)
     self._failures += sum(bool(f) for f in failures)
     return dataclasses.replace(scored, step_scores=steps)
 
@@ -185,16 +195,17 @@ def step_labels(num_steps: int, correct: bool, first_bad: int | None) -> list[fl
 
 def label_responses(sampler, tokenizer, scorer: Scorer, examples: Sequence[Example],
                     responses: Sequence[str], *, prefix: Sequence[int], completions: int,
-                    max_new_tokens: int, delimiter: str = "\n", seed: int = 0
+                    max_new_tokens: int, step_end_ids: frozenset[int], seed: int = 0
                     ) -> list[list[float]]:
   """Step labels of (example, response) pairs: the verifier (`scorer`) judges the
   responses; for each wrong one, `completions` samples from the policy (`sampler`) per
   probed prefix decide recoverability in a binary search (`first_unrecoverable_steps`).
 
   Returns:
-    Per response its labels in step order (`split_steps`).
+    Per response its labels in step order (`token_steps`: one per step end the PRM
+    reads; none for an empty response).
   """
-  steps = [split_steps(r, delimiter) or [r] for r in responses]
+  steps = [token_steps(tokenizer, r, step_end_ids) for r in responses]
   correct = scorer.score(list(examples), list(responses)).correct
   wrong = [i for i, ok in enumerate(correct) if not ok]
   calls = [0]
@@ -216,6 +227,7 @@ def label_responses(sampler, tokenizer, scorer: Scorer, examples: Sequence[Examp
     verdicts = np.asarray(scorer.score(flat_examples, flat_texts).correct)
     return [bool(v) for v in verdicts.reshape(len(queries), completions).any(axis=1)]
 
+  wrong = [i for i in wrong if steps[i]]  # an empty response has no step to label
   first_bad = dict(zip(wrong, first_unrecoverable_steps([len(steps[i]) for i in wrong],
                                                          recoverable)))
   return [step_labels(len(s), bool(ok), first_bad.get(i))

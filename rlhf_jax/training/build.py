@@ -163,8 +163,8 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
   stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
   step_ends = None
   if c.reward.process.checkpoint:
-    from rlhf_jax.rewards.prm import step_end_token_ids  # pylint: disable=import-outside-toplevel
-    step_ends = step_end_token_ids(policy.tokenizer, c.reward.process.step_delimiter)
+    from rlhf_jax.training.reward_models import step_ends_of  # pylint: disable=import-outside-toplevel
+    step_ends = step_ends_of(c, policy.tokenizer)
   generator = GroupGenerator(sampler, scorer, policy.tokenizer,
                              sampling=rollout_config_lib.sampling_params(c.rollout, stop),
                              prefix=policy.prefix, prompt_length=c.data.prompt_length,

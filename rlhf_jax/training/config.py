@@ -106,7 +106,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   # 'namespaces' (bubblewrap: no network, private /tmp, own PID namespace) or 'rlimits'
   # (machines without user namespaces; weaker, see docs/sandbox.md).
   c.reward.sandbox.isolation = "namespaces"
-  reward_config_lib.add_reward_model_fields(c.reward)  # route, rm, genrm, pairwise, process
+  reward_config_lib.add_reward_model_fields(  # route, rm, genrm, pairwise, process
+      c.reward, judge_prompt_buckets=(128, 256) if arith else (2048, 3072))
 
   c.algorithm = ppo_config.algorithm_config()
 

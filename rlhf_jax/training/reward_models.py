@@ -131,10 +131,20 @@ def build_reward(c, tasks: Sequence[str], mesh, rule_router) -> Scorer:
     role, tokenizer, prefix = load_frozen(r.process.checkpoint, mesh, head="scalar",
                                           dtype=c.model.dtype)
     prm = ProcessRewardModel(role, scoring_layout(c, tokenizer, prefix),
-                             step_end_token_ids(tokenizer, r.process.step_delimiter),
+                             step_ends_of(c, tokenizer),
                              batch_size=r.process.batch_size, mesh=mesh)
     scorer = WithProcessRewards(scorer, prm)
   return scorer
+
+
+def step_ends_of(c, tokenizer) -> frozenset[int]:
+  """The tokens of `tokenizer` that end a step (`reward.process.step_delimiter`); a
+  ConfigError naming the field when none does."""
+  try:
+    return step_end_token_ids(tokenizer, c.reward.process.step_delimiter)
+  except ValueError as error:
+    raise ConfigError(f"config.reward.process.step_delimiter="
+                      f"{c.reward.process.step_delimiter!r}: {error}") from None
 
 
 def critic_from_checkpoint(directory: str, policy_model) -> tuple[object, dict]:

@@ -150,6 +150,16 @@ def test_pairwise_reward_averages_both_orders(judge_sampler):
   assert "no anchor" in no_anchor.failures[0]
 
 
+def test_templates_name_their_placeholders():
+  from rlhf_jax.rewards.judge import check_template
+  check_template(genrm.GT_TEMPLATE, genrm.TEMPLATE_FIELDS["gt"], ("answer", "response"), "t")
+  for bad, match in (("{prompt}{response}", "missing: \\['answer'\\]"),
+                     ("{prompt}{answer}{response}{}", "unknown: \\[''\\]"),
+                     ("{answer}{response}{extra}", "unknown: \\['extra'\\]")):
+    with pytest.raises(ValueError, match=match):
+      check_template(bad, genrm.TEMPLATE_FIELDS["gt"], ("answer", "response"), "t")
+
+
 def test_verdicts_must_be_single_distinct_tokens():
   with pytest.raises(ValueError, match="reward.genrm.yes/no.*exactly one token"):
     verdict_token_ids(TOKENIZER, ("Yes", "N"), "reward.genrm.yes/no")
@@ -165,11 +175,26 @@ def test_step_ends_and_steps_agree():
   for text in ["1=2\n3=4\nAnswer: 5", "a\nb\n", "single", "\n\nx"]:
     ids = TOKENIZER.encode(text)
     ends = prm_lib.step_end_positions(ids + [TOKENIZER.eos_id], newline, TOKENIZER.eos_id)
-    steps = prm_lib.split_steps(text)
+    steps = prm_lib.token_steps(TOKENIZER, text, newline)
     assert "".join(steps) == text and len(ends) == len(steps)
     assert ends[-1] == len(ids) - 1
     assert [TOKENIZER.decode(ids[:e + 1]) for e in ends] == [
         "".join(steps[:k + 1]) for k in range(len(steps))]
+  assert prm_lib.token_steps(TOKENIZER, "", newline) == []
+  assert "".join(prm_lib.token_steps(TOKENIZER, "1=2\n3", newline)) == "1=2\n3"
+  with pytest.raises(ValueError, match="no token of the tokenizer contains"):
+    prm_lib.step_end_token_ids(TOKENIZER, "\n\n")
+
+
+def test_a_token_with_two_delimiters_ends_one_step():
+  from rlhf_jax import models as models_lib
+  tokenizer = models_lib.train_bpe_tokenizer(["a\n\nb\n\nc\n"] * 50, vocab_size=300)
+  newline = prm_lib.step_end_token_ids(tokenizer)
+  text = "a\n\nb\nc"
+  ids = tokenizer.encode(text)
+  steps = prm_lib.token_steps(tokenizer, text, newline)
+  assert "".join(steps) == text
+  assert len(steps) == len(prm_lib.step_end_positions(ids, newline, tokenizer.eos_id))
 
 
 def test_binary_search_finds_the_first_unrecoverable_step():
@@ -220,6 +245,15 @@ def test_prm_step_scores_sit_at_step_ends_and_the_scorer_adds_them():
   scored = prm_lib.WithProcessRewards(Outcome(), prm).score(
       [Example(prompt, "4", "arith")], [response])
   assert scored.scores == [1.0] and scored.step_scores == [steps[0]]
+
+  class Broken:
+    def step_scores(self, prompts, responses):
+      raise RuntimeError("device lost")
+
+  guarded = prm_lib.WithProcessRewards(Outcome(), Broken())
+  scored = guarded.score([Example(prompt, "4", "arith")], [response])
+  assert scored.scores == [1.0] and scored.step_scores == [[]]
+  assert guarded.pop_metrics()["reward/prm/failures"] == 1.0
 
 
 def test_critic_initialised_from_a_prm_gives_its_step_values(tmp_path):
@@ -278,11 +312,11 @@ def test_hybrid_routes_in_order_and_reports_per_route_metrics():
   scorer = hybrid.RoutedScorer(routes, choose, monitor=monitor, monitor_tasks=["arith"])
   examples = [Example("q", "1", "arith"), Example("q", "1", "chat"),
               Example("q", "", "chat", metadata={"reference": "r"}), Example("q", "", "chat"),
-              Example("q", "1", "arith")]
-  scored = scorer.score(examples, ["r"] * 5)
-  assert scored.scores == [1.0, 0.7, 0.4, -0.2, 1.0]
+              Example("q", "1", "arith"), Example("q", "", "chat", metadata={"reference": ""})]
+  scored = scorer.score(examples, ["r"] * 6)
+  assert scored.scores == [1.0, 0.7, 0.4, -0.2, 1.0, -0.2]  # an empty reference falls through
   metrics = scorer.pop_metrics()
-  assert metrics["reward/verifier/share"] == pytest.approx(0.4)
+  assert metrics["reward/verifier/share"] == pytest.approx(2 / 6)
   assert metrics["reward/rm/score_mean"] == pytest.approx(-0.2)
   assert "reward/genrm_gt/true_accuracy" not in metrics  # no monitored task routed there
   assert monitor.seen == 0 and scorer.pop_metrics() == {}

@@ -134,9 +134,10 @@ def test_prm_ppo_preset_with_critic_from_the_prm(tmp_path, checkpoints):
   assert len(steps) == 2 and all(r["reward/prm/failures"] == 0 for r in steps)
 
 
-def config_with(**fields):
+def config_with(checkpoint="/nowhere", **fields):
   c = base_config("arith")
   for path, value in fields.items():
+    value = checkpoint if value == "CKPT" else value
     section = c
     *parents, leaf = path.split("__")
     for name in parents:
@@ -154,13 +155,17 @@ def config_with(**fields):
     ({"reward__route": "genrm_gt", "reward__judge_sampler__address": "localhost:1"},
      "config.reward.genrm.checkpoint is required: reward.route='genrm_gt' (a served judge"),
     ({"reward__process__checkpoint": "/nowhere"}, "config.reward.process.checkpoint"),
+    ({"reward__route": "genrm_gt", "reward__genrm__checkpoint": "CKPT",
+      "rollout__max_new_tokens": 240, "sampler__cache_length": 320},
+     "config.reward.judge_sampler.prompt_buckets=(128, 256): the longest judge question"),
     ({"critic__init_from": "/nowhere"}, "config.critic.init_from"),
     ({"algorithm__process_reward__shaping": "square"},
      "config.algorithm.process_reward.shaping='square'"),
 ])
-def test_reward_model_config_errors_name_the_field(fields, match):
-  with pytest.raises(ConfigError, match=match.replace("(", r"\(")):
-    validate_config(config_with(**fields))
+def test_reward_model_config_errors_name_the_field(fields, match, tmp_path):
+  (tmp_path / "config.json").write_text("{}")
+  with pytest.raises(ConfigError, match=match.replace("(", r"\(").replace(")", r"\)")):
+    validate_config(config_with(str(tmp_path), **fields))
 
 
 def test_a_prm_needs_a_token_level_estimator(tmp_path):
