@@ -6,8 +6,10 @@ r"""Trains a generative judge (GenRM w/ GT, or a pairwise judge) by SFT on its v
 
 genrm: questions `reward.genrm.template_gt` (problem, reference answer, response) with
 the verdict Y / N; data from --judged (JSONL of `prompt`, `answer`, `response`,
-`correct`) or, without it, the arith task's careless-teacher solutions judged by the
-verifier. pairwise: questions `reward.pairwise.template` with the verdict A / B, every
+`correct`, optional `metadata`) or, without it, the arith task's careless-teacher
+solutions judged by the verifier. genrm_reference: the same with
+`reward.genrm.template_reference` and the reference response in
+`metadata[--reference_key]` (arith: another careless-teacher solution). pairwise: questions `reward.pairwise.template` with the verdict A / B, every
 pair of --pairs (`prompt`, `chosen`, `rejected`; default: arith pairs) asked in both
 orders. Prints held-out verdict accuracy (the likelier verdict token) before and after.
 """
@@ -18,10 +20,13 @@ import json
 
 from absl import flags
 
-_KIND = flags.DEFINE_enum("kind", None, ["genrm", "pairwise"], "Which judge.")
+_KIND = flags.DEFINE_enum("kind", None, ["genrm", "genrm_reference", "pairwise"],
+                          "Which judge: GenRM w/ GT, GenRM w/ reference, pairwise.")
 _POLICY = flags.DEFINE_string("policy", None, "HF checkpoint to start from.")
 _OUTPUT = flags.DEFINE_string("output", None, "Directory of the trained judge.")
 _JUDGED = flags.DEFINE_string("judged", "", "genrm data (.jsonl); empty: arith.")
+_REFERENCE_KEY = flags.DEFINE_string("reference_key", "reference",
+                                     "genrm_reference: the metadata key of the reference.")
 _PAIRS = flags.DEFINE_string("pairs", "", "pairwise data (.jsonl/.parquet); empty: arith.")
 _NUM = flags.DEFINE_integer("num_examples", 4000, "Generated arith examples (pairs).")
 _EVAL_FRACTION = flags.DEFINE_float("eval_fraction", 0.1, "Held-out share.")
@@ -42,8 +47,8 @@ def read_judged(path: str):
     for field, kind in (("prompt", str), ("answer", str), ("response", str), ("correct", bool)):
       if not isinstance(record.get(field), kind):
         raise ValueError(f"{path}:{number}: field {field!r} must be {kind.__name__}.")
-    out.append((Example(record["prompt"], record["answer"], record.get("task", "")),
-                record["response"], record["correct"]))
+    out.append((Example(record["prompt"], record["answer"], record.get("task", ""),
+                        record.get("metadata") or {}), record["response"], record["correct"]))
   return out
 
 
@@ -53,10 +58,15 @@ def questions() -> tuple[list[tuple[str, str]], tuple[str, str]]:
   from rlhf_jax.rewards import genrm, pairwise
   from rlhf_jax.tasks import arith_rewards
   from rlhf_jax.training import reward_training as rt
-  if _KIND.value == "genrm":
+  if _KIND.value in ("genrm", "genrm_reference"):
+    with_reference = _KIND.value == "genrm_reference"
+    generate = (arith_rewards.judged_with_references if with_reference
+                else arith_rewards.judged_responses)
     judged = (read_judged(_JUDGED.value) if _JUDGED.value
-              else arith_rewards.judged_responses(_SEED.value, _NUM.value))
-    return rt.genrm_sft_pairs(judged, template=genrm.GT_TEMPLATE, yes="Y", no="N"), ("Y", "N")
+              else generate(_SEED.value, _NUM.value))
+    template = genrm.REFERENCE_TEMPLATE if with_reference else genrm.GT_TEMPLATE
+    return rt.genrm_sft_pairs(judged, template=template, yes="Y", no="N",
+                              reference_key=_REFERENCE_KEY.value), ("Y", "N")
   pairs = (read_pairs(_PAIRS.value) if _PAIRS.value
            else arith_rewards.preference_pairs(_SEED.value, _NUM.value // 2))
   return rt.pairwise_sft_pairs(pairs, template=pairwise.PAIR_TEMPLATE, first="A",

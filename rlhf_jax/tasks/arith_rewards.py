@@ -49,3 +49,20 @@ def judged_responses(seed: int, count: int, levels=(1, 2), weights=None,
     if len(out) == count:
       return out
   return out
+
+
+def judged_with_references(seed: int, count: int, levels=(1, 2), weights=None,
+                           slip_rates=(0.0, 0.5, 1.0)) -> list[tuple[Example, str, bool]]:
+  """As `judged_responses`, each example also holding a reference response in
+  `metadata["reference"]`: another careless-teacher solution of the same problem (right
+  or wrong, as a best-of-N SFT sample can be). The verdict is still the response's own
+  correctness: the judge learns to use the reference, not to copy it."""
+  rng = np.random.default_rng([seed, 3])
+  out = []
+  for example, response, correct in judged_responses(seed, count, levels, weights, slip_rates):
+    problem = arith.Problem(**{k: example.metadata[k] for k in ("a", "b", "op", "level")})
+    reference = arith.slipped_solution(problem, rng, float(rng.choice(slip_rates)))
+    metadata = dict(example.metadata, reference=reference)
+    out.append((Example(example.prompt, example.answer, example.task, metadata), response,
+                correct))
+  return out

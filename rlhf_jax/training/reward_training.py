@@ -178,9 +178,13 @@ def train_prm(model, params, rows, held_out_rows, *, response_length: int, steps
 
 
 def genrm_sft_pairs(judged: Sequence[tuple[Example, str, bool]], *, template: str,
-                    yes: str, no: str) -> list[tuple[str, str]]:
-  """(question, verdict) texts of a GenRM w/ GT from judged responses."""
-  return [(genrm_lib.judge_question(template, example, response), yes if correct else no)
+                    yes: str, no: str, reference_key: str = "reference"
+                    ) -> list[tuple[str, str]]:
+  """(question, verdict) texts of a GenRM from judged responses (the template's
+  {reference}, if it has one, is `metadata[reference_key]`)."""
+  return [(genrm_lib.judge_question(template, example, response,
+                                    reference=(example.metadata or {}).get(reference_key, "")),
+           yes if correct else no)
           for example, response, correct in judged]
 
 

@@ -367,3 +367,12 @@ def test_arith_pairs_always_reject_a_wrong_answer():
   judged = arith_rewards.judged_responses(0, 60)
   assert all(arith.verify(r, e.answer) == ok for e, r, ok in judged)
   assert 0 < sum(ok for *_, ok in judged) < 60
+  with_references = arith_rewards.judged_with_references(0, 60)
+  assert [(e.prompt, r, ok) for e, r, ok in with_references] == [
+      (e.prompt, r, ok) for e, r, ok in judged]
+  references = [e.metadata["reference"] for e, _, _ in with_references]
+  assert 0 < sum(arith.verify(ref, e.answer) for ref, (e, _, _) in
+                 zip(references, with_references)) < 60
+  questions = rt.genrm_sft_pairs(with_references, template=genrm.REFERENCE_TEMPLATE, yes="Y",
+                                 no="N")
+  assert all(ref in q for ref, (q, _) in zip(references, questions))
