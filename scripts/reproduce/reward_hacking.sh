@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # docs/reward_models.md: PPO on arith rewarded by the verifier, a Bradley–Terry RM,
-# GenRM w/ GT, GenRM w/ SFT-BoN (references: best of 4 SFT samples by the RM), and the verifier + a PRM (Delta-shaped or raw step rewards, critic from the
-# PRM); proxy
-# reward beside true accuracy (Shen et al.'s hacking comparison, one seed, 30 steps).
+# GenRM w/ GT, GenRM w/ SFT-BoN (references: best of 4 SFT samples by the RM), and the
+# verifier + a PRM (Delta-shaped or raw step rewards, critic from the PRM); proxy reward
+# beside true accuracy (Shen et al.'s hacking comparison, one seed, 30 steps).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RM="$REPRO/rewards"
 mkdir -p "$RM"
