@@ -23,6 +23,9 @@ import numpy as np
 from rlhf_jax.data import Example
 from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import Scores
+from rlhf_jax.rewards.scorer import failed_scores
+from rlhf_jax.rewards.scorer import gather_scores
+from rlhf_jax.rewards.scorer import guarded_score
 
 ROUTES = ("verifier", "genrm_gt", "genrm_reference", "rm", "pairwise")
 ROUTE_MODES = ROUTES + ("hybrid",)
@@ -93,23 +96,14 @@ class RoutedScorer:
       scored = self._scored(route, [examples[i] for i in rows], [responses[i] for i in rows])
       self._count(route, scored, [examples[i] for i in rows], [responses[i] for i in rows])
       parts.update({i: (position, scored) for position, i in enumerate(rows)})
-    out = Scores([], [], [], reasons=[])
-    for i in range(len(examples)):
-      position, scored = parts[i]
-      out.append(scored.scores[position], scored.correct[position],
-                 scored.failures[position], scored.reason(position))
-    return out
+    return gather_scores(parts, len(examples))
 
   def _scored(self, route: str, examples, responses) -> Scores:
-    n = len(examples)
     if not route:
-      failure = "no reward route applies (no verifier, ground truth, reference or RM)"
-    else:
-      try:
-        return self.routes[route].score(examples, responses)
-      except Exception as error:  # pylint: disable=broad-except
-        failure = f"scorer error on route {route}: {type(error).__name__}: {error}"[:300]
-    return Scores([self.failure_score] * n, [False] * n, [failure] * n, reasons=[failure] * n)
+      return failed_scores(len(examples), "no reward route applies (no verifier, ground "
+                           "truth, reference or RM)", self.failure_score)
+    return guarded_score(self.routes[route], examples, responses,
+                         failure_score=self.failure_score, what=f"route {route} scorer")
 
   def _count(self, route: str, scored: Scores, examples, responses) -> None:
     totals = self._totals[route or "none"]

@@ -17,7 +17,7 @@ import numpy as np
 
 from rlhf_jax import parallel
 from rlhf_jax.algorithms.rollout import RolloutBatch
-from rlhf_jax.algorithms.rollout import encode_pairs
+from rlhf_jax.algorithms.rollout import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.models import score_at_last_token
 from rlhf_jax.rewards.scorer import Scores
@@ -42,26 +42,27 @@ class ScoringLayout:
              ) -> tuple[RolloutBatch, list[str]]:
     """The rows of (prompt, response) pairs, and per pair "" or why it does not fit
     (such a row is encoded with an empty response; its score must not be used)."""
-    failures, kept = [], []
+    failures, prompt_ids, response_ids = [], [], []
     for prompt, response in zip(prompts, responses, strict=True):
-      try:
-        p = len(self.prefix) + len(self.tokenizer.encode(prompt))
-        r = len(self.tokenizer.encode(response)) + 1
+      try:  # each text is tokenized once: the length check and the row use the same ids
+        p = list(self.prefix) + self.tokenizer.encode(prompt)
+        r = self.tokenizer.encode(response) + [self.tokenizer.eos_id]
       except Exception as error:  # pylint: disable=broad-except
-        failures.append(f"the reward model cannot tokenize it: {error}"[:300])
-        kept.append("")
-        continue
-      if p > self.prompt_length or r > self.response_length:
-        failures.append(f"too long for the reward model: prompt {p} tokens (max "
-                        f"{self.prompt_length}), response {r} (max {self.response_length})")
-        kept.append("")
+        p, r, failure = [], [], f"the reward model cannot tokenize it: {error}"[:300]
       else:
-        failures.append("")
-        kept.append(response)
-    prompts = [p if not f else "" for p, f in zip(prompts, failures)]
-    batch = encode_pairs(self.tokenizer, prompts, kept, prompt_prefix=self.prefix,
-                         prompt_length=self.prompt_length,
-                         response_length=self.response_length)
+        failure = ("" if len(p) <= self.prompt_length and len(r) <= self.response_length else
+                   f"too long for the reward model: prompt {len(p)} tokens (max "
+                   f"{self.prompt_length}), response {len(r)} (max {self.response_length})")
+      if failure:  # an empty row keeps the batch's shape; its score is not used
+        p, r = [], [self.tokenizer.eos_id]
+      failures.append(failure)
+      prompt_ids.append(p)
+      response_ids.append(r)
+    batch = build_rollout_batch(
+        prompt_ids, response_ids, [[0.0] * len(r) for r in response_ids],
+        [0.0] * len(prompt_ids), [False] * len(prompt_ids), list(range(len(prompt_ids))),
+        prompt_length=self.prompt_length, response_length=self.response_length,
+        pad_id=self.tokenizer.pad_id)
     return batch, failures
 
 

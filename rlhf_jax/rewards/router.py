@@ -20,6 +20,8 @@ from rlhf_jax.data import Example
 from rlhf_jax.rewards.scorer import Judgement
 from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import Scores
+from rlhf_jax.rewards.scorer import gather_scores
+from rlhf_jax.rewards.scorer import guarded_score
 from rlhf_jax.rewards.workers import KillablePool
 from rlhf_jax.tasks import arith
 
@@ -141,26 +143,13 @@ class RewardRouter:
     for rows in by_scorer.values():
       scorer = self.scorers[examples[rows[0]].task]
       start = time.monotonic()
-      scored = self._guarded(scorer, [examples[i] for i in rows], [responses[i] for i in rows])
+      scored = guarded_score(scorer, [examples[i] for i in rows], [responses[i] for i in rows],
+                             failure_score=self.failure_score)
       seconds = (time.monotonic() - start) / len(rows)
       for position, i in enumerate(rows):
         parts[i] = (position, scored)
         self._count(examples[i].task, scored, position, seconds)
-    out = Scores([], [], [], reasons=[])
-    for i in range(len(examples)):
-      position, scored = parts[i]
-      out.append(scored.scores[position], scored.correct[position], scored.failures[position],
-                 scored.reason(position))
-    return out
-
-  def _guarded(self, scorer: Scorer, examples, responses) -> Scores:
-    """A scorer that raises costs its samples a recorded failure, not the run."""
-    try:
-      return scorer.score(examples, responses)
-    except Exception as error:  # pylint: disable=broad-except
-      failure = f"scorer error: {type(error).__name__}: {error}"[:300]
-      n = len(examples)
-      return Scores([self.failure_score] * n, [False] * n, [failure] * n, reasons=[failure] * n)
+    return gather_scores(parts, len(examples))
 
   def _count(self, task: str, scored: Scores, position: int, seconds: float) -> None:
     totals = self._totals[task]

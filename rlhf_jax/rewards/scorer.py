@@ -91,6 +91,34 @@ class Scorer(Protocol):
     ...
 
 
+def failed_scores(count: int, failure: str, failure_score: float) -> Scores:
+  """`count` samples that all failed for the same reason."""
+  return Scores([failure_score] * count, [False] * count, [failure] * count,
+                reasons=[failure] * count)
+
+
+def guarded_score(scorer: Scorer, examples: Sequence[Example], responses: Sequence[str], *,
+                  failure_score: float, what: str = "scorer") -> Scores:
+  """`scorer.score(...)`; a scorer that raises costs its samples a recorded failure
+  ("<what> error: ..."), not the run."""
+  try:
+    return scorer.score(examples, responses)
+  except Exception as error:  # pylint: disable=broad-except
+    return failed_scores(len(examples), f"{what} error: {type(error).__name__}: {error}"[:300],
+                         failure_score)
+
+
+def gather_scores(parts: dict[int, tuple[int, Scores]], count: int) -> Scores:
+  """The Scores of samples 0..count−1 from per-part results: sample i is row
+  `parts[i][0]` of `parts[i][1]` (what routers assemble after scoring by group)."""
+  out = Scores([], [], [], reasons=[])
+  for i in range(count):
+    position, scored = parts[i]
+    out.append(scored.scores[position], scored.correct[position], scored.failures[position],
+               scored.reason(position))
+  return out
+
+
 def pop_scorer_metrics(scorer: Scorer) -> dict[str, float]:
   """The scorer's own metrics since the last call (a router's per-task accuracy,
   failure rate and time); {} for scorers that keep none."""
