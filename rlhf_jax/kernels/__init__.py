@@ -40,6 +40,10 @@ from rlhf_jax.kernels.preference import DPO_KINDS
 from rlhf_jax.kernels.preference import bradley_terry_loss
 from rlhf_jax.kernels.preference import dpo_loss
 from rlhf_jax.kernels.preference import position_debiased_preference
+from rlhf_jax.kernels.q_learning import clipped_importance_weights
+from rlhf_jax.kernels.q_learning import dqo_policy_loss
+from rlhf_jax.kernels.q_learning import dqo_value_loss
+from rlhf_jax.kernels.q_learning import soft_lambda_returns
 from rlhf_jax.kernels.reward_shaping import kl_in_reward
 from rlhf_jax.kernels.reward_shaping import overlong_penalty
 from rlhf_jax.kernels.reward_shaping import place_at_last_token
@@ -55,6 +59,7 @@ from rlhf_jax.kernels.value_losses import value_loss
 __all__ = [
     "AGGREGATION_MODES", "DPO_KINDS", "KL_ESTIMATORS", "ROLLOUT_CORRECTION_MODES",
     "adaptive_kl_coefficient", "aggregate", "aggregation_normalizer", "bradley_terry_loss",
+    "clipped_importance_weights", "dqo_policy_loss", "dqo_value_loss", "soft_lambda_returns",
     "decoupled_gae", "discounted_returns", "dpo_loss", "entropy_from_logits",
     "entropy_loss", "explained_variance", "gae", "group_advantages", "kl_in_reward",
     "kl_penalty", "last_valid_index", "length_adaptive_lambda", "masked_mean",

@@ -25,7 +25,9 @@ def _check_pairs(names_and_arrays):
 
 def dpo_loss(chosen_logps: chex.Array, rejected_logps: chex.Array,
              ref_chosen_logps: chex.Array, ref_rejected_logps: chex.Array, *,
-             beta: float = 0.1, kind: str = "sigmoid", label_smoothing: float = 0.0
+             beta: float = 0.1, kind: str = "sigmoid", label_smoothing: float = 0.0,
+             weights: chex.Array | None = None,
+             normalizer: chex.Array | float | None = None
              ) -> tuple[chex.Array, dict[str, chex.Array]]:
   """Direct Preference Optimisation over (chosen, rejected) pairs, mean over pairs.
 
@@ -49,6 +51,10 @@ def dpo_loss(chosen_logps: chex.Array, rejected_logps: chex.Array,
     beta: β > 0.
     kind: "sigmoid", "ipo" or "hinge".
     label_smoothing: s ∈ [0, 0.5), sigmoid only.
+    weights: optional [B] 0/1 (or real) pair weights: the loss is Σ w·ℓ / N and the
+      metrics are w-weighted means (pairs of groups without a preference weigh 0).
+    normalizer: N, the global pair count under gradient accumulation; default Σ w
+      (or B without weights).
   Returns:
     (loss, metrics).
   """
@@ -73,13 +79,16 @@ def dpo_loss(chosen_logps: chex.Array, rejected_logps: chex.Array,
     losses = jax.nn.relu(1.0 - beta * z)
   chosen_rewards = jax.lax.stop_gradient(beta * chosen_ratio)
   rejected_rewards = jax.lax.stop_gradient(beta * rejected_ratio)
+  w = jnp.ones_like(losses) if weights is None else jnp.asarray(weights, jnp.float32)
+  mean = lambda x: jnp.sum(w * x) / jnp.maximum(jnp.sum(w), 1e-8)
   metrics = {
-      "reward_chosen": jnp.mean(chosen_rewards),
-      "reward_rejected": jnp.mean(rejected_rewards),
-      "reward_margin": jnp.mean(chosen_rewards - rejected_rewards),
-      "reward_accuracy": jnp.mean((chosen_rewards > rejected_rewards).astype(jnp.float32)),
+      "reward_chosen": mean(chosen_rewards),
+      "reward_rejected": mean(rejected_rewards),
+      "reward_margin": mean(chosen_rewards - rejected_rewards),
+      "reward_accuracy": mean((chosen_rewards > rejected_rewards).astype(jnp.float32)),
   }
-  return jnp.mean(losses), metrics
+  total = jnp.sum(w) if normalizer is None else jnp.asarray(normalizer, jnp.float32)
+  return jnp.sum(w * losses) / jnp.maximum(total, 1e-8), metrics
 
 
 def bradley_terry_loss(chosen_scores: chex.Array, rejected_scores: chex.Array, *,

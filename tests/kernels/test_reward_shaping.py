@@ -123,6 +123,23 @@ class PreferenceTest(parameterized.TestCase):
     np.testing.assert_allclose(metrics["reward_accuracy"], np.mean(z > 0), atol=1e-6)
     np.testing.assert_allclose(metrics["reward_margin"], beta * z.mean(), rtol=1e-4)
 
+  @parameterized.parameters("sigmoid", "ipo")
+  def test_dpo_weights_drop_pairs(self, kind):
+    chosen, rejected, ref_chosen, ref_rejected = self.pairs(seed=74)
+    weights = np.array([1, 0, 1, 1, 0, 1], np.float32)
+    keep = weights > 0
+    loss, metrics = kernels.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.2,
+                                     kind=kind, weights=weights)
+    kept_loss, kept_metrics = kernels.dpo_loss(chosen[keep], rejected[keep], ref_chosen[keep],
+                                               ref_rejected[keep], beta=0.2, kind=kind)
+    np.testing.assert_allclose(loss, kept_loss, rtol=1e-6)
+    for key, value in kept_metrics.items():
+      np.testing.assert_allclose(metrics[key], value, rtol=1e-6, atol=1e-7)
+    # A global normalizer (gradient accumulation): Σ w·ℓ / N.
+    scaled, _ = kernels.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.2,
+                                 kind=kind, weights=weights, normalizer=8.0)
+    np.testing.assert_allclose(scaled, kept_loss * keep.sum() / 8.0, rtol=1e-6)
+
   def test_dpo_gradient_pushes_chosen_up(self):
     import jax
     chosen, rejected, ref_chosen, ref_rejected = self.pairs(seed=71)
