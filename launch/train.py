@@ -1,13 +1,15 @@
 r"""Trains a policy with an RL preset.
 
   python launch/train.py --config=configs/dapo.py:arith --workdir=/tmp/dapo
+  python launch/train.py --config=configs/dpo.py:arith --workdir=/tmp/dpo
   python launch/train.py --config=configs/grpo.py:hf --config.model.checkpoint=DIR \
       --config.data.train_file=train.jsonl --config.data.eval_file=eval.jsonl --workdir=DIR
 
 The config is validated before anything loads or compiles; a bad field is reported
 in one line naming its full path (exit status 2). For the arith variant the SFT
 warm start runs first when <workdir>/sft (or --config.model.checkpoint) does not
-exist. Metrics go to <workdir>/metrics.jsonl; a progress bar goes to the console;
+exist, and for rollout.mode 'offline' (DPO, DQO) the labelled samples of the warm
+start are written to <workdir>/offline.jsonl when data.offline_file is empty. Metrics go to <workdir>/metrics.jsonl; a progress bar goes to the console;
 the last line is a JSON summary. --validate_only checks the config (and the overrides)
 and exits: "config ok", or the one-line error with exit status 2.
 """
@@ -39,6 +41,7 @@ def main(argv) -> None:
 
   from rlhf_jax.training.config import validate_config
   from rlhf_jax.training.loop import Trainer
+  from rlhf_jax.training.offline_data import ensure_offline_data
   from rlhf_jax.training.sft import ensure_arith_warm_start
 
   validate_config(config, num_devices=jax.device_count())
@@ -48,6 +51,7 @@ def main(argv) -> None:
   log = lambda line: print(line, flush=True)
   if config.variant == "arith":
     ensure_arith_warm_start(config, _WORKDIR.value, log=log)
+    ensure_offline_data(config, _WORKDIR.value, log=log)  # DPO / DQO on generated data
   trainer = Trainer(config, _WORKDIR.value, log=log, progress=True)
   summary = trainer.run()
   if "eval_accuracy_start" in summary and "eval_accuracy_end" in summary:

@@ -1,46 +1,95 @@
-"""Direct Preference Optimisation on preference pairs (Rafailov et al., arXiv:2305.18290;
-IPO, Azar et al. arXiv:2310.12036; hinge / SLiC; ALGORITHMS.md §1.7, §12).
+"""Direct Preference Optimisation (Rafailov et al., arXiv:2305.18290; IPO, Azar et al.
+arXiv:2310.12036; hinge / SLiC; ALGORITHMS.md §1.7, §12) over groups of the rollout batch.
 
-A pair is two rows of the rollout layout (prompt left-padded to P, response + EOS
-right-padded to R; `algorithms.rollout.encode_pairs`): chosen and rejected. The
-reference's sequence log-probs are computed once for the whole dataset
-(`reference_logps`, a frozen pass) and ride in the batch, so a training step runs the
-policy alone; `kernels.dpo_loss` gives the loss and the implicit-reward metrics.
+A step's RolloutBatch holds groups of G responses per prompt (rows adjacent): offline
+pairs (G = 2, chosen then rejected: rollout.mode "offline") or our own samples ranked
+by a scorer (iterative / online DPO: rollout.mode "groups"). `pairs_from_groups` makes
+one pair per group on device: the highest-scored response against the lowest (a group
+whose scores are all equal gives a pair of weight 0). The reference's per-token
+log-probs ride in the rows (`ref_logprobs`): cached once for offline data, or computed
+by the frozen reference each step.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Sequence
 
+import flax.struct
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from rlhf_jax import kernels
 from rlhf_jax.algorithms.rollout import RolloutBatch
 from rlhf_jax.algorithms.rollout import encode_pairs
 from rlhf_jax.algorithms.rollout import response_logprobs
+from rlhf_jax.config_errors import fail
+
+REFERENCES = ("cached", "online")
 
 
-@dataclasses.dataclass
+def dpo_config() -> ml_collections.ConfigDict:
+  """The `algorithm.dpo` section (one comment per field)."""
+  d = ml_collections.ConfigDict()
+  d.beta = 0.1  # β (TRL default 0.1).
+  d.kind = "sigmoid"  # 'sigmoid' (DPO), 'ipo' or 'hinge' (SLiC).
+  d.label_smoothing = 0.0  # cDPO's ε, sigmoid only (TRL default 0).
+  # 'cached': π_ref's log-probs of the offline data computed once at the start
+  # (rollout.mode 'offline' only); 'online': the frozen reference's forward each step.
+  d.reference = "cached"
+  # Iterative DPO: every N steps the reference becomes the current policy (0: never).
+  d.reference_sync_every = 0
+  return d
+
+
+def validate_dpo_config(d: ml_collections.ConfigDict, *, rollout_mode: str,
+                        group_size: int, prompts_per_step: int, minibatches: int) -> None:
+  """Raises ConfigError naming the `algorithm.dpo.*` field of an impossible setting."""
+  if d.kind not in kernels.DPO_KINDS:
+    fail("algorithm.dpo.kind", f"={d.kind!r} is not one of {', '.join(kernels.DPO_KINDS)}")
+  if d.beta <= 0:
+    fail("algorithm.dpo.beta", f"={d.beta} must be > 0")
+  if not 0.0 <= d.label_smoothing < 0.5:
+    fail("algorithm.dpo.label_smoothing", f"={d.label_smoothing} must be in [0, 0.5)")
+  if d.label_smoothing and d.kind != "sigmoid":
+    fail("algorithm.dpo.label_smoothing", f"={d.label_smoothing} is only defined for kind "
+         f"'sigmoid' (kind={d.kind!r})")
+  if d.reference not in REFERENCES:
+    fail("algorithm.dpo.reference", f"={d.reference!r} is not one of {', '.join(REFERENCES)}")
+  if d.reference == "cached" and rollout_mode != "offline":
+    fail("algorithm.dpo.reference", f"='cached' needs rollout.mode='offline' (the samples of "
+         f"mode {rollout_mode!r} are new each step); use 'online'")
+  if d.reference_sync_every < 0:
+    fail("algorithm.dpo.reference_sync_every", f"={d.reference_sync_every} must be >= 0")
+  if d.reference_sync_every and d.reference == "cached":
+    fail("algorithm.dpo.reference_sync_every", "needs algorithm.dpo.reference='online' (a "
+         "cached reference cannot move)")
+  if group_size < 2:
+    fail("rollout.group_size", f"={group_size} must be >= 2 for DPO (a pair per group)")
+  if prompts_per_step % minibatches:
+    fail("train.minibatches", f"={minibatches} must divide the {prompts_per_step} pairs per "
+         "step (rollout.prompts_per_step)")
+
+
+@flax.struct.dataclass
 class PairBatch:
-  """Chosen and rejected rows of the same prompts, with the reference's [B] sequence
-  log-probs of each (NumPy or device arrays)."""
+  """One pair per group: chosen and rejected rows (RolloutBatch rows with `ref_logprobs`
+  set) and [N] weights (1: the pair has a preference; 0: its group's scores tied)."""
   chosen: RolloutBatch
   rejected: RolloutBatch
-  ref_chosen: np.ndarray
-  ref_rejected: np.ndarray
-
-  def rows(self, index: np.ndarray) -> "PairBatch":
-    """The pairs at `index`."""
-    take = lambda tree: jax.tree.map(lambda x: x[index], tree)
-    return PairBatch(take(self.chosen), take(self.rejected), self.ref_chosen[index],
-                     self.ref_rejected[index])
+  weights: jax.Array
 
 
-jax.tree_util.register_dataclass(PairBatch, data_fields=["chosen", "rejected", "ref_chosen",
-                                                         "ref_rejected"], meta_fields=[])
+def pairs_from_groups(batch: RolloutBatch, group_size: int) -> PairBatch:
+  """The PairBatch of a batch of groups (rows of a group adjacent, G = `group_size`):
+  per group its highest-scored row against its lowest (the first of equals)."""
+  scores = batch.scores.reshape(-1, group_size)
+  base = jnp.arange(scores.shape[0]) * group_size
+  best, worst = jnp.argmax(scores, axis=1), jnp.argmin(scores, axis=1)
+  take = lambda offset: jax.tree.map(lambda x: x[base + offset], batch)
+  weights = (jnp.max(scores, axis=1) > jnp.min(scores, axis=1)).astype(jnp.float32)
+  return PairBatch(chosen=take(best), rejected=take(worst), weights=weights)
 
 
 def sequence_logps(model, params, batch: RolloutBatch) -> jax.Array:
@@ -49,44 +98,37 @@ def sequence_logps(model, params, batch: RolloutBatch) -> jax.Array:
 
 
 def encode_preference_pairs(tokenizer, pairs, *, prefix: Sequence[int], prompt_length: int,
-                            response_length: int) -> tuple[RolloutBatch, RolloutBatch]:
-  """(chosen rows, rejected rows) of `PreferencePair`s in the rollout layout."""
-  prompts = [p.prompt for p in pairs]
-  encode = lambda responses: encode_pairs(tokenizer, prompts, responses,
-                                          prompt_prefix=prefix, prompt_length=prompt_length,
-                                          response_length=response_length)
-  return encode([p.chosen for p in pairs]), encode([p.rejected for p in pairs])
+                            response_length: int) -> RolloutBatch:
+  """`PreferencePair`s as a batch of groups of two (chosen row, then rejected row; scores
+  1 and 0) in the rollout layout."""
+  prompts = [p.prompt for p in pairs for _ in range(2)]
+  responses = [text for p in pairs for text in (p.chosen, p.rejected)]
+  batch = encode_pairs(tokenizer, prompts, responses, prompt_prefix=prefix,
+                       prompt_length=prompt_length, response_length=response_length)
+  count = len(pairs)
+  return batch.replace(scores=np.tile(np.asarray([1.0, 0.0], np.float32), count),
+                       group_ids=np.repeat(np.arange(count, dtype=np.int32), 2))
 
 
-def reference_logps(model, params, chosen: RolloutBatch, rejected: RolloutBatch, *,
-                    batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
-  """The reference's [N] sequence log-probs of the chosen and rejected rows, computed once
-  (jitted, fixed-size chunks) and kept on the host: the cache DPO trains against."""
-  score = jax.jit(lambda rows: sequence_logps(model, params, rows))
+def dpo_loss_fn(model, d: ml_collections.ConfigDict
+                ) -> Callable[[dict, PairBatch, jax.Array], tuple[jax.Array, dict]]:
+  """(params, PairBatch, normalizer) → (Σ_pairs w·ℓ / normalizer, metrics): `kernels.dpo_loss`
+  of the policy's sequence log-probs (one forward over chosen and rejected rows) and the
+  reference's (from the rows' `ref_logprobs`); metrics also hold the policy's mean chosen
+  and rejected log-probs."""
 
-  def over(batch: RolloutBatch) -> np.ndarray:
-    count = batch.tokens.shape[0]
-    out = []
-    for start in range(0, count, batch_size):
-      index = np.arange(start, start + batch_size) % count  # the last chunk wraps: one shape
-      out.append(np.asarray(score(jax.tree.map(lambda x: x[index], batch))))
-    return np.concatenate(out)[:count]
-
-  return over(chosen), over(rejected)
-
-
-def dpo_objective(model, *, beta: float, kind: str = "sigmoid", label_smoothing: float = 0.0
-                  ) -> Callable[[dict, PairBatch], tuple[jax.Array, dict[str, jax.Array]]]:
-  """(params, PairBatch) → (mean DPO loss over the pairs, metrics): `kernels.dpo_loss` of
-  the policy's and the cached reference's sequence log-probs; metrics also hold the
-  policy's mean chosen / rejected log-probs."""
-
-  def loss(params, pairs: PairBatch):
-    chosen = sequence_logps(model, params, pairs.chosen)
-    rejected = sequence_logps(model, params, pairs.rejected)
-    value, metrics = kernels.dpo_loss(chosen, rejected, pairs.ref_chosen, pairs.ref_rejected,
-                                      beta=beta, kind=kind, label_smoothing=label_smoothing)
-    return value, dict(metrics, chosen_logps=jnp.mean(chosen),
-                       rejected_logps=jnp.mean(rejected))
+  def loss(params, pairs: PairBatch, normalizer):
+    both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), pairs.chosen, pairs.rejected)
+    logps = sequence_logps(model, params, both)
+    ref = jnp.sum(both.ref_logprobs * both.response_mask, axis=1)
+    count = pairs.weights.shape[0]
+    value, metrics = kernels.dpo_loss(logps[:count], logps[count:], ref[:count], ref[count:],
+                                      beta=d.beta, kind=d.kind,
+                                      label_smoothing=d.label_smoothing,
+                                      weights=pairs.weights, normalizer=normalizer)
+    weight = jnp.maximum(jnp.sum(pairs.weights), 1e-8)
+    return value, dict(metrics,
+                       chosen_logps=jnp.sum(pairs.weights * logps[:count]) / weight,
+                       rejected_logps=jnp.sum(pairs.weights * logps[count:]) / weight)
 
   return loss

@@ -1,8 +1,9 @@
 """The `rollout` config section: how prompts become a step's training batch.
 
 Modes: "groups" (G samples of each of `prompts_per_step` prompts), "dynamic"
-(DAPO's dynamic sampling over groups) and "windows" (T-PPO's in-flight
-responses, W tokens per step). Best-of-N and guided decoding will be more modes.
+(DAPO's dynamic sampling over groups), "windows" (T-PPO's in-flight responses, W
+tokens per step) and "offline" (labelled groups from a file: rollout/offline.py,
+built by training/build.py since it reads no sampler).
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from rlhf_jax.rollout.windows import longest_request_prompt
 from rlhf_jax.sampling import FireSchedule
 from rlhf_jax.sampling import SamplingParams
 
-MODES = ("groups", "dynamic", "windows")
+MODES = ("groups", "dynamic", "windows", "offline")
 
 
 def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collections.ConfigDict:
   """The `rollout` section with its defaults (one comment per field)."""
   r = ml_collections.ConfigDict()
-  r.mode = "groups"  # 'groups', 'dynamic' (DAPO dynamic sampling) or 'windows' (T-PPO).
+  # 'groups', 'dynamic' (DAPO dynamic sampling), 'windows' (T-PPO) or 'offline'
+  # (data.offline_file's labelled groups: DPO, DQO).
+  r.mode = "groups"
   r.prompts_per_step = prompts_per_step  # Prompts (groups) per training step.
   r.group_size = 8  # G: samples per prompt.
   r.max_new_tokens = max_new_tokens  # R: response cap (tokens).

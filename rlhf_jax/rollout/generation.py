@@ -35,6 +35,11 @@ class Group:
   # Per sample its process rewards as (response column, reward) pairs (a PRM), or None.
   step_rewards: list[list[tuple[int, float]]] | None = None
 
+  @property
+  def task(self) -> str:
+    """The example's task (streams count task mixes)."""
+    return self.example.task
+
   @staticmethod
   def from_json(data: dict) -> "Group":
     """Inverse of `dataclasses.asdict` (checkpoints)."""

@@ -82,6 +82,7 @@ class _Request:
   candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
   outstanding: int = 0  # samples not yet completed
   cancelled: bool = False
+  cancelled_samples: set = dataclasses.field(default_factory=set)  # per-sample cancels
 
 
 @dataclasses.dataclass
@@ -211,13 +212,17 @@ class Scheduler:
       self._stats["requests_submitted"] += 1
     return request_id
 
-  def cancel(self, request_id: str) -> None:
-    """Ends a request: waiting samples are dropped, running ones free their slots
-    at the next step (they complete with finish_reason "cancelled")."""
+  def cancel(self, request_id: str, sample_index: int | None = None) -> None:
+    """Ends a request, or only its sample `sample_index` (speculative rejection prunes
+    single samples): waiting samples are dropped, running ones free their slots at the
+    next step (they complete with finish_reason "cancelled"). Finished samples and
+    unknown ids are left alone."""
     with self._lock:
       request = self._requests.get(request_id)
-      if request is not None:
+      if request is not None and sample_index is None:
         request.cancelled = True
+      elif request is not None:
+        request.cancelled_samples.add(int(sample_index))
 
   def update_params(self, params: Params, version: int) -> None:
     """Hands new weights to the sampler (applied per `update_policy`)."""
@@ -369,12 +374,16 @@ class Scheduler:
   def _reap_cancelled(self) -> list[Completion]:
     completions = []
     with self._lock:
-      cancelled = [r for r in self._requests.values() if r.cancelled]
-      for request in cancelled:
-        request.outstanding -= len(request.waiting)
-        request.waiting.clear()
+      for request in self._requests.values():
+        dropped = ([] if not (request.cancelled or request.cancelled_samples) else
+                   [i for i in request.waiting
+                    if request.cancelled or i in request.cancelled_samples])
+        if dropped:
+          request.outstanding -= len(dropped)
+          request.waiting = collections.deque(i for i in request.waiting if i not in dropped)
     for slot, sample in enumerate(self._slots):
-      if sample is not None and sample.request.cancelled:
+      if sample is not None and (sample.request.cancelled
+                                 or sample.index in sample.request.cancelled_samples):
         completions.append(self._finish(slot, "cancelled"))
     return completions
 

@@ -158,8 +158,13 @@ def build_sampler(c, policy: Policy, mesh):
       tokenizer=policy.tokenizer, seed=c.seed)
 
 
-def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Example]):
-  """The rollout of `rollout.mode` over a resumable stream of `examples`."""
+def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Example], *,
+                  workdir: str = "", log=print):
+  """The rollout of `rollout.mode` over a resumable stream of `examples` (mode 'offline':
+  over the labelled groups of `data.offline_file`, training/offline_data.py)."""
+  if c.rollout.mode == "offline":
+    from rlhf_jax.training.offline_data import offline_rollout  # pylint: disable=import-outside-toplevel
+    return offline_rollout(c, policy, workdir, log=log)
   stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
   step_ends = None
   if c.reward.process.checkpoint:
@@ -177,32 +182,64 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
   return rollout_config_lib.build_rollout(c.rollout, generator, stream)
 
 
-def build_learner(c, policy: Policy, mesh) -> learner_lib.PPOLearner:
-  """Actor, critic (estimator 'gae') and reference (a KL term) with their optimizers."""
-  a, o = c.algorithm, c.optimizer
+def _optimizers(c):
+  """(actor, critic) optimizers of the `optimizer` section, decaying over the run's updates
+  when the schedule is cosine."""
+  o = c.optimizer
   decay = dict(decay_updates=(c.train.steps * c.train.ppo_epochs * c.train.minibatches
                               if o.schedule == "cosine" else 0),
                final_fraction=o.final_fraction)
-  actor = learner_lib.actor_role(
-      policy.model, policy.params,
-      make_optimizer(o.learning_rate, o.warmup_steps, o.weight_decay, o.max_grad_norm, **decay),
-      mesh, a, c.train)
-  critic = None
-  if ppo_config.uses_critic(a) and c.critic.init_from:
+  return (make_optimizer(o.learning_rate, o.warmup_steps, o.weight_decay, o.max_grad_norm,
+                         **decay),
+          make_optimizer(o.critic_learning_rate, o.warmup_steps, 0.0, o.max_grad_norm, **decay))
+
+
+def _critic(c, policy: Policy, mesh):
+  """(critic model, params on the mesh): from `critic.init_from` (a PRM) or the policy's
+  backbone with a zero value head."""
+  if c.critic.init_from:
     from rlhf_jax.training import reward_models  # pylint: disable=import-outside-toplevel
     critic_model, critic_params = reward_models.critic_from_checkpoint(c.critic.init_from,
                                                                        policy.model)
-  elif ppo_config.uses_critic(a):
+  else:
     critic_model, critic_params = models.critic_from_policy(policy.model, policy.params)
+  # A copy: the actor's update donates (frees) the backbone arrays they share.
+  critic_params = parallel.shard_params(jax.tree.map(lambda x: x.copy(), critic_params),
+                                        parallel.param_shardings(
+                                            critic_params, critic_model.logical_axes(), mesh))
+  return critic_model, critic_params
+
+
+def build_learner(c, policy: Policy, mesh):
+  """The learner of `algorithm.learner`: the PPO family's (actor, critic with estimator
+  'gae', reference with a KL term), DPO's (actor, reference) or DQO's (policy, value,
+  reference), with their optimizers."""
+  a = c.algorithm
+  actor_optimizer, critic_optimizer = _optimizers(c)
+  if a.learner == "dpo":
+    from rlhf_jax.training import dpo_learner  # pylint: disable=import-outside-toplevel
+    actor = dpo_learner.dpo_actor_role(policy.model, policy.params, actor_optimizer, mesh,
+                                       a.dpo, c.train)
+    reference = None if a.dpo.reference == "cached" else FrozenRole(policy.model,
+                                                                     policy.params)
+    return dpo_learner.DPOLearner(a.dpo, actor, reference, group_size=c.rollout.group_size,
+                                  seed=c.seed)
+  if a.learner == "dqo":
+    from rlhf_jax.training import dqo_learner  # pylint: disable=import-outside-toplevel
+    critic_model, critic_params = _critic(c, policy, mesh)
+    actor, critic = dqo_learner.dqo_roles(policy.model, policy.params, critic_model,
+                                          critic_params, (actor_optimizer, critic_optimizer),
+                                          mesh, a.dqo, c.train)
+    reference = None if a.dqo.reference == "cached" else FrozenRole(policy.model,
+                                                                     policy.params)
+    return dqo_learner.DQOLearner(a.dqo, actor, critic, reference, seed=c.seed)
+  actor = learner_lib.actor_role(policy.model, policy.params, actor_optimizer, mesh, a,
+                                 c.train)
+  critic = None
   if ppo_config.uses_critic(a):
-    # A copy: the actor's update donates (frees) the backbone arrays they share.
-    critic_params = parallel.shard_params(jax.tree.map(lambda x: x.copy(), critic_params),
-                                          parallel.param_shardings(
-                                              critic_params, critic_model.logical_axes(), mesh))
-    critic = learner_lib.critic_role(
-        critic_model, critic_params,
-        make_optimizer(o.critic_learning_rate, o.warmup_steps, 0.0, o.max_grad_norm, **decay),
-        mesh, a, c.train)
+    critic_model, critic_params = _critic(c, policy, mesh)
+    critic = learner_lib.critic_role(critic_model, critic_params, critic_optimizer, mesh, a,
+                                     c.train)
   reference = FrozenRole(policy.model, policy.params) if ppo_config.uses_reference(a) else None
   correction = ppo_config.correction_mode(a, trainer_dtype=c.model.dtype,
                                           sampler_dtype=c.sampler.dtype)

@@ -15,6 +15,8 @@ import importlib.util
 import ml_collections
 
 from rlhf_jax import parallel
+from rlhf_jax.algorithms import dpo
+from rlhf_jax.algorithms import dqo
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.config_errors import fail
 from rlhf_jax.data.curriculum import parse_curriculum
@@ -26,6 +28,7 @@ from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.sampling import config as sampler_config_lib
 
 VARIANTS = ("arith", "hf")
+LEARNERS = ("ppo", "dpo", "dqo")
 GENERATED_TASKS = ("arith", "pycalc")  # data.task of the arith variant
 MATH_EXTRACTORS = ("auto", "boxed", "answer_line", "gsm8k", "last_number")
 
@@ -67,6 +70,13 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.data.num_eval = 256  # arith: generated held-out prompts (eval every eval_every steps).
   c.data.prompt_length = 64 if arith else 512  # P: prompt tokens (left-padded; longer = error).
   c.data.shuffle = True  # Shuffle the prompts each epoch (False: file order).
+  # rollout.mode 'offline' (DPO, DQO): .jsonl/.parquet of labelled samples (prompt,
+  # responses, scores) or pairs (prompt, chosen, rejected); arith: empty = labelled
+  # samples of the warm start written to <workdir>/offline.jsonl first (the same as
+  # launch/label_samples.py).
+  c.data.offline_file = ""
+  c.data.offline_prompts = 2000  # Labelled samples: training prompts sampled ...
+  c.data.offline_samples = 8  # ... and responses per prompt (the SFT policy's, verified).
 
   c.sft = ml_collections.ConfigDict()  # arith warm start (launch/sft.py, or train.py when missing)
   c.sft.steps = 450  # SFT steps.
@@ -110,6 +120,11 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
       c.reward, judge_prompt_buckets=(128, 256) if arith else (2048, 3072))
 
   c.algorithm = ppo_config.algorithm_config()
+  # The learner: 'ppo' (the PPO family, by the sections above), 'dpo' (algorithm.dpo) or
+  # 'dqo' (algorithm.dqo).
+  c.algorithm.learner = "ppo"
+  c.algorithm.dpo = dpo.dpo_config()
+  c.algorithm.dqo = dqo.dqo_config()
 
   c.critic = ml_collections.ConfigDict()
   # HF directory of a scalar-head model (a PRM: launch/train_prm.py) whose weights start
@@ -174,6 +189,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
          "'gae') for Extended GAE")
   rollout_config_lib.validate_rollout_config(r, prompt_length=c.data.prompt_length,
                                              prompt_buckets=tuple(c.sampler.prompt_buckets))
+  _validate_learner(c)
   _validate_model(c.model)
   _validate_reward(c)
   reward_config_lib.validate_reward_models(c)
@@ -238,6 +254,35 @@ def _validate_reward(c) -> None:
   if not (extractor in MATH_EXTRACTORS or extractor.startswith("re:")):
     fail("reward.math_extractor", f"={extractor!r} is not one of {', '.join(MATH_EXTRACTORS)} "
          "or 're:<regex>'")
+
+
+def _validate_learner(c) -> None:
+  a, r = c.algorithm, c.rollout
+  if a.learner not in LEARNERS:
+    fail("algorithm.learner", f"={a.learner!r} is not one of {', '.join(LEARNERS)}")
+  if a.learner == "dpo":
+    dpo.validate_dpo_config(a.dpo, rollout_mode=r.mode, group_size=r.group_size,
+                            prompts_per_step=r.prompts_per_step,
+                            minibatches=c.train.minibatches)
+    if (r.prompts_per_step // c.train.minibatches) % c.train.micro_batches:
+      fail("train.micro_batches", f"={c.train.micro_batches} must divide the "
+           f"{r.prompts_per_step // c.train.minibatches} pairs of a mini-batch")
+  if a.learner == "dqo":
+    dqo.validate_dqo_config(a.dqo, rollout_mode=r.mode)
+  if r.mode == "offline":
+    if a.learner == "ppo":
+      fail("rollout.mode", "='offline' trains on fixed data: it needs algorithm.learner "
+           "'dpo' or 'dqo'")
+    if not c.data.offline_file and c.variant != "arith":
+      fail("data.offline_file", "is required for rollout.mode='offline' (labelled samples "
+           "or pairs: launch/label_samples.py writes them)")
+    for field in ("offline_prompts", "offline_samples"):
+      if c.data[field] < 1:
+        fail(f"data.{field}", f"={c.data[field]} must be >= 1")
+    if (not c.data.offline_file and r.group_size != 2
+        and r.group_size != c.data.offline_samples):
+      fail("rollout.group_size", f"={r.group_size} must be 2 (pairs) or "
+           f"data.offline_samples={c.data.offline_samples} for the generated offline data")
 
 
 def _validate_model(m) -> None:

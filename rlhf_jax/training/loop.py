@@ -6,8 +6,9 @@
     sampler.update_params(policy)             the next rollout samples the new policy
     metrics  = device_get(out)                the step's only host sync
 
-Everything algorithm-specific lives in the learner's config (algorithms/ppo_config.py)
-and the rollout mode (rlhf_jax/rollout); the loop is the same for every preset.
+Everything algorithm-specific lives in the learner (the PPO family's by its config,
+algorithms/ppo_config.py; DPO's; DQO's: `algorithm.learner`) and the rollout mode
+(rlhf_jax/rollout, including offline data); the loop is the same for every preset.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Trainer:
     self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
     self.sampler = build.build_sampler(c, self.policy, self.mesh)
     self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
-                                       self.train_examples)
+                                       self.train_examples, workdir=workdir, log=log)
     self.learner = build.build_learner(c, self.policy, self.mesh)
     self.step = 0
     self.metrics = metrics_lib.MetricsWriter(workdir, tensorboard=c.train.tensorboard)

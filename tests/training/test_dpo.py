@@ -1,8 +1,9 @@
 """DPO on a tiny model: the loss and its gradient against a direct computation from the
-formula, the reference cache, and training raising held-out reward accuracy."""
+formula, pairing within groups, and the learner raising held-out reward accuracy."""
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -10,7 +11,8 @@ from rlhf_jax import models
 from rlhf_jax.algorithms import dpo
 from rlhf_jax.data import PreferencePair
 from rlhf_jax.tasks import arith
-from rlhf_jax.training import dpo_training
+from rlhf_jax.algorithms.rollout import response_logprobs
+from rlhf_jax.training.roles import FrozenRole
 
 TOKENIZER = arith.tokenizer()
 CONFIG = arith.model_config(vocab_size=TOKENIZER.vocab_size, hidden_size=32, num_layers=1,
@@ -38,15 +40,23 @@ def direct_sequence_logp(params, prompt, response):
   return sum(logp[len(prompt_ids) - 1 + t, token] for t, token in enumerate(response_ids))
 
 
+def pair_batch(data, reference_params):
+  """Groups of (chosen, rejected) rows with the reference's log-probs, paired on device."""
+  batch = dpo.encode_preference_pairs(TOKENIZER, data, prefix=(), prompt_length=P,
+                                      response_length=R)
+  ref = response_logprobs(MODEL, reference_params, batch)
+  return dpo.pairs_from_groups(batch.replace(ref_logprobs=ref), 2)
+
+
 @pytest.mark.parametrize("kind, smoothing", [("sigmoid", 0.0), ("sigmoid", 0.2), ("ipo", 0.0),
                                              ("hinge", 0.0)])
 def test_dpo_loss_and_gradient_match_a_direct_computation(kind, smoothing):
   data = pairs(0, 4)
-  batch = dpo_training.pair_data(MODEL, PARAMS, TOKENIZER, data, prefix=(), prompt_length=P,
-                                 response_length=R)
+  batch = pair_batch(data, PARAMS)
   reference = jax.tree.map(lambda x: x * 0.9, PARAMS)  # a policy that moved
   beta = 0.5
-  objective = dpo.dpo_objective(MODEL, beta=beta, kind=kind, label_smoothing=smoothing)
+  d = ml_collections.ConfigDict(dict(beta=beta, kind=kind, label_smoothing=smoothing))
+  objective = dpo.dpo_loss_fn(MODEL, d)
 
   def direct(params):
     losses = []
@@ -64,7 +74,8 @@ def test_dpo_loss_and_gradient_match_a_direct_computation(kind, smoothing):
         losses.append(jnp.maximum(0.0, 1 - beta * z))
     return sum(losses) / len(losses)
 
-  (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(reference, batch)
+  (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
+      reference, batch, jnp.sum(batch.weights))
   expected, expected_grads = jax.value_and_grad(direct)(reference)
   assert float(loss) == pytest.approx(float(expected), rel=1e-4, abs=1e-5)
   for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
@@ -73,16 +84,39 @@ def test_dpo_loss_and_gradient_match_a_direct_computation(kind, smoothing):
   assert float(metrics["chosen_logps"]) == pytest.approx(np.mean(chosen), rel=1e-4)
 
 
-def test_the_reference_cache_is_the_starting_policy_and_dpo_learns_the_preference():
-  train = dpo_training.pair_data(MODEL, PARAMS, TOKENIZER, pairs(1, 48), prefix=(),
-                                 prompt_length=P, response_length=R)
-  held_out = dpo_training.pair_data(MODEL, PARAMS, TOKENIZER, pairs(2, 16), prefix=(),
-                                    prompt_length=P, response_length=R)
-  first = pairs(1, 1)[0]
-  assert train.ref_chosen[0] == pytest.approx(
-      float(direct_sequence_logp(PARAMS, first.prompt, first.chosen)), abs=1e-4)
-  result = dpo_training.train_dpo(MODEL, PARAMS, train, held_out, steps=25, batch_size=8,
-                                  learning_rate=3e-3, beta=0.1)
-  assert result.before["loss"] == pytest.approx(np.log(2), abs=1e-5)  # π = π_ref: z = 0
-  assert result.after["reward_accuracy"] >= 0.9
-  assert result.after["loss"] < result.before["loss"]
+def test_pairs_from_groups_take_the_best_and_the_worst_and_weigh_ties_zero():
+  scores = np.array([0.2, 0.9, -0.5, 0.9,   1.0, 1.0, 1.0, 1.0,   0.0, -1.0, 3.0, 2.0],
+                    np.float32)
+  batch = dpo.encode_preference_pairs(TOKENIZER, pairs(3, 6), prefix=(), prompt_length=P,
+                                      response_length=R)
+  batch = batch.replace(scores=scores, tokens=np.arange(12)[:, None] + 0 * batch.tokens)
+  out = dpo.pairs_from_groups(batch, 4)
+  np.testing.assert_array_equal(np.asarray(out.chosen.tokens)[:, 0], [1, 4, 10])
+  np.testing.assert_array_equal(np.asarray(out.rejected.tokens)[:, 0], [2, 4, 9])
+  np.testing.assert_array_equal(out.weights, [1.0, 0.0, 1.0])
+
+
+def test_dpo_learner_learns_the_preference_from_the_starting_policy_reference():
+  from rlhf_jax.parallel import make_mesh
+  from rlhf_jax.training.dpo_learner import DPOLearner, dpo_actor_role
+  from rlhf_jax.training.roles import make_optimizer
+  mesh = make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  d = ml_collections.ConfigDict(dict(beta=0.1, kind="sigmoid", label_smoothing=0.0,
+                                     reference="online", reference_sync_every=0))
+  train = ml_collections.ConfigDict(dict(ppo_epochs=1, minibatches=1, micro_batches=1))
+  actor = dpo_actor_role(MODEL, jax.tree.map(jnp.copy, PARAMS), make_optimizer(3e-3, 1, 0.0, 1.0),
+                         mesh, d, train)
+  learner = DPOLearner(d, actor, FrozenRole(MODEL, PARAMS), group_size=2, seed=0)
+  held_out = pair_batch(pairs(2, 16), PARAMS)
+  objective = jax.jit(lambda params: dpo.dpo_loss_fn(MODEL, d)(params, held_out, 16.0))
+  before, _ = objective(actor.params)
+  assert float(before) == pytest.approx(np.log(2), abs=1e-5)  # π = π_ref: z = 0
+  data = pairs(1, 48)
+  for step in range(25):
+    chunk = data[(step * 8) % 48:(step * 8) % 48 + 8]
+    out = learner.learn(dpo.encode_preference_pairs(TOKENIZER, chunk, prefix=(),
+                                                    prompt_length=P, response_length=R), step)
+  assert float(out["prepare"]["dpo/pairs_with_preference"]) == 1.0
+  after, metrics = objective(actor.params)
+  assert float(metrics["reward_accuracy"]) >= 0.9
+  assert float(after) < float(before)

@@ -1,0 +1,71 @@
+r"""Verifier-labelled samples of a policy: the offline data of DQO and DPO.
+
+  python launch/label_samples.py --config=configs/dqo.py:arith --workdir=runs/arith \
+      --output=labelled.jsonl
+  python launch/label_samples.py --config=configs/dqo.py:hf --config.model.checkpoint=DIR \
+      --config.data.train_file=prompts.jsonl --output=labelled.parquet --pairs_output=pairs.jsonl
+
+The policy (`model.checkpoint`, or <workdir>/sft for arith) samples
+`data.offline_samples` responses to each of the first `data.offline_prompts` training
+prompts at the rollout temperature; the `reward` section's verifiers score them. The
+output (JSONL or Parquet by extension) has one record per prompt: prompt, answer, task,
+responses, scores, correct. --pairs_output also writes, for every prompt with both a
+correct and a wrong sample, the pair (first correct, first wrong).
+"""
+
+from __future__ import annotations
+
+import json
+
+from absl import flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:variant).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (arith: the warm start in sft/).")
+_OUTPUT = flags.DEFINE_string("output", None, "Labelled samples (.jsonl/.parquet).")
+_PAIRS = flags.DEFINE_string("pairs_output", "", "Also write preference pairs here.")
+flags.mark_flags_as_required(["config", "output"])
+
+
+def main(argv) -> None:
+  del argv
+  from rlhf_jax.runtime import quiet_library_logs
+  quiet_library_logs()
+  import jax
+
+  from rlhf_jax.data import PreferencePair
+  from rlhf_jax.data import write_labelled
+  from rlhf_jax.data import write_pairs
+  from rlhf_jax.training import build
+  from rlhf_jax.training.config import validate_config
+  from rlhf_jax.training.offline_data import label_samples
+
+  c = _CONFIG.value
+  validate_config(c, num_devices=jax.device_count())
+  mesh = build.trainer_mesh(c)
+  policy = build.load_policy(c, _WORKDIR.value, mesh)
+  examples = build.load_examples(c)[0][:c.data.offline_prompts]
+  scorer = build.build_verifiers(c, sorted({e.task for e in examples}))
+  sampler = build.build_sampler(c, policy, mesh)
+  log = lambda line: print(line, flush=True)
+  try:
+    groups = label_samples(c, policy, sampler, scorer, examples, log=log)
+  finally:
+    scorer.close()
+  write_labelled(_OUTPUT.value, groups)
+  pairs = [PreferencePair(g.example.prompt, g.responses[g.correct.index(True)],
+                          g.responses[g.correct.index(False)])
+           for g in groups if True in g.correct and False in g.correct]
+  if _PAIRS.value:
+    write_pairs(_PAIRS.value, pairs)
+  samples = [c for g in groups for c in g.correct]
+  print(json.dumps({"output": _OUTPUT.value, "prompts": len(groups),
+                    "samples": len(samples), "accuracy": sum(samples) / max(1, len(samples)),
+                    "prompts_with_a_pair": len(pairs),
+                    "pairs_output": _PAIRS.value or None}), flush=True)
+
+
+if __name__ == "__main__":
+  from rlhf_jax import cli
+  cli.run(main)

@@ -1,0 +1,96 @@
+"""DQO: the LM trained as a soft Q-function (Liu et al., arXiv:2410.09302; ALGORITHMS.md §9;
+the targets and losses are our reconstruction, see kernels/q_learning.py).
+
+    Q_θ(s_h, a_h) = β·log π_θ(a_h|s_h)/π_ref(a_h|s_h) + V_φ(s_h)
+
+`prepare` computes, once per step with the pre-update θ and φ, the soft λ-return targets
+G_h of every response token (the outcome reward at the last token), with clipped
+importance weights of π_θ against the behaviour policy that sampled the rows (their
+`sampler_logprobs`: the SFT policy for the offline data). The policy then regresses
+β·ℓ_h + sg V_h on G_h and the value head V_h + sg β·ℓ_h on G_h.
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+
+from rlhf_jax import kernels
+from rlhf_jax.algorithms.rollout import RolloutBatch
+from rlhf_jax.algorithms.rollout import response_logprobs
+from rlhf_jax.algorithms.rollout import response_values
+from rlhf_jax.config_errors import fail
+
+REFERENCES = ("cached", "online")
+
+
+def dqo_config() -> ml_collections.ConfigDict:
+  """The `algorithm.dqo` section (one comment per field)."""
+  d = ml_collections.ConfigDict()
+  d.beta = 0.1  # β of the KL-regularised objective (a community TRL fork: 0.03).
+  d.lam = 1.0  # λ of the soft λ-return (1: Monte Carlo; the same fork: 1.0).
+  d.gamma = 1.0  # γ.
+  d.trace_clip = 1.0  # c̄ in c_h = min(π_θ/μ, c̄) (Retrace's 1).
+  # 'cached': π_ref's log-probs of the offline data computed once (rollout.mode
+  # 'offline'); 'online': the frozen reference's forward each step.
+  d.reference = "cached"
+  return d
+
+
+def validate_dqo_config(d: ml_collections.ConfigDict, *, rollout_mode: str) -> None:
+  """Raises ConfigError naming the `algorithm.dqo.*` field of an impossible setting."""
+  if d.beta <= 0:
+    fail("algorithm.dqo.beta", f"={d.beta} must be > 0")
+  for field in ("lam", "gamma"):
+    if not 0.0 <= d[field] <= 1.0:
+      fail(f"algorithm.dqo.{field}", f"={d[field]} must be in [0, 1]")
+  if d.trace_clip <= 0:
+    fail("algorithm.dqo.trace_clip", f"={d.trace_clip} must be > 0")
+  if d.reference not in REFERENCES:
+    fail("algorithm.dqo.reference", f"={d.reference!r} is not one of {', '.join(REFERENCES)}")
+  if d.reference == "cached" and rollout_mode != "offline":
+    fail("algorithm.dqo.reference", f"='cached' needs rollout.mode='offline' (the samples of "
+         f"mode {rollout_mode!r} are new each step); use 'online'")
+
+
+def prepare(d: ml_collections.ConfigDict, batch: RolloutBatch, *, logprobs: jax.Array,
+            ref_logprobs: jax.Array, values: jax.Array) -> tuple[RolloutBatch, dict]:
+  """The batch with `old_logprobs` (π_θ), `ref_logprobs`, `values` (V_φ) and `returns`
+  (the targets G_h of `kernels.soft_lambda_returns`) set; and metrics."""
+  mask = batch.response_mask
+  log_ratio = (logprobs - ref_logprobs) * mask
+  traces = kernels.clipped_importance_weights(logprobs, batch.sampler_logprobs, mask,
+                                              clip=d.trace_clip)
+  targets = kernels.soft_lambda_returns(batch.token_rewards(), values, log_ratio, traces, mask,
+                                        beta=d.beta, lam=d.lam, gamma=d.gamma)
+  count = mask.sum()
+  metrics = {"dqo/target_mean": (targets * mask).sum() / count,
+             "dqo/trace_mean": (traces * mask).sum() / count,
+             "dqo/kl_k1": (log_ratio * mask).sum() / batch.scores.shape[0],
+             "scores": batch.scores}
+  return batch.replace(old_logprobs=logprobs * mask, ref_logprobs=ref_logprobs * mask,
+                       values=values * mask, returns=targets), metrics
+
+
+def policy_loss_fn(model, d: ml_collections.ConfigDict):
+  """(params, batch, normalizer) → (L_π, metrics) of `kernels.dqo_policy_loss`."""
+
+  def loss(params, batch: RolloutBatch, normalizer):
+    logprobs = response_logprobs(model, params, batch)
+    return kernels.dqo_policy_loss(logprobs - batch.ref_logprobs, batch.values, batch.returns,
+                                   batch.response_mask, beta=d.beta, agg_normalizer=normalizer)
+
+  return loss
+
+
+def value_loss_fn(critic, d: ml_collections.ConfigDict):
+  """(params, batch, normalizer) → (L_V, metrics) of `kernels.dqo_value_loss` (ℓ from the
+  prepare-time π_θ)."""
+
+  def loss(params, batch: RolloutBatch, normalizer):
+    values = response_values(critic, params, batch)
+    return kernels.dqo_value_loss(values, batch.old_logprobs - batch.ref_logprobs,
+                                  batch.returns, batch.response_mask, beta=d.beta,
+                                  agg_normalizer=normalizer)
+
+  return loss

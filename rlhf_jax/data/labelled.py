@@ -1,0 +1,115 @@
+"""Labelled response groups: the offline data of DPO and DQO.
+
+Two record shapes, JSONL or Parquet:
+  * labelled samples (launch/label_samples.py writes them): `prompt`, `answer`, `task`,
+    `responses` (a list of texts), `scores` (one per response) and optional `correct`
+    (bools; default score > 0);
+  * preference pairs (data/pairs.py): `prompt`, `chosen`, `rejected`, read as a group
+    of two with scores 1 and 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterable
+
+from rlhf_jax.data.example import Example
+from rlhf_jax.data.jsonl import json_lines
+from rlhf_jax.data.pairs import PAIR_FIELDS
+from rlhf_jax.data.pairs import PreferencePair
+from rlhf_jax.data.pairs import _pair
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelledGroup:
+  """Responses to one prompt with their scores (a verifier's or a preference's)."""
+  example: Example
+  responses: tuple[str, ...]
+  scores: tuple[float, ...]
+  correct: tuple[bool, ...]
+
+  @property
+  def task(self) -> str:
+    """The example's task (streams count task mixes)."""
+    return self.example.task
+
+  @staticmethod
+  def from_pair(pair: PreferencePair) -> "LabelledGroup":
+    """A pair as the group (chosen, rejected) with scores (1, 0)."""
+    return LabelledGroup(Example(pair.prompt, "", "", dict(pair.metadata)),
+                         (pair.chosen, pair.rejected), (1.0, 0.0), (True, False))
+
+  def best_and_worst(self) -> "LabelledGroup | None":
+    """The group reduced to its highest- and lowest-scored responses (the first of
+    equals), or None when every score is equal (no preference)."""
+    best = max(range(len(self.scores)), key=lambda i: (self.scores[i], -i))
+    worst = min(range(len(self.scores)), key=lambda i: (self.scores[i], i))
+    if self.scores[best] == self.scores[worst]:
+      return None
+    pick = (best, worst)
+    return LabelledGroup(self.example, tuple(self.responses[i] for i in pick),
+                         tuple(self.scores[i] for i in pick),
+                         tuple(self.correct[i] for i in pick))
+
+
+def _group(record: Any, where: str) -> LabelledGroup:
+  if isinstance(record, dict) and all(field in record for field in PAIR_FIELDS):
+    return LabelledGroup.from_pair(_pair(record, where))
+  if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+    raise ValueError(f"{where}: a record is a JSON object with prompt + responses + scores "
+                     f"(labelled samples) or {', '.join(PAIR_FIELDS)} (a pair).")
+  responses, scores = record.get("responses"), record.get("scores")
+  if (not isinstance(responses, list) or not responses
+      or not all(isinstance(r, str) for r in responses)):
+    raise ValueError(f"{where}: field 'responses' must be a non-empty list of strings "
+                     f"(fields: {sorted(record)}).")
+  if not isinstance(scores, list) or len(scores) != len(responses):
+    raise ValueError(f"{where}: field 'scores' must be a list of {len(responses)} numbers, "
+                     "one per response.")
+  correct = record.get("correct") or [float(s) > 0 for s in scores]
+  if len(correct) != len(responses):
+    raise ValueError(f"{where}: field 'correct' must have {len(responses)} entries.")
+  metadata = record.get("metadata") or {}
+  if isinstance(metadata, str):  # Parquet keeps it as a JSON string
+    metadata = json.loads(metadata)
+  example = Example(record["prompt"], str(record.get("answer", "")), str(record.get("task", "")),
+                    dict(metadata))
+  return LabelledGroup(example, tuple(responses), tuple(float(s) for s in scores),
+                       tuple(bool(c) for c in correct))
+
+
+def read_labelled(path: str) -> list[LabelledGroup]:
+  """The groups of a .jsonl or .parquet file of labelled samples or pairs; errors name the
+  file, line (row) and field."""
+  from rlhf_jax.data.sources import _pyarrow, _suffix  # pylint: disable=import-outside-toplevel
+  suffix = _suffix(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no such file.")
+  if suffix == ".parquet":
+    records = _pyarrow().parquet.read_table(path).to_pylist()
+    groups = [_group(r, f"{path}: row {i}") for i, r in enumerate(records)]
+  else:
+    groups = [_group(r, f"{path}:{n}") for n, r in json_lines(path)]
+  if not groups:
+    raise ValueError(f"{path}: no labelled samples or pairs (empty file).")
+  return groups
+
+
+def write_labelled(path: str, groups: Iterable[LabelledGroup]) -> int:
+  """Writes labelled-sample records (JSONL or Parquet by extension); returns the count."""
+  from rlhf_jax.data.sources import _pyarrow, _suffix  # pylint: disable=import-outside-toplevel
+  records = [{"prompt": g.example.prompt, "answer": g.example.answer, "task": g.example.task,
+              "responses": list(g.responses), "scores": list(g.scores),
+              "correct": list(g.correct), "metadata": g.example.metadata} for g in groups]
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  if _suffix(path) == ".parquet":
+    pa = _pyarrow()
+    rows = [dict(r, metadata=json.dumps(r["metadata"])) for r in records]
+    pa.parquet.write_table(pa.Table.from_pylist(rows), path)
+  else:
+    with open(path, "w", encoding="utf-8") as f:
+      for record in records:
+        f.write(json.dumps(record) + "\n")
+  return len(records)

@@ -1,0 +1,119 @@
+"""rollout.mode = "offline": a step's groups come from a file of labelled responses
+(`data/labelled.py`: verifier-labelled samples or preference pairs), not from the sampler.
+
+DPO and DQO train on them (Rafailov et al.; Liu et al. arXiv:2410.09302). The responses
+are tokenised once; the reference policy's per-token log-probs of every response can
+be computed once as well (`cache_reference_logprobs`) and ride in the batch's
+`sampler_logprobs` (the data's behaviour policy is the starting policy, which is also
+the reference), so a training step runs no reference forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from rlhf_jax.algorithms.rollout import RolloutBatch
+from rlhf_jax.data import LabelledGroup
+from rlhf_jax.data import PromptStream
+from rlhf_jax.rollout.generation import Group
+from rlhf_jax.rollout.generation import Rollouts
+from rlhf_jax.rollout.generation import pack_groups
+
+
+def encode_groups(labelled: Sequence[LabelledGroup], tokenizer, *, prefix: Sequence[int],
+                  prompt_length: int, response_length: int, group_size: int,
+                  pairs: bool = False) -> tuple[list[Group], dict[str, int]]:
+  """Token-level Groups of `group_size` responses (response + EOS) from labelled groups,
+  and counts: `dropped` groups, `truncated` responses.
+
+  With group_size 2, groups are reduced to their best and worst responses (the first
+  is the chosen one) and groups without a preference are dropped; otherwise every group must have exactly
+  `group_size` responses. A response longer than R tokens is cut to R (TRL's
+  truncation) and marked truncated.
+
+  Raises:
+    ValueError naming the group of a prompt that does not fit or of a group of the
+    wrong size.
+  """
+  groups, counts = [], {"dropped": 0, "truncated": 0}
+  for index, item in enumerate(labelled):
+    if pairs and len(item.responses) >= 2:
+      item = item.best_and_worst()
+      if item is None:
+        counts["dropped"] += 1
+        continue
+    if len(item.responses) != group_size:
+      raise ValueError(f"offline group {index} has {len(item.responses)} responses; "
+                       f"rollout.group_size={group_size} needs that many.")
+    try:
+      prompt = list(prefix) + tokenizer.encode(item.example.prompt)
+      responses = [tokenizer.encode(text) + [tokenizer.eos_id] for text in item.responses]
+    except Exception as error:  # pylint: disable=broad-except  # the tokenizers library's own
+      raise ValueError(f"offline group {index}: the policy's tokenizer cannot encode it "
+                       f"({error})") from None
+    if len(prompt) > prompt_length:
+      raise ValueError(f"offline group {index}: the prompt has {len(prompt)} tokens, more "
+                       f"than data.prompt_length={prompt_length}.")
+    truncated = [len(r) > response_length for r in responses]
+    counts["truncated"] += sum(truncated)
+    responses = [r[:response_length] for r in responses]
+    groups.append(Group(example=item.example, prompt_ids=prompt, responses=responses,
+                        logprobs=[[0.0] * len(r) for r in responses],
+                        scores=list(item.scores), correct=list(item.correct),
+                        truncated=truncated, failures=[""] * group_size))
+  if not groups:
+    raise ValueError("no offline group has a preference between its responses (all "
+                     "scores tie in every group).")
+  return groups, counts
+
+
+def cache_reference_logprobs(groups: list[Group], logprobs_fn: Callable[[RolloutBatch],
+                                                                        np.ndarray], *,
+                             chunk: int, prompt_length: int, response_length: int,
+                             pad_id: int) -> None:
+  """Sets every group's `logprobs` to the reference's per-token log-probs of its responses,
+  computed by `logprobs_fn` ([B, R] of a packed batch) over chunks of `chunk` groups
+  (the last one wraps around, so there is one shape and one compile)."""
+  for start in range(0, len(groups), chunk):
+    index = [i % len(groups) for i in range(start, start + chunk)]
+    batch = pack_groups([groups[i] for i in index], prompt_length=prompt_length,
+                        response_length=response_length, pad_id=pad_id).batch
+    logprobs = np.asarray(logprobs_fn(batch))
+    rows = iter(logprobs)
+    for i in index[:len(groups) - start]:
+      groups[i].logprobs = [list(map(float, next(rows)[:len(r)])) for r in groups[i].responses]
+
+
+class OfflineRollout:
+  """`prompts_per_step` labelled groups per step, in a fresh seeded order each epoch.
+
+  Args:
+    groups: the encoded groups (`encode_groups`), logprobs cached or zeros.
+    prompts_per_step: groups per step.
+    prompt_length, response_length: P and R of the batch.
+    pad_id: the tokenizer's pad id.
+    seed, shuffle: the stream's order.
+  """
+
+  def __init__(self, groups: list[Group], *, prompts_per_step: int, prompt_length: int,
+               response_length: int, pad_id: int, seed: int, shuffle: bool = True):
+    self.stream = PromptStream(groups, seed=seed, shuffle=shuffle)
+    self.prompts_per_step = prompts_per_step
+    self.prompt_length, self.response_length, self.pad_id = (prompt_length, response_length,
+                                                             pad_id)
+
+  def collect(self) -> Rollouts:
+    """The next groups, packed."""
+    return pack_groups(self.stream.take(self.prompts_per_step),
+                       prompt_length=self.prompt_length, response_length=self.response_length,
+                       pad_id=self.pad_id)
+
+  def state(self) -> dict[str, Any]:
+    """JSON-able state (the stream position) for checkpoints."""
+    return {"stream": self.stream.state()}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    """Restores `state()`."""
+    self.stream.restore(state["stream"])

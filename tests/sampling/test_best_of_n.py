@@ -1,0 +1,134 @@
+"""Per-sample cancellation in the scheduler, and speculative rejection: at each decision
+point exactly the bottom α of each prompt's live samples (by the scorer's partial scores)
+are cancelled, they generate nothing more, and the best finished response is returned."""
+
+import hashlib
+import math
+
+import pytest
+
+from rlhf_jax import models
+from rlhf_jax import sampling
+from rlhf_jax.data import Example
+from rlhf_jax.rewards import Scores
+from rlhf_jax.rollout.best_of_n import SpeculativeRejection
+from rlhf_jax.rollout.best_of_n import bottom_fraction
+from rlhf_jax.sampling.scheduler import Scheduler
+from tests.sampling.test_engine import BUCKETS
+from tests.sampling.test_engine import CONFIG
+from tests.sampling.test_engine import prompts
+
+MODEL, PARAMS = models.init_model(CONFIG, seed=2)  # near-uniform: samples differ
+
+
+class Tokens:
+  """Decodes ids as space-separated numbers (the scorer hashes them)."""
+  eos_id = -1
+
+  def decode(self, ids):
+    return " ".join(map(str, ids))
+
+  def truncate_at_eos(self, ids):
+    return list(ids)
+
+
+def hashed(text):
+  return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2**32
+
+
+class HashScorer:
+  """A deterministic score of any (partial) response; records every call."""
+
+  def __init__(self):
+    self.calls = []
+
+  def score(self, examples, responses):
+    self.calls.append(list(responses))
+    values = [hashed(r) for r in responses]
+    return Scores(scores=values, correct=[False] * len(values), failures=[""] * len(values))
+
+
+def test_per_sample_cancel_frees_its_slot_for_a_waiting_sample():
+  engine = sampling.Engine(MODEL, num_slots=2, cache_length=40)
+  sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS, steps_per_sync=2)
+  request = sched.submit(prompts(1)[0], sampling.SamplingParams(n=4, max_new_tokens=20, seed=1))
+  sched.cancel(request, 3)  # still waiting: never runs
+  completions = sched.step()
+  assert sched.metrics()["slots_busy"] == 2  # samples 0 and 1
+  sched.cancel(request, 0)
+  completions += sched.step()  # sample 0 leaves, sample 2 takes its slot
+  assert [c.sample_index for c in completions if c.finish_reason == "cancelled"] == [0]
+  assert sched.metrics()["slots_busy"] == 2
+  completions += sched.run()
+  reasons = {c.sample_index: c.finish_reason for c in completions}
+  assert reasons == {0: "cancelled", 1: "length", 2: "length"}  # 3 never started
+  assert not sched.has_work()
+
+
+def test_bottom_fraction_is_the_lowest_scores():
+  assert bottom_fraction([0.5, 0.1, 0.9, 0.3], 0.5) == [1, 3]
+  assert bottom_fraction([0.5, 0.1, 0.9], 0.5) == [1]  # ⌊1.5⌋
+  assert bottom_fraction([0.2, 0.2, 0.9, 0.8], 0.5) == [0, 1]
+  assert bottom_fraction([1.0, 2.0], 0.0) == []
+
+
+@pytest.mark.parametrize("rate", [0.5, 0.25])
+def test_speculative_rejection_cancels_the_bottom_fraction_at_each_decision(rate):
+  engine = sampling.Engine(MODEL, num_slots=16, cache_length=40)
+  sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS, steps_per_sync=2)
+  scorer = HashScorer()
+  search = SpeculativeRejection(sched, scorer, Tokens(), n_init=8, decision_tokens=(3, 7),
+                                rejection_rate=rate)
+  examples = [Example("a", "", "t"), Example("b", "", "t")]
+  result = search.run(examples, prompts(2, seed=4),
+                      sampling.SamplingParams(max_new_tokens=12, seed=3))
+  assert [d.threshold for d in result.decisions] == [3, 7]
+  live = {(p, i) for p in range(2) for i in range(8)}
+  cancelled_lengths = 0
+  for decision in result.decisions:
+    assert set(decision.scores) == live and decision.live_before == len(live)
+    assert all(decision.lengths[k] >= decision.threshold for k in live)
+    expected = []
+    for prompt in range(2):
+      keys = sorted(k for k in live if k[0] == prompt)
+      scores = [decision.scores[k] for k in keys]
+      count = math.floor(rate * len(keys))
+      assert len(set(scores)) == len(scores)  # distinct partial responses
+      expected += [k for _, k in sorted(zip(scores, keys))[:count]]
+    assert sorted(decision.cancelled) == sorted(expected)
+    cancelled_lengths += sum(decision.lengths[k] for k in decision.cancelled)
+    live -= set(decision.cancelled)
+  assert result.finished_samples == len(live)
+  # A cancelled sample generates nothing after its decision: every token is accounted for.
+  assert result.generated_tokens == 12 * len(live) + cancelled_lengths
+  # The answer of each prompt is its best finished response under the scorer.
+  finals = scorer.calls[-1]  # the finished responses, keys sorted by (prompt, sample)
+  first = sum(1 for k in live if k[0] == 0)
+  for prompt, texts in enumerate((finals[:first], finals[first:])):
+    best = max(texts, key=hashed)
+    assert result.texts[prompt] == best and result.scores[prompt] == pytest.approx(hashed(best))
+  assert not sched.has_work() and sched.metrics()["slots_busy"] == 0
+
+
+def test_plain_best_of_n_scores_every_sample_once_and_returns_the_best():
+  engine = sampling.Engine(MODEL, num_slots=8, cache_length=40)
+  sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS)
+  scorer = HashScorer()
+  search = SpeculativeRejection(sched, scorer, Tokens(), n_init=4)
+  result = search.run([Example("a", "", "t"), Example("b", "", "t")], prompts(2, seed=5),
+                      sampling.SamplingParams(max_new_tokens=6, seed=0))
+  assert len(scorer.calls) == 1 and len(scorer.calls[0]) == 8 and not result.decisions
+  by_prompt = [scorer.calls[0][:4], scorer.calls[0][4:]]  # keys sorted by (prompt, sample)
+  for prompt, texts in enumerate(by_prompt):
+    best = max(texts, key=hashed)
+    assert result.texts[prompt] == best and result.scores[prompt] == pytest.approx(hashed(best))
+  assert result.generated_tokens == 8 * 6
+
+
+def test_bad_arguments_are_named():
+  sched = Scheduler(sampling.Engine(MODEL, num_slots=2, cache_length=40), PARAMS,
+                    prompt_buckets=BUCKETS)
+  with pytest.raises(ValueError, match="rejection_rate=1.0"):
+    SpeculativeRejection(sched, HashScorer(), Tokens(), n_init=4, rejection_rate=1.0)
+  with pytest.raises(ValueError, match=r"decision_tokens=\(8, 4\)"):
+    SpeculativeRejection(sched, HashScorer(), Tokens(), n_init=4, decision_tokens=(8, 4))

@@ -1,0 +1,177 @@
+"""DPO, iterative DPO and DQO from their presets and launch/train.py (fresh processes,
+a tiny policy), launch/label_samples.py, the offline data and rollout, and their config
+errors."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from rlhf_jax import models
+from rlhf_jax.algorithms.rollout import response_logprobs
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.data import LabelledGroup
+from rlhf_jax.data import PreferencePair
+from rlhf_jax.data import read_labelled
+from rlhf_jax.data import write_labelled
+from rlhf_jax.data import write_pairs
+from rlhf_jax.data.example import Example
+from rlhf_jax.rollout.offline import OfflineRollout
+from rlhf_jax.rollout.offline import cache_reference_logprobs
+from rlhf_jax.rollout.offline import encode_groups
+from rlhf_jax.tasks import arith
+from rlhf_jax.training.config import sibling_preset
+from rlhf_jax.training.config import validate_config
+from tests.training.test_launchers import SMALL
+from tests.training.test_launchers import run
+
+STEPS = [*SMALL, "--config.train.steps=2", "--config.train.eval_every=2",
+         "--config.train.eval_samples=0", "--config.train.tensorboard=False",
+         "--config.data.offline_prompts=6", "--config.data.offline_samples=2"]
+TOKENIZER = arith.tokenizer()
+
+
+def last_json(result):
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def metrics(workdir):
+  return [json.loads(line) for line in open(workdir / "metrics.jsonl", encoding="utf-8")]
+
+
+def solved_pairs(count):
+  """Pairs of arith problems: the worked solution against a wrong answer."""
+  out = []
+  for problem in arith.generate(5, count, levels=(1,)):
+    record = problem.to_json()
+    solution = "\n".join(arith.solution_lines(problem.a, problem.b, problem.op))
+    out.append(PreferencePair(record["prompt"], solution, "Answer: 0"))
+  return out
+
+
+@pytest.mark.slow
+def test_dpo_preset_on_a_pair_file_and_resume(tmp_path):
+  pairs = tmp_path / "pairs.jsonl"
+  write_pairs(str(pairs), solved_pairs(12))
+  args = ["train.py", "--config=configs/dpo.py:arith", f"--workdir={tmp_path / 'run'}",
+          *STEPS, f"--config.data.offline_file={pairs}"]
+  summary = last_json(run(*args))
+  assert summary["steps"] == 2
+  rows = [m for m in metrics(tmp_path / "run") if "loss" in m]
+  assert len(rows) == 2
+  # Step 1: π = π_ref (cached), so z = 0 and the loss is log 2 on every pair.
+  assert rows[0]["loss"] == pytest.approx(np.log(2), abs=1e-5)
+  assert rows[0]["dpo/pairs_with_preference"] == 1.0
+  assert {"reward_margin", "reward_accuracy", "chosen_logps", "rejected_logps"} <= set(rows[0])
+  # Resuming continues the data stream from the checkpoint: a 3rd step, nothing repeated.
+  result = run(*args[:-0 or None], "--config.train.steps=3")
+  assert result.returncode == 0 and "resumed from step 2" in result.stdout, result.stderr[-2000:]
+  assert [m["step"] for m in metrics(tmp_path / "run") if "loss" in m] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_dqo_and_iterative_dpo_presets_run_from_generated_data(tmp_path):
+  summary = last_json(run("train.py", "--config=configs/dqo.py:arith",
+                          f"--workdir={tmp_path / 'dqo'}", *STEPS))
+  assert summary["steps"] == 2
+  labelled = read_labelled(str(tmp_path / "dqo" / "offline.jsonl"))
+  assert len(labelled) == 6 and all(len(g.responses) == 2 for g in labelled)
+  row = [m for m in metrics(tmp_path / "dqo") if "loss" in m][-1]
+  assert {"q_mean", "critic_loss", "value_mean", "dqo/target_mean", "dqo/trace_mean"} <= set(row)
+  summary = last_json(run("train.py", "--config=configs/iterative_dpo.py:arith",
+                          f"--workdir={tmp_path / 'idpo'}", *STEPS,
+                          "--config.algorithm.dpo.reference_sync_every=1"))
+  assert summary["steps"] == 2
+  assert not (tmp_path / "idpo" / "offline.jsonl").exists()  # online: no offline data
+  report = last_json(run("label_samples.py", "--config=configs/dqo.py:arith",
+                         f"--workdir={tmp_path / 'dqo'}", f"--output={tmp_path}/l.parquet",
+                         f"--pairs_output={tmp_path}/p.jsonl", *SMALL,
+                         "--config.data.offline_prompts=5", "--config.data.offline_samples=3"))
+  assert report["prompts"] == 5 and report["samples"] == 15
+  assert [len(g.responses) for g in read_labelled(f"{tmp_path}/l.parquet")] == [3] * 5
+
+
+def test_offline_config_errors_name_the_field():
+  dpo = sibling_preset("configs/dpo.py", "dpo", "arith")
+  dpo.algorithm.dpo.beta = 0.0
+  with pytest.raises(ConfigError, match="algorithm.dpo.beta=0.0 must be > 0"):
+    validate_config(dpo)
+  dpo = sibling_preset("configs/dpo.py", "dpo", "arith")
+  dpo.rollout.mode = "groups"
+  with pytest.raises(ConfigError, match="algorithm.dpo.reference='cached' needs rollout.mode"):
+    validate_config(dpo)
+  ppo = sibling_preset("configs/ppo.py", "ppo", "arith")
+  ppo.rollout.mode = "offline"
+  with pytest.raises(ConfigError, match="rollout.mode='offline' trains on fixed data"):
+    validate_config(ppo)
+  dqo = sibling_preset("configs/dqo.py", "dqo", "arith")
+  dqo.algorithm.dqo.lam = 1.5
+  with pytest.raises(ConfigError, match=r"algorithm.dqo.lam=1.5 must be in \[0, 1\]"):
+    validate_config(dqo)
+  dqo = sibling_preset("configs/dqo.py", "dqo", "hf")
+  dqo.model.checkpoint, dqo.data.train_file = "x", "y.jsonl"
+  with pytest.raises(ConfigError, match="data.offline_file"):
+    validate_config(dqo)
+  dpo = sibling_preset("configs/dpo.py", "dpo", "arith")
+  dpo.algorithm.learner = "kto"
+  with pytest.raises(ConfigError, match="algorithm.learner='kto' is not one of"):
+    validate_config(dpo)
+
+
+def group(prompt, responses, scores):
+  return LabelledGroup(Example(prompt, "", "arith"), tuple(responses), tuple(scores),
+                       tuple(s > 0 for s in scores))
+
+
+def test_labelled_files_pairs_and_groups_round_trip(tmp_path):
+  groups = [group("1+1?\n", ["2", "3", "4"], [1.0, 0.0, 0.0])]
+  write_labelled(str(tmp_path / "g.jsonl"), groups)
+  assert read_labelled(str(tmp_path / "g.jsonl"))[0].responses == ("2", "3", "4")
+  write_pairs(str(tmp_path / "p.jsonl"), [PreferencePair("q", "good", "bad")])
+  pair = read_labelled(str(tmp_path / "p.jsonl"))[0]
+  assert pair.responses == ("good", "bad") and pair.scores == (1.0, 0.0)
+  (tmp_path / "bad.jsonl").write_text('{"prompt": "q", "responses": ["a"], "scores": [1, 2]}\n')
+  with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'scores' must be a list of 1"):
+    read_labelled(str(tmp_path / "bad.jsonl"))
+
+
+def test_encode_groups_reduces_to_pairs_drops_ties_and_cuts_long_responses():
+  labelled = [group("1+1?\n", ["7", "2", "2", "9"], [0.0, 1.0, 1.0, 0.0]),
+              group("2+2?\n", ["4", "4"], [1.0, 1.0]),
+              group("3+3?\n", ["6" * 20, "5"], [1.0, 0.0])]
+  groups, counts = encode_groups(labelled, TOKENIZER, prefix=(), prompt_length=8,
+                                 response_length=6, group_size=2, pairs=True)
+  assert counts == {"dropped": 1, "truncated": 1}
+  assert [TOKENIZER.decode(r) for r in groups[0].responses] == ["2", "7"]  # best, worst
+  assert groups[1].responses[0] == TOKENIZER.encode("6" * 6) and groups[1].truncated == [
+      True, False]
+  with pytest.raises(ValueError, match="offline group 0 has 4 responses; rollout.group_size=2"):
+    encode_groups(labelled, TOKENIZER, prefix=(), prompt_length=8, response_length=6,
+                  group_size=2)  # DQO keeps whole groups
+  with pytest.raises(ValueError, match="offline group 0: the prompt has 5 tokens"):
+    encode_groups(labelled, TOKENIZER, prefix=(), prompt_length=4, response_length=6,
+                  group_size=2, pairs=True)
+
+
+def test_cached_reference_logprobs_are_the_reference_forward_and_the_stream_resumes():
+  model, params = models.init_model(arith.model_config(
+      vocab_size=TOKENIZER.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
+      max_positions=32), seed=3)
+  labelled = [group(f"{i}+1?\n", [str(i + 1), str(i)], [1.0, 0.0]) for i in range(5)]
+  shapes = dict(prompt_length=8, response_length=6, pad_id=TOKENIZER.pad_id)
+  groups, _ = encode_groups(labelled, TOKENIZER, prefix=(), prompt_length=8, response_length=6,
+                            group_size=2)
+  forward = jax.jit(lambda rows: response_logprobs(model, params, rows))
+  cache_reference_logprobs(groups, forward, chunk=2, **shapes)
+  rollout = OfflineRollout(groups, prompts_per_step=5, seed=0, shuffle=False, **shapes)
+  batch = rollout.collect().batch
+  np.testing.assert_allclose(batch.sampler_logprobs, forward(batch), rtol=1e-5, atol=1e-6)
+  first = OfflineRollout(groups, prompts_per_step=2, seed=1, **shapes)
+  first.collect()
+  state = first.state()
+  expected = first.collect().batch.tokens
+  second = OfflineRollout(groups, prompts_per_step=2, seed=1, **shapes)
+  second.restore(json.loads(json.dumps(state)))
+  np.testing.assert_array_equal(second.collect().batch.tokens, expected)
