@@ -155,6 +155,26 @@ class WithProcessRewards:
       self.outcome.close()
 
 
+class PrefixValueScorer:
+  """A `Scorer` of (partial) responses by a PRM: the value at the last text token, the
+  PRM's estimate that the prefix can still be completed correctly (speculative
+  rejection's partial reward). Unscorable responses are failures."""
+
+  def __init__(self, prm: ProcessRewardModel):
+    self.prm = prm
+
+  def check_tasks(self, tasks: Sequence[str]) -> None:
+    """Any task: the PRM reads text only."""
+    del tasks
+
+  def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
+    """Per response its last step score."""
+    steps, failures = self.prm.step_scores([e.prompt for e in examples], responses)
+    failures = [f or ("" if row else "no step to score") for row, f in zip(steps, failures)]
+    return Scores(scores=[row[-1] if row else 0.0 for row in steps],
+                  correct=[False] * len(steps), failures=failures)
+
+
 # ------------------------------------------------------------------ step labels
 
 

@@ -2,17 +2,20 @@
 Rejection", arXiv:2410.20290; ALGORITHMS.md §13.1) over the in-process scheduler.
 
 Every prompt starts N_init samples. At each decision point τ_k (a response length in
-tokens), once every sample still generating has at least τ_k tokens, a scorer that
-accepts prefixes (a reward model, a PRM) scores the partial responses and the bottom
-⌊α·live⌋ of each prompt's live samples are cancelled: the scheduler frees their slots at
-its next step and admits waiting samples into them. Survivors run to the end; the
+tokens), once every sample of a prompt still generating has at least τ_k tokens, a
+scorer that accepts prefixes (a reward model, a PRM) scores its partial responses and
+the bottom ⌊α·live⌋ are cancelled: the scheduler frees their slots at its next step and
+admits waiting samples (of later prompts) into them. Survivors run to the end; the
 final responses are scored and the best one per prompt is returned. With no decision
 points (or α = 0) this is plain Best-of-N.
 
-The paper places decision points where accelerator memory runs out; here they are
-given as token counts, and a sample may pass τ_k by up to `steps_per_sync − 1` tokens
-before the host sees it (the scheduler's dispatch granularity): the partial response
-scored is everything generated so far.
+The paper starts one prompt's N_init samples in all of memory and prunes when memory
+runs out; here prompts share the scheduler's slots (continuous batching), decisions
+are taken per prompt at given token counts, and the prompts that reach a decision
+after the same scheduler step are scored in one call. A sample may pass τ_k by up to
+`steps_per_sync − 1` tokens before the host sees it (the scheduler's dispatch
+granularity): the partial response scored is everything generated so far. A sample
+that finished before a decision is kept and not ranked.
 """
 
 from __future__ import annotations
@@ -33,12 +36,12 @@ from rlhf_jax.sampling.scheduler import Scheduler
 
 @dataclasses.dataclass
 class Decision:
-  """One decision point: the threshold, when it fired, and what it cancelled."""
+  """One prompt's decision point: the threshold, and what it scored and cancelled."""
+  prompt: int
   threshold: int
-  live_before: int
-  cancelled: list[tuple[int, int]]  # (prompt, sample index)
-  scores: dict[tuple[int, int], float]  # partial score of every live sample
-  lengths: dict[tuple[int, int], int]  # their lengths (tokens) when scored
+  cancelled: list[int]  # sample indices
+  scores: dict[int, float]  # partial score of every live sample
+  lengths: dict[int, int]  # their lengths (tokens) when scored
 
 
 @dataclasses.dataclass
@@ -51,6 +54,8 @@ class BestOfNResult:
   seconds: float
   decisions: list[Decision]
   finished_samples: int
+  scoring_seconds: float = 0.0  # of `seconds`, in the scorer (partial and final)
+  scorer_calls: int = 0
 
 
 def bottom_fraction(scores: Sequence[float], rate: float) -> list[int]:
@@ -82,7 +87,9 @@ class SpeculativeRejection:
         t < 1 for t in decision_tokens):
       raise ValueError(f"decision_tokens={tuple(decision_tokens)} must be increasing "
                        "positive token counts.")
-    self.scheduler, self.scorer, self.tokenizer = scheduler, scorer, tokenizer
+    self.scheduler, self.tokenizer = scheduler, tokenizer
+    self._scorer = scorer
+    self._scoring = [0.0, 0]
     self.n_init = n_init
     self.decision_tokens = tuple(decision_tokens)
     self.rejection_rate = rejection_rate
@@ -91,6 +98,7 @@ class SpeculativeRejection:
           sampling: SamplingParams) -> BestOfNResult:
     """Samples, prunes and picks the best response of every prompt."""
     start = time.perf_counter()
+    self._scoring = [0.0, 0]
     tokens: dict[tuple[int, int], list[int]] = collections.defaultdict(list)
     request_ids = {}
 
@@ -108,41 +116,61 @@ class SpeculativeRejection:
     live = {(p, i) for p in range(len(prompt_ids)) for i in range(self.n_init)}
     finished: dict[tuple[int, int], list[int]] = {}
     decisions: list[Decision] = []
-    pending = list(self.decision_tokens)
+    next_decision = [0] * len(prompt_ids)
+    names = {prompt: request_id for request_id, prompt in request_ids.items()}
     while self.scheduler.has_work():
       for completion in self.scheduler.step():
         key = (request_ids[completion.request_id], completion.sample_index)
         if completion.finish_reason in ("stop", "length"):
           finished[key] = completion.token_ids
         live.discard(key)
-      if pending and live and all(len(tokens[key]) >= pending[0] for key in live):
-        decisions.append(self._decide(pending.pop(0), live, tokens, examples, request_ids))
+      ready = self._ready(live, tokens, next_decision)
+      if ready:
+        decisions += self._decide(ready, live, tokens, examples, next_decision, names)
     return self._pick_best(examples, finished, tokens, decisions, start)
 
-  def _decide(self, threshold, live, tokens, examples, request_ids) -> Decision:
-    """Scores the live partial responses and cancels the bottom α of each prompt's."""
-    keys = sorted(live)
-    texts = [self.tokenizer.decode(tokens[key]) for key in keys]
-    scored = self.scorer.score([examples[p] for p, _ in keys], texts)
-    scores = {key: _finite(s, f) for key, s, f in zip(keys, scored.scores, scored.failures)}
+  def _score(self, examples, texts):
+    """The scorer's Scores, timed."""
+    begin = time.perf_counter()
+    scored = self._scorer.score(examples, texts)
+    self._scoring[0] += time.perf_counter() - begin
+    self._scoring[1] += 1
+    return scored
+
+  def _ready(self, live, tokens, next_decision) -> dict[int, list[tuple[int, int]]]:
+    """Prompts whose live samples all passed their next decision length (waiting
+    samples have no tokens, so a prompt is never decided before all of its run)."""
     by_prompt = collections.defaultdict(list)
-    for key in keys:
+    for key in sorted(live):
       by_prompt[key[0]].append(key)
-    cancelled = []
-    names = {prompt: request_id for request_id, prompt in request_ids.items()}
-    for prompt, members in by_prompt.items():
-      for position in bottom_fraction([scores[k] for k in members], self.rejection_rate):
-        key = members[position]
-        self.scheduler.cancel(names[prompt], key[1])
-        live.discard(key)
-        cancelled.append(key)
-    return Decision(threshold, len(keys), cancelled, scores,
-                    {key: len(tokens[key]) for key in keys})
+    return {p: keys for p, keys in by_prompt.items()
+            if next_decision[p] < len(self.decision_tokens)
+            and all(len(tokens[k]) >= self.decision_tokens[next_decision[p]] for k in keys)}
+
+  def _decide(self, ready, live, tokens, examples, next_decision, names) -> list[Decision]:
+    """Scores the ready prompts' partial responses in one call and cancels the bottom α
+    of each prompt's."""
+    keys = [k for members in ready.values() for k in members]
+    texts = [self.tokenizer.decode(tokens[k]) for k in keys]
+    scored = self._score([examples[p] for p, _ in keys], texts)
+    scores = {k: _finite(s, f) for k, s, f in zip(keys, scored.scores, scored.failures)}
+    out = []
+    for prompt, members in ready.items():
+      dropped = [members[i][1] for i in bottom_fraction([scores[k] for k in members],
+                                                        self.rejection_rate)]
+      for index in dropped:
+        self.scheduler.cancel(names[prompt], index)
+        live.discard((prompt, index))
+      out.append(Decision(prompt, self.decision_tokens[next_decision[prompt]], dropped,
+                          {k[1]: scores[k] for k in members},
+                          {k[1]: len(tokens[k]) for k in members}))
+      next_decision[prompt] += 1
+    return out
 
   def _pick_best(self, examples, finished, tokens, decisions, start) -> BestOfNResult:
     keys = sorted(finished)
     texts = [self.tokenizer.decode(self.tokenizer.truncate_at_eos(finished[k])) for k in keys]
-    scored = self.scorer.score([examples[p] for p, _ in keys], texts)
+    scored = self._score([examples[p] for p, _ in keys], texts)
     best: dict[int, tuple[float, int]] = {}
     for position, (key, score, failure) in enumerate(zip(keys, scored.scores,
                                                          scored.failures)):
@@ -156,7 +184,8 @@ class SpeculativeRejection:
         scores=[float(v) for v, _ in picks],
         generated_tokens=sum(len(t) for t in tokens.values()),
         seconds=time.perf_counter() - start, decisions=decisions,
-        finished_samples=len(finished))
+        finished_samples=len(finished), scoring_seconds=self._scoring[0],
+        scorer_calls=self._scoring[1])
 
 
 def _finite(score: float, failure: str) -> float:
