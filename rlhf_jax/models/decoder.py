@@ -289,8 +289,8 @@ class DecoderLM(nnx.Module):
 
   def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-               num_last: int | None = None, head_positions: jax.Array | None = None
-               ) -> tuple[jax.Array, KVCache | None]:
+               num_last: int | None = None, head_positions: jax.Array | None = None,
+               with_hidden: bool = False):
     """Runs the model.
 
     Args:
@@ -306,11 +306,15 @@ class DecoderLM(nnx.Module):
       head_positions: [B] int, apply the head at one time index per row only
         (a sampler's prefill needs the logits after each prompt's last real
         token, not [B, T, V]); the time axis is then dropped from the output.
+      with_hidden: also return the final-normed hidden states the head reads
+        ([B, T', E], or [B, E] with `head_positions`): the features of a guide
+        (Q♯'s return-distribution head).
     Returns:
       (outputs, cache): logits [B, T', V] (LM head; float32 when the compute
       dtype is float32, else the compute dtype) or values [B, T'] (scalar head,
       float32), and the extended cache (None without one). With
-      `head_positions`, logits [B, V] or values [B].
+      `head_positions`, logits [B, V] or values [B]. With `with_hidden`:
+      (outputs, cache, hidden).
     """
     config = self.config
     batch, time = tokens.shape
@@ -361,5 +365,5 @@ class DecoderLM(nnx.Module):
     else:
       out = jnp.matmul(x, self.lm_head[...].astype(config.jnp_dtype), precision=precision)
     if head_positions is not None:
-      out = out[:, 0]
-    return out, cache
+      out, x = out[:, 0], x[:, 0]
+    return (out, cache, x) if with_hidden else (out, cache)

@@ -4,6 +4,7 @@ and a gRPC server and client for running the sampler in its own process."""
 
 from rlhf_jax.sampling.engine import DecodeState
 from rlhf_jax.sampling.engine import Engine
+from rlhf_jax.sampling.engine import GuidedParams
 from rlhf_jax.sampling.engine import Prefix
 from rlhf_jax.sampling.engine import SlotSampling
 from rlhf_jax.sampling.engine import StepResult
@@ -16,7 +17,8 @@ from rlhf_jax.sampling.token_sampling import sample_tokens
 from rlhf_jax.sampling.token_sampling import truncation_mask
 
 __all__ = [
-    "Completion", "DecodeState", "Engine", "FireSchedule", "Prefix", "SamplingParams",
+    "Completion", "DecodeState", "Engine", "FireSchedule", "GuidedParams", "Prefix",
+    "SamplingParams",
     "Scheduler", "SlotSampling", "StepResult", "prompt_seed", "sample_tokens",
     "truncation_mask",
 ]

@@ -80,14 +80,16 @@ def newline_token_ids(tokenizer) -> list[int]:
 
 
 def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokenizer=None,
-                    seed: int = 0) -> Scheduler:
+                    seed: int = 0, logits_hook=None) -> Scheduler:
   """An Engine and Scheduler as the sampler section says (validate it first): the
   model computes in `config.dtype` at `config.matmul_precision`; with `config.warmup`,
-  every program is compiled before this returns. Every launcher builds its sampler here."""
+  every program is compiled before this returns. Every launcher builds its sampler here.
+  With a `logits_hook` (guided decoding), `params` are `GuidedParams(model, guide)`."""
   newline = newline_token_ids(tokenizer) if tokenizer is not None else ()
   model = with_numerics(model, dtype=config.dtype, matmul_precision=config.matmul_precision)
   engine = Engine(model, num_slots=config.num_slots, cache_length=config.cache_length,
-                  newline_token_ids=newline, max_stop_tokens=config.max_stop_tokens)
+                  newline_token_ids=newline, max_stop_tokens=config.max_stop_tokens,
+                  logits_hook=logits_hook)
   scheduler = Scheduler(engine, params, prompt_buckets=tuple(config.prompt_buckets),
                    steps_per_sync=config.steps_per_sync, continuous=config.continuous,
                    max_queue=config.max_queue, update_policy=config.update_policy, seed=seed,

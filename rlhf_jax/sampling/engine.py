@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import flax.struct
 import jax
@@ -53,6 +53,14 @@ class Prefix:
   values: tuple[jax.Array, ...]
   logits: jax.Array
   true_length: jax.Array
+
+
+@flax.struct.dataclass
+class GuidedParams:
+  """The params of an engine with a logits hook: the model's and the guide's (any pytree;
+  `update_params` may replace either)."""
+  model: Any
+  guide: Any
 
 
 @flax.struct.dataclass
@@ -122,12 +130,18 @@ class Engine:
       new tokens any request may ask for.
     newline_token_ids: tokens whose text ends a line (FIRE's every-line mode).
     max_stop_tokens: room for stop token ids per request.
+    logits_hook: None, or a jittable hook(guide, hidden [B, E], logits [B, V]) → logits
+      applied wherever the model's next-token logits are made (prefill and every
+      decode step), inside the same jitted programs: guided decoding (Q♯) without a
+      host round trip. The engine's params are then `GuidedParams(model, guide)`,
+      and a Completion's `model_logprobs` are the guided distribution's (T = 1).
   """
   model: FunctionalModel
   num_slots: int
   cache_length: int
   newline_token_ids: Sequence[int] = ()
   max_stop_tokens: int = 4
+  logits_hook: Callable[[Any, jax.Array, jax.Array], jax.Array] | None = None
 
   def __post_init__(self):
     if self.model.head != "lm":
@@ -249,13 +263,21 @@ class Engine:
 
   # ---------------------------------------------------------------- jitted bodies
 
+  def _logits(self, params, tokens, **kwargs):
+    """The next-token logits ([B, V]) and cache: the model's, or with a logits hook
+    hook(guide, hidden, logits) of the model's final hidden states and logits."""
+    if self.logits_hook is None:
+      return self.model.apply(params, tokens, **kwargs)
+    logits, cache, hidden = self.model.apply(params.model, tokens, with_hidden=True, **kwargs)
+    return self.logits_hook(params.guide, hidden, logits.astype(jnp.float32)), cache
+
   def _prefill_impl(self, params, tokens, true_length):
     self._traces["prefill"] += 1
     batch, length = tokens.shape
     cache = KVCache.create(self.model.config, batch, length)
     mask = jnp.arange(length)[None, :] < true_length[:, None]
-    logits, cache = self.model.apply(params, tokens, attention_mask=mask, cache=cache,
-                                     head_positions=true_length - 1)
+    logits, cache = self._logits(params, tokens, attention_mask=mask, cache=cache,
+                                 head_positions=true_length - 1)
     return Prefix(keys=cache.keys, values=cache.values, logits=logits.astype(jnp.float32),
                   true_length=true_length)
 
@@ -306,8 +328,8 @@ class Engine:
       stopped = emitted & jnp.any(tokens[:, None] == s.stop_token_ids, axis=-1)
       generated = state.generated + emitted.astype(jnp.int32)
       finished = emitted & (stopped | (generated >= s.max_new_tokens))
-      logits, cache = self.model.apply(params, tokens[:, None], cache=state.cache,
-                                       head_positions=jnp.zeros_like(tokens))
+      logits, cache = self._logits(params, tokens[:, None], cache=state.cache,
+                                   head_positions=jnp.zeros_like(tokens))
       active = state.active & ~finished
       # Free slots write their (ignored) token at slot 0, so they never widen the span of
       # cache that decode attention reads (`cached_attention`'s num_used).

@@ -1,0 +1,116 @@
+"""Fitting Q♯'s guide (algorithms/qsharp.py) on an aggregated dataset (DAgger-style):
+
+    round 0: roll out π_ref from the prompt                      (every position is π_ref's)
+    round i: roll in with the guided policy for t ~ U[0, R) tokens,
+             roll out π_ref from there; label the response by the verifier
+    after each round: refit the head on all data so far
+
+A position's return is the row's outcome; it is a sample of Z_ref(s, a) when the
+tokens after a are π_ref's, so the positions from the last roll-in token on count.
+The reference is frozen: its hidden states are computed once per row and the head is
+fitted on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlhf_jax.algorithms import qsharp
+from rlhf_jax.algorithms.rollout import build_rollout_batch
+from rlhf_jax.algorithms.rollout import response_logits_inputs
+from rlhf_jax.sampling import SamplingParams
+
+
+@dataclasses.dataclass
+class GuideData:
+  """Rows of the aggregated dataset: the reference's hidden states before each response
+  token [N, R, E], the tokens [N, R], the positions that count [N, R], returns [N]."""
+  hidden: np.ndarray
+  actions: np.ndarray
+  mask: np.ndarray
+  returns: np.ndarray
+
+  def extend(self, other: "GuideData | None") -> "GuideData":
+    """Both datasets' rows."""
+    if other is None:
+      return self
+    return GuideData(*(np.concatenate([a, b]) for a, b in
+                       zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+
+def rollouts(ref_sampler, guided_sampler, prompts: Sequence[list[int]], *, samples: int,
+             max_new_tokens: int, stop: tuple[int, ...], seed: int
+             ) -> tuple[list[list[int]], list[list[int]], list[int]]:
+  """(prompt per row, response per row, switch per row): π_ref roll-outs after a guided
+  roll-in of t ~ U[0, R) tokens (no roll-in when `guided_sampler` is None)."""
+  rng = np.random.default_rng(seed)
+  rows = [p for p in prompts for _ in range(samples)]
+  if guided_sampler is None:
+    rollin = [[] for _ in rows]
+  else:
+    lengths = rng.integers(1, max_new_tokens, len(rows))
+    params = [SamplingParams(max_new_tokens=int(t), stop_token_ids=stop, seed=int(s))
+              for t, s in zip(lengths, rng.integers(2**31, size=len(rows)))]
+    rollin = [c[0].token_ids for c in guided_sampler.generate(rows, params)]
+  done = [bool(r) and r[-1] in stop for r in rollin]
+  todo = [i for i, d in enumerate(done) if not d]
+  params = [SamplingParams(max_new_tokens=max_new_tokens - len(rollin[i]), stop_token_ids=stop,
+                           seed=int(s)) for i, s in zip(todo, rng.integers(2**31, size=len(todo)))]
+  rollout = dict(zip(todo, (c[0].token_ids for c in ref_sampler.generate(
+      [rows[i] + rollin[i] for i in todo], params))))
+  responses = [rollin[i] + rollout.get(i, []) for i in range(len(rows))]
+  return rows, responses, [max(len(r) - 1, 0) for r in rollin]
+
+
+def guide_data(model, params, rows, responses, switches, returns, *, prompt_length: int,
+               response_length: int, pad_id: int, chunk: int = 64) -> GuideData:
+  """The reference's hidden states and the masks of the rows (positions ≥ switch)."""
+  batch = build_rollout_batch(rows, responses, [[0.0] * len(r) for r in responses],
+                              list(returns), [False] * len(rows), list(range(len(rows))),
+                              prompt_length=prompt_length, response_length=response_length,
+                              pad_id=pad_id, window_starts=list(switches))
+  forward = jax.jit(lambda p, b: model.apply(p, *response_logits_inputs(b)[:1],
+                                             attention_mask=response_logits_inputs(b)[1],
+                                             num_last=b.response_length, with_hidden=True)[2])
+  hidden = []
+  for start in range(0, len(rows), chunk):
+    index = np.arange(start, start + chunk) % len(rows)
+    hidden.append(np.asarray(forward(params, jax.tree.map(lambda x: x[index], batch))))
+  hidden = np.concatenate(hidden)[:len(rows)]
+  columns = np.arange(response_length)[None, :]
+  mask = np.asarray(batch.response_mask) * (columns >= np.asarray(switches)[:, None])
+  return GuideData(hidden, np.asarray(batch.response_tokens), mask.astype(np.float32),
+                   np.asarray(returns, np.float32))
+
+
+def fit_guide(guide: dict, data: GuideData, *, values: np.ndarray, steps: int,
+              batch_size: int, learning_rate: float, seed: int,
+              log: Callable[[str], None] = print) -> tuple[dict, list[float]]:
+  """Adam steps of `qsharp.guide_loss` on random mini-batches of `data`."""
+  optimizer = optax.adam(learning_rate)
+  loss_fn = functools.partial(qsharp.guide_loss, values=values)
+
+  @jax.jit
+  def step(guide, opt_state, hidden, actions, returns, mask):
+    loss, grads = jax.value_and_grad(loss_fn)(guide, hidden, actions, returns, mask)
+    updates, opt_state = optimizer.update(grads, opt_state, guide)
+    return optax.apply_updates(guide, updates), opt_state, loss
+
+  opt_state = optimizer.init(guide)
+  rng = np.random.default_rng(seed)
+  losses = []
+  for _ in range(steps):
+    index = rng.integers(0, len(data.returns), batch_size)
+    guide, opt_state, loss = step(guide, opt_state, jnp.asarray(data.hidden[index]),
+                                  jnp.asarray(data.actions[index]),
+                                  jnp.asarray(data.returns[index]), jnp.asarray(data.mask[index]))
+    losses.append(float(loss))
+  log(f"guide fitted on {len(data.returns)} rows: loss {losses[0]:.4f} → {losses[-1]:.4f}")
+  return guide, losses
