@@ -39,14 +39,16 @@ def bin_values(num_bins: int, low: float, high: float) -> np.ndarray:
 
 def bin_log_probs(guide: dict, hidden: jax.Array, num_bins: int) -> jax.Array:
   """[..., V, B] log P(R = z_b | s, a) for every next token a, from hidden [..., E]."""
-  logits = jnp.matmul(hidden.astype(jnp.float32), guide["w"]) + guide["b"]
+  logits = jnp.matmul(hidden.astype(jnp.float32), guide["w"])
+  logits = logits + guide["b"].reshape((1,) * (logits.ndim - 1) + (-1,))
   logits = logits.reshape(*hidden.shape[:-1], -1, num_bins)
   return jax.nn.log_softmax(logits, axis=-1)
 
 
 def soft_q_over_eta(log_probs: jax.Array, values: jax.Array, eta: float) -> jax.Array:
   """[..., V] Q̂(s,a)/η = log Σ_b P(z_b|s,a)·exp(z_b/η) (the paper's Q* of Z_ref, over η)."""
-  return jax.nn.logsumexp(log_probs + jnp.asarray(values) / eta, axis=-1)
+  scaled = jnp.asarray(values, jnp.float32).reshape((1,) * (log_probs.ndim - 1) + (-1,)) / eta
+  return jax.nn.logsumexp(log_probs + scaled, axis=-1)
 
 
 def guided_logits(guide: dict, hidden: jax.Array, logits: jax.Array, *, values: np.ndarray,
