@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Iterable
 
 from rlhf_jax.data.example import Example
-from rlhf_jax.data.jsonl import json_lines
 from rlhf_jax.data.pairs import PAIR_FIELDS
 from rlhf_jax.data.pairs import PreferencePair
-from rlhf_jax.data.pairs import _pair
+from rlhf_jax.data.pairs import parse_pair
+from rlhf_jax.data.sources import read_records
+from rlhf_jax.data.sources import write_records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ class LabelledGroup:
 
 def _group(record: Any, where: str) -> LabelledGroup:
   if isinstance(record, dict) and all(field in record for field in PAIR_FIELDS):
-    return LabelledGroup.from_pair(_pair(record, where))
+    return LabelledGroup.from_pair(parse_pair(record, where))
   if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
     raise ValueError(f"{where}: a record is a JSON object with prompt + responses + scores "
                      f"(labelled samples) or {', '.join(PAIR_FIELDS)} (a pair).")
@@ -83,15 +83,7 @@ def _group(record: Any, where: str) -> LabelledGroup:
 def read_labelled(path: str) -> list[LabelledGroup]:
   """The groups of a .jsonl or .parquet file of labelled samples or pairs; errors name the
   file, line (row) and field."""
-  from rlhf_jax.data.sources import _pyarrow, _suffix  # pylint: disable=import-outside-toplevel
-  suffix = _suffix(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path}: no such file.")
-  if suffix == ".parquet":
-    records = _pyarrow().parquet.read_table(path).to_pylist()
-    groups = [_group(r, f"{path}: row {i}") for i, r in enumerate(records)]
-  else:
-    groups = [_group(r, f"{path}:{n}") for n, r in json_lines(path)]
+  groups = [_group(record, where) for where, record in read_records(path)]
   if not groups:
     raise ValueError(f"{path}: no labelled samples or pairs (empty file).")
   return groups
@@ -99,17 +91,7 @@ def read_labelled(path: str) -> list[LabelledGroup]:
 
 def write_labelled(path: str, groups: Iterable[LabelledGroup]) -> int:
   """Writes labelled-sample records (JSONL or Parquet by extension); returns the count."""
-  from rlhf_jax.data.sources import _pyarrow, _suffix  # pylint: disable=import-outside-toplevel
-  records = [{"prompt": g.example.prompt, "answer": g.example.answer, "task": g.example.task,
-              "responses": list(g.responses), "scores": list(g.scores),
-              "correct": list(g.correct), "metadata": g.example.metadata} for g in groups]
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  if _suffix(path) == ".parquet":
-    pa = _pyarrow()
-    rows = [dict(r, metadata=json.dumps(r["metadata"])) for r in records]
-    pa.parquet.write_table(pa.Table.from_pylist(rows), path)
-  else:
-    with open(path, "w", encoding="utf-8") as f:
-      for record in records:
-        f.write(json.dumps(record) + "\n")
-  return len(records)
+  return write_records(path, [
+      {"prompt": g.example.prompt, "answer": g.example.answer, "task": g.example.task,
+       "responses": list(g.responses), "scores": list(g.scores), "correct": list(g.correct),
+       "metadata": g.example.metadata} for g in groups])

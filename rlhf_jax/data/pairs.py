@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Iterable
 
-from rlhf_jax.data.jsonl import json_lines
+from rlhf_jax.data.sources import read_records
+from rlhf_jax.data.sources import write_records
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 
@@ -25,7 +25,8 @@ class PreferencePair:
   metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _pair(record: Any, where: str) -> PreferencePair:
+def parse_pair(record: Any, where: str) -> PreferencePair:
+  """A record as a PreferencePair; errors say `where` (file and line) and the field."""
   if not isinstance(record, dict):
     raise ValueError(f"{where}: a pair is a JSON object with {', '.join(PAIR_FIELDS)}; got "
                      f"{type(record).__name__}.")
@@ -41,15 +42,7 @@ def _pair(record: Any, where: str) -> PreferencePair:
 
 def read_pairs(path: str) -> list[PreferencePair]:
   """The pairs of a .jsonl or .parquet file; errors name the file, line (row) and field."""
-  from rlhf_jax.data.sources import _pyarrow, _suffix  # pylint: disable=import-outside-toplevel
-  suffix = _suffix(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path}: no such file.")
-  if suffix == ".parquet":
-    records = _pyarrow().parquet.read_table(path).to_pylist()
-    pairs = [_pair(r, f"{path}: row {i}") for i, r in enumerate(records)]
-  else:
-    pairs = [_pair(r, f"{path}:{n}") for n, r in json_lines(path)]
+  pairs = [parse_pair(record, where) for where, record in read_records(path)]
   if not pairs:
     raise ValueError(f"{path}: no preference pairs (empty file).")
   return pairs
@@ -57,15 +50,4 @@ def read_pairs(path: str) -> list[PreferencePair]:
 
 def write_pairs(path: str, pairs: Iterable[PreferencePair]) -> int:
   """Writes pairs as JSONL or Parquet by extension; returns the count."""
-  from rlhf_jax.data.sources import _pyarrow, _suffix  # pylint: disable=import-outside-toplevel
-  records = [dataclasses.asdict(p) for p in pairs]
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  if _suffix(path) == ".parquet":
-    pa = _pyarrow()
-    rows = [dict(r, metadata=json.dumps(r["metadata"])) for r in records]
-    pa.parquet.write_table(pa.Table.from_pylist(rows), path)
-  else:
-    with open(path, "w", encoding="utf-8") as f:
-      for record in records:
-        f.write(json.dumps(record) + "\n")
-  return len(records)
+  return write_records(path, [dataclasses.asdict(p) for p in pairs])

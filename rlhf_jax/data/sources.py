@@ -139,3 +139,30 @@ def read_tfds(name: str, *, split: str, data_dir: str | None = None,
   if not examples:
     raise ValueError(f"tfds:{name}[{split}]: no examples.")
   return examples
+
+
+def read_records(path: str) -> list[tuple[str, Any]]:
+  """(where, record) of every record of a .jsonl/.json or .parquet file, `where` naming
+  the file and line ("f.jsonl:3") or row ("f.parquet: row 2") for error messages."""
+  suffix = _suffix(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no such file.")
+  if suffix == ".parquet":
+    return [(f"{path}: row {i}", r)
+            for i, r in enumerate(_pyarrow().parquet.read_table(path).to_pylist())]
+  return [(f"{path}:{n}", r) for n, r in json_lines(path)]
+
+
+def write_records(path: str, records: list[dict[str, Any]]) -> int:
+  """Writes dict records as JSONL or Parquet by extension (Parquet keeps `metadata` as a
+  JSON string column); returns the count."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  if _suffix(path) == ".parquet":
+    pa = _pyarrow()
+    rows = [dict(r, metadata=json.dumps(r.get("metadata") or {})) for r in records]
+    pa.parquet.write_table(pa.Table.from_pylist(rows), path)
+  else:
+    with open(path, "w", encoding="utf-8") as f:
+      for record in records:
+        f.write(json.dumps(record) + "\n")
+  return len(records)

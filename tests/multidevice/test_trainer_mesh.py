@@ -48,3 +48,36 @@ def test_trainer_on_a_mesh_matches_one_device(tmp_path):
   assert got[1]["logprob_mismatch_max"] < 1e-4
   for a, b in zip(jax.tree.leaves(actor.params), jax.tree.leaves(single.learner.actor.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
+
+
+def run_offline_family(tmp_path, name, learner, mesh):
+  """Iterative DPO, or DQO on the step's own samples (online reference): the same loop
+  with another learner."""
+  config = shrink(preset("iterative_dpo" if learner == "dpo" else "dqo"))
+  config.model.num_heads = 4
+  config.rollout.mode, config.rollout.group_size = "groups", 4
+  config.algorithm[learner].reference = "online"
+  config.train.minibatches = 1 if learner == "dpo" else 2
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
+  workdir = tmp_path / name
+  trainer = make_trainer(config, workdir)
+  trainer.run()
+  return trainer, [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("learner, keys", [
+    ("dpo", ("loss", "reward_margin", "chosen_logps", "dpo/pairs_with_preference")),
+    ("dqo", ("loss", "critic_loss", "q_mean", "dqo/target_mean"))])
+def test_dpo_and_dqo_learners_on_a_mesh_match_one_device(tmp_path, learner, keys):
+  single, expected = run_offline_family(tmp_path, "one", learner, (1, 1, 1))
+  sharded, got = run_offline_family(tmp_path, "mesh", learner, (2, 4, 1))
+  assert sharded.mesh.devices.size == 8
+  assert [r.get("reward_mean") for r in got] == [r.get("reward_mean") for r in expected]
+  for key in keys:
+    np.testing.assert_allclose([r.get(key, np.nan) for r in got[1:]],
+                               [r.get(key, np.nan) for r in expected[1:]], rtol=2e-4,
+                               atol=1e-5, err_msg=key)
+  for a, b in zip(jax.tree.leaves(sharded.learner.actor.params),
+                  jax.tree.leaves(single.learner.actor.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)

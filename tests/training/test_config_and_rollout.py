@@ -15,7 +15,7 @@ from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.config import validate_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo", "tppo")
+PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo", "tppo", "dpo", "iterative_dpo", "dqo")
 
 
 def preset(name, variant="arith"):
