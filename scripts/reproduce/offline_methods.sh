@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Offline and inference-time methods on arith from the seed-0 warm start (issue 14):
-#   DPO (offline pairs of the warm start's verified samples; two learning rates),
-#   iterative DPO, DQO, against PPO and GRPO; held-out greedy accuracy every 5 steps;
+#   DPO (offline pairs of the warm start's verified samples) and DQO (its labelled samples),
+#   two learning rates each, iterative DPO, against PPO and GRPO; held-out greedy accuracy every 5 steps;
 #   speculative rejection against Best-of-N by the BT reward model and by the PRM of
 #   reward_hacking.sh (run it first); Q♯ against π_ref and Best-of-N.
 # Writes docs/reproductions/offline_methods.md (~25 min on 2 cores).
@@ -36,6 +36,8 @@ train dpo_lr3e-5 dpo --config.data.offline_file="$LABELLED" --config.train.steps
   --config.optimizer.learning_rate=3e-5
 train iterative_dpo iterative_dpo --config.train.steps=30
 train dqo dqo --config.data.offline_file="$LABELLED" --config.train.steps=60
+train dqo_lr3e-5 dqo --config.data.offline_file="$LABELLED" --config.train.steps=60 \
+  --config.optimizer.learning_rate=3e-5 --config.optimizer.critic_learning_rate=3e-4
 train ppo ppo --config.train.steps=30
 train grpo grpo --config.train.steps=30
 BON=(--config=configs/ppo.py:arith --config.model.checkpoint="$WARM" --config.train.tensorboard=False
@@ -56,6 +58,6 @@ QS=(--config=configs/ppo.py:arith --config.model.checkpoint="$WARM" --config.tra
 BON_RM=()
 [ -f "$RM/rm/config.json" ] && BON_RM=(--config.reward.route=rm --config.reward.rm.checkpoint="$RM/rm" --bon_n=4,16)
 py launch/qsharp.py "${QS[@]}" --eta=0.1 "${BON_RM[@]}" --output="$OUT/qsharp_guide.npz" | grep '^{' > "$OUT/qsharp.jsonl"
-py launch/qsharp.py "${QS[@]}" --eta=0.03 | grep '^{' | grep -v '"reference"' >> "$OUT/qsharp.jsonl"
+py launch/qsharp.py "${QS[@]}" --eta=1.0 | grep '^{' | grep -v '"reference"' >> "$OUT/qsharp.jsonl"
 py scripts/reproduce/offline_methods_table.py "$OUT" > "$DOCS/offline_methods.md"
 cat "$DOCS/offline_methods.md"

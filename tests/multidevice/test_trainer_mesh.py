@@ -59,6 +59,7 @@ def run_offline_family(tmp_path, name, learner, mesh):
   config.algorithm[learner].reference = "online"
   config.train.minibatches = 1 if learner == "dpo" else 2
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
+  config.train.steps = config.train.eval_every = 1
   workdir = tmp_path / name
   trainer = make_trainer(config, workdir)
   trainer.run()
