@@ -28,7 +28,7 @@ def get_config(variant: str = "arith"):
   c.rollout.prompts_per_step = 32 if variant == "arith" else 64  # Pairs per step.
   c.train.minibatches = 1  # One optimizer step per batch of pairs.
   if variant == "arith":
-    c.optimizer.learning_rate = 1e-4
+    c.optimizer.learning_rate = 3e-5  # 1e-4 peaks early, then collapses (docs/offline_methods.md).
   else:
     c.optimizer.learning_rate = 1e-6  # TRL default (5e-7 .. 1e-6 in the papers).
   return c

@@ -22,4 +22,8 @@ def get_config(variant: str = "arith"):
   c.rollout.group_size = 4  # G (the arith PPO preset's batch: 16 prompts × 4).
   c.rollout.prompts_per_step = 16 if variant == "arith" else 128
   c.reward.wrong_score = 0.0  # 1/0: a group with both a right and a wrong sample makes a pair.
+  if variant == "arith":
+    # Pairs of the current policy's samples stay on its support: the rate that makes
+    # offline DPO collapse is stable here (docs/offline_methods.md).
+    c.optimizer.learning_rate = 1e-4
   return c

@@ -82,6 +82,9 @@ def main(argv) -> None:
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
+  if c.sampler.address:  # the search steps and cancels samples in the scheduler itself
+    raise app.UsageError(f"config.sampler.address={c.sampler.address!r}: this launcher runs "
+                         "the in-process scheduler; leave the address empty.")
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples = build.load_examples(c)[1]

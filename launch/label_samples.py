@@ -34,6 +34,7 @@ def main(argv) -> None:
   quiet_library_logs()
   import jax
 
+  from rlhf_jax.config_errors import ConfigError
   from rlhf_jax.data import PreferencePair
   from rlhf_jax.data import write_labelled
   from rlhf_jax.data import write_pairs
@@ -42,7 +43,11 @@ def main(argv) -> None:
   from rlhf_jax.training.offline_data import label_samples
 
   c = _CONFIG.value
+  c.data.offline_file = _OUTPUT.value  # the file this writes (the offline presets need one)
   validate_config(c, num_devices=jax.device_count())
+  if not c.data.train_file and c.variant != "arith":
+    raise ConfigError("config.data.train_file: the prompts to sample are required for the hf "
+                      "variant")
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples = build.load_examples(c)[0][:c.data.offline_prompts]

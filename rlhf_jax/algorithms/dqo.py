@@ -32,7 +32,11 @@ def dqo_config() -> ml_collections.ConfigDict:
   d.gamma = 1.0  # γ.
   d.trace_clip = 1.0  # c̄ in c_h = min(π_θ/μ, c̄) (Retrace's 1).
   # 'cached': π_ref's log-probs of the offline data computed once (rollout.mode
-  # 'offline'); 'online': the frozen reference's forward each step.
+  # 'offline'); 'online': the frozen reference's forward each step. Offline data is
+  # taken to be sampled by the starting policy (= π_ref, the behaviour policy μ of the
+  # importance weights) at temperature 1 without truncation, as launch/label_samples.py
+  # does; μ is recomputed from its text, so other data (external pairs, other sampling
+  # settings) makes the weights approximate.
   d.reference = "cached"
   return d
 

@@ -9,7 +9,8 @@ For KL-regularised RL with deterministic transitions the optimal policy is
 where Z_ref(s,a) is the return distribution of rolling out π_ref after a. The guide
 here is a categorical distribution over B return bins z_1..z_B for every next token:
 a linear head on the frozen reference's final hidden states ([E] → [V, B]), so guiding
-costs the reference one extra matmul per step and no second KV cache. Decoding keeps
+needs no second model or KV cache; the head is B times the LM head's size (E·V·B
+parameters read at every decode step), which suits small vocabularies or few bins. Decoding keeps
 π_ref's top-k next tokens and reweights them by exp(Q̂/η) (`guided_logits`, the
 engine's logits hook). The head is fitted by cross-entropy to the two-hot bin of the
 observed return (`guide_loss`) on an aggregated dataset: roll in with the guided
@@ -88,8 +89,13 @@ def guide_loss(guide: dict, hidden: jax.Array, actions: jax.Array, returns: jax.
     mask: [N, T] 1 where the return after the action is a π_ref roll-out's.
     values: the bin values.
   """
-  log_probs = bin_log_probs(guide, hidden, len(values))  # [N, T, V, B]
-  taken = jnp.take_along_axis(log_probs, actions[:, :, None, None], axis=2)[:, :, 0]
+  num_bins = len(values)
+  # Only the taken token's B columns: [N, T, E, B] instead of [N, T, V, B] logits.
+  w = guide["w"].reshape(guide["w"].shape[0], -1, num_bins)
+  b = guide["b"].reshape(-1, num_bins)
+  logits = jnp.einsum("nte,nteb->ntb", hidden.astype(jnp.float32),
+                      jnp.moveaxis(w, 1, 0)[actions]) + b[actions]
+  taken = jax.nn.log_softmax(logits, axis=-1)
   target = two_hot(returns, values)[:, None, :]
   cross_entropy = -jnp.sum(target * taken, axis=-1)
   return jnp.sum(cross_entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0)

@@ -29,7 +29,7 @@ def dpo_loss(chosen_logps: chex.Array, rejected_logps: chex.Array,
              weights: chex.Array | None = None,
              normalizer: chex.Array | float | None = None
              ) -> tuple[chex.Array, dict[str, chex.Array]]:
-  """Direct Preference Optimisation over (chosen, rejected) pairs, mean over pairs.
+  """Direct Preference Optimisation over (chosen, rejected) pairs: Σ_pairs w·ℓ / N.
 
   With z = (log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l)):
 

@@ -45,8 +45,9 @@ def encode_groups(labelled: Sequence[LabelledGroup], tokenizer, *, prefix: Seque
         counts["dropped"] += 1
         continue
     if len(item.responses) != group_size:
-      raise ValueError(f"offline group {index} has {len(item.responses)} responses; "
-                       f"rollout.group_size={group_size} needs that many.")
+      raise ValueError(f"offline group {index} has {len(item.responses)} responses; set "
+                       f"rollout.group_size={len(item.responses)} (it is {group_size}): "
+                       "every group of the file must have that many.")
     try:
       prompt = list(prefix) + tokenizer.encode(item.example.prompt)
       responses = [tokenizer.encode(text) + [tokenizer.eos_id] for text in item.responses]

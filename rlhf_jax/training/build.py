@@ -91,8 +91,10 @@ def load_examples(c) -> tuple[list[Example], list[Example]]:
   levels, weights = tuple(c.data.levels), tuple(c.data.level_weights)
   generate = GENERATED[c.data.task]
   columns = parse_columns(c.data.columns)
-  train = (read_examples(c.data.train_file, columns=columns) if c.data.train_file
-           else generate(c.seed + 1, c.data.num_train, levels, weights))
+  if c.data.train_file:
+    train = read_examples(c.data.train_file, columns=columns)
+  else:  # generated arith problems; an hf run on offline data needs no prompts
+    train = generate(c.seed + 1, c.data.num_train, levels, weights) if c.variant == "arith" else []
   if c.data.eval_file:
     held_out = read_examples(c.data.eval_file, columns=columns)
   else:

@@ -187,9 +187,9 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   if r.mode == "windows" and not ppo_config.uses_critic(a):
     fail("rollout.mode", "='windows' (T-PPO) needs a critic (algorithm.advantage.estimator "
          "'gae') for Extended GAE")
+  _validate_learner(c)
   rollout_config_lib.validate_rollout_config(r, prompt_length=c.data.prompt_length,
                                              prompt_buckets=tuple(c.sampler.prompt_buckets))
-  _validate_learner(c)
   _validate_model(c.model)
   _validate_reward(c)
   reward_config_lib.validate_reward_models(c)
@@ -204,7 +204,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
          f"rollout.max_new_tokens = {c.data.prompt_length + r.max_new_tokens}")
   if c.variant == "hf" and not c.model.checkpoint:
     fail("model.checkpoint", "is required for the hf variant (an HF checkpoint directory)")
-  if c.variant == "hf" and not c.data.train_file:
+  if c.variant == "hf" and not c.data.train_file and r.mode != "offline":
     fail("data.train_file", "is required for the hf variant (JSONL: prompt, answer, task)")
   parse_columns(c.data.columns)
   if c.data.curriculum:
@@ -279,10 +279,16 @@ def _validate_learner(c) -> None:
     for field in ("offline_prompts", "offline_samples"):
       if c.data[field] < 1:
         fail(f"data.{field}", f"={c.data[field]} must be >= 1")
-    if (not c.data.offline_file and r.group_size != 2
+    if a.learner == "dpo" and r.group_size != 2:
+      fail("rollout.group_size", f"={r.group_size} must be 2 for offline DPO (each labelled "
+           "group is reduced to its best and worst response)")
+    if (a.learner == "dqo" and not c.data.offline_file
         and r.group_size != c.data.offline_samples):
-      fail("rollout.group_size", f"={r.group_size} must be 2 (pairs) or "
-           f"data.offline_samples={c.data.offline_samples} for the generated offline data")
+      fail("rollout.group_size", f"={r.group_size} must equal data.offline_samples="
+           f"{c.data.offline_samples} for DQO on the generated offline data (whole groups)")
+  if a.learner != "ppo" and r.mode not in ("groups", "dynamic", "offline"):
+    fail("rollout.mode", f"={r.mode!r}: algorithm.learner={a.learner!r} trains on whole "
+         "responses (groups, dynamic or offline)")
 
 
 def _validate_model(m) -> None:

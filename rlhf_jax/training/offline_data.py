@@ -83,8 +83,8 @@ def ensure_offline_data(c, workdir: str, log: Callable[[str], None] = print) -> 
 
 def offline_rollout(c, policy, workdir: str, log: Callable[[str], None] = print
                     ) -> OfflineRollout:
-  """The rollout over the offline file, π_ref's log-probs cached when the learner's
-  `reference` is 'cached' (one forward pass over the data)."""
+  """The rollout over the offline file, with the starting policy's log-probs of every
+  response cached (one forward pass over the data) in the rows' `sampler_logprobs`."""
   path = offline_path(c, workdir)
   try:
     groups, counts = encode_groups(read_labelled(path), policy.tokenizer, prefix=policy.prefix,
@@ -96,9 +96,11 @@ def offline_rollout(c, policy, workdir: str, log: Callable[[str], None] = print
     raise ConfigError(f"config.data.offline_file={path!r}: {error}") from None
   shapes = dict(prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
                 pad_id=policy.tokenizer.pad_id)
-  if c.algorithm[c.algorithm.learner].reference == "cached":
-    logprobs = jax.jit(lambda rows: response_logprobs(policy.model, policy.params, rows))
-    cache_reference_logprobs(groups, logprobs, chunk=c.rollout.prompts_per_step, **shapes)
+  # Always: they are π_ref's (reference 'cached') and the data's behaviour policy μ (DQO's
+  # importance weights), the starting policy that sampled the labelled responses.
+  forward = jax.jit(lambda params, rows: response_logprobs(policy.model, params, rows))
+  cache_reference_logprobs(groups, lambda rows: forward(policy.params, rows),
+                           chunk=c.rollout.prompts_per_step, **shapes)
   log(f"offline data: {len(groups)} groups of {c.rollout.group_size} from {path} "
       f"({counts['dropped']} without a preference dropped, {counts['truncated']} responses "
       f"cut to rollout.max_new_tokens)")

@@ -1,7 +1,7 @@
 """Fitting Q♯'s guide (algorithms/qsharp.py) on an aggregated dataset (DAgger-style):
 
     round 0: roll out π_ref from the prompt                      (every position is π_ref's)
-    round i: roll in with the guided policy for t ~ U[0, R) tokens,
+    round i: roll in with the guided policy for t ~ U[1, R) tokens,
              roll out π_ref from there; label the response by the verifier
     after each round: refit the head on all data so far
 
@@ -49,7 +49,7 @@ def rollouts(ref_sampler, guided_sampler, prompts: Sequence[list[int]], *, sampl
              max_new_tokens: int, stop: tuple[int, ...], seed: int
              ) -> tuple[list[list[int]], list[list[int]], list[int]]:
   """(prompt per row, response per row, switch per row): π_ref roll-outs after a guided
-  roll-in of t ~ U[0, R) tokens (no roll-in when `guided_sampler` is None)."""
+  roll-in of t ~ U[1, R) tokens (no roll-in when `guided_sampler` is None; R ≥ 2)."""
   rng = np.random.default_rng(seed)
   rows = [p for p in prompts for _ in range(samples)]
   if guided_sampler is None:

@@ -31,13 +31,13 @@ train() {  # train NAME PRESET ARGS...
   [ -f "$OUT/$name/policy/config.json" ] || py launch/train.py --config="configs/$preset.py:arith" \
     --workdir="$OUT/$name" "${COMMON[@]}" "$@" > "$OUT/$name.log" 2>&1
 }
-train dpo dpo --config.data.offline_file="$LABELLED" --config.train.steps=60
-train dpo_lr3e-5 dpo --config.data.offline_file="$LABELLED" --config.train.steps=60 \
-  --config.optimizer.learning_rate=3e-5
+train dpo dpo --config.data.offline_file="$LABELLED" --config.train.steps=60  # lr 3e-5
+train dpo_lr1e-4 dpo --config.data.offline_file="$LABELLED" --config.train.steps=60 \
+  --config.optimizer.learning_rate=1e-4
 train iterative_dpo iterative_dpo --config.train.steps=30
-train dqo dqo --config.data.offline_file="$LABELLED" --config.train.steps=60
-train dqo_lr3e-5 dqo --config.data.offline_file="$LABELLED" --config.train.steps=60 \
-  --config.optimizer.learning_rate=3e-5 --config.optimizer.critic_learning_rate=3e-4
+train dqo dqo --config.data.offline_file="$LABELLED" --config.train.steps=60  # lr 3e-5
+train dqo_lr2e-4 dqo --config.data.offline_file="$LABELLED" --config.train.steps=60 \
+  --config.optimizer.learning_rate=2e-4 --config.optimizer.critic_learning_rate=1e-3
 train ppo ppo --config.train.steps=30
 train grpo grpo --config.train.steps=30
 BON=(--config=configs/ppo.py:arith --config.model.checkpoint="$WARM" --config.train.tensorboard=False

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-ARMS = ("dpo", "dpo_lr3e-5", "iterative_dpo", "dqo", "dqo_lr3e-5", "ppo", "grpo")
+ARMS = ("dpo", "dpo_lr1e-4", "iterative_dpo", "dqo", "dqo_lr2e-4", "ppo", "grpo")
 
 
 def records(path):
