@@ -17,6 +17,7 @@ import numpy as np
 from rlhf_jax.algorithms.rollout import RolloutBatch
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import PromptStream
+from rlhf_jax.rewards.reward_model import run_in_chunks
 from rlhf_jax.rollout.generation import Group
 from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.rollout.generation import pack_groups
@@ -75,16 +76,13 @@ def cache_reference_logprobs(groups: list[Group], logprobs_fn: Callable[[Rollout
                              chunk: int, prompt_length: int, response_length: int,
                              pad_id: int) -> None:
   """Sets every group's `logprobs` to the reference's per-token log-probs of its responses,
-  computed by `logprobs_fn` ([B, R] of a packed batch) over chunks of `chunk` groups
-  (the last one wraps around, so there is one shape and one compile)."""
-  for start in range(0, len(groups), chunk):
-    index = [i % len(groups) for i in range(start, start + chunk)]
-    batch = pack_groups([groups[i] for i in index], prompt_length=prompt_length,
-                        response_length=response_length, pad_id=pad_id).batch
-    logprobs = np.asarray(logprobs_fn(batch))
-    rows = iter(logprobs)
-    for i in index[:len(groups) - start]:
-      groups[i].logprobs = [list(map(float, next(rows)[:len(r)])) for r in groups[i].responses]
+  computed by `logprobs_fn` ([B, R] of a packed batch) over fixed chunks of `chunk` groups'
+  rows (`run_in_chunks`: one shape, one compile)."""
+  batch = pack_groups(groups, prompt_length=prompt_length, response_length=response_length,
+                      pad_id=pad_id).batch
+  rows = iter(run_in_chunks(logprobs_fn, [batch], chunk * len(groups[0].responses)))
+  for group in groups:
+    group.logprobs = [list(map(float, next(rows)[:len(r)])) for r in group.responses]
 
 
 class OfflineRollout:

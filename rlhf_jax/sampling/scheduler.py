@@ -14,85 +14,25 @@ from any thread; `step`/`run` from one thread at a time (the server's loop).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import math
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
 
 from rlhf_jax.models.functional import Params
 from rlhf_jax.sampling.engine import Engine
-from rlhf_jax.sampling.engine import Prefix
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
+from rlhf_jax.sampling.requests import Completion
+from rlhf_jax.sampling.requests import RequestState
+from rlhf_jax.sampling.requests import SampleState
+from rlhf_jax.sampling.requests import TokenCallback
 
 UPDATE_POLICIES = ("finish_old", "swap_now")
-
-
-@dataclasses.dataclass
-class Completion:
-  """One finished sample.
-
-  Attributes:
-    request_id: the id `submit` returned.
-    sample_index: which of the request's `n` samples.
-    prompt_ids: the prompt tokens.
-    token_ids: the generated tokens (a stop token included).
-    sampled_logprobs: per token, log q under the distribution it was drawn from.
-    model_logprobs: per token, log π under the model at temperature 1 (PPO's π_old).
-    finish_reason: "stop" (a stop token), "length" (max_new_tokens),
-      "cancelled", or "error" (see `error`).
-    seed: the seed used (drawn by the scheduler when the request gave none).
-    weights_version: (first, last) weight versions the sample was generated with.
-    error: the failure message when finish_reason == "error".
-    candidate_logprobs: log π (T=1) of `sampling.candidate_token_ids` at the first
-      generated position (empty when none were asked for).
-  """
-  request_id: str
-  sample_index: int
-  prompt_ids: list[int]
-  token_ids: list[int]
-  sampled_logprobs: list[float]
-  model_logprobs: list[float]
-  finish_reason: str
-  seed: int
-  weights_version: tuple[int, int]
-  error: str = ""
-  candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
-
-
-TokenCallback = Callable[[str, int, int, float, float], None]
-
-
-@dataclasses.dataclass(eq=False)
-class _Request:
-  request_id: str
-  prompt_ids: list[int]
-  sampling: SamplingParams
-  seed: int
-  bucket: int
-  on_token: TokenCallback | None
-  waiting: collections.deque  # sample indices not yet in a slot
-  prefix: Prefix | None = None
-  prefix_row: int = 0
-  candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
-  outstanding: int = 0  # samples not yet completed
-  cancelled: bool = False
-  cancelled_samples: set = dataclasses.field(default_factory=set)  # per-sample cancels
-
-
-@dataclasses.dataclass
-class _Sample:
-  request: _Request
-  index: int
-  version: int
-  tokens: list[int] = dataclasses.field(default_factory=list)
-  sampled: list[float] = dataclasses.field(default_factory=list)
-  model: list[float] = dataclasses.field(default_factory=list)
 
 
 class QueueFull(RuntimeError):
@@ -154,9 +94,9 @@ class Scheduler:
     self._rng = np.random.default_rng(seed)
     self._lock = threading.Lock()
     self._ids = itertools.count()
-    self._queue: collections.deque[_Request] = collections.deque()
-    self._requests: dict[str, _Request] = {}
-    self._slots: list[_Sample | None] = [None] * engine.num_slots
+    self._queue: collections.deque[RequestState] = collections.deque()
+    self._requests: dict[str, RequestState] = {}
+    self._slots: list[SampleState | None] = [None] * engine.num_slots
     self._pending_params: tuple[Params, int] | None = None
     self._state = engine.init_decode_state()
     self._stats = collections.Counter()
@@ -204,7 +144,7 @@ class Scheduler:
       if request_id in self._requests:
         raise ValueError(f"request_id={request_id!r} is already in use.")
       seed = sampling.seed if sampling.seed is not None else int(self._rng.integers(2**31))
-      request = _Request(request_id=request_id, prompt_ids=prompt_ids, sampling=sampling,
+      request = RequestState(request_id=request_id, prompt_ids=prompt_ids, sampling=sampling,
                          seed=seed, bucket=bucket, on_token=on_token,
                          waiting=collections.deque(range(sampling.n)), outstanding=sampling.n)
       self._requests[request_id] = request
@@ -426,12 +366,12 @@ class Scheduler:
       sampling = self.engine.slot_sampling(request.sampling, index, seed=request.seed)
       self._state = self.engine.insert(request.prefix, self._state, slot,
                                        row=request.prefix_row, sampling=sampling)
-      self._slots[slot] = _Sample(request=request, index=index, version=self.weights_version)
+      self._slots[slot] = SampleState(request=request, index=index, version=self.weights_version)
     for request, _ in admitted:
       if not request.waiting:
         request.prefix = None  # every sample is in a slot: free the prefix
 
-  def _prefill(self, requests: list[_Request]) -> None:
+  def _prefill(self, requests: list[RequestState]) -> None:
     by_bucket = collections.defaultdict(list)
     for request in requests:
       by_bucket[request.bucket].append(request)

@@ -25,6 +25,7 @@ import optax
 from rlhf_jax.algorithms import qsharp
 from rlhf_jax.algorithms.rollout import build_rollout_batch
 from rlhf_jax.algorithms.rollout import response_logits_inputs
+from rlhf_jax.rewards.reward_model import run_in_chunks
 from rlhf_jax.sampling import SamplingParams
 
 
@@ -76,16 +77,16 @@ def guide_data(model, params, rows, responses, switches, returns, *, prompt_leng
                               list(returns), [False] * len(rows), list(range(len(rows))),
                               prompt_length=prompt_length, response_length=response_length,
                               pad_id=pad_id, window_starts=list(switches))
-  forward = jax.jit(lambda p, b: model.apply(p, *response_logits_inputs(b)[:1],
-                                             attention_mask=response_logits_inputs(b)[1],
-                                             num_last=b.response_length, with_hidden=True)[2])
-  hidden = []
-  for start in range(0, len(rows), chunk):
-    index = np.arange(start, start + chunk) % len(rows)
-    hidden.append(np.asarray(forward(params, jax.tree.map(lambda x: x[index], batch))))
-  hidden = np.concatenate(hidden)[:len(rows)]
-  columns = np.arange(response_length)[None, :]
-  mask = np.asarray(batch.response_mask) * (columns >= np.asarray(switches)[:, None])
+
+  def hidden_states(p, b):
+    tokens, attention, num_last = response_logits_inputs(b)
+    return model.apply(p, tokens, attention_mask=attention, num_last=num_last,
+                       with_hidden=True)[2]
+
+  forward = jax.jit(hidden_states)
+  hidden = run_in_chunks(lambda b: forward(params, b), [batch], chunk)
+  # The switch rides as the rows' window start: the positions that count are `sampled_mask`.
+  mask = np.asarray(batch.sampled_mask())
   return GuideData(hidden, np.asarray(batch.response_tokens), mask.astype(np.float32),
                    np.asarray(returns, np.float32))
 

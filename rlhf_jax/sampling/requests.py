@@ -1,0 +1,77 @@
+"""What the scheduler keeps per request and per running sample, and what it hands back
+(`Completion`)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable
+
+from rlhf_jax.sampling.engine import Prefix
+from rlhf_jax.sampling.params import SamplingParams
+
+__all__ = ["Completion", "RequestState", "SampleState", "TokenCallback"]
+
+
+@dataclasses.dataclass
+class Completion:
+  """One finished sample.
+
+  Attributes:
+    request_id: the id `submit` returned.
+    sample_index: which of the request's `n` samples.
+    prompt_ids: the prompt tokens.
+    token_ids: the generated tokens (a stop token included).
+    sampled_logprobs: per token, log q under the distribution it was drawn from.
+    model_logprobs: per token, log π under the model at temperature 1 (PPO's π_old).
+    finish_reason: "stop" (a stop token), "length" (max_new_tokens),
+      "cancelled", or "error" (see `error`).
+    seed: the seed used (drawn by the scheduler when the request gave none).
+    weights_version: (first, last) weight versions the sample was generated with.
+    error: the failure message when finish_reason == "error".
+    candidate_logprobs: log π (T=1) of `sampling.candidate_token_ids` at the first
+      generated position (empty when none were asked for).
+  """
+  request_id: str
+  sample_index: int
+  prompt_ids: list[int]
+  token_ids: list[int]
+  sampled_logprobs: list[float]
+  model_logprobs: list[float]
+  finish_reason: str
+  seed: int
+  weights_version: tuple[int, int]
+  error: str = ""
+  candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+TokenCallback = Callable[[str, int, int, float, float], None]
+
+
+@dataclasses.dataclass(eq=False)
+class RequestState:
+  """A submitted request: its samples waiting for a slot, its prefill, its cancels."""
+  request_id: str
+  prompt_ids: list[int]
+  sampling: SamplingParams
+  seed: int
+  bucket: int
+  on_token: TokenCallback | None
+  waiting: collections.deque  # sample indices not yet in a slot
+  prefix: Prefix | None = None
+  prefix_row: int = 0
+  candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
+  outstanding: int = 0  # samples not yet completed
+  cancelled: bool = False
+  cancelled_samples: set = dataclasses.field(default_factory=set)  # per-sample cancels
+
+
+@dataclasses.dataclass
+class SampleState:
+  """A sample in a decode slot and the tokens it has produced so far."""
+  request: RequestState
+  index: int
+  version: int
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  sampled: list[float] = dataclasses.field(default_factory=list)
+  model: list[float] = dataclasses.field(default_factory=list)
