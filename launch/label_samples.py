@@ -34,24 +34,26 @@ def main(argv) -> None:
   quiet_library_logs()
   import jax
 
-  from rlhf_jax.config_errors import ConfigError
+  from rlhf_jax.config_errors import invalid
   from rlhf_jax.data import PreferencePair
   from rlhf_jax.data import write_labelled
   from rlhf_jax.data import write_pairs
+  from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.training import build
   from rlhf_jax.training.config import validate_config
-  from rlhf_jax.training.offline_data import label_samples
+  from rlhf_jax.training.stages import label_samples
 
   c = _CONFIG.value
   c.data.offline_file = _OUTPUT.value  # the file this writes (the offline presets need one)
+  # The whole config, first: before the policy loads or anything compiles.
   validate_config(c, num_devices=jax.device_count())
   if not c.data.train_file and c.variant != "arith":
-    raise ConfigError("config.data.train_file: the prompts to sample are required for the hf "
-                      "variant")
+    invalid("data.train_file", c.data.train_file, "the prompts to sample (a .jsonl/.parquet "
+            "file) are required for the hf variant")
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples = build.load_examples(c)[0][:c.data.offline_prompts]
-  scorer = build.build_verifiers(c, sorted({e.task for e in examples}))
+  scorer = reward_build.verifiers(c, sorted({e.task for e in examples}))
   sampler = build.build_sampler(c, policy, mesh)
   log = lambda line: print(line, flush=True)
   try:

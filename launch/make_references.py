@@ -43,7 +43,7 @@ def main(argv) -> None:
   from rlhf_jax.rewards.reward_model import RewardModelScorer
   from rlhf_jax.sampling import SamplingParams
   from rlhf_jax.training import build
-  from rlhf_jax.training import reward_models
+  from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.training.config import validate_config
 
   c = _CONFIG.value
@@ -52,8 +52,8 @@ def main(argv) -> None:
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples = build.load_examples(c)[0]
   examples = examples[:_LIMIT.value] if _LIMIT.value else examples
-  role, tokenizer, prefix = reward_models.load_frozen(_RM.value, mesh, head="scalar")
-  rm = RewardModelScorer(role, reward_models.scoring_layout(c, tokenizer, prefix), mesh=mesh)
+  role, tokenizer, prefix = reward_build.load_frozen(_RM.value, mesh, head="scalar")
+  rm = RewardModelScorer(role, reward_build.scoring_layout(c, tokenizer, prefix), mesh=mesh)
   sampler = build.build_sampler(c, policy, mesh)
   out = sampler.generate([policy.prefix + policy.tokenizer.encode(e.prompt) for e in examples],
                          SamplingParams(temperature=c.rollout.temperature, n=_N.value,

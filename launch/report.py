@@ -14,9 +14,9 @@ import os
 from absl import app
 from absl import flags
 
-from rlhf_jax.training.report import evaluations
-from rlhf_jax.training.report import plot_evaluations
-from rlhf_jax.training.report import report_table
+from rlhf_jax.analysis.report import evaluations
+from rlhf_jax.analysis.report import plot_evaluations
+from rlhf_jax.analysis.report import report_table
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding metrics.jsonl.")
 flags.mark_flags_as_required(["workdir"])

@@ -47,6 +47,7 @@ def main(argv) -> None:
   from rlhf_jax.data import selection
   from rlhf_jax.data import write_examples
   from rlhf_jax.rollout import GroupGenerator
+  from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.rollout import config as rollout_config_lib
   from rlhf_jax.training import build
   from rlhf_jax.training.config import validate_config
@@ -60,7 +61,7 @@ def main(argv) -> None:
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples, _ = build.load_examples(c)
   examples = examples[:_LIMIT.value] if _LIMIT.value else examples
-  scorer = build.build_scorer(c, sorted({e.task for e in examples}))
+  scorer = reward_build.training_scorer(c, sorted({e.task for e in examples}), mesh)
   sampler = build.build_sampler(c, policy, mesh)
   stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
   sampling = dataclasses.replace(rollout_config_lib.sampling_params(c.rollout, stop),

@@ -16,7 +16,6 @@ import json
 import signal
 import threading
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
@@ -27,10 +26,11 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv) -> None:
   del argv
+  from rlhf_jax.sampling import serve_config
   from rlhf_jax.sampling import server as server_lib
 
   config = _CONFIG.value
-  server_lib.validate_serve_config(config)  # before anything loads or compiles
+  serve_config.validate_serve_config(config)  # before anything loads or compiles
   server, port, service = server_lib.serve_from_config(config)
   print(json.dumps({"event": "serving", "address": f"{config.server.host}:{port}",
                     "num_slots": config.sampler.num_slots,
@@ -45,4 +45,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from rlhf_jax import cli
+  cli.run(main)  # config errors as one line, exit status 2

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
@@ -32,25 +31,29 @@ def main(argv) -> None:
   from rlhf_jax import models
   from rlhf_jax.sampling import config as sampler_config_lib
   from rlhf_jax.training import build
-  from rlhf_jax.training import sft
+  from rlhf_jax.rewards import build as reward_build
+  from rlhf_jax.training import stages
+  from rlhf_jax.config_errors import invalid
   from rlhf_jax.training.config import validate_config
   from rlhf_jax.training.evaluation import evaluate_policy
 
   config = _CONFIG.value
+  # The whole config, first: before the warm start trains anything.
   validate_config(config, num_devices=jax.device_count())
   if config.variant != "arith":
-    raise app.UsageError("launch/sft.py trains the built-in arith warm start; use variant arith.")
-  directory = sft.policy_checkpoint_dir(config, _WORKDIR.value)
+    invalid("variant", config.variant, "must be arith for launch/sft.py (it trains the "
+            "built-in arith warm start)")
+  directory = build.policy_checkpoint_dir(config, _WORKDIR.value)
   if _OVERWRITE.value and os.path.exists(directory):
     shutil.rmtree(directory)
-  directory = sft.ensure_arith_warm_start(config, _WORKDIR.value,
-                                          log=lambda line: print(line, flush=True))
+  directory = stages.ensure_arith_warm_start(config, _WORKDIR.value,
+                                             log=lambda line: print(line, flush=True))
   model, params = models.load_hf_checkpoint(directory)
   tokenizer = models.Tokenizer.from_directory(directory)
   _, held_out = build.load_examples(config)
   sampler = sampler_config_lib.build_scheduler(config.sampler, model, params,
                                                tokenizer=tokenizer, seed=config.seed)
-  scorer = build.build_scorer(config, sorted({e.task for e in held_out}))
+  scorer = reward_build.verifiers(config, sorted({e.task for e in held_out}))
   result = evaluate_policy(sampler, tokenizer, held_out, scorer,
                            prefix=models.load_prompt_prefix(directory, tokenizer),
                            samples=1, temperature=0.0,

@@ -124,8 +124,8 @@ def _run_arm(arm, seed: int, common: list[str]) -> str:
 
 def main(argv) -> None:
   del argv
-  from rlhf_jax.training import sweeps
-  from rlhf_jax.training.report import read_metrics
+  from rlhf_jax.analysis import sweeps
+  from rlhf_jax.analysis.report import read_metrics
   try:
     arms = [sweeps.parse_arm(text) for text in _ARMS.value]
     stats = [sweeps.parse_stat(text) for text in _STATS.value]

@@ -40,18 +40,17 @@ def main(argv) -> None:
   import jax
 
   from rlhf_jax.training.config import validate_config
-  from rlhf_jax.training.loop import Trainer
-  from rlhf_jax.training.offline_data import ensure_offline_data
-  from rlhf_jax.training.sft import ensure_arith_warm_start
 
+  # The whole config, first: before the warm start, labelling, loading or compiling.
   validate_config(config, num_devices=jax.device_count())
   if _VALIDATE_ONLY.value:
     print("config ok", flush=True)
     return
+  from rlhf_jax.training.loop import Trainer
+  from rlhf_jax.training.stages import prepare_run
+
   log = lambda line: print(line, flush=True)
-  if config.variant == "arith":
-    ensure_arith_warm_start(config, _WORKDIR.value, log=log)
-    ensure_offline_data(config, _WORKDIR.value, log=log)  # DPO / DQO on generated data
+  prepare_run(config, _WORKDIR.value, log=log)  # warm start, DPO / DQO offline data
   trainer = Trainer(config, _WORKDIR.value, log=log, progress=True)
   summary = trainer.run()
   if "eval_accuracy_start" in summary and "eval_accuracy_end" in summary:

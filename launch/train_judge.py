@@ -57,7 +57,7 @@ def questions() -> tuple[list[tuple[str, str]], tuple[str, str]]:
   from rlhf_jax.data import read_pairs
   from rlhf_jax.rewards import genrm, pairwise
   from rlhf_jax.tasks import arith_rewards
-  from rlhf_jax.training import reward_training as rt
+  from rlhf_jax.rewards import model_training as rt
   if _KIND.value in ("genrm", "genrm_reference"):
     with_reference = _KIND.value == "genrm_reference"
     generate = (arith_rewards.judged_with_references if with_reference
@@ -86,8 +86,8 @@ def main(argv) -> None:
 
   from rlhf_jax import models
   from rlhf_jax.launch_support import progress_bar, split_held_out
-  from rlhf_jax.training import reward_training as rt
-  from rlhf_jax.training import sft
+  from rlhf_jax.rewards import model_training as rt
+  from rlhf_jax.algorithms.sft import run_sft
 
   examples, verdicts = questions()
   rng = np.random.default_rng(_SEED.value)
@@ -102,8 +102,8 @@ def main(argv) -> None:
   before = accuracy(params)
   make_batch = lambda step: _take(rows, rng.integers(0, len(train), _BATCH.value))
   with progress_bar(_STEPS.value, f"{_KIND.value} judge") as progress:
-    result = sft.run_sft(model, params, make_batch, steps=_STEPS.value,
-                         learning_rate=_LR.value, progress=progress)
+    result = run_sft(model, params, make_batch, steps=_STEPS.value,
+                     learning_rate=_LR.value, progress=progress)
   rt.save_beside_policy(_OUTPUT.value, model, result.params, _POLICY.value)
   print(json.dumps({"checkpoint": _OUTPUT.value, "kind": _KIND.value,
                     "train_questions": len(train), "held_out_questions": len(held_out),

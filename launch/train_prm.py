@@ -91,7 +91,7 @@ def main(argv) -> None:
   from rlhf_jax.launch_support import progress_bar, split_held_out
   from rlhf_jax.rewards.prm import step_end_token_ids
   from rlhf_jax.tasks import arith
-  from rlhf_jax.training import reward_training as rt
+  from rlhf_jax.rewards import model_training as rt
 
   examples = (read_examples(_PROMPTS.value)[:_NUM_PROMPTS.value] if _PROMPTS.value
               else arith.examples(_SEED.value + 5, _NUM_PROMPTS.value, (1, 2)))

@@ -53,7 +53,7 @@ def main(argv) -> None:
   from rlhf_jax.launch_support import progress_bar, split_held_out
   from rlhf_jax.data import read_pairs
   from rlhf_jax.tasks import arith_rewards
-  from rlhf_jax.training import reward_training as rt
+  from rlhf_jax.rewards import model_training as rt
 
   pairs = (read_pairs(_TRAIN.value) if _TRAIN.value
            else arith_rewards.preference_pairs(_SEED.value, _NUM_PAIRS.value))

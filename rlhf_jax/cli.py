@@ -1,58 +1,184 @@
 """What every launcher shares: config errors as one line, and process setup.
 
-`run(main)` is `absl.app.run(main)` that turns a bad config into one line on
-stderr naming the full field path, and exit status 2, instead of a traceback:
+`run(main)` is `absl.app.run(main)` that reports a bad config as one line on stderr,
+`error: config.<full.path>: ...`, with exit status 2 instead of a traceback:
 
-  * a value no validator accepts (`ConfigError`, raised before anything compiles);
-  * an unknown field on the command line (`--config.algorithm.bogus=1`), which
-    ml_collections reports as a bare `AttributeError: 'bogus'`;
-  * a value of the wrong type (`--config.train.steps=abc`).
+  * an unknown field (`--config.rollout.temprature=1`): "unknown field", with the close
+    matches among the section's fields (or all of them). Every `--config.<path>` override
+    is checked against the preset's config tree before absl applies any of them.
+  * a value of the wrong type (`--config.train.steps=abc`): "invalid value 'abc':
+    expected an int", found by re-parsing each override with its field's parser.
+  * a value no validator accepts: the `ConfigError` of `validate_config`, which every
+    launcher calls first in main, before anything loads, trains or compiles.
+
+The classification reads the config tree and the flags' parsers, never the text of
+the exception absl or ml_collections raised.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from typing import Callable
+from typing import Any, Callable, NamedTuple
+
+import ml_collections
 
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import unknown_field
 
-_CONFIG_FLAG = re.compile(r"^--(config(?:\.[A-Za-z0-9_]+)+)(?:=(.*))?$")
+_EXPECTED = {bool: "true or false", int: "an int", float: "a number", str: "a string",
+             tuple: "a tuple, e.g. '(1, 2)' or '1,2'"}
 
 
-def _unknown_field(argv: list[str], error: BaseException) -> str | None:
-  """The one-line message for a command-line config override that failed to apply."""
-  for argument in argv[1:]:
-    match = _CONFIG_FLAG.match(argument)
-    if match is None:
+class Override(NamedTuple):
+  """One `--<flag>.<path>[=value]` argument."""
+  flag: str  # the config flag's name, e.g. "config"
+  path: str  # the dotted field path below it
+  value: str | None  # the text after "=", or None (a bare boolean, or "--flag value")
+  negated: bool  # the `--noconfig.a.b` form of a boolean
+  index: int  # position in argv
+
+
+def config_overrides(argv: list[str], flag: str = "config") -> list[Override]:
+  """The `--<flag>.<path>` overrides in `argv`, in order."""
+  pattern = re.compile(rf"^--?(?P<no>no)?{re.escape(flag)}\.(?P<path>[^=]+)(?:=(?P<value>.*))?$",
+                       re.DOTALL)
+  overrides = []
+  for index, argument in enumerate(argv):
+    match = pattern.match(argument)
+    if match:
+      overrides.append(Override(flag, match["path"], match["value"], bool(match["no"]), index))
+  return overrides
+
+
+def _lookup(config, path: str) -> tuple[Any, str]:
+  """(the section holding the field at `path`, the field's name); ConfigError naming
+  the path as an unknown field when a part of it is not in the tree."""
+  node, parts = config, path.split(".")
+  for depth, part in enumerate(parts):
+    name = part.split("[", 1)[0]  # config_path's `field[0]` indexing
+    if not isinstance(node, (ml_collections.ConfigDict, dict)):
+      parent = ".".join(parts[:depth])
+      unknown_field(".".join(parts[:depth + 1]), (), f"config.{parent} is a value "
+                    f"({type(node).__name__}), not a section")
+    if name not in node:
+      unknown_field(".".join(parts[:depth + 1]), node.keys())
+    if depth == len(parts) - 1:
+      return node, name
+    node = node[name]
+  raise AssertionError(path)  # unreachable: the loop returns at the last part
+
+
+def _field_type(section, name: str) -> type:
+  if isinstance(section, ml_collections.ConfigDict):
+    return section.get_type(name)
+  return type(section[name])
+
+
+def _expected(field_type: type, path: str) -> str:
+  if isinstance(field_type, type) and issubclass(field_type, (ml_collections.ConfigDict, dict)):
+    return f"a section: set its fields instead (--config.{path}.<field>=...)"
+  return _EXPECTED.get(field_type, getattr(field_type, "__name__", str(field_type)))
+
+
+def _preset_spec(argv: list[str], name: str) -> str | None:
+  """The value of the last `--<name>=<spec>` (or `--<name> <spec>`) in `argv`."""
+  spec = None
+  for index, argument in enumerate(argv):
+    if argument in (f"-{name}", f"--{name}") and index + 1 < len(argv):
+      spec = argv[index + 1]
+    elif argument.startswith((f"-{name}=", f"--{name}=")):
+      spec = argument.split("=", 1)[1]
+  return spec
+
+
+def _load_preset(flag_values, argv: list[str], name: str):
+  """The config that `--<name>=<file>[:variant]` in `argv` names, loaded as the flag
+  loads it; None without one (or when the file does not load: absl reports that)."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  spec = _preset_spec(argv, name)
+  if spec is None:
+    return None
+  try:
+    config = flag_values[name].parser.parse(spec)
+  except ValueError as error:  # get_config's own ValueError (e.g. the variant) is the cause
+    cause = error.__context__ if isinstance(error.__context__, ValueError) else error
+    raise ConfigError(f"--{name}={spec}: {cause}") from None
+  except (flags.Error, OSError, TypeError):
+    return None
+  return config if isinstance(config, ml_collections.ConfigDict) else None
+
+
+def check_overrides(config, overrides: list[Override]) -> None:
+  """ConfigError for the first override whose path is not a field of `config`."""
+  for override in overrides:
+    _lookup(config, override.path)
+
+
+def _check_values(flag_values, config, overrides: list[Override], argv: list[str]) -> None:
+  """ConfigError for the first override whose text its field's parser rejects."""
+  for override in overrides:
+    section, name = _lookup(config, override.path)
+    field_type = _field_type(section, name)
+    value = override.value
+    if value is None:
+      if field_type is bool or override.negated:
+        continue
+      value = argv[override.index + 1] if override.index + 1 < len(argv) else None
+    flag_name = f"{override.flag}.{override.path}"
+    parser = flag_values[flag_name].parser if flag_name in flag_values else None
+    if value is None:
+      invalid(override.path, "", f"missing; expected {_expected(field_type, override.path)}")
+    if parser is None:
       continue
-    path = match.group(1)
-    name = path.rsplit(".", 1)[1]
-    if name in str(error):
-      return (f"{path}: no such config field ({type(error).__name__}: {error}); see the "
-              "preset file and rlhf_jax/training/config.py for the fields")
-  return None
+    try:
+      parser.parse(value)
+    except Exception:  # pylint: disable=broad-except
+      invalid(override.path, value, f"expected {_expected(field_type, override.path)}")
+
+
+def parse_flags(argv: list[str], flag_values=None) -> list[str]:
+  """absl's flag parsing with config overrides checked: an unknown field before
+  anything is applied, a value its field cannot hold after; either is a ConfigError.
+  Other flag errors are reported as absl does (exit status 1)."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  # is_config_flag is meant for users but not re-exported by the package.
+  from ml_collections.config_flags import config_flags  # pylint: disable=import-outside-toplevel
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  expanded = flag_values.read_flags_from_files(argv, force_gnu=False)
+  checked = []
+  for name in [n for n in flag_values if config_flags.is_config_flag(flag_values[n])]:
+    overrides = config_overrides(expanded, name)
+    config = _load_preset(flag_values, expanded, name)  # also a bad variant: one line
+    if config is not None:
+      check_overrides(config, overrides)
+      checked.append((config, overrides))
+  try:
+    return flag_values(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as error:
+    for config, overrides in checked:
+      _check_values(flag_values, config, overrides, expanded)
+    if not isinstance(error, flags.Error):
+      raise
+    print(f"FATAL Flags parsing error: {error}", file=sys.stderr)
+    print("Pass --helpshort or --helpfull to see help on flags.", file=sys.stderr)
+    sys.exit(1)
 
 
 def run(main: Callable[[list[str]], None]) -> None:
   """`absl.app.run(main)` with config errors reported in one line (exit status 2)."""
-  from absl import app
+  from absl import app  # pylint: disable=import-outside-toplevel
   try:
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
   except ConfigError as error:
     print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
-  except (AttributeError, KeyError, TypeError, ValueError) as error:
-    message = _unknown_field(sys.argv, error)
-    if message is None:
-      raise
-    print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
 def enable_deterministic_gpu_ops() -> None:
   """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS (before JAX starts)."""
-  import os
+  import os  # pylint: disable=import-outside-toplevel
   flag = "--xla_gpu_deterministic_ops=true"
   flags = os.environ.get("XLA_FLAGS", "")
   if flag not in flags:

@@ -1,17 +1,141 @@
 """One error type for bad configuration, shared by every module that owns a config section.
 
-A `ConfigError` names the full field path (`config.algorithm.kl.coef=-1 must be >= 0`);
-launchers print it as one line, without a traceback, and exit with status 2.
+A `ConfigError` is one line that starts with the field's full path and says which of
+two things went wrong:
+
+  config.rollout.temprature: unknown field; did you mean 'temperature'?
+  config.rollout.temperature: invalid value -1.0: must be >= 0
+
+Validators raise the second with `invalid(field, value, requirement)` (or the range
+and choice helpers below), whose requirement states the allowed values or range;
+`rlhf_jax/cli.py` raises the first, with `unknown_field`, for a command-line override
+whose path is not in the config tree. Launchers print either as `error: <message>`
+and exit with status 2.
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import re
+from typing import Any, Iterable, NoReturn
+
+UNKNOWN_FIELD = "unknown field"
+INVALID_VALUE = "invalid value"
+_MAX_SHOWN = 80  # characters of a value's repr in a message (templates can be long)
+
 
 class ConfigError(ValueError):
-  """An impossible config value; the message starts with the field's full path."""
+  """An impossible or unknown config field; the message starts with its full path.
+
+  Attributes:
+    field: the dotted path below `config` (None for errors raised with a bare message).
+    kind: UNKNOWN_FIELD, INVALID_VALUE, or None for a bare message.
+  """
+
+  def __init__(self, message: str, *, field: str | None = None, kind: str | None = None):
+    super().__init__(" ".join(str(message).split("\n")))  # always one line
+    self.field = field
+    self.kind = kind
 
 
-def fail(field: str, message: str) -> None:
-  """Raises ConfigError for `config.<field>`; `message` starting with "=" follows the
-  field directly (`config.a.b=3 must be ...`), otherwise after a space."""
-  raise ConfigError(f"config.{field}{'' if message.startswith('=') else ' '}{message}.")
+def show(value: Any) -> str:
+  """`repr(value)`, shortened to one readable line."""
+  text = repr(value)
+  return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN - 3] + "..."
+
+
+def invalid(field: str, value: Any, requirement: str) -> NoReturn:
+  """Raises `config.<field>: invalid value <value>: <requirement>`; the requirement
+  names the allowed values or range (and the other fields it depends on)."""
+  raise ConfigError(f"config.{field}: {INVALID_VALUE} {show(value)}: {requirement}",
+                    field=field, kind=INVALID_VALUE)
+
+
+def unknown_field(field: str, known: Iterable[str], hint: str = "") -> NoReturn:
+  """Raises `config.<field>: unknown field; did you mean ...?` (difflib's close matches
+  among the section's `known` fields), or the section's fields when none is close, or
+  `hint` when given."""
+  if not hint:
+    section, _, name = field.rpartition(".")
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    hint = ("did you mean " + " or ".join(repr(match) for match in close) + "?" if close else
+            f"config{'.' + section if section else ''} has {', '.join(known) or 'no fields'}")
+  raise ConfigError(f"config.{field}: {UNKNOWN_FIELD}; {hint}", field=field,
+                    kind=UNKNOWN_FIELD)
+
+
+def one_of(field: str, value: Any, allowed: Iterable[Any]) -> None:
+  """ConfigError unless `value` is one of `allowed`."""
+  allowed = tuple(allowed)
+  if value not in allowed:
+    invalid(field, value, f"must be one of {', '.join(str(a) for a in allowed)}")
+
+
+def check_range(field: str, value: Any, *, low: float | None = None,
+                high: float | None = None, low_open: bool = False, high_open: bool = False,
+                note: str = "") -> None:
+  """ConfigError unless `low <= value <= high` (`<` on an open end; None: unbounded).
+  NaN fails every bound. `note` follows the range, e.g. "(0: off)"."""
+  below = low is not None and not (value > low if low_open else value >= low)
+  above = high is not None and not (value < high if high_open else value <= high)
+  if not (below or above):
+    return
+  if low is not None and high is not None:
+    bounds = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+  elif low is not None:
+    bounds = f"{'>' if low_open else '>='} {low}"
+  else:
+    bounds = f"{'<' if high_open else '<='} {high}"
+  invalid(field, value, f"must be {bounds}{' ' + note if note else ''}")
+
+
+def at_least(section, prefix: str, fields: Iterable[str], low: int = 1) -> None:
+  """`check_range(low=low)` for each of `fields` of the config `section` at `prefix`."""
+  for name in fields:
+    check_range(f"{prefix}.{name}", section[name], low=low)
+
+
+def fail(field: str, message: str) -> NoReturn:
+  """The older form of `invalid`: `message` is "=<value> <requirement>" (the value as
+  written, e.g. `f"={x!r} must be ..."`) or a bare requirement; prefer `invalid`."""
+  raise _reworded(field, message)
+
+
+def reword(error: Exception) -> ConfigError:
+  """The ConfigError, in `invalid`'s form, of an error whose message names a field
+  the older way ("config.<path>=<value> <requirement>." or "config.<path>: ..."), as
+  helpers outside the config modules raise them; other messages are kept as they are."""
+  if isinstance(error, ConfigError) and error.kind is not None:
+    return error
+  match = re.match(r"config\.(?P<path>[A-Za-z_][A-Za-z0-9_.]*?)(?P<rest>(=|: ).*)$",
+                   str(error), re.DOTALL)
+  if match is None:
+    return ConfigError(str(error))
+  rest = match["rest"]
+  return _reworded(match["path"], rest if rest.startswith("=") else rest[2:])
+
+
+def _reworded(field: str, message: str) -> ConfigError:
+  text = message.rstrip(".")
+  if not text.startswith("="):
+    return ConfigError(f"config.{field}: {INVALID_VALUE}: {text}", field=field,
+                       kind=INVALID_VALUE)
+  value, requirement = _split_value(text[1:])
+  return ConfigError(f"config.{field}: {INVALID_VALUE} {value}: {requirement}", field=field,
+                     kind=INVALID_VALUE)
+
+
+def _split_value(text: str) -> tuple[str, str]:
+  """("<value>", "<requirement>") of "<value> <requirement>" or "<value>: <requirement>":
+  the shortest prefix that is a Python literal, else the first word."""
+  for end, char in enumerate(text):
+    if char in " :":
+      try:
+        ast.literal_eval(text[:end])
+      except (SyntaxError, TypeError, ValueError):
+        continue
+      return text[:end], text[end:].lstrip(": ")
+  value, _, requirement = text.partition(" ")
+  return value, requirement.lstrip(": ")

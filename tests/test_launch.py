@@ -30,5 +30,6 @@ def test_demo_prints_every_estimator():
 
 def test_demo_rejects_bad_config_by_name():
   result = run_demo("--config.clip_high=0.1")
-  assert result.returncode != 0
-  assert "config.clip_high=0.1 must be >= clip_low=0.2" in result.stderr
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "error: config.clip_high: invalid value 0.1: must be >= clip_low=0.2"]

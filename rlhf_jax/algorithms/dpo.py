@@ -21,10 +21,12 @@ import ml_collections
 import numpy as np
 
 from rlhf_jax import kernels
-from rlhf_jax.algorithms.rollout import RolloutBatch
-from rlhf_jax.algorithms.rollout import encode_pairs
-from rlhf_jax.algorithms.rollout import response_logprobs
-from rlhf_jax.config_errors import fail
+from rlhf_jax.algorithms.batch import RolloutBatch
+from rlhf_jax.algorithms.batch import encode_pairs
+from rlhf_jax.algorithms.batch import response_logprobs
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
 
 REFERENCES = ("cached", "online")
 
@@ -43,33 +45,37 @@ def dpo_config() -> ml_collections.ConfigDict:
   return d
 
 
+def validate_dpo_fields(d: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the `algorithm.dpo.*` field whose value is out of range
+  (every run: a section is checked even when another learner is picked)."""
+  one_of("algorithm.dpo.kind", d.kind, kernels.DPO_KINDS)
+  check_range("algorithm.dpo.beta", d.beta, low=0, low_open=True)
+  check_range("algorithm.dpo.label_smoothing", d.label_smoothing, low=0, high=0.5,
+              high_open=True)
+  if d.label_smoothing and d.kind != "sigmoid":
+    invalid("algorithm.dpo.label_smoothing", d.label_smoothing, "must be 0 unless "
+            f"algorithm.dpo.kind='sigmoid' (cDPO; kind={d.kind!r})")
+  one_of("algorithm.dpo.reference", d.reference, REFERENCES)
+  check_range("algorithm.dpo.reference_sync_every", d.reference_sync_every, low=0,
+              note="(0: never)")
+
+
 def validate_dpo_config(d: ml_collections.ConfigDict, *, rollout_mode: str,
                         group_size: int, prompts_per_step: int, minibatches: int) -> None:
-  """Raises ConfigError naming the `algorithm.dpo.*` field of an impossible setting."""
-  if d.kind not in kernels.DPO_KINDS:
-    fail("algorithm.dpo.kind", f"={d.kind!r} is not one of {', '.join(kernels.DPO_KINDS)}")
-  if d.beta <= 0:
-    fail("algorithm.dpo.beta", f"={d.beta} must be > 0")
-  if not 0.0 <= d.label_smoothing < 0.5:
-    fail("algorithm.dpo.label_smoothing", f"={d.label_smoothing} must be in [0, 0.5)")
-  if d.label_smoothing and d.kind != "sigmoid":
-    fail("algorithm.dpo.label_smoothing", f"={d.label_smoothing} is only defined for kind "
-         f"'sigmoid' (kind={d.kind!r})")
-  if d.reference not in REFERENCES:
-    fail("algorithm.dpo.reference", f"={d.reference!r} is not one of {', '.join(REFERENCES)}")
+  """Raises ConfigError naming the field of an impossible DPO setting: the section's
+  values, then how they fit the `rollout` and `train` sections."""
+  validate_dpo_fields(d)
   if d.reference == "cached" and rollout_mode != "offline":
-    fail("algorithm.dpo.reference", f"='cached' needs rollout.mode='offline' (the samples of "
-         f"mode {rollout_mode!r} are new each step); use 'online'")
-  if d.reference_sync_every < 0:
-    fail("algorithm.dpo.reference_sync_every", f"={d.reference_sync_every} must be >= 0")
+    invalid("algorithm.dpo.reference", d.reference, "must be 'online' unless "
+            f"rollout.mode='offline' (the samples of mode {rollout_mode!r} are new each step)")
   if d.reference_sync_every and d.reference == "cached":
-    fail("algorithm.dpo.reference_sync_every", "needs algorithm.dpo.reference='online' (a "
-         "cached reference cannot move)")
+    invalid("algorithm.dpo.reference_sync_every", d.reference_sync_every, "must be 0 with "
+            "algorithm.dpo.reference='cached' (a cached reference cannot move)")
   if group_size < 2:
-    fail("rollout.group_size", f"={group_size} must be >= 2 for DPO (a pair per group)")
+    invalid("rollout.group_size", group_size, "must be >= 2 for DPO (a pair per group)")
   if prompts_per_step % minibatches:
-    fail("train.minibatches", f"={minibatches} must divide the {prompts_per_step} pairs per "
-         "step (rollout.prompts_per_step)")
+    invalid("train.minibatches", minibatches, f"must divide the {prompts_per_step} pairs per "
+            "step (rollout.prompts_per_step)")
 
 
 @flax.struct.dataclass

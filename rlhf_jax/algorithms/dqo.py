@@ -16,10 +16,12 @@ import jax
 import ml_collections
 
 from rlhf_jax import kernels
-from rlhf_jax.algorithms.rollout import RolloutBatch
-from rlhf_jax.algorithms.rollout import response_logprobs
-from rlhf_jax.algorithms.rollout import response_values
-from rlhf_jax.config_errors import fail
+from rlhf_jax.algorithms.batch import RolloutBatch
+from rlhf_jax.algorithms.batch import response_logprobs
+from rlhf_jax.algorithms.batch import response_values
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
 
 REFERENCES = ("cached", "online")
 
@@ -41,20 +43,23 @@ def dqo_config() -> ml_collections.ConfigDict:
   return d
 
 
-def validate_dqo_config(d: ml_collections.ConfigDict, *, rollout_mode: str) -> None:
-  """Raises ConfigError naming the `algorithm.dqo.*` field of an impossible setting."""
-  if d.beta <= 0:
-    fail("algorithm.dqo.beta", f"={d.beta} must be > 0")
+def validate_dqo_fields(d: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the `algorithm.dqo.*` field whose value is out of range
+  (every run: a section is checked even when another learner is picked)."""
+  check_range("algorithm.dqo.beta", d.beta, low=0, low_open=True)
   for field in ("lam", "gamma"):
-    if not 0.0 <= d[field] <= 1.0:
-      fail(f"algorithm.dqo.{field}", f"={d[field]} must be in [0, 1]")
-  if d.trace_clip <= 0:
-    fail("algorithm.dqo.trace_clip", f"={d.trace_clip} must be > 0")
-  if d.reference not in REFERENCES:
-    fail("algorithm.dqo.reference", f"={d.reference!r} is not one of {', '.join(REFERENCES)}")
+    check_range(f"algorithm.dqo.{field}", d[field], low=0, high=1)
+  check_range("algorithm.dqo.trace_clip", d.trace_clip, low=0, low_open=True)
+  one_of("algorithm.dqo.reference", d.reference, REFERENCES)
+
+
+def validate_dqo_config(d: ml_collections.ConfigDict, *, rollout_mode: str) -> None:
+  """Raises ConfigError naming the field of an impossible DQO setting: the section's
+  values, then how they fit `rollout.mode`."""
+  validate_dqo_fields(d)
   if d.reference == "cached" and rollout_mode != "offline":
-    fail("algorithm.dqo.reference", f"='cached' needs rollout.mode='offline' (the samples of "
-         f"mode {rollout_mode!r} are new each step); use 'online'")
+    invalid("algorithm.dqo.reference", d.reference, "must be 'online' unless "
+            f"rollout.mode='offline' (the samples of mode {rollout_mode!r} are new each step)")
 
 
 def prepare(d: ml_collections.ConfigDict, batch: RolloutBatch, *, logprobs: jax.Array,

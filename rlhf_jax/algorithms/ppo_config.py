@@ -2,12 +2,14 @@
 
 Nested sub-sections, each a concept of its own (ALGORITHMS.md §0–§5):
   advantage     the estimator (GAE, GRPO, RLOO, REINFORCE++ ...) and its λ / γ
-  policy_loss   PPO clip (clip-higher, dual clip), aggregation, entropy, positive NLL
+  policy_loss   the surrogate (PPO clip with clip-higher / dual clip, GSPO, GSPO-token,
+                CISPO), aggregation, entropy, positive NLL
   kl            where the KL to the reference goes (none / loss / reward), its
                 estimator and β, and the β controller (fixed / adaptive)
   value         the critic's loss and pretraining (estimator 'gae' only)
   overlong      DAPO's soft overlong punishment and the truncation filter
   correction    sampler–trainer mismatch correction (TIS / masked IS)
+  staleness     decoupled PPO for tokens sampled by an older policy version (§20)
   process_reward  how a PRM's step rewards are refined (Clip / Delta) before the advantages
 Presets (configs/*.py) set fields of these sections; nothing else differs.
 """
@@ -18,7 +20,9 @@ import ml_collections
 from ml_collections import config_dict
 
 from rlhf_jax import kernels
-from rlhf_jax.config_errors import fail
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
 
 ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 CRITIC_ESTIMATORS = ("gae",)
@@ -28,6 +32,11 @@ KL_PLACEMENTS = ("none", "loss", "reward")
 KL_CONTROLLERS = ("fixed", "adaptive")
 CORRECTION_MODES = ("auto",) + tuple(kernels.ROLLOUT_CORRECTION_MODES)
 PROCESS_SHAPINGS = ("none", "clip", "delta", "clip_delta")
+# How decoupled PPO bounds a stale token's behaviour weight (kernels.rollout_correction).
+STALENESS_MODES = ("tis", "mis_token")
+# The actor's surrogate (ppo_family.actor_loss): kernels.ppo_policy_loss,
+# gspo_policy_loss, gspo_token_policy_loss, cispo_policy_loss.
+POLICY_LOSS_KINDS = ("ppo", "gspo", "gspo_token", "cispo")
 # Estimators whose advantages read per-token rewards (the others use sequence scores).
 TOKEN_REWARD_ESTIMATORS = ("gae", "reinforce_pp")
 
@@ -47,8 +56,13 @@ def algorithm_config() -> ml_collections.ConfigDict:
   a.advantage.whiten = False  # Whiten advantages over the batch (PPO convention).
 
   a.policy_loss = ml_collections.ConfigDict()
-  a.policy_loss.clip_low = 0.2  # ε_low.
-  a.policy_loss.clip_high = 0.2  # ε_high (DAPO clip-higher: 0.28).
+  # The surrogate: 'ppo' (token ratio clip), 'gspo' (sequence ratio clip, arXiv:2507.18071),
+  # 'gspo_token' (GSPO with per-token advantages) or 'cispo' (clipped stop-gradient IS
+  # weight times log π, arXiv:2506.13585).
+  a.policy_loss.kind = "ppo"
+  # ε_low (GSPO: 3e-4; CISPO: ε_low^IS, ≥ 1 means no lower bound).
+  a.policy_loss.clip_low = 0.2
+  a.policy_loss.clip_high = 0.2  # ε_high (DAPO clip-higher: 0.28; GSPO: 4e-4; CISPO: ε_high^IS).
   a.policy_loss.dual_clip = config_dict.placeholder(float)  # Dual-clip c > 1; None: off.
   a.policy_loss.agg = "token-mean"  # Loss aggregation mode (kernels.AGGREGATION_MODES).
   a.policy_loss.entropy_coef = 0.0  # Entropy bonus coefficient.
@@ -80,6 +94,15 @@ def algorithm_config() -> ml_collections.ConfigDict:
   a.correction.mode = "auto"
   a.correction.threshold = 2.0  # C: TIS truncation / MIS trust region [1/C, C] (verl 2.0).
 
+  # Tokens sampled by an older policy version (dynamic sampling's kept surplus, a
+  # swap_now sampler): decoupled PPO (ALGORITHMS.md §20) centres the clip on the
+  # trainer's π_prox and weights the token by w = π_prox / π_behav.
+  a.staleness = ml_collections.ConfigDict()
+  # 'mis_token': a token whose w leaves [1/cap, cap] leaves the loss (AReaL masks w above
+  # behav_imp_weight_cap); 'tis': w truncated at cap.
+  a.staleness.mode = "mis_token"
+  a.staleness.cap = 5.0  # C (AReaL's example configs: behav_imp_weight_cap 5.0, floor 0.2).
+
   a.process_reward = ml_collections.ConfigDict()  # step rewards of reward.process (a PRM)
   # Refinement against reward farming (Gao et al. §4): 'delta' (the return telescopes to
   # the current step's score), 'clip' (min(r − eta, 0)), 'clip_delta', or 'none' (raw).
@@ -109,77 +132,87 @@ def correction_mode(algorithm, *, trainer_dtype: str, sampler_dtype: str) -> str
 
 
 def validate_algorithm_config(a, *, group_size: int, response_length: int) -> None:
-  """Raises ConfigError naming the `algorithm.*` field of an impossible setting."""
-  v, p, kl = a.advantage, a.policy_loss, a.kl
-  if v.estimator not in ESTIMATORS:
-    fail("algorithm.advantage.estimator", f"={v.estimator!r} is not one of {', '.join(ESTIMATORS)}")
+  """Raises ConfigError naming the `algorithm.*` field of an impossible setting
+  (`group_size`, `response_length`: rollout.group_size, rollout.max_new_tokens)."""
+  v, p = a.advantage, a.policy_loss
+  one_of("algorithm.advantage.estimator", v.estimator, ESTIMATORS)
   if v.estimator in GROUP_ESTIMATORS and group_size < 2:
-    fail("rollout.group_size", f"={group_size} must be >= 2 for estimator {v.estimator!r}")
+    invalid("rollout.group_size", group_size, f"must be >= 2 for algorithm.advantage."
+            f"estimator={v.estimator!r} (a baseline from the group)")
   for field in ("gamma", "actor_lam", "critic_lam"):
-    if not 0 <= v[field] <= 1:
-      fail(f"algorithm.advantage.{field}", f"={v[field]} must be in [0, 1]")
-  if v.lam_schedule not in LAMBDA_SCHEDULES:
-    fail("algorithm.advantage.lam_schedule", f"={v.lam_schedule!r} is not one of "
-         f"{', '.join(LAMBDA_SCHEDULES)}")
-  if v.lam_schedule == "length_adaptive" and v.length_adaptive_alpha <= 0:
-    fail("algorithm.advantage.length_adaptive_alpha", f"={v.length_adaptive_alpha} must be > 0")
-  if not 0 <= p.clip_low < 1:
-    fail("algorithm.policy_loss.clip_low", f"={p.clip_low} must be in [0, 1)")
-  if p.clip_high < p.clip_low:
-    fail("algorithm.policy_loss.clip_high", f"={p.clip_high} must be >= clip_low={p.clip_low}")
-  if p.dual_clip is not None and p.dual_clip <= 1:
-    fail("algorithm.policy_loss.dual_clip", f"={p.dual_clip} must be > 1 (None: off)")
-  if p.agg not in kernels.AGGREGATION_MODES:
-    fail("algorithm.policy_loss.agg", f"={p.agg!r} is not one of "
-         f"{', '.join(kernels.AGGREGATION_MODES)}")
+    check_range(f"algorithm.advantage.{field}", v[field], low=0, high=1)
+  one_of("algorithm.advantage.lam_schedule", v.lam_schedule, LAMBDA_SCHEDULES)
+  check_range("algorithm.advantage.length_adaptive_alpha", v.length_adaptive_alpha, low=0,
+              low_open=True)
+  _validate_surrogate(p)
+  if p.dual_clip is not None and p.kind != "ppo":
+    invalid("algorithm.policy_loss.dual_clip", p.dual_clip, "must be None with "
+            f"algorithm.policy_loss.kind={p.kind!r} (it bounds PPO's token ratio; GSPO clips "
+            "whole sequences, CISPO's weight is capped at 1 + clip_high)")
+  if p.dual_clip is not None:
+    check_range("algorithm.policy_loss.dual_clip", p.dual_clip, low=1, low_open=True,
+                note="(None: off)")
+  if p.kind == "gspo" and v.estimator in TOKEN_REWARD_ESTIMATORS:
+    invalid("algorithm.policy_loss.kind", p.kind, "must be 'gspo_token' (or 'ppo', 'cispo') "
+            f"with algorithm.advantage.estimator={v.estimator!r}: its advantages are per "
+            "token, GSPO's sequence clip takes one per response")
+  one_of("algorithm.policy_loss.agg", p.agg, kernels.AGGREGATION_MODES)
   for field in ("entropy_coef", "positive_nll_coef"):
-    if p[field] < 0:
-      fail(f"algorithm.policy_loss.{field}", f"={p[field]} must be >= 0")
-  _validate_kl(kl)
-  if a.value.clip is not None and a.value.clip <= 0:
-    fail("algorithm.value.clip", f"={a.value.clip} must be > 0 (None: unclipped)")
-  if a.value.pretrain_steps < 0:
-    fail("algorithm.value.pretrain_steps", f"={a.value.pretrain_steps} must be >= 0")
+    check_range(f"algorithm.policy_loss.{field}", p[field], low=0)
+  _validate_kl(a.kl)
+  _validate_value(a)
+  check_range("algorithm.overlong.buffer", a.overlong.buffer, low=1,
+              high=response_length if a.overlong.penalty else None,
+              note="(rollout.max_new_tokens)" if a.overlong.penalty else "")
+  check_range("algorithm.overlong.factor", a.overlong.factor, low=0)
+  one_of("algorithm.correction.mode", a.correction.mode, CORRECTION_MODES)
+  check_range("algorithm.correction.threshold", a.correction.threshold, low=1, low_open=True)
+  _validate_staleness(a.staleness)
+  one_of("algorithm.process_reward.shaping", a.process_reward.shaping, PROCESS_SHAPINGS)
+  check_range("algorithm.process_reward.coef", a.process_reward.coef, low=0)
+
+
+def _validate_surrogate(p) -> None:
+  one_of("algorithm.policy_loss.kind", p.kind, POLICY_LOSS_KINDS)
+  if p.kind == "cispo":  # ε^IS bound the weight: 1 − ε_low ≤ r̂ ≤ 1 + ε_high (ε_low ≥ 1: none)
+    check_range("algorithm.policy_loss.clip_low", p.clip_low, low=0, note="(CISPO's ε_low^IS)")
+    check_range("algorithm.policy_loss.clip_high", p.clip_high, low=0, low_open=True,
+                note="(CISPO's ε_high^IS)")
+    return
+  check_range("algorithm.policy_loss.clip_low", p.clip_low, low=0, high=1, high_open=True)
+  check_range("algorithm.policy_loss.clip_high", p.clip_high, low=p.clip_low,
+              note="(algorithm.policy_loss.clip_low)")
+
+
+def _validate_staleness(s) -> None:
+  one_of("algorithm.staleness.mode", s.mode, STALENESS_MODES)
+  check_range("algorithm.staleness.cap", s.cap, low=1, low_open=True)
+
+
+def _validate_value(a) -> None:
+  if a.value.clip is not None:
+    check_range("algorithm.value.clip", a.value.clip, low=0, low_open=True,
+                note="(None: unclipped)")
+  check_range("algorithm.value.pretrain_steps", a.value.pretrain_steps, low=0)
   if a.value.pretrain_steps and not uses_critic(a):
-    fail("algorithm.value.pretrain_steps", f"={a.value.pretrain_steps} needs a critic "
-         "(advantage.estimator 'gae')")
-  if a.overlong.penalty and not 0 < a.overlong.buffer <= response_length:
-    fail("algorithm.overlong.buffer", f"={a.overlong.buffer} must be in (0, "
-         f"rollout.max_new_tokens={response_length}]")
-  if a.correction.mode not in CORRECTION_MODES:
-    fail("algorithm.correction.mode", f"={a.correction.mode!r} is not one of "
-         f"{', '.join(CORRECTION_MODES)}")
-  if a.correction.threshold <= 1:
-    fail("algorithm.correction.threshold", f"={a.correction.threshold} must be > 1")
-  if a.process_reward.shaping not in PROCESS_SHAPINGS:
-    fail("algorithm.process_reward.shaping", f"={a.process_reward.shaping!r} is not one of "
-         f"{', '.join(PROCESS_SHAPINGS)}")
-  if a.process_reward.coef < 0:
-    fail("algorithm.process_reward.coef", f"={a.process_reward.coef} must be >= 0")
+    invalid("algorithm.value.pretrain_steps", a.value.pretrain_steps, "must be 0 without a "
+            "critic (algorithm.advantage.estimator 'gae')")
 
 
 def _validate_kl(kl) -> None:
-  if kl.placement not in KL_PLACEMENTS:
-    fail("algorithm.kl.placement", f"={kl.placement!r} is not one of {', '.join(KL_PLACEMENTS)}")
-  if kl.estimator not in kernels.KL_ESTIMATORS:
-    fail("algorithm.kl.estimator", f"={kl.estimator!r} is not one of "
-         f"{', '.join(kernels.KL_ESTIMATORS)}")
-  if kl.coef < 0:
-    fail("algorithm.kl.coef", f"={kl.coef} must be >= 0")
+  one_of("algorithm.kl.placement", kl.placement, KL_PLACEMENTS)
+  one_of("algorithm.kl.estimator", kl.estimator, kernels.KL_ESTIMATORS)
+  check_range("algorithm.kl.coef", kl.coef, low=0)
   if kl.placement != "none" and kl.coef == 0:
-    fail("algorithm.kl.coef", f"=0 with kl.placement={kl.placement!r}: set β > 0 or "
-         "placement 'none'")
-  if kl.controller not in KL_CONTROLLERS:
-    fail("algorithm.kl.controller", f"={kl.controller!r} is not one of "
-         f"{', '.join(KL_CONTROLLERS)}")
+    invalid("algorithm.kl.coef", kl.coef, f"must be > 0 with algorithm.kl.placement="
+            f"{kl.placement!r} (or set placement 'none')")
+  one_of("algorithm.kl.controller", kl.controller, KL_CONTROLLERS)
   if kl.controller == "adaptive" and kl.placement != "reward":
-    fail("algorithm.kl.controller", "='adaptive' adapts the in-reward β: it needs "
-         "kl.placement='reward'")
-  if kl.target <= 0:
-    fail("algorithm.kl.target", f"={kl.target} must be > 0")
-  if kl.horizon <= 0:
-    fail("algorithm.kl.horizon", f"={kl.horizon} must be > 0")
-  if not 0 <= kl.reference_ema <= 1:
-    fail("algorithm.kl.reference_ema", f"={kl.reference_ema} must be in [0, 1]")
+    invalid("algorithm.kl.controller", kl.controller, "must be 'fixed' unless "
+            "algorithm.kl.placement='reward' (it adapts the in-reward β)")
+  check_range("algorithm.kl.target", kl.target, low=0, low_open=True)
+  check_range("algorithm.kl.horizon", kl.horizon, low=0, low_open=True)
+  check_range("algorithm.kl.reference_ema", kl.reference_ema, low=0, high=1)
   if kl.reference_ema and kl.placement == "none":
-    fail("algorithm.kl.reference_ema", "needs a KL term (kl.placement 'loss' or 'reward')")
+    invalid("algorithm.kl.reference_ema", kl.reference_ema, "must be 0 without a KL term "
+            "(algorithm.kl.placement 'loss' or 'reward')")

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from rlhf_jax import kernels
 from rlhf_jax.algorithms.ppo_config import uses_critic  # noqa: F401  (re-exported)
 from rlhf_jax.algorithms.ppo_config import uses_reference  # noqa: F401
-from rlhf_jax.algorithms.rollout import RolloutBatch
+from rlhf_jax.algorithms.batch import RolloutBatch
 
 
 class Normalizers(NamedTuple):
@@ -113,38 +113,104 @@ def advantages_and_returns(algorithm, batch: RolloutBatch, kl_coef: jax.Array | 
   return advantages, returns
 
 
+def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.Array, *,
+                         correction: str, version: jax.Array | int | None
+                         ) -> tuple[RolloutBatch, dict[str, jax.Array]]:
+  """π_old, importance weights and kept tokens of every sampled token (decoupled PPO for
+  stale tokens: Hilton et al. arXiv:2110.00641, AReaL arXiv:2505.24298; ALGORITHMS.md §20).
+
+  A sampled token is fresh when its `token_versions` entry equals `version` (the policy
+  whose weights `trainer_logprobs` were computed with), else stale. Per token:
+
+    fresh, correction 'none':  π_old = π_sampler,  w = 1       (PPO, exactly)
+    fresh, correction c:       π_old = π_trainer,  w = c(π_trainer / π_sampler)
+    stale:                     π_old = π_prox = π_trainer,  w = s(π_prox / π_behav)
+
+  with π_behav = π_sampler (the sampler's log-probs of its own version) and c, s the
+  `kernels.rollout_correction` modes of `algorithm.correction` and `algorithm.staleness`
+  (s: TIS truncation at C, or masked outside [1/C, C]). The loss is then
+  w · min(r A, clip(r, 1 − ε_low, 1 + ε_high) A) with r = π_θ / π_old. A stale weight
+  already holds any sampler–trainer mismatch (π_behav is the sampler's own number), so a
+  token gets one weight, never the product of both. `version` None: every token is fresh.
+
+  Args:
+    batch: [B, R] fields `sampler_logprobs`, `old_logprobs` (the sampler's),
+      `token_versions`, and the masks.
+    trainer_logprobs: [B, R] the trainer's log-probs under the current weights (0 off
+      the response).
+    correction: the rollout-correction mode in force.
+    version: the current policy version (a scalar), or None.
+  Returns:
+    (batch with old_logprobs, is_weights and correction_mask set; metrics: the
+    correction's over fresh tokens, logprob_mismatch_* included, and staleness/*).
+  """
+  sampled = batch.sampled_mask()
+  if version is None:
+    stale = jnp.zeros(sampled.shape, bool)
+    lag = jnp.zeros(sampled.shape, jnp.int32)
+  else:
+    lag = jnp.asarray(version, jnp.int32) - batch.token_versions
+    stale = (lag != 0) & (sampled > 0)
+  stale_mask = sampled * stale
+  fresh_mask = sampled - stale_mask
+  weights, keep, metrics = kernels.rollout_correction(
+      trainer_logprobs, batch.sampler_logprobs, fresh_mask, mode=correction,
+      threshold=algorithm.correction.threshold)
+  s = algorithm.staleness
+  stale_weights, stale_keep, stale_metrics = kernels.rollout_correction(
+      trainer_logprobs, batch.sampler_logprobs, stale_mask, mode=s.mode, threshold=s.cap)
+  # Without a correction a fresh token keeps the sampler's π_old: equal to the trainer's
+  # up to float rounding, which must not become a weight ≠ 1.
+  use_trainer = stale if correction == "none" else jnp.ones(stale.shape, bool)
+  batch = batch.replace(old_logprobs=jnp.where(use_trainer, trainer_logprobs,
+                                               batch.old_logprobs),
+                        is_weights=weights + stale_weights, correction_mask=keep + stale_keep)
+  count = jnp.maximum(jnp.sum(sampled), 1.0)
+  metrics = dict(metrics)
+  metrics.update({
+      "staleness/stale_token_fraction": jnp.sum(stale_mask) / count,
+      "staleness/mean_version_lag": jnp.sum(lag * sampled) / count,
+      "staleness/max_version_lag": jnp.max(jnp.where(sampled > 0, lag, 0)).astype(jnp.float32),
+      "staleness/stale_logprob_gap": stale_metrics["logprob_mismatch_mean"],
+      "staleness/stale_logprob_gap_max": stale_metrics["logprob_mismatch_max"],
+      "staleness/weight_min": stale_metrics["is_ratio_min"],
+      "staleness/weight_max": stale_metrics["is_ratio_max"],
+      "staleness/weight_clipped_frac": stale_metrics["correction_clipped_frac"],
+      "staleness/weight_masked_frac": stale_metrics["correction_masked_frac"],
+  })
+  return batch, metrics
+
+
 def prepare(algorithm, batch: RolloutBatch, *, old_logprobs: jax.Array,
             ref_logprobs: jax.Array | None, values: jax.Array | None, kl_coef: jax.Array,
-            correction: str, group_size: int) -> tuple[RolloutBatch, jax.Array, dict[str, jax.Array]]:
+            correction: str, group_size: int, version: jax.Array | int | None = None
+            ) -> tuple[RolloutBatch, jax.Array, dict[str, jax.Array]]:
   """Everything between the sampler's output and the first update, as one pure function.
 
   Args:
-    batch: the packed rollouts (sampler log-probs in `sampler_logprobs`).
-    old_logprobs: [B, R] the trainer's log π_old of the response tokens (its own
-      forward under the weights that sampled the batch).
-    ref_logprobs, values: [B, R] or None (no reference / no critic).
+    batch: the packed rollouts (sampler log-probs in `sampler_logprobs`, the policy
+      version of each token in `token_versions`).
+    old_logprobs: [B, R] the trainer's log-probs of the response tokens under the
+      current weights (its own forward at the start of this step): π_old of fresh
+      tokens, π_prox of stale ones.
+    ref_logprobs: [B, R] or None (no reference).
+    values: [B, R] or None (no critic).
     kl_coef: β as a device scalar.
     correction: the rollout-correction mode in force ('none', 'tis', 'mis_token',
       'mis_sequence'; `kernels.rollout_correction`).
     group_size: G (rows of a group are adjacent).
+    version: the current policy version (the training step), a scalar; tokens of
+      another version are stale. None: every token is fresh.
   Returns:
-    (batch with π_old (the trainer's with a correction, else the sampler's),
-    reference log-probs, values, importance weights, advantages and returns set;
-    the next β; metrics: the sampler–trainer mismatch over every sampled token,
-    the correction's clip / mask rates, rollout KL).
+    (batch with π_old, reference log-probs, values, importance weights, advantages
+    and returns set (`behaviour_correction`); the next β; metrics: the
+    sampler–trainer mismatch and the correction's clip / mask rates over fresh
+    sampled tokens, staleness/* over stale ones, rollout KL).
   """
   batch = shape_rewards(algorithm, batch)
   trainer_logprobs = old_logprobs * batch.response_mask
-  weights, keep, metrics = kernels.rollout_correction(
-      trainer_logprobs, batch.sampler_logprobs, batch.sampled_mask(), mode=correction,
-      threshold=algorithm.correction.threshold)
-  # With a correction, π_old is the trainer's own forward and the weights carry
-  # π_trainer / π_sampler (decoupled PPO). Without one, π_old is the sampler's: the
-  # PPO ratio then also covers a behaviour policy older than the trainer's (groups
-  # that dynamic sampling kept from an earlier step), as in classic PPO.
-  if correction != "none":
-    batch = batch.replace(old_logprobs=trainer_logprobs)
-  batch = batch.replace(is_weights=weights, correction_mask=keep)
+  batch, metrics = behaviour_correction(algorithm, batch, trainer_logprobs,
+                                        correction=correction, version=version)
   if ref_logprobs is not None:
     batch = batch.replace(ref_logprobs=ref_logprobs)
   if values is not None:
@@ -181,11 +247,17 @@ def critic_normalizers(algorithm, batch: RolloutBatch) -> Normalizers:
 
 def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: RolloutBatch,
                norm: Normalizers) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """PPO-clip, weighted by the rollout correction (+ KL loss, entropy bonus, VAPO's
-  positive-example NLL) of one (micro-)batch.
+  """The surrogate of `policy_loss.kind` (PPO-clip, GSPO, GSPO-token or CISPO), weighted
+  by the rollout correction (+ KL loss, entropy bonus, VAPO's positive-example NLL) of
+  one (micro-)batch.
+
+  Every kind aggregates with `policy_loss.agg` and the mini-batch's global count;
+  micro-batches split rows and GSPO's sequence ratio reads only its own row, so the
+  summed pieces equal the unsplit loss for every kind.
 
   Args:
-    logprobs, entropy: [b, R] of the current policy.
+    logprobs: [b, R] of the current policy.
+    entropy: [b, R] of the current policy.
     batch: the (micro-)batch: old / reference log-probs, advantages, weights, masks.
     norm: the whole mini-batch's counts, so splitting it never changes the loss.
   Returns:
@@ -195,10 +267,19 @@ def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: Rollou
   mask = batch.policy_mask()
   # Dr. GRPO's constant: the response cap R (the mode's only use of a horizon).
   horizon = float(batch.response_length) if p.agg == "seq-mean-token-sum-norm" else None
-  loss, metrics = kernels.ppo_policy_loss(
-      logprobs, batch.old_logprobs, batch.advantages, mask, clip_low=p.clip_low,
-      clip_high=p.clip_high, dual_clip=p.dual_clip, agg=p.agg, agg_normalizer=norm.agg,
-      agg_horizon=horizon, weights=batch.is_weights)
+  inputs = (logprobs, batch.old_logprobs, batch.advantages, mask)
+  shared = dict(clip_low=p.clip_low, clip_high=p.clip_high, agg=p.agg,
+                agg_normalizer=norm.agg, agg_horizon=horizon, weights=batch.is_weights)
+  if p.kind == "ppo":
+    loss, metrics = kernels.ppo_policy_loss(*inputs, dual_clip=p.dual_clip, **shared)
+  elif p.kind == "gspo":
+    loss, metrics = kernels.gspo_policy_loss(*inputs, **shared)
+  elif p.kind == "gspo_token":
+    loss, metrics = kernels.gspo_token_policy_loss(*inputs, **shared)
+  elif p.kind == "cispo":
+    loss, metrics = kernels.cispo_policy_loss(*inputs, **shared)
+  else:
+    raise ValueError(f"algorithm.policy_loss.kind={p.kind!r}.")
   metrics = dict(metrics, pg_loss=loss)
   if algorithm.kl.placement == "loss":
     kl = kernels.kl_penalty(logprobs, batch.ref_logprobs, estimator=algorithm.kl.estimator)

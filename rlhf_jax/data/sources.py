@@ -126,7 +126,8 @@ def read_tfds(name: str, *, split: str, data_dir: str | None = None,
     name: the dataset ("gsm8k", "my_dataset:1.0.0").
     split: e.g. "train" or "test[:10%]".
     data_dir: where it was prepared (None: TFDS's default).
-    columns, default_task: as `read_examples`'.
+    columns: as `read_examples`'.
+    default_task: as `read_examples`'.
   """
   try:
     import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel

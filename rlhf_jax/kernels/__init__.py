@@ -33,7 +33,10 @@ from rlhf_jax.kernels.logprobs import entropy_from_logits
 from rlhf_jax.kernels.logprobs import token_logprobs
 from rlhf_jax.kernels.masking import last_valid_index
 from rlhf_jax.kernels.masking import next_valid_values
+from rlhf_jax.kernels.policy_losses import cispo_policy_loss
 from rlhf_jax.kernels.policy_losses import entropy_loss
+from rlhf_jax.kernels.policy_losses import gspo_policy_loss
+from rlhf_jax.kernels.policy_losses import gspo_token_policy_loss
 from rlhf_jax.kernels.policy_losses import positive_nll_loss
 from rlhf_jax.kernels.policy_losses import ppo_policy_loss
 from rlhf_jax.kernels.preference import DPO_KINDS
@@ -59,9 +62,11 @@ from rlhf_jax.kernels.value_losses import value_loss
 __all__ = [
     "AGGREGATION_MODES", "DPO_KINDS", "KL_ESTIMATORS", "ROLLOUT_CORRECTION_MODES",
     "adaptive_kl_coefficient", "aggregate", "aggregation_normalizer", "bradley_terry_loss",
-    "clipped_importance_weights", "dqo_policy_loss", "dqo_value_loss", "soft_lambda_returns",
+    "cispo_policy_loss", "clipped_importance_weights", "dqo_policy_loss", "dqo_value_loss",
+    "soft_lambda_returns",
     "decoupled_gae", "discounted_returns", "dpo_loss", "entropy_from_logits",
-    "entropy_loss", "explained_variance", "gae", "group_advantages", "kl_in_reward",
+    "entropy_loss", "explained_variance", "gae", "group_advantages", "gspo_policy_loss",
+    "gspo_token_policy_loss", "kl_in_reward",
     "kl_penalty", "last_valid_index", "length_adaptive_lambda", "masked_mean",
     "masked_sum", "masked_var", "masked_whiten", "next_valid_values",
     "overlong_penalty", "place_at_last_token", "position_debiased_preference",

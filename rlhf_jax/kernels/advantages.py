@@ -212,7 +212,9 @@ def decoupled_gae(rewards: chex.Array, values: chex.Array, mask: chex.Array, *,
   Both recurrences run in one pass over the sequence.
 
   Args:
-    rewards, values, mask: [B, T] as in `gae`.
+    rewards: [B, T] as in `gae`.
+    values: [B, T] as in `gae`.
+    mask: [B, T] as in `gae`.
     gamma: discount γ.
     actor_lam: λ for advantages, scalar or [B].
     critic_lam: λ for value targets, scalar or [B] (default 1.0).

@@ -1,5 +1,6 @@
-"""Policy losses: PPO clip (asymmetric "clip-higher", dual clip), positive-example
-NLL (VAPO) and the entropy bonus."""
+"""Policy losses: PPO clip (asymmetric "clip-higher", dual clip), GSPO's sequence-level
+clip (and GSPO-token), CISPO's clipped stop-gradient IS weight, positive-example NLL
+(VAPO) and the entropy bonus."""
 
 from __future__ import annotations
 
@@ -141,3 +142,234 @@ def entropy_loss(entropy: chex.Array, mask: chex.Array, *,
     Scalar float32 (≤ 0 for non-negative entropies).
   """
   return -aggregation.aggregate(entropy, mask, mode=agg, normalizer=agg_normalizer)
+
+
+def _policy_inputs(logprobs, old_logprobs, advantages, mask, weights):
+  """Shape / dtype checks of the sequence-level kernels; float32 copies (weights: ones)."""
+  v.check_batch_time(logprobs, old_logprobs, advantages, mask,
+                     names=("logprobs", "old_logprobs", "advantages", "mask"))
+  for array, name in ((logprobs, "logprobs"), (old_logprobs, "old_logprobs"),
+                      (advantages, "advantages")):
+    v.check_floating(array, name)
+  if weights is None:
+    weights = jnp.ones(jnp.shape(logprobs), jnp.float32)
+  else:
+    v.check_batch_time(logprobs, weights, names=("logprobs", "weights"))
+    v.check_floating(weights, "weights")
+  logprobs, old_logprobs, advantages, mask, weights = v.as_float32(
+      logprobs, old_logprobs, advantages, mask, weights)
+  return logprobs, old_logprobs, advantages, mask, jax.lax.stop_gradient(weights)
+
+
+def _masked_log_ratio(logprobs: chex.Array, old_logprobs: chex.Array,
+                      mask: chex.Array) -> chex.Array:
+  """[B, T] clamp(log π − log π_old, ±20) on valid tokens, 0 elsewhere."""
+  # where, not a product: padding may hold −inf log-probs (and −inf − −inf is NaN).
+  log_ratio = jnp.clip(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  return jnp.where(mask > 0, log_ratio, 0.0)
+
+
+def _row_mean(x: chex.Array, mask: chex.Array) -> chex.Array:
+  """[B] the masked mean of each row of x [B, T]; 0 on a row without valid tokens."""
+  total = jnp.sum(jnp.where(mask > 0, x, 0.0), axis=-1)
+  return total / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+
+
+def _gspo(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, token_level,
+          agg, agg_normalizer, agg_horizon, weights):
+  """GSPO and GSPO-token (see `gspo_policy_loss`, `gspo_token_policy_loss`)."""
+  v.check_range("clip_low", clip_low, low=0.0, high=1.0, high_inclusive=False)
+  v.check_range("clip_high", clip_high, low=0.0)
+  logprobs, old_logprobs, advantages, mask, weights = _policy_inputs(
+      logprobs, old_logprobs, advantages, mask, weights)
+  log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
+  seq_log_ratio = _row_mean(log_ratio, mask)  # [B] log s_i
+  if token_level:
+    # Value s_i, gradient of the token's own log π: sg[s_i]·π/sg[π].
+    own = jnp.where(mask > 0, logprobs - jax.lax.stop_gradient(logprobs), 0.0)
+    ratio = jnp.exp(jax.lax.stop_gradient(seq_log_ratio)[:, None] + own)
+    adv = advantages
+  else:
+    ratio = jnp.exp(seq_log_ratio)[:, None]  # [B, 1]
+    adv = _row_mean(advantages, mask)[:, None]
+  unclipped = -adv * ratio
+  clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  per_sample = jnp.maximum(unclipped, clipped)
+  # Sequence level: every token carries its sequence's loss, so seq-mean-token-mean
+  # averages ℓ_i over sequences (the paper's 1/G Σ_i) with the usual global normalizer.
+  per_token = jnp.broadcast_to(per_sample, logprobs.shape) * weights
+  per_token = jnp.where(mask > 0, per_token, 0.0)
+  loss = aggregation.aggregate(per_token, mask, mode=agg, normalizer=agg_normalizer,
+                               horizon=agg_horizon)
+  upper = (adv > 0) & (ratio > 1.0 + clip_high)
+  lower = (adv < 0) & (ratio < 1.0 - clip_low)
+  rows = (jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)
+  if token_level:
+    upper_frac, lower_frac = (statistics.masked_mean(upper, mask),
+                              statistics.masked_mean(lower, mask))
+  else:
+    row_count = jnp.maximum(jnp.sum(rows), 1.0)
+    upper_frac, lower_frac = (jnp.sum(upper[:, 0] * rows) / row_count,
+                              jnp.sum(lower[:, 0] * rows) / row_count)
+  token_ratio = jnp.exp(log_ratio)
+  metrics = {
+      "clip_frac_upper": upper_frac,
+      "clip_frac_lower": lower_frac,
+      "seq_ratio_mean": jnp.sum(jnp.exp(seq_log_ratio) * rows) / jnp.maximum(jnp.sum(rows), 1.0),
+      "ppo_kl": statistics.masked_mean(-log_ratio, mask),
+      "approx_kl": statistics.masked_mean(token_ratio - 1.0 - log_ratio, mask),
+  }
+  return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
+
+
+def gspo_policy_loss(logprobs: chex.Array, old_logprobs: chex.Array,
+                     advantages: chex.Array, mask: chex.Array, *,
+                     clip_low: float = 3e-4, clip_high: float = 4e-4,
+                     agg: aggregation.AggregationMode = "seq-mean-token-mean",
+                     agg_normalizer: chex.Array | float | None = None,
+                     agg_horizon: float | None = None,
+                     weights: chex.Array | None = None
+                     ) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """GSPO: PPO's clip on a length-normalised sequence-level ratio.
+
+      s_i = exp((1/|M_i|) Σ_{t∈M_i} clamp(log π − log π_old, ±20))
+      ℓ_i = max(−A_i·s_i, −A_i·clip(s_i, 1 − ε_low, 1 + ε_high))
+      loss = aggregate(w·ℓ_i broadcast over the tokens of i, mask, mode=agg)
+
+  Group Sequence Policy Optimization, Zheng et al. arXiv:2507.18071 §4: whole
+  sequences are kept or clipped, so ε is tiny (paper: 3e-4 / 4e-4). With
+  agg='seq-mean-token-mean' the loss is (1/G) Σ_i ℓ_i (the paper's objective); the
+  token modes weight a sequence by its token count. M_i is the row's mask: tokens the
+  mask drops (tool tokens, masked IS) leave s_i. A_i is the masked row mean of
+  `advantages` (exactly A_i for outcome advantages broadcast over the response; use
+  `gspo_token_policy_loss` for per-token advantages). Rollout-correction weights w
+  scale each token's share of ℓ_i, as verl's `compute_policy_loss_gspo` does: a
+  sequence gets its tokens' mean weight under seq-mean-token-mean, and sequence-level
+  weights (mis_sequence, constant along a row) scale ℓ_i exactly.
+
+  Metrics: clip_frac_upper / clip_frac_lower (fractions of sequences with ≥ 1 valid
+  token whose gradient the upper (A_i > 0, s_i > 1 + ε_high) / lower (A_i < 0,
+  s_i < 1 − ε_low) clip cuts), seq_ratio_mean (mean s_i), ppo_kl and approx_kl (token
+  k1 / k3 of π_old ‖ π, as `ppo_policy_loss`).
+
+  Args:
+    logprobs: [B, T] log π_θ of the taken tokens (differentiated).
+    old_logprobs: [B, T] log π_old.
+    advantages: [B, T] advantages (per-sample ones broadcast over the response).
+    mask: [B, T] 0/1.
+    clip_low: ε_low ∈ [0, 1).
+    clip_high: ε_high ≥ 0.
+    agg: aggregation mode (see `aggregate`).
+    agg_normalizer: optional global count for `aggregate` (micro-batching splits rows,
+      and s_i only reads its own row, so summed pieces equal the unsplit loss).
+    agg_horizon: the constant L for seq-mean-token-sum-norm.
+    weights: optional [B, T] constant per-token importance weights (rollout correction).
+  Returns:
+    (loss, metrics): scalar float32 loss and a dict of scalar metrics.
+  """
+  return _gspo(logprobs, old_logprobs, advantages, mask, clip_low=clip_low,
+               clip_high=clip_high, token_level=False, agg=agg,
+               agg_normalizer=agg_normalizer, agg_horizon=agg_horizon, weights=weights)
+
+
+def gspo_token_policy_loss(logprobs: chex.Array, old_logprobs: chex.Array,
+                           advantages: chex.Array, mask: chex.Array, *,
+                           clip_low: float = 3e-4, clip_high: float = 4e-4,
+                           agg: aggregation.AggregationMode = "seq-mean-token-mean",
+                           agg_normalizer: chex.Array | float | None = None,
+                           agg_horizon: float | None = None,
+                           weights: chex.Array | None = None
+                           ) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """GSPO-token: GSPO's sequence ratio with per-token advantages.
+
+      s_{i,t} = sg[s_i] · π_θ(y_{i,t}) / sg[π_θ(y_{i,t})]      (value s_i, ∂ of log π_t)
+      ℓ_{i,t} = max(−A_{i,t}·s_{i,t}, −A_{i,t}·clip(s_{i,t}, 1 − ε_low, 1 + ε_high))
+      loss = aggregate(w·ℓ, mask, mode=agg)
+
+  Zheng et al. arXiv:2507.18071 §4 (the paper's gradients, Eq. 11 and 18, coincide
+  when A_{i,t} = A_i); verl's `compute_policy_loss_gspo`. With A_{i,t} = A_i it equals
+  `gspo_policy_loss` in value, and in gradient when the weights w are constant along
+  each row (none, mis_sequence), under every aggregation mode; per-token weights scale
+  each token's own gradient here, the sequence's mean weight there. s_i as in
+  `gspo_policy_loss`; clip fractions are over valid tokens (a token is clipped when
+  its A_{i,t} has the sign the clip cuts); seq_ratio_mean, ppo_kl, approx_kl as there.
+
+  Args:
+    logprobs: [B, T] log π_θ of the taken tokens (differentiated).
+    old_logprobs: [B, T] log π_old.
+    advantages: [B, T] per-token advantages.
+    mask: [B, T] 0/1.
+    clip_low: ε_low ∈ [0, 1).
+    clip_high: ε_high ≥ 0.
+    agg: aggregation mode (see `aggregate`).
+    agg_normalizer: optional global count for `aggregate`.
+    agg_horizon: the constant L for seq-mean-token-sum-norm.
+    weights: optional [B, T] constant per-token importance weights (rollout correction).
+  Returns:
+    (loss, metrics): scalar float32 loss and a dict of scalar metrics.
+  """
+  return _gspo(logprobs, old_logprobs, advantages, mask, clip_low=clip_low,
+               clip_high=clip_high, token_level=True, agg=agg,
+               agg_normalizer=agg_normalizer, agg_horizon=agg_horizon, weights=weights)
+
+
+def cispo_policy_loss(logprobs: chex.Array, old_logprobs: chex.Array,
+                      advantages: chex.Array, mask: chex.Array, *,
+                      clip_high: float, clip_low: float | None = None,
+                      agg: aggregation.AggregationMode = "token-mean",
+                      agg_normalizer: chex.Array | float | None = None,
+                      agg_horizon: float | None = None,
+                      weights: chex.Array | None = None
+                      ) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """CISPO: REINFORCE weighted by a clipped, stop-gradient importance ratio.
+
+      r = exp(clamp(log π − log π_old, ±20)),  r̂ = clip(r, 1 − ε_low^IS, 1 + ε_high^IS)
+      ℓ_t = −sg(r̂_t) · A_t · log π_θ(y_t)
+      loss = aggregate(w·ℓ, mask, mode=agg)           (token-mean: the paper's 1/Σ|o_i|)
+
+  MiniMax-M1, arXiv:2506.13585 §3.1 Eq. 4. No min(): every token keeps the gradient
+  −r̂·A·∇log π, where PPO's clip zeroes it once ρ leaves the trust region (the
+  low-probability "fork" tokens). The paper sets no lower bound (clip_low=None, or any
+  ε_low ≥ 1) and tunes ε_high^IS only. Only the gradient is meaningful: the value is
+  not a surrogate of the return.
+
+  Metrics (masked means over valid tokens): clip_frac_upper (r > 1 + ε_high, weight
+  capped), clip_frac_lower (r < 1 − ε_low, weight raised; 0 without a lower bound),
+  is_weight_mean (mean r̂), ppo_kl and approx_kl as `ppo_policy_loss`.
+
+  Args:
+    logprobs: [B, T] log π_θ of the taken tokens (differentiated).
+    old_logprobs: [B, T] log π_old.
+    advantages: [B, T] advantages.
+    mask: [B, T] 0/1.
+    clip_high: ε_high^IS > 0 (the weight's cap is 1 + ε_high^IS).
+    clip_low: ε_low^IS ≥ 0, or None for no lower bound.
+    agg: aggregation mode (see `aggregate`).
+    agg_normalizer: optional global count for `aggregate`.
+    agg_horizon: the constant L for seq-mean-token-sum-norm.
+    weights: optional [B, T] constant per-token importance weights (rollout correction),
+      multiplied into ℓ like `ppo_policy_loss`'s.
+  Returns:
+    (loss, metrics): scalar float32 loss and a dict of scalar metrics.
+  """
+  v.check_range("clip_high", clip_high, low=0.0, low_inclusive=False)
+  if clip_low is not None:
+    v.check_range("clip_low", clip_low, low=0.0)
+  logprobs, old_logprobs, advantages, mask, weights = _policy_inputs(
+      logprobs, old_logprobs, advantages, mask, weights)
+  log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
+  ratio = jnp.exp(log_ratio)
+  # r > 0, so a lower bound ≤ 0 is no bound.
+  lower_bound = 0.0 if clip_low is None else 1.0 - clip_low
+  is_weight = jax.lax.stop_gradient(jnp.clip(ratio, lower_bound, 1.0 + clip_high))
+  per_token = jnp.where(mask > 0, -is_weight * advantages * logprobs * weights, 0.0)
+  loss = aggregation.aggregate(per_token, mask, mode=agg, normalizer=agg_normalizer,
+                               horizon=agg_horizon)
+  metrics = {
+      "clip_frac_upper": statistics.masked_mean(ratio > 1.0 + clip_high, mask),
+      "clip_frac_lower": statistics.masked_mean(ratio < lower_bound, mask),
+      "is_weight_mean": statistics.masked_mean(is_weight, mask),
+      "ppo_kl": statistics.masked_mean(-log_ratio, mask),
+      "approx_kl": statistics.masked_mean(ratio - 1.0 - log_ratio, mask),
+  }
+  return loss, jax.tree.map(jax.lax.stop_gradient, metrics)

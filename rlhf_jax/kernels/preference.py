@@ -46,8 +46,10 @@ def dpo_loss(chosen_logps: chex.Array, rejected_logps: chex.Array,
   (means), their margin, and reward accuracy (fraction with chosen > rejected).
 
   Args:
-    chosen_logps, rejected_logps: [B] policy sequence log-probs.
-    ref_chosen_logps, ref_rejected_logps: [B] reference sequence log-probs.
+    chosen_logps: [B] policy sequence log-probs of the chosen responses.
+    rejected_logps: [B] policy sequence log-probs of the rejected responses.
+    ref_chosen_logps: [B] reference sequence log-probs of the chosen responses.
+    ref_rejected_logps: [B] reference sequence log-probs of the rejected responses.
     beta: β > 0.
     kind: "sigmoid", "ipo" or "hinge".
     label_smoothing: s ∈ [0, 0.5), sigmoid only.
@@ -100,7 +102,8 @@ def bradley_terry_loss(chosen_scores: chex.Array, rejected_scores: chex.Array, *
   (arXiv:2307.09288 §3.2.2, Eq. 2).
 
   Args:
-    chosen_scores, rejected_scores: [B] reward-model scores.
+    chosen_scores: [B] reward-model scores of the chosen responses.
+    rejected_scores: [B] reward-model scores of the rejected responses.
     margin: optional [B] margins.
   Returns:
     Scalar float32 loss.

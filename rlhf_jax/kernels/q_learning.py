@@ -43,7 +43,9 @@ def clipped_importance_weights(logprobs: chex.Array, behaviour_logprobs: chex.Ar
   trace, Munos et al. arXiv:1606.02647; DQO's clipped weights, §9).
 
   Args:
-    logprobs, behaviour_logprobs, mask: [B, T] log π, log μ, 0/1.
+    logprobs: [B, T] log π.
+    behaviour_logprobs: [B, T] log μ.
+    mask: [B, T] 0/1.
     clip: c̄ > 0.
   Returns:
     [B, T] float32 weights (gradients stopped: they only weight targets).

@@ -62,7 +62,8 @@ def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
 
   Args:
     q: [B, T, N, D] queries.
-    k, v: [B, S, K, D] keys and values, N a multiple of K.
+    k: [B, S, K, D] keys, N a multiple of K.
+    v: [B, S, K, D] values.
     mask: [B, T, S] bool, True where query t may attend to key s. Every row
       must allow at least one key (the decoder always allows a query itself).
     precision: `jax.lax.Precision` of every product, forward and backward

@@ -28,9 +28,13 @@ class DecoderConfig:
 
   Attributes:
     architecture: "qwen2" (q/k/v bias) or "llama".
-    vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
-      intermediate_size: the usual sizes; num_heads must be a multiple of
-      num_kv_heads (grouped-query attention).
+    vocab_size: tokens in the vocabulary.
+    hidden_size: the residual width.
+    num_layers: decoder layers.
+    num_heads: query heads; a multiple of num_kv_heads (grouped-query attention).
+    num_kv_heads: key/value heads.
+    head_dim: width of one head.
+    intermediate_size: the SwiGLU MLP's hidden width.
     rms_norm_eps: RMSNorm epsilon.
     rope_theta: RoPE base.
     rope_scaling: Llama 3 frequency scaling, or None.

@@ -1,5 +1,6 @@
 """rlhf_jax.parallel: meshes (data, fsdp, tensor), sharding rules, resharding, multi-host."""
 
+from rlhf_jax.parallel.chunks import run_in_chunks
 from rlhf_jax.parallel.mesh import MESH_AXES
 from rlhf_jax.parallel.mesh import describe
 from rlhf_jax.parallel.mesh import initialize_distributed
@@ -16,5 +17,5 @@ from rlhf_jax.parallel.sharding import shard_params
 __all__ = [
     "GENERATE_RULES", "MESH_AXES", "TRAIN_RULES", "batch_sharding", "describe",
     "initialize_distributed", "logical_to_spec", "make_mesh", "param_shardings", "reshard",
-    "resolve_axis_sizes", "shard_params",
+    "resolve_axis_sizes", "run_in_chunks", "shard_params",
 ]

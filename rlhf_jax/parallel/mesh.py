@@ -54,7 +54,9 @@ def make_mesh(*, data: int = -1, fsdp: int = 1, tensor: int = 1,
   fastest links (within a host / ICI ring).
 
   Args:
-    data, fsdp, tensor: axis sizes; one may be −1 (the rest of the devices).
+    data: size of the data axis; one of the three sizes may be −1 (the rest of the devices).
+    fsdp: size of the fsdp axis.
+    tensor: size of the tensor axis.
     devices: devices to use (default: all, across hosts).
   Returns:
     The mesh.

@@ -27,6 +27,7 @@ from typing import Sequence
 from rlhf_jax.data import Example
 from rlhf_jax.rewards import sandbox
 from rlhf_jax.rewards.scorer import Scores
+from rlhf_jax.rewards.scorer import ScorerBase
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -156,13 +157,17 @@ def extract_program(response: str) -> str:
   return blocks[-1] if blocks else response
 
 
-class CodeScorer:
+class CodeScorer(ScorerBase):
   """A `Scorer` for code tasks: `example.answer` holds the tests (run_tests style).
 
   Args:
     tasks: the task names it scores (e.g. ("code",)).
-    correct_score, wrong_score: rewards of passing / failing programs.
-    timeout_s, memory_mb, max_workers, isolation: the sandbox's limits and pool.
+    correct_score: reward of a passing program.
+    wrong_score: reward of a failing program.
+    timeout_s: the sandbox's wall-clock limit per program.
+    memory_mb: the sandbox's address-space limit.
+    max_workers: concurrent sandboxes.
+    isolation: "namespaces" or "rlimits" (docs/sandbox.md).
   """
 
   def __init__(self, tasks: Sequence[str] = ("code",), *, correct_score: float = 1.0,

@@ -14,7 +14,11 @@ import os
 
 import ml_collections
 
-from rlhf_jax.config_errors import fail
+from rlhf_jax.config_errors import at_least
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
+from rlhf_jax.config_errors import reword
 from rlhf_jax.rewards import genrm
 from rlhf_jax.rewards import hybrid
 from rlhf_jax.rewards import pairwise
@@ -77,68 +81,94 @@ def routes_needed(r) -> tuple[str, ...]:
 
 def _check_checkpoint(field: str, directory: str, why: str) -> None:
   if not directory:
-    fail(field, f"is required: {why}")
+    invalid(field, directory, f"an HF checkpoint directory is required{why}")
   if not os.path.exists(os.path.join(directory, "config.json")):
-    fail(field, f"={directory!r} is not an HF checkpoint directory (no config.json)")
+    invalid(field, directory, "must be an HF checkpoint directory (it has no config.json)")
 
 
 def validate_reward_models(c) -> None:
   """Raises ConfigError naming the `reward.*` / `critic.*` field of an impossible
-  model-based reward setting (before anything loads)."""
-  from rlhf_jax.algorithms import ppo_config  # pylint: disable=import-outside-toplevel
+  model-based reward setting (before anything loads). The judges' fields are checked
+  whichever route is picked; checkpoints only where a route or feature uses them."""
   r = c.reward
-  if r.route not in hybrid.ROUTE_MODES:
-    fail("reward.route", f"={r.route!r} is not one of {', '.join(hybrid.ROUTE_MODES)}")
+  one_of("reward.route", r.route, hybrid.ROUTE_MODES)
   routes = routes_needed(r)
   if r.route == "hybrid" and not routes:
-    fail("reward.route", "='hybrid' needs at least one of reward.rm.checkpoint, "
-         "reward.genrm.checkpoint")
+    invalid("reward.route", r.route, "needs at least one of reward.rm.checkpoint, "
+            "reward.genrm.checkpoint")
   served = (" (a served judge: its tokenizer and prompt format are read from here)"
             if r.judge_sampler.address else "")
   for route in routes:
     if route == "rm":
-      _check_checkpoint("reward.rm.checkpoint", r.rm.checkpoint, f"reward.route={r.route!r}")
+      _check_checkpoint("reward.rm.checkpoint", r.rm.checkpoint,
+                        f" for reward.route={r.route!r}")
     elif route.startswith("genrm"):
       _check_checkpoint("reward.genrm.checkpoint", r.genrm.checkpoint,
-                        f"reward.route={r.route!r}{served}")
+                        f" for reward.route={r.route!r}{served}")
     elif route == "pairwise":
       _check_checkpoint("reward.pairwise.checkpoint", r.pairwise.checkpoint,
-                        f"reward.route='pairwise'{served}")
-  if any(route.startswith("genrm") for route in routes):
-    check_template(r.genrm.template_gt, genrm.TEMPLATE_FIELDS["gt"],
-                   genrm.TEMPLATE_FIELDS["gt"][1:], "reward.genrm.template_gt")
-    check_template(r.genrm.template_reference, genrm.TEMPLATE_FIELDS["reference"],
-                   genrm.TEMPLATE_FIELDS["reference"][1:], "reward.genrm.template_reference")
-  if "pairwise" in routes:
-    check_template(r.pairwise.template, pairwise.TEMPLATE_FIELDS,
-                   pairwise.TEMPLATE_FIELDS[1:], "reward.pairwise.template")
+                        f" for reward.route='pairwise'{served}")
+  _validate_judges(r)
   if any(route != "rm" for route in routes):
-    sampler_config_lib.validate_sampler_config(r.judge_sampler, "reward.judge_sampler")
     # The longest question: the prompt and one response (the pairwise judge: the response
     # and an anchor of the same cap), before the template's own text.
     responses = 2 if "pairwise" in routes else 1
     needed = c.data.prompt_length + responses * c.rollout.max_new_tokens
     if max(r.judge_sampler.prompt_buckets) < needed:
-      fail("reward.judge_sampler.prompt_buckets", f"={tuple(r.judge_sampler.prompt_buckets)}: "
-           f"the longest judge question needs more than {needed} tokens (data.prompt_length "
-           f"+ {responses} × rollout.max_new_tokens); raise it (and cache_length)")
-  for field in ("genrm", "pairwise"):
-    if not 0.0 <= r[field].min_verdict_mass <= 1.0:
-      fail(f"reward.{field}.min_verdict_mass", f"={r[field].min_verdict_mass} must be in [0, 1]")
-  for field in ("rm", "process"):
-    if r[field].batch_size < 1:
-      fail(f"reward.{field}.batch_size", f"={r[field].batch_size} must be >= 1")
+      invalid("reward.judge_sampler.prompt_buckets", tuple(r.judge_sampler.prompt_buckets),
+              f"the largest must exceed {needed} tokens, the longest judge question "
+              f"(data.prompt_length + {responses} × rollout.max_new_tokens; raise "
+              "cache_length too)")
+  at_least(r.rm, "reward.rm", ("batch_size",))
+  at_least(r.process, "reward.process", ("batch_size",))
+  if not r.process.step_delimiter:
+    invalid("reward.process.step_delimiter", r.process.step_delimiter, "must be non-empty "
+            "text (a step ends at a token containing it)")
+  _validate_process_and_critic(c)
+
+
+def _validate_judges(r) -> None:
+  """The GenRM and pairwise judges' verdicts, templates, keys and sampler."""
+  try:
+    check_template(r.genrm.template_gt, genrm.TEMPLATE_FIELDS["gt"],
+                   genrm.TEMPLATE_FIELDS["gt"][1:], "reward.genrm.template_gt")
+    check_template(r.genrm.template_reference, genrm.TEMPLATE_FIELDS["reference"],
+                   genrm.TEMPLATE_FIELDS["reference"][1:], "reward.genrm.template_reference")
+    check_template(r.pairwise.template, pairwise.TEMPLATE_FIELDS,
+                   pairwise.TEMPLATE_FIELDS[1:], "reward.pairwise.template")
+  except ValueError as error:  # "config.<field>=<template>: placeholders must ..."
+    raise reword(error) from None
+  for judge, verdicts, key in (("genrm", ("yes", "no"), "reference_key"),
+                               ("pairwise", ("first", "second"), "anchor_key")):
+    section = r[judge]
+    for verdict in verdicts:
+      if not section[verdict]:
+        invalid(f"reward.{judge}.{verdict}", section[verdict], "must be non-empty text (one "
+                "token of the judge's tokenizer)")
+    if section[verdicts[0]] == section[verdicts[1]]:
+      invalid(f"reward.{judge}.{verdicts[1]}", section[verdicts[1]], "must differ from "
+              f"reward.{judge}.{verdicts[0]}")
+    if not section[key]:
+      invalid(f"reward.{judge}.{key}", section[key], "must be a non-empty metadata key")
+    check_range(f"reward.{judge}.min_verdict_mass", section.min_verdict_mass, low=0, high=1)
+  sampler_config_lib.validate_sampler_config(r.judge_sampler, "reward.judge_sampler")
+
+
+def _validate_process_and_critic(c) -> None:
+  """A PRM's step rewards (`reward.process`) and a critic started from one."""
+  from rlhf_jax.algorithms import ppo_config  # pylint: disable=import-outside-toplevel
+  r, estimator = c.reward, c.algorithm.advantage.estimator
   if r.process.checkpoint:
     _check_checkpoint("reward.process.checkpoint", r.process.checkpoint, "")
-    if not r.process.step_delimiter:
-      fail("reward.process.step_delimiter", "must not be empty")
-    if c.algorithm.advantage.estimator not in ppo_config.TOKEN_REWARD_ESTIMATORS:
-      fail("reward.process.checkpoint", "gives per-step rewards, which the estimator "
-           f"{c.algorithm.advantage.estimator!r} ignores; use one of "
-           f"{', '.join(ppo_config.TOKEN_REWARD_ESTIMATORS)}")
+    if estimator not in ppo_config.TOKEN_REWARD_ESTIMATORS:
+      invalid("reward.process.checkpoint", r.process.checkpoint, "gives per-step rewards, "
+              f"which algorithm.advantage.estimator={estimator!r} ignores; use one of "
+              f"{', '.join(ppo_config.TOKEN_REWARD_ESTIMATORS)} (or leave it empty)")
     if c.rollout.mode == "windows":
-      fail("reward.process.checkpoint", "is not supported with rollout.mode='windows'")
+      invalid("reward.process.checkpoint", r.process.checkpoint, "must be empty with "
+              "rollout.mode='windows' (not supported)")
   if c.critic.init_from:
     _check_checkpoint("critic.init_from", c.critic.init_from, "")
     if not ppo_config.uses_critic(c.algorithm):
-      fail("critic.init_from", "needs a critic (algorithm.advantage.estimator 'gae')")
+      invalid("critic.init_from", c.critic.init_from, "must be empty without a critic "
+              "(algorithm.advantage.estimator 'gae')")

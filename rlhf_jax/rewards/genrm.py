@@ -14,6 +14,7 @@ from typing import Sequence
 from rlhf_jax.data import Example
 from rlhf_jax.rewards.judge import VerdictJudge
 from rlhf_jax.rewards.scorer import Scores
+from rlhf_jax.rewards.scorer import ScorerBase
 
 # Placeholders: {prompt} (ends with a newline for the built-in tasks), {answer} or
 # {reference}, {response}. The question ends where the verdict token comes.
@@ -32,7 +33,7 @@ def judge_question(template: str, example: Example, response: str, *,
                          response=response)
 
 
-class GenRMScorer:
+class GenRMScorer(ScorerBase):
   """A `Scorer`: P(yes) of a generative judge comparing each response with the
   example's ground truth (`mode` 'gt') or its reference response ('reference':
   `example.metadata[reference_key]`).

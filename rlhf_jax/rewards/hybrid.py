@@ -26,6 +26,7 @@ from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import failed_scores
 from rlhf_jax.rewards.scorer import gather_scores
 from rlhf_jax.rewards.scorer import guarded_score
+from rlhf_jax.rewards.scorer import ScorerBase
 
 ROUTES = ("verifier", "genrm_gt", "genrm_reference", "rm", "pairwise")
 ROUTE_MODES = ROUTES + ("hybrid",)
@@ -54,7 +55,7 @@ def hybrid_chooser(routes: Mapping[str, Scorer], verifier_tasks: Sequence[str], 
   return choose
 
 
-class RoutedScorer:
+class RoutedScorer(ScorerBase):
   """A `Scorer` that scores each sample with the scorer of its route.
 
   Args:
@@ -132,15 +133,12 @@ class RoutedScorer:
         out[f"reward/{route}/true_accuracy"] = t["true_correct"] / t["checked"]
     self._totals.clear()
     for scorer in {id(s): s for s in self.routes.values()}.values():
-      pop = getattr(scorer, "pop_metrics", None)
-      if pop is not None:
-        out.update(pop())
-    if self.monitor is not None and hasattr(self.monitor, "pop_metrics"):
+      out.update(scorer.pop_metrics())
+    if self.monitor is not None:
       self.monitor.pop_metrics()  # its per-task counters would repeat the true accuracy
     return out
 
   def close(self) -> None:
     """Closes the routes' and the monitor's scorers."""
     for scorer in {id(s): s for s in [*self.routes.values(), self.monitor] if s}.values():
-      if hasattr(scorer, "close"):
-        scorer.close()
+      scorer.close()

@@ -18,6 +18,7 @@ from rlhf_jax import kernels
 from rlhf_jax.data import Example
 from rlhf_jax.rewards.judge import VerdictJudge
 from rlhf_jax.rewards.scorer import Scores
+from rlhf_jax.rewards.scorer import ScorerBase
 
 PAIR_TEMPLATE = "{prompt}Response A:\n{first}\nResponse B:\n{second}\nBetter? "
 TEMPLATE_FIELDS = ("prompt", "first", "second")
@@ -37,7 +38,7 @@ def anchor_of(example: Example, anchor_key: str) -> str:
   return value if isinstance(value, str) else ""
 
 
-class PairwiseScorer:
+class PairwiseScorer(ScorerBase):
   """A `Scorer`: the win probability of each response against its example's anchor,
   from a pairwise judge asked in both orders, minus `centre`.
 

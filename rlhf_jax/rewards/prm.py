@@ -23,10 +23,11 @@ import numpy as np
 
 from rlhf_jax.data import Example
 from rlhf_jax.rewards.reward_model import ScoringLayout
-from rlhf_jax.rewards.reward_model import run_in_chunks
+from rlhf_jax.parallel import run_in_chunks
 from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.sampling import SamplingParams
+from rlhf_jax.rewards.scorer import ScorerBase
 
 
 def step_end_token_ids(tokenizer, delimiter: str = "\n") -> frozenset[int]:
@@ -118,7 +119,7 @@ class ProcessRewardModel:
     return out, failures
 
 
-class WithProcessRewards:
+class WithProcessRewards(ScorerBase):
   """A `Scorer`: the outcome scorer's scores, plus the PRM's step scores (dense rewards
   placed at step-end tokens by the rollout; Dai et al. §3). A response the PRM cannot
   score keeps its outcome reward and gets no step rewards; the failure is recorded."""
@@ -144,18 +145,16 @@ class WithProcessRewards:
 
   def pop_metrics(self) -> dict[str, float]:
     """The outcome scorer's metrics and the PRM's failures since the last call."""
-    pop = getattr(self.outcome, "pop_metrics", None)
-    out = dict(pop() if pop is not None else {})
+    out = dict(self.outcome.pop_metrics())
     out["reward/prm/failures"], self._failures = float(self._failures), 0
     return out
 
   def close(self) -> None:
     """Closes the outcome scorer."""
-    if hasattr(self.outcome, "close"):
-      self.outcome.close()
+    self.outcome.close()
 
 
-class PrefixValueScorer:
+class PrefixValueScorer(ScorerBase):
   """A `Scorer` of (partial) responses by a PRM: the value at the last text token, the
   PRM's estimate that the prefix can still be completed correctly (speculative
   rejection's partial reward). Unscorable responses are failures."""

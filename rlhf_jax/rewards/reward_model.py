@@ -10,17 +10,18 @@ no Python loop over samples and one compile per run.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 
-from rlhf_jax import parallel
-from rlhf_jax.algorithms.rollout import RolloutBatch
-from rlhf_jax.algorithms.rollout import build_rollout_batch
+from rlhf_jax.parallel import run_in_chunks
+from rlhf_jax.algorithms.batch import RolloutBatch
+from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.models import score_at_last_token
 from rlhf_jax.rewards.scorer import Scores
+from rlhf_jax.rewards.scorer import ScorerBase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,29 +73,7 @@ def sequence_scores(model, params, tokens: jax.Array, attention_mask: jax.Array)
   return score_at_last_token(values, attention_mask)
 
 
-def run_in_chunks(fn: Callable, arrays: Sequence, chunk: int,
-                  mesh: jax.sharding.Mesh | None = None) -> np.ndarray:
-  """`fn(*arrays)` over rows in chunks of exactly `chunk` rows (the last one padded by
-  repeating row 0, so `fn` compiles once), concatenated on the host. Each argument is
-  an array or a pytree of arrays (e.g. a RolloutBatch) with rows on the leading axis.
-  With a mesh, each chunk's rows are split over (data, fsdp) when they divide evenly."""
-  rows = jax.tree.leaves(arrays)[0].shape[0]
-  shards = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-  outputs = []
-  for start in range(0, rows, chunk):
-    part = jax.tree.map(lambda a: np.asarray(a)[start:start + chunk], list(arrays))
-    missing = chunk - min(chunk, rows - start)
-    if missing:
-      part = jax.tree.map(lambda p: np.concatenate([p, np.repeat(p[:1], missing, axis=0)]),
-                          part)
-    if mesh is not None and chunk % shards == 0:
-      part = jax.tree.map(lambda p: jax.device_put(p, parallel.batch_sharding(mesh, p.ndim)),
-                          part)
-    outputs.append(np.asarray(jax.device_get(fn(*part)))[:chunk - missing])
-  return np.concatenate(outputs) if outputs else np.zeros((0,), np.float32)
-
-
-class RewardModelScorer:
+class RewardModelScorer(ScorerBase):
   """A `Scorer` reading a Bradley–Terry reward model's score at the last token
   (Ouyang et al., arXiv:2203.02155 §3.5).
 

@@ -24,6 +24,7 @@ from rlhf_jax.rewards.scorer import gather_scores
 from rlhf_jax.rewards.scorer import guarded_score
 from rlhf_jax.rewards.workers import KillablePool
 from rlhf_jax.tasks import arith
+from rlhf_jax.rewards.scorer import ScorerBase
 
 Verifier = Callable[[str, str], "Judgement | bool | float"]
 
@@ -36,12 +37,13 @@ def has_verifier(task: str) -> bool:
   return task in BUILTIN_VERIFIERS or task in CODE_TASKS or task == "math"
 
 
-class VerifierScorer:
+class VerifierScorer(ScorerBase):
   """A `Scorer` running rule verifiers (task → function) in killable worker processes.
 
   Args:
     verifiers: task name → module-level verifier function.
-    correct_score, wrong_score: rewards of boolean verdicts (DAPO: +1 / −1).
+    correct_score: reward of a True verdict (DAPO: +1).
+    wrong_score: reward of a False verdict (DAPO: −1).
     failure_score: reward of a sample whose verifier raised, hung or crashed.
     timeout_s: per-sample limit.
     max_workers: worker processes.
@@ -99,15 +101,18 @@ def _as_judgement(value) -> Judgement | None:
   return None
 
 
-class RewardRouter:
+class RewardRouter(ScorerBase):
   """A `Scorer` that sends each example to the scorer of its task.
 
   Args:
     verifiers: task → rule verifier, run by one VerifierScorer (default: the built-in
       tasks; pass {} for none).
     scorers: task → any other `Scorer` (code sandbox, reward model); wins over verifiers.
-    correct_score, wrong_score, failure_score, timeout_s, max_workers: the
-      VerifierScorer's settings.
+    correct_score: the VerifierScorer's `correct_score`.
+    wrong_score: the VerifierScorer's `wrong_score`.
+    failure_score: the VerifierScorer's `failure_score`.
+    timeout_s: the VerifierScorer's `timeout_s`.
+    max_workers: the VerifierScorer's `max_workers`.
   """
 
   def __init__(self, verifiers: Mapping[str, Verifier] | None = None, *,

@@ -90,6 +90,26 @@ class Scorer(Protocol):
     """Raises ValueError naming a task this scorer cannot score (before training)."""
     ...
 
+  def pop_metrics(self) -> dict[str, float]:
+    """The scorer's own metrics since the last call (per-task accuracy, failure rate,
+    time); {} for scorers that keep none."""
+    ...
+
+  def close(self) -> None:
+    """Releases workers, sandboxes and engines."""
+    ...
+
+
+class ScorerBase:
+  """Defaults for a `Scorer` that keeps no metrics and holds nothing to release."""
+
+  def pop_metrics(self) -> dict[str, float]:
+    """No metrics of its own."""
+    return {}
+
+  def close(self) -> None:
+    """Nothing to release."""
+
 
 def failed_scores(count: int, failure: str, failure_score: float) -> Scores:
   """`count` samples that all failed for the same reason."""
@@ -117,10 +137,3 @@ def gather_scores(parts: dict[int, tuple[int, Scores]], count: int) -> Scores:
     out.append(scored.scores[position], scored.correct[position], scored.failures[position],
                scored.reason(position))
   return out
-
-
-def pop_scorer_metrics(scorer: Scorer) -> dict[str, float]:
-  """The scorer's own metrics since the last call (a router's per-task accuracy,
-  failure rate and time); {} for scorers that keep none."""
-  pop = getattr(scorer, "pop_metrics", None)
-  return pop() if pop is not None else {}

@@ -12,10 +12,15 @@ points (or α = 0) this is plain Best-of-N.
 The paper starts one prompt's N_init samples in all of memory and prunes when memory
 runs out; here prompts share the scheduler's slots (continuous batching), decisions
 are taken per prompt at given token counts, and the prompts that reach a decision
-after the same scheduler step are scored in one call. A sample may pass τ_k by up to
-`steps_per_sync − 1` tokens before the host sees it (the scheduler's dispatch
-granularity): the partial response scored is everything generated so far. A sample
-that finished before a decision is kept and not ranked.
+after the same scheduler step are scored in one call. Samples of a prompt enter slots at
+different times and the host sees tokens only every `steps_per_sync` steps, so a sample
+may be up to `steps_per_sync − 1` tokens past τ_k (more if it waited on a slower
+sibling) when the decision is taken; the partial response scored is nevertheless
+exactly its first τ_k generated tokens (decoded from those ids), so every ranked prefix
+has the same length, as in the paper. A sample that finished before its prompt's
+decision is kept and not ranked. A prompt takes at most one decision per scheduler
+step: if its samples pass τ_k and τ_k+1 in the same step, τ_k+1 is decided (on the
+first τ_k+1 tokens) at the next step, or never if they have all finished by then.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ class Decision:
   threshold: int
   cancelled: list[int]  # sample indices
   scores: dict[int, float]  # partial score of every live sample
-  lengths: dict[int, int]  # their lengths (tokens) when scored
+  lengths: dict[int, int]  # the scored prefix lengths (tokens): all `threshold`
 
 
 @dataclasses.dataclass
@@ -148,10 +153,14 @@ class SpeculativeRejection:
             and all(len(tokens[k]) >= self.decision_tokens[next_decision[p]] for k in keys)}
 
   def _decide(self, ready, live, tokens, examples, next_decision, names) -> list[Decision]:
-    """Scores the ready prompts' partial responses in one call and cancels the bottom α
-    of each prompt's."""
+    """Scores the ready prompts' partial responses, each sample's first τ tokens (τ its
+    prompt's next decision length), in one call and cancels the bottom α of each
+    prompt's."""
     keys = [k for members in ready.values() for k in members]
-    texts = [self.tokenizer.decode(tokens[k]) for k in keys]
+    # Truncated to τ so that a prompt's prefixes are ranked at equal length whatever
+    # the sync granularity or admission time let a sample run past τ.
+    prefixes = {k: tokens[k][:self.decision_tokens[next_decision[k[0]]]] for k in keys}
+    texts = [self.tokenizer.decode(prefixes[k]) for k in keys]
     scored = self._score([examples[p] for p, _ in keys], texts)
     scores = {k: _finite(s, f) for k, s, f in zip(keys, scored.scores, scored.failures)}
     out = []
@@ -163,7 +172,7 @@ class SpeculativeRejection:
         live.discard((prompt, index))
       out.append(Decision(prompt, self.decision_tokens[next_decision[prompt]], dropped,
                           {k[1]: scores[k] for k in members},
-                          {k[1]: len(tokens[k]) for k in members}))
+                          {k[1]: len(prefixes[k]) for k in members}))
       next_decision[prompt] += 1
     return out
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import ml_collections
 
-from rlhf_jax.config_errors import fail
+from rlhf_jax.config_errors import at_least
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
 from rlhf_jax.data import PromptStream
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.groups import DynamicSamplingRollout
@@ -42,6 +45,10 @@ def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collecti
   r.dynamic = ml_collections.ConfigDict()  # mode 'dynamic'
   r.dynamic.oversample = 3  # Prompts per round = oversample × prompts_per_step (verl 3×).
   r.dynamic.max_rounds = 10  # Fruitless rounds in a row before giving up (verl max_num_gen_batches).
+  # Keep surplus qualified groups for later steps (OpenRLHF) instead of discarding them
+  # (verl, the default); kept groups are stale, corrected by algorithm.staleness.
+  r.dynamic.keep_surplus = False
+  r.dynamic.max_age = 1  # keep_surplus: drop buffered groups older than this many versions.
   r.windows = ml_collections.ConfigDict()  # mode 'windows'
   r.windows.window_tokens = 32  # W: new tokens per response per step (paper: a third of R).
   return r
@@ -49,33 +56,34 @@ def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collecti
 
 def validate_rollout_config(r: ml_collections.ConfigDict, *, prompt_length: int,
                             prompt_buckets: tuple[int, ...]) -> None:
-  """Raises ConfigError naming the `rollout.*` field of an impossible setting."""
-  if r.mode not in MODES:
-    fail("rollout.mode", f"={r.mode!r} is not one of {', '.join(MODES)}")
-  for field in ("prompts_per_step", "group_size", "max_new_tokens"):
-    if r[field] < 1:
-      fail(f"rollout.{field}", f"={r[field]} must be >= 1")
-  if r.mode == "dynamic":
-    if r.group_size < 2:
-      fail("rollout.group_size", f"={r.group_size} must be >= 2 for mode 'dynamic' (it keeps "
-           "groups whose correctness varies)")
-    for field in ("oversample", "max_rounds"):
-      if r.dynamic[field] < 1:
-        fail(f"rollout.dynamic.{field}", f"={r.dynamic[field]} must be >= 1")
+  """Raises ConfigError naming the `rollout.*` field of an impossible setting. Every
+  field is checked whatever the mode (a value set for another mode is still a typo),
+  and the sampling fields with SamplingParams' ranges, before the first rollout."""
+  one_of("rollout.mode", r.mode, MODES)
+  at_least(r, "rollout", ("prompts_per_step", "group_size", "max_new_tokens"))
+  check_range("rollout.temperature", r.temperature, low=0, note="(0: greedy)")
+  check_range("rollout.top_p", r.top_p, low=0, high=1, low_open=True, note="(1: no limit)")
+  check_range("rollout.top_k", r.top_k, low=0, note="(0: no limit)")
+  check_range("rollout.fire_temperature", r.fire_temperature, low=0, low_open=True)
+  check_range("rollout.fire_top_k", r.fire_top_k, low=0, note="(0: no top-k)")
+  at_least(r.dynamic, "rollout.dynamic", ("oversample", "max_rounds"))
+  check_range("rollout.dynamic.max_age", r.dynamic.max_age,
+              low=1 if r.dynamic.keep_surplus else 0,
+              note="with rollout.dynamic.keep_surplus (a kept group is at least one policy "
+              "version old when used; to drop the surplus set keep_surplus=False)"
+              if r.dynamic.keep_surplus else "")
+  check_range("rollout.windows.window_tokens", r.windows.window_tokens, low=1)
+  if r.mode == "dynamic" and r.group_size < 2:
+    invalid("rollout.group_size", r.group_size, "must be >= 2 for rollout.mode='dynamic' (it "
+            "keeps groups whose correctness varies)")
   if r.mode == "windows":
     w = r.windows.window_tokens
-    if w < 1:
-      fail("rollout.windows.window_tokens", f"={w} must be >= 1")
     # A continued response is re-sent as prompt + tokens so far.
     longest = longest_request_prompt(prompt_length, r.max_new_tokens, w)
     if longest > max(prompt_buckets):
-      fail("sampler.prompt_buckets", f"={tuple(prompt_buckets)} must reach {longest} tokens "
-           f"with rollout.windows.window_tokens={w} (a continued response is sent as "
-           "prompt + the tokens so far)")
-  if r.fire and r.fire_temperature <= 0:
-    fail("rollout.fire_temperature", f"={r.fire_temperature} must be > 0")
-  if r.fire and r.fire_top_k < 0:
-    fail("rollout.fire_top_k", f"={r.fire_top_k} must be >= 0 (0: no top-k)")
+      invalid("sampler.prompt_buckets", tuple(prompt_buckets), f"must reach {longest} tokens "
+              f"with rollout.windows.window_tokens={w} (a continued response is sent as "
+              "prompt + the tokens so far)")
 
 
 def sampling_params(r: ml_collections.ConfigDict, stop_token_ids: tuple[int, ...]
@@ -99,6 +107,8 @@ def build_rollout(r: ml_collections.ConfigDict, generator: GroupGenerator,
     return DynamicSamplingRollout(generator, stream, prompts_per_step=r.prompts_per_step,
                                   response_length=r.max_new_tokens,
                                   oversample=r.dynamic.oversample,
-                                  max_rounds=r.dynamic.max_rounds)
+                                  max_rounds=r.dynamic.max_rounds,
+                                  keep_surplus=r.dynamic.keep_surplus,
+                                  max_age=r.dynamic.max_age)
   return GroupRollout(generator, stream, prompts_per_step=r.prompts_per_step,
                       response_length=r.max_new_tokens)

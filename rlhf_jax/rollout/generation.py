@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rlhf_jax.algorithms.rollout import RolloutBatch
-from rlhf_jax.algorithms.rollout import build_rollout_batch
+from rlhf_jax.algorithms.batch import RolloutBatch
+from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import Scores
@@ -34,11 +34,19 @@ class Group:
   failures: list[str]
   # Per sample its process rewards as (response column, reward) pairs (a PRM), or None.
   step_rewards: list[list[tuple[int, float]]] | None = None
+  # Per sample the policy version that sampled it (`sample_version`); None: version 0,
+  # the starting policy (offline data, checkpoints from before versions were kept).
+  versions: list[int] | None = None
 
   @property
   def task(self) -> str:
     """The example's task (streams count task mixes)."""
     return self.example.task
+
+  @property
+  def version(self) -> int:
+    """The oldest policy version among the samples (its age decides staleness)."""
+    return min(self.versions) if self.versions else 0
 
   @staticmethod
   def from_json(data: dict) -> "Group":
@@ -60,6 +68,16 @@ class Rollouts:
   correct: list[bool]
   failures: list[str]
   metrics: dict[str, float]
+
+
+def sample_version(completion) -> int:
+  """The policy version a Completion counts as sampled by: the first of its
+  (first, last) `weights_version`. A sample whose weights changed mid-generation (the
+  scheduler's 'swap_now') has tokens of both, but the scheduler does not report where
+  the swap fell; labelling every token with the older version can only turn a fresh
+  token's weight from exactly 1 into π_prox/π_behav ≈ 1, while labelling with the newer
+  one would hide a stale token from the correction."""
+  return int(completion.weights_version[0])
 
 
 class GroupGenerator:
@@ -122,7 +140,8 @@ class GroupGenerator:
                           scores=scored.scores[part], correct=scored.correct[part],
                           truncated=[s.finish_reason == "length" for s in samples],
                           failures=scored.failures[part],
-                          step_rewards=None if steps is None else steps[part]))
+                          step_rewards=None if steps is None else steps[part],
+                          versions=[sample_version(s) for s in samples]))
       index += len(samples)
     return groups
 
@@ -149,16 +168,18 @@ class GroupGenerator:
 
 def pack_groups(groups: Sequence[Group], *, prompt_length: int, response_length: int,
                 pad_id: int) -> Rollouts:
-  """The Rollouts of whole responses: one row per sample, rows of a group adjacent."""
-  rows = [(g.prompt_ids, response, lps, score, trunc, gid, steps)
+  """The Rollouts of whole responses: one row per sample, rows of a group adjacent;
+  every token of a sample carries the sample's policy version."""
+  rows = [(g.prompt_ids, response, lps, score, trunc, gid, steps, [version] * len(response))
           for gid, g in enumerate(groups)
-          for response, lps, score, trunc, steps in zip(
+          for response, lps, score, trunc, steps, version in zip(
               g.responses, g.logprobs, g.scores, g.truncated,
-              g.step_rewards or [()] * len(g.responses))]
-  prompts, responses, logprobs, scores, truncated, group_ids, steps = (
+              g.step_rewards or [()] * len(g.responses),
+              g.versions or [0] * len(g.responses))]
+  prompts, responses, logprobs, scores, truncated, group_ids, steps, versions = (
       list(x) for x in zip(*rows))
   batch = build_rollout_batch(prompts, responses, logprobs, scores, truncated, group_ids,
                               prompt_length=prompt_length, response_length=response_length,
-                              pad_id=pad_id, step_rewards=steps)
+                              pad_id=pad_id, step_rewards=steps, token_versions=versions)
   return Rollouts(batch=batch, correct=[c for g in groups for c in g.correct],
                   failures=[f for g in groups for f in g.failures if f], metrics={})

@@ -2,8 +2,11 @@
 
 Both produce `prompts_per_step` groups of G scored samples per step. Dynamic
 sampling (DAPO arXiv:2503.14476 §3.2) keeps only groups whose correctness varies
-(0 < #correct < G, the groups with a learning signal), over-samples to find
-them, and keeps the surplus in a buffer for the next step.
+(0 < #correct < G, the groups with a learning signal) and over-samples to find
+them. Surplus qualified groups are discarded, as in verl's DAPO recipe, so every
+trained row was sampled by the current policy; keeping them for later steps
+(OpenRLHF's variant) is the `keep_surplus` option, whose stale rows `prepare`
+corrects by decoupled PPO (ALGORITHMS.md §20).
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from rlhf_jax.rollout.generation import Group
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.rollout.generation import pack_groups
+from rlhf_jax.rollout.base import StreamRollout
 
 
 class NoSignalError(RuntimeError):
   """Dynamic sampling found no group with varying correctness for too many rounds."""
 
 
-class GroupRollout:
+class GroupRollout(StreamRollout):
   """`prompts_per_step` fresh groups per step (rollout.mode = "groups").
 
   Args:
@@ -68,31 +72,61 @@ class DynamicSamplingRollout(GroupRollout):
 
   Each round samples `oversample × prompts_per_step` prompts and keeps the groups
   whose correctness varies; rounds repeat until the step has `prompts_per_step`
-  groups; the surplus waits in a buffer for the next step (verl's behaviour).
+  groups. By default the surplus qualified groups of the last round are discarded:
+  verl's `batch = batch[:train_batch_size · n]` (recipe/dapo), so every trained group
+  is on-policy. With `keep_surplus` the surplus waits in a buffer for later steps
+  (OpenRLHF's variant): those groups were sampled by an older policy (their rows
+  carry its version, and `prepare` corrects them by decoupled PPO), and a buffered
+  group more than `max_age` policy versions old is dropped unused.
 
   Args:
     oversample: prompts per round, as a multiple of prompts_per_step (verl 3×).
     max_rounds: fruitless rounds in a row before `NoSignalError`.
-    (others as GroupRollout)
+    keep_surplus: keep surplus groups for later steps (False: discard, verl).
+    max_age: with keep_surplus, the oldest a buffered group may be when it is used,
+      in policy versions (1: only the previous step's surplus).
+
+  The other arguments are GroupRollout's.
   """
 
   def __init__(self, generator: GroupGenerator, stream: PromptStream, *,
                prompts_per_step: int, response_length: int, oversample: int,
-               max_rounds: int):
+               max_rounds: int, keep_surplus: bool = False, max_age: int = 1):
     super().__init__(generator, stream, prompts_per_step=prompts_per_step,
                      response_length=response_length)
     self.oversample = oversample
     self.max_rounds = max_rounds
+    self.keep_surplus = keep_surplus
+    self.max_age = max_age
     self.buffer: collections.deque[Group] = collections.deque()
+    self.version = 0  # the policy version sampling now: the training step
+
+  def set_step(self, step: int) -> None:
+    """The training step, which is also the sampler's policy version (the loop pushes
+    the weights learned in step s − 1 as version s): buffered groups age against it."""
+    self.version = step
+    super().set_step(step)
+
+  def take_buffered(self, wanted: int) -> tuple[list[Group], dict[str, float]]:
+    """Up to `wanted` buffered groups, oldest first, after dropping those older than
+    `max_age` versions; and the buffer's metrics."""
+    fresh_enough = [g for g in self.buffer if self.version - g.version <= self.max_age]
+    expired = len(self.buffer) - len(fresh_enough)
+    reused, rest = fresh_enough[:wanted], fresh_enough[wanted:]
+    self.buffer = collections.deque(rest)
+    ages = [self.version - g.version for g in reused]
+    return reused, {"expired_groups": float(expired), "reused_groups": float(len(reused)),
+                    "reused_group_age_mean": float(sum(ages) / len(ages)) if ages else 0.0,
+                    "reused_group_age_max": float(max(ages, default=0))}
 
   def next_groups(self) -> tuple[list[Group], dict[str, float]]:
     wanted = self.prompts_per_step
-    kept: list[Group] = []
-    while self.buffer and len(kept) < wanted:
-      kept.append(self.buffer.popleft())
+    kept, metrics = self.take_buffered(wanted)
     generated = qualified = rounds = fruitless = correct = samples = 0
     while len(kept) < wanted:
       groups = self.generator.generate_groups(self.stream.take(wanted * self.oversample))
+      # Without set_step (a caller other than the loop) the newest sample tells the version.
+      self.version = max([self.version] + [g.version for g in groups])
       rounds += 1
       generated += len(groups)
       correct += sum(sum(g.correct) for g in groups)
@@ -106,16 +140,21 @@ class DynamicSamplingRollout(GroupRollout):
             f"correctness varies (rollout.dynamic.max_rounds={self.max_rounds}); the data is "
             "too easy or too hard for the policy.")
       kept.extend(good)
-    self.buffer.extend(kept[wanted:])
-    metrics = {"generation_rounds": float(rounds), "buffered_groups": float(len(self.buffer))}
+    surplus = kept[wanted:]
+    if self.keep_surplus:
+      self.buffer.extend(surplus)
+    metrics.update(generation_rounds=float(rounds), buffered_groups=float(len(self.buffer)),
+                   discarded_surplus_groups=0.0 if self.keep_surplus else float(len(surplus)))
     if generated:  # a step served from the buffer alone generated nothing
       metrics.update(accuracy_all_generated=correct / samples,
                      kept_groups_ratio=qualified / generated)
     return kept[:wanted], metrics
 
   def state(self) -> dict[str, Any]:
+    """JSON-able state: GroupRollout's and the buffered groups (with their versions)."""
     return {**super().state(), "buffer": [dataclasses.asdict(g) for g in self.buffer]}
 
   def restore(self, state: dict[str, Any]) -> None:
+    """Restores `state()`."""
     super().restore(state)
     self.buffer = collections.deque(Group.from_json(g) for g in state["buffer"])

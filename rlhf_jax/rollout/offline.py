@@ -12,15 +12,20 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
-from rlhf_jax.algorithms.rollout import RolloutBatch
+from rlhf_jax.algorithms.batch import RolloutBatch
+from rlhf_jax.algorithms.batch import response_logprobs
+from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import PromptStream
-from rlhf_jax.rewards.reward_model import run_in_chunks
+from rlhf_jax.data import read_labelled
+from rlhf_jax.parallel import run_in_chunks
 from rlhf_jax.rollout.generation import Group
 from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.rollout.generation import pack_groups
+from rlhf_jax.rollout.base import StreamRollout
 
 
 def encode_groups(labelled: Sequence[LabelledGroup], tokenizer, *, prefix: Sequence[int],
@@ -35,8 +40,8 @@ def encode_groups(labelled: Sequence[LabelledGroup], tokenizer, *, prefix: Seque
   truncation) and marked truncated.
 
   Raises:
-    ValueError naming the group of a prompt that does not fit or of a group of the
-    wrong size.
+    ValueError: naming the group of a prompt that does not fit or of a group of
+      the wrong size.
   """
   groups, counts = [], {"dropped": 0, "truncated": 0}
   for index, item in enumerate(labelled):
@@ -64,7 +69,9 @@ def encode_groups(labelled: Sequence[LabelledGroup], tokenizer, *, prefix: Seque
     groups.append(Group(example=item.example, prompt_ids=prompt, responses=responses,
                         logprobs=[[0.0] * len(r) for r in responses],
                         scores=list(item.scores), correct=list(item.correct),
-                        truncated=truncated, failures=[""] * group_size))
+                        truncated=truncated, failures=[""] * group_size,
+                        # The data's behaviour policy is the starting policy: version 0.
+                        versions=[0] * group_size))
   if not groups:
     raise ValueError("no offline group has a preference between its responses (all "
                      "scores tie in every group).")
@@ -85,15 +92,17 @@ def cache_reference_logprobs(groups: list[Group], logprobs_fn: Callable[[Rollout
     group.logprobs = [list(map(float, next(rows)[:len(r)])) for r in group.responses]
 
 
-class OfflineRollout:
+class OfflineRollout(StreamRollout):
   """`prompts_per_step` labelled groups per step, in a fresh seeded order each epoch.
 
   Args:
     groups: the encoded groups (`encode_groups`), logprobs cached or zeros.
     prompts_per_step: groups per step.
-    prompt_length, response_length: P and R of the batch.
+    prompt_length: P of the batch.
+    response_length: R of the batch.
     pad_id: the tokenizer's pad id.
-    seed, shuffle: the stream's order.
+    seed: seeds the stream's order.
+    shuffle: whether the stream shuffles.
   """
 
   def __init__(self, groups: list[Group], *, prompts_per_step: int, prompt_length: int,
@@ -116,3 +125,30 @@ class OfflineRollout:
   def restore(self, state: dict[str, Any]) -> None:
     """Restores `state()`."""
     self.stream.restore(state["stream"])
+
+
+def offline_rollout(c, policy, path: str, log: Callable[[str], None] = print
+                    ) -> OfflineRollout:
+  """The rollout over the labelled groups of `path` for config `c` and the starting
+  `policy` (model, params, tokenizer, prefix), with the policy's log-probs of every
+  response cached (one forward pass over the data) in the rows' `sampler_logprobs`."""
+  try:
+    groups, counts = encode_groups(read_labelled(path), policy.tokenizer, prefix=policy.prefix,
+                                   prompt_length=c.data.prompt_length,
+                                   response_length=c.rollout.max_new_tokens,
+                                   group_size=c.rollout.group_size,
+                                   pairs=c.algorithm.learner == "dpo")
+  except (OSError, ValueError) as error:
+    raise ConfigError(f"config.data.offline_file={path!r}: {error}") from None
+  shapes = dict(prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
+                pad_id=policy.tokenizer.pad_id)
+  # Always: they are π_ref's (reference 'cached') and the data's behaviour policy μ (DQO's
+  # importance weights), the starting policy that sampled the labelled responses.
+  forward = jax.jit(lambda params, rows: response_logprobs(policy.model, params, rows))
+  cache_reference_logprobs(groups, lambda rows: forward(policy.params, rows),
+                           chunk=c.rollout.prompts_per_step, **shapes)
+  log(f"offline data: {len(groups)} groups of {c.rollout.group_size} from {path} "
+      f"({counts['dropped']} without a preference dropped, {counts['truncated']} responses "
+      f"cut to rollout.max_new_tokens)")
+  return OfflineRollout(groups, prompts_per_step=c.rollout.prompts_per_step, seed=c.seed,
+                        shuffle=c.data.shuffle, **shapes)

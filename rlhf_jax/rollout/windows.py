@@ -19,6 +19,8 @@ first token generated in this step: the policy loss uses only those tokens (a
 token is trained on once, in the step that sampled it, so its old log-prob is
 on-policy); Extended GAE bootstraps unfinished rows from their last value
 (`kernels.truncation_bootstrap_values`); the critic trains on finished rows only.
+A response thus spans several policy versions: each token keeps the version of the
+window that sampled it (the batch's `token_versions`).
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import collections
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from rlhf_jax.algorithms.rollout import build_rollout_batch
+from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts
+from rlhf_jax.rollout.generation import sample_version
 from rlhf_jax.sampling import SamplingParams
+from rlhf_jax.rollout.base import StreamRollout
 
 
 @dataclasses.dataclass
@@ -46,6 +50,7 @@ class Trajectory:
     logprobs: the sampler's log π of each token (under the weights of its window).
     windows: windows generated so far.
     group: id shared by the `group_size` samples of one prompt.
+    versions: the policy version that sampled each token (its window's).
   """
   example: Example
   prompt_ids: list[int]
@@ -53,6 +58,7 @@ class Trajectory:
   logprobs: list[float] = dataclasses.field(default_factory=list)
   windows: int = 0
   group: int = 0
+  versions: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -136,17 +142,22 @@ class WindowPool:
       out.append((trajectory.prompt_ids + trajectory.tokens, sampling))
     return out
 
-  def advance(self, windows: Sequence[tuple[Sequence[int], Sequence[float]]]
-              ) -> list[Segment]:
-    """Appends each response's new (tokens, log-probs), retires the finished ones,
-    and returns the step's segments (one per response that was in flight)."""
+  def advance(self, windows: Sequence[tuple[Sequence[int], Sequence[float]]],
+              versions: Sequence[int] | None = None) -> list[Segment]:
+    """Appends each response's new (tokens, log-probs), sampled by policy version
+    `versions[i]` (default 0), retires the finished ones, and returns the step's
+    segments (one per response that was in flight)."""
     if len(windows) != len(self.in_flight):
       raise ValueError(f"got {len(windows)} windows for {len(self.in_flight)} responses.")
+    versions = [0] * len(windows) if versions is None else list(versions)
+    if len(versions) != len(windows):
+      raise ValueError(f"got {len(versions)} versions for {len(windows)} windows.")
     segments, still = [], []
-    for trajectory, (tokens, logprobs) in zip(self.in_flight, windows):
+    for trajectory, (tokens, logprobs), version in zip(self.in_flight, windows, versions):
       start = len(trajectory.tokens)
       trajectory.tokens.extend(int(t) for t in tokens)
       trajectory.logprobs.extend(float(x) for x in logprobs)
+      trajectory.versions.extend([int(version)] * len(tokens))
       trajectory.windows += 1
       stopped = bool(tokens) and int(tokens[-1]) in self.stop_token_ids
       capped = len(trajectory.tokens) >= self.max_new_tokens
@@ -167,7 +178,9 @@ class WindowPool:
   def restore(self, state: dict) -> None:
     """Restores `state()`."""
     def load(t):
-      return Trajectory(**{**t, "example": Example(**t["example"])})
+      # A state saved before versions were kept: its tokens count as version 0.
+      versions = t.get("versions", [0] * len(t["tokens"]))
+      return Trajectory(**{**t, "example": Example(**t["example"]), "versions": versions})
     self.in_flight = [load(t) for t in state["in_flight"]]
     self.waiting = collections.deque(load(t) for t in state["waiting"])
     self.groups_started = int(state["groups_started"])
@@ -179,14 +192,15 @@ def longest_request_prompt(prompt_length: int, max_new_tokens: int, window_token
   return prompt_length + ((max_new_tokens - 1) // window_tokens) * window_tokens
 
 
-class WindowRollout:
+class WindowRollout(StreamRollout):
   """T-PPO's rollout mode (rollout.mode = "windows"): one window per in-flight response.
 
   Args:
     generator: samples (n = 1 per request here) and scores finished responses.
     stream: the resumable prompt stream.
-    prompts_per_step, group_size: the pool holds prompts_per_step × group_size
+    prompts_per_step: prompts per step; the pool holds prompts_per_step × group_size
       responses (the batch's rows).
+    group_size: responses per prompt.
     window_tokens: W.
     response_length: R.
   """
@@ -209,7 +223,8 @@ class WindowRollout:
     requests = pool.requests(generator.sampling, seeds=seeds)
     out = generator.sampler.generate([prompt for prompt, _ in requests],
                                      [sampling for _, sampling in requests])
-    segments = pool.advance([(o[0].token_ids, o[0].model_logprobs) for o in out])
+    segments = pool.advance([(o[0].token_ids, o[0].model_logprobs) for o in out],
+                            versions=[sample_version(o[0]) for o in out])
     done = [i for i, segment in enumerate(segments) if segment.finished]
     scored = generator.score([segments[i].trajectory.example for i in done],
                              [segments[i].trajectory.tokens for i in done])
@@ -221,7 +236,8 @@ class WindowRollout:
         [s.truncated for s in segments], [s.trajectory.group for s in segments],
         prompt_length=generator.prompt_length, response_length=self.response_length,
         pad_id=generator.tokenizer.pad_id, window_starts=[s.window_start for s in segments],
-        finished=[s.finished for s in segments])
+        finished=[s.finished for s in segments],
+        token_versions=[s.trajectory.versions for s in segments])
     return Rollouts(batch=batch, correct=list(scored.correct),
                     failures=[f for f in scored.failures if f],
                     metrics={"finished_responses": float(len(done)),

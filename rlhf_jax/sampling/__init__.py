@@ -1,6 +1,9 @@
 """rlhf_jax.sampling: a JetStream-shaped engine (prefill / insert / generate over decode
 slots), a continuous-batching scheduler, per-request sampling parameters with FIRE,
-and a gRPC server and client for running the sampler in its own process."""
+and a gRPC server and client for running the sampler in its own process.
+
+The server (`server`, `servicers`, `wire`) and `client` need the `serve` extra (grpcio,
+protobuf); they are not imported here, so the core needs neither."""
 
 from rlhf_jax.sampling.engine import DecodeState
 from rlhf_jax.sampling.engine import Engine

@@ -23,9 +23,9 @@ from rlhf_jax.sampling.params import per_prompt
 from rlhf_jax.sampling.protos import sampler_pb2
 from rlhf_jax.sampling.protos import sampler_pb2_grpc
 from rlhf_jax.sampling.scheduler import Completion
-from rlhf_jax.sampling.server import MAX_MESSAGE_BYTES
-from rlhf_jax.sampling.server import param_names
-from rlhf_jax.sampling.server import sampling_to_proto
+from rlhf_jax.sampling.wire import MAX_MESSAGE_BYTES
+from rlhf_jax.sampling.wire import param_names
+from rlhf_jax.sampling.wire import sampling_to_proto
 
 WEIGHT_CHUNK_BYTES = 4 * 1024 * 1024
 

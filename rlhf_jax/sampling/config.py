@@ -11,13 +11,15 @@ import os
 
 import ml_collections
 
-from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
+from rlhf_jax.config_errors import reword
 from rlhf_jax.models import with_numerics
 from rlhf_jax.models.config import DTYPES
 from rlhf_jax.models.config import MATMUL_PRECISIONS
 from rlhf_jax.sampling.engine import Engine
-from rlhf_jax.sampling.scheduler import UPDATE_POLICIES
 from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
 
 
 def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
@@ -47,30 +49,25 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
 
 def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sampler",
                             num_devices: int | None = None) -> None:
-  """Raises ValueError naming the field of an impossible sampler setting."""
-  def fail(field, message):
-    raise ConfigError(f"config.{prefix}.{field}={config[field]!r} {message}.")
-
-  for field in ("num_slots", "cache_length", "steps_per_sync", "max_queue", "max_stop_tokens",
-                "max_prefill_batch"):
+  """Raises ConfigError naming the `config.<prefix>.*` field of an impossible sampler
+  setting, with its allowed values or range."""
+  del num_devices  # the sampler runs on the trainer's mesh (or a server's devices)
+  for field in ("num_slots", "cache_length", "max_stop_tokens"):  # the Engine's
     if not isinstance(config[field], int) or config[field] < 1:
-      fail(field, "must be a positive integer")
-  buckets = tuple(config.prompt_buckets)
-  if not buckets or any(not isinstance(b, int) or b < 1 for b in buckets):
-    fail("prompt_buckets", "must be a non-empty tuple of positive integers")
-  if max(buckets) >= config.cache_length:
-    fail("prompt_buckets", f"must stay below cache_length={config.cache_length} (room for "
-         "new tokens)")
-  if config.max_prefill_batch & (config.max_prefill_batch - 1):
-    fail("max_prefill_batch", "must be a power of two")
-  if config.update_policy not in UPDATE_POLICIES:
-    fail("update_policy", f"is not one of {', '.join(UPDATE_POLICIES)}")
-  if config.dtype not in DTYPES:
-    fail("dtype", f"is not one of {', '.join(DTYPES)}")
-  if config.matmul_precision not in MATMUL_PRECISIONS:
-    fail("matmul_precision", f"is not one of {', '.join(MATMUL_PRECISIONS)}")
+      invalid(f"{prefix}.{field}", config[field], "must be an int >= 1")
+  try:
+    validate_scheduler_options(
+        prompt_buckets=tuple(config.prompt_buckets), cache_length=config.cache_length,
+        steps_per_sync=config.steps_per_sync, max_prefill_batch=config.max_prefill_batch,
+        max_queue=config.max_queue, update_policy=config.update_policy,
+        prefix=f"config.{prefix}.")
+  except ValueError as error:  # "config.<prefix>.<field>=<value> <rule>."
+    raise reword(error) from None
+  one_of(f"{prefix}.dtype", config.dtype, DTYPES)
+  one_of(f"{prefix}.matmul_precision", config.matmul_precision, MATMUL_PRECISIONS)
   if config.address and ":" not in config.address:
-    fail("address", "must be 'host:port' (or empty for the in-process engine)")
+    invalid(f"{prefix}.address", config.address, "must be 'host:port' (or empty for the "
+            "in-process engine)")
 
 
 def newline_token_ids(tokenizer) -> list[int]:
@@ -100,9 +97,9 @@ def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokeniz
 
 
 def check_directory(field: str, path: str, required: tuple[str, ...] = ()) -> None:
-  """Raises ValueError naming `field` if `path` is not a directory holding `required`."""
+  """Raises ConfigError naming `field` if `path` is not a directory holding `required`."""
   if not os.path.isdir(path):
-    raise ValueError(f"config.{field}={path!r} is not a directory.")
+    invalid(field, path, "must be an existing directory")
   for name in required:
     if not os.path.exists(os.path.join(path, name)):
-      raise ValueError(f"config.{field}={path!r} has no {name}.")
+      invalid(field, path, f"must be a directory holding {name}")

@@ -31,8 +31,7 @@ from rlhf_jax.sampling.requests import Completion
 from rlhf_jax.sampling.requests import RequestState
 from rlhf_jax.sampling.requests import SampleState
 from rlhf_jax.sampling.requests import TokenCallback
-
-UPDATE_POLICIES = ("finish_old", "swap_now")
+from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
 
 
 class QueueFull(RuntimeError):
@@ -40,9 +39,10 @@ class QueueFull(RuntimeError):
 
 
 def default_prompt_buckets(cache_length: int) -> tuple[int, ...]:
-  """Powers of two from 16 below `cache_length`, plus `cache_length` itself."""
-  buckets = [b for b in (2 ** i for i in range(4, 20)) if b < cache_length]
-  return tuple(buckets) + (cache_length,)
+  """Powers of two from 16 below `cache_length - 1`, plus `cache_length - 1`: the
+  longest prompt that leaves room for a new token."""
+  longest = cache_length - 1
+  return tuple(b for b in (2 ** i for i in range(4, 20)) if b < longest) + (longest,)
 
 
 class Scheduler:
@@ -51,8 +51,8 @@ class Scheduler:
   Args:
     engine: the Engine.
     params: model parameters (replaced by `update_params`).
-    prompt_buckets: padded prompt lengths (one prefill compile each); default
-      `default_prompt_buckets(engine.cache_length)`.
+    prompt_buckets: padded prompt lengths (one prefill compile each), each in
+      [1, engine.cache_length); default `default_prompt_buckets(engine.cache_length)`.
     steps_per_sync: most decode steps per dispatch before the host looks at
       the results; a finished slot idles at most this many steps minus one.
     continuous: refill slots as samples finish (False: static batching).
@@ -71,17 +71,13 @@ class Scheduler:
                continuous: bool = True, max_queue: int = 4096,
                update_policy: str = "finish_old", seed: int = 0, weights_version: int = 0,
                max_prefill_batch: int = 8):
-    if update_policy not in UPDATE_POLICIES:
-      raise ValueError(f"update_policy={update_policy!r}; allowed: {UPDATE_POLICIES}.")
-    if not isinstance(steps_per_sync, int) or steps_per_sync < 1:
-      raise ValueError(f"steps_per_sync={steps_per_sync!r} must be a positive integer.")
-    if (not isinstance(max_prefill_batch, int) or max_prefill_batch < 1
-        or max_prefill_batch & (max_prefill_batch - 1)):
-      raise ValueError(f"max_prefill_batch={max_prefill_batch!r} must be a power of two.")
-    buckets = tuple(sorted(prompt_buckets or default_prompt_buckets(engine.cache_length)))
-    if buckets[-1] > engine.cache_length or buckets[0] < 1:
-      raise ValueError(f"prompt_buckets={buckets} must lie in [1, cache_length="
-                       f"{engine.cache_length}].")
+    buckets = tuple(default_prompt_buckets(engine.cache_length) if prompt_buckets is None
+                    else prompt_buckets)
+    validate_scheduler_options(
+        prompt_buckets=buckets, cache_length=engine.cache_length,
+        steps_per_sync=steps_per_sync, max_prefill_batch=max_prefill_batch,
+        max_queue=max_queue, update_policy=update_policy)
+    buckets = tuple(sorted(buckets))
     self.engine = engine
     self.params = params
     self.prompt_buckets = buckets

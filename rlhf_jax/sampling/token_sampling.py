@@ -63,7 +63,9 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: jax.Array,
     keys: [B] typed PRNG keys, one per row, so a row's draw depends on its own
       key only, never on the other rows.
     temperature: [B] float, 0 = greedy.
-    top_k, top_p, min_p: [B] per-row truncations (see `truncation_mask`).
+    top_k: [B] per-row top-k (see `truncation_mask`).
+    top_p: [B] per-row top-p.
+    min_p: [B] per-row min-p.
   Returns:
     (tokens [B] int32, sampled_logprobs [B], model_logprobs [B]) as described
     in the module docstring.

@@ -1,36 +1,37 @@
-"""Building a run's parts from its config: mesh, models, roles, sampler, scorer, data,
-rollout. The loop (training/loop.py) receives them ready to use."""
+"""Building a run's parts from its config: mesh, policy, data, sampler, scorer, rollout and
+learner. The loop (training/loop.py) receives them ready to use; each part's own
+package decides its details (rewards/build.py the reward, rollout/config.py the
+rollout mode, algorithms/registry.py the learner).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from typing import Any, Callable
 
 import jax
 
 from rlhf_jax import models
 from rlhf_jax import parallel
-from rlhf_jax.algorithms import ppo_config
+from rlhf_jax.algorithms import registry
+from rlhf_jax.algorithms.learner import Learner
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.data import CurriculumStream
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
+from rlhf_jax.data import parse_curriculum
 from rlhf_jax.data import read_examples
-from rlhf_jax.data.curriculum import CurriculumStream
-from rlhf_jax.data.curriculum import parse_curriculum
-from rlhf_jax.rewards import RewardRouter
-from rlhf_jax.rewards.router import router_for_tasks
 from rlhf_jax.rewards import Scorer
+from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
+from rlhf_jax.rollout.base import Rollout
+from rlhf_jax.rollout.offline import offline_rollout
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import pycalc
-from rlhf_jax.training import learner as learner_lib
 from rlhf_jax.training.config import parse_columns
-from rlhf_jax.training.roles import FrozenRole
-from rlhf_jax.training.roles import make_optimizer
-from rlhf_jax.training.sft import policy_checkpoint_dir
 
 
 @dataclasses.dataclass
@@ -62,6 +63,16 @@ def check_deterministic(c) -> None:
     raise ConfigError("config.train.deterministic=True needs XLA_FLAGS="
                       "--xla_gpu_deterministic_ops=true before JAX starts (launch/train.py "
                       "sets it; in your own program, export it first).")
+
+
+def policy_checkpoint_dir(c, workdir: str) -> str:
+  """Where a run's initial policy lives: `model.checkpoint`, or <workdir>/sft (arith)."""
+  return c.model.checkpoint or os.path.join(workdir, "sft")
+
+
+def offline_path(c, workdir: str) -> str:
+  """`data.offline_file`, or <workdir>/offline.jsonl (the arith variant's generated one)."""
+  return c.data.offline_file or os.path.join(workdir, "offline.jsonl")
 
 
 def load_policy(c, workdir: str, mesh) -> Policy:
@@ -103,40 +114,6 @@ def load_examples(c) -> tuple[list[Example], list[Example]]:
   return train, held_out
 
 
-def build_scorer(c, tasks: Sequence[str], mesh=None) -> Scorer:
-  """The run's reward (`reward.route`): the rule verifiers of `tasks` (`build_verifiers`)
-  by default, else reward models and judges routed per sample, and a PRM's step
-  rewards with `reward.process.checkpoint` (training/reward_models.py). Models load
-  onto `mesh` (default: the trainer mesh of the config)."""
-  if c.reward.route == "verifier" and not c.reward.process.checkpoint:
-    return build_verifiers(c, tasks)
-  from rlhf_jax.training import reward_models  # pylint: disable=import-outside-toplevel
-  return reward_models.build_reward(c, tasks, mesh if mesh is not None else trainer_mesh(c),
-                                    lambda subset: build_verifiers(c, subset))
-
-
-def build_verifiers(c, tasks: Sequence[str]) -> RewardRouter:
-  """The `reward` section's router over the rule verifiers and sandbox the data's `tasks`
-  need (`rewards.router.router_for_tasks`); a missing dependency or a sandbox that
-  cannot start is a ConfigError here, before anything compiles."""
-  from rlhf_jax.rewards.sandbox import SandboxUnavailable  # pylint: disable=import-outside-toplevel
-  r = c.reward
-  try:
-    return router_for_tasks(
-        tasks, correct_score=r.correct_score, wrong_score=r.wrong_score,
-        failure_score=r.failure_score, timeout_s=r.timeout_s, workers=r.workers,
-        math_extractor=r.math_extractor, sandbox_timeout_s=r.sandbox.timeout_s,
-        sandbox_memory_mb=r.sandbox.memory_mb, sandbox_workers=r.sandbox.workers or None,
-        sandbox_isolation=r.sandbox.isolation)
-  except ImportError as error:
-    raise ConfigError(f"the data has a 'math' task: {error}") from None
-  except ValueError as error:
-    raise ConfigError(f"config.reward.math_extractor: {error}") from None
-  except SandboxUnavailable as error:
-    raise ConfigError(f"config.reward.sandbox.isolation={r.sandbox.isolation!r}: "
-                      f"{error}") from None
-
-
 def generation_params(c, policy: Policy, params, mesh):
   """The policy in the sampler's layout (GENERATE_RULES: replicated over data and fsdp,
   split over tensor); a server gets host arrays anyway."""
@@ -150,7 +127,8 @@ def build_sampler(c, policy: Policy, mesh):
   """The in-process scheduler (sampler section), or a client of `sampler.address`
   that is sent the initial weights before the first rollout."""
   if c.sampler.address:
-    from rlhf_jax.sampling.client import SamplerClient
+    # grpc is the `serve` extra's: imported only when a sampler server is configured.
+    from rlhf_jax.sampling.client import SamplerClient  # pylint: disable=import-outside-toplevel
     sampler = SamplerClient(c.sampler.address)
     sampler.wait_ready()
     sampler.update_params(policy.params, version=0)
@@ -161,21 +139,17 @@ def build_sampler(c, policy: Policy, mesh):
 
 
 def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Example], *,
-                  workdir: str = "", log=print):
+                  workdir: str = "", log: Callable[[str], None] = print) -> Rollout:
   """The rollout of `rollout.mode` over a resumable stream of `examples` (mode 'offline':
-  over the labelled groups of `data.offline_file`, training/offline_data.py)."""
+  over the labelled groups of `data.offline_file`, rollout/offline.py)."""
   if c.rollout.mode == "offline":
-    from rlhf_jax.training.offline_data import offline_rollout  # pylint: disable=import-outside-toplevel
-    return offline_rollout(c, policy, workdir, log=log)
+    return offline_rollout(c, policy, offline_path(c, workdir), log=log)
   stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
-  step_ends = None
-  if c.reward.process.checkpoint:
-    from rlhf_jax.training.reward_models import step_ends_of  # pylint: disable=import-outside-toplevel
-    step_ends = step_ends_of(c, policy.tokenizer)
   generator = GroupGenerator(sampler, scorer, policy.tokenizer,
                              sampling=rollout_config_lib.sampling_params(c.rollout, stop),
                              prefix=policy.prefix, prompt_length=c.data.prompt_length,
-                             seed=c.seed, step_end_ids=step_ends)
+                             seed=c.seed,
+                             step_end_ids=reward_build.step_end_ids(c, policy.tokenizer))
   if c.data.curriculum:
     stream = CurriculumStream(examples, parse_curriculum(c.data.curriculum), seed=c.seed,
                               shuffle=c.data.shuffle)
@@ -184,66 +158,6 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
   return rollout_config_lib.build_rollout(c.rollout, generator, stream)
 
 
-def _optimizers(c):
-  """(actor, critic) optimizers of the `optimizer` section, decaying over the run's updates
-  when the schedule is cosine."""
-  o = c.optimizer
-  decay = dict(decay_updates=(c.train.steps * c.train.ppo_epochs * c.train.minibatches
-                              if o.schedule == "cosine" else 0),
-               final_fraction=o.final_fraction)
-  return (make_optimizer(o.learning_rate, o.warmup_steps, o.weight_decay, o.max_grad_norm,
-                         **decay),
-          make_optimizer(o.critic_learning_rate, o.warmup_steps, 0.0, o.max_grad_norm, **decay))
-
-
-def _critic(c, policy: Policy, mesh):
-  """(critic model, params on the mesh): from `critic.init_from` (a PRM) or the policy's
-  backbone with a zero value head."""
-  if c.critic.init_from:
-    from rlhf_jax.training import reward_models  # pylint: disable=import-outside-toplevel
-    critic_model, critic_params = reward_models.critic_from_checkpoint(c.critic.init_from,
-                                                                       policy.model)
-  else:
-    critic_model, critic_params = models.critic_from_policy(policy.model, policy.params)
-  # A copy: the actor's update donates (frees) the backbone arrays they share.
-  critic_params = parallel.shard_params(jax.tree.map(lambda x: x.copy(), critic_params),
-                                        parallel.param_shardings(
-                                            critic_params, critic_model.logical_axes(), mesh))
-  return critic_model, critic_params
-
-
-def build_learner(c, policy: Policy, mesh):
-  """The learner of `algorithm.learner`: the PPO family's (actor, critic with estimator
-  'gae', reference with a KL term), DPO's (actor, reference) or DQO's (policy, value,
-  reference), with their optimizers."""
-  a = c.algorithm
-  actor_optimizer, critic_optimizer = _optimizers(c)
-  if a.learner == "dpo":
-    from rlhf_jax.training import dpo_learner  # pylint: disable=import-outside-toplevel
-    actor = dpo_learner.dpo_actor_role(policy.model, policy.params, actor_optimizer, mesh,
-                                       a.dpo, c.train)
-    reference = None if a.dpo.reference == "cached" else FrozenRole(policy.model,
-                                                                     policy.params)
-    return dpo_learner.DPOLearner(a.dpo, actor, reference, group_size=c.rollout.group_size,
-                                  seed=c.seed)
-  if a.learner == "dqo":
-    from rlhf_jax.training import dqo_learner  # pylint: disable=import-outside-toplevel
-    critic_model, critic_params = _critic(c, policy, mesh)
-    actor, critic = dqo_learner.dqo_roles(policy.model, policy.params, critic_model,
-                                          critic_params, (actor_optimizer, critic_optimizer),
-                                          mesh, a.dqo, c.train)
-    reference = None if a.dqo.reference == "cached" else FrozenRole(policy.model,
-                                                                     policy.params)
-    return dqo_learner.DQOLearner(a.dqo, actor, critic, reference, seed=c.seed)
-  actor = learner_lib.actor_role(policy.model, policy.params, actor_optimizer, mesh, a,
-                                 c.train)
-  critic = None
-  if ppo_config.uses_critic(a):
-    critic_model, critic_params = _critic(c, policy, mesh)
-    critic = learner_lib.critic_role(critic_model, critic_params, critic_optimizer, mesh, a,
-                                     c.train)
-  reference = FrozenRole(policy.model, policy.params) if ppo_config.uses_reference(a) else None
-  correction = ppo_config.correction_mode(a, trainer_dtype=c.model.dtype,
-                                          sampler_dtype=c.sampler.dtype)
-  return learner_lib.PPOLearner(a, actor, critic, reference, correction=correction,
-                                group_size=c.rollout.group_size, seed=c.seed)
+def build_learner(c, policy: Policy, mesh) -> Learner:
+  """The learner of `algorithm.learner` (algorithms/registry.py) for the policy."""
+  return registry.build_learner(c, policy.model, policy.params, mesh)

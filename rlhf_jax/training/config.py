@@ -2,10 +2,12 @@
 
 configs/{ppo,grpo,dapo,vcppo,vapo,tppo}.py start from `base_config(variant)` and
 change fields of the `algorithm` sub-sections and `rollout`. Each section is
-defined and validated by the module that owns it (algorithms/ppo_config.py,
-rollout/config.py, sampling/config.py); `validate_config` runs them all, plus the
-checks that span sections, before anything loads or compiles. Every error is a
-`ConfigError` naming the full field path.
+defined and validated by the module that owns it (algorithms/ppo_config.py, dpo.py,
+dqo.py, rollout/config.py, sampling/config.py, rewards/config.py; this module's own
+sections in training/config_checks.py); `validate_config`, the one entry point every
+launcher calls first, runs them all plus the checks that span sections, before
+anything loads, trains or compiles. Every error is a one-line `ConfigError`,
+`config.<full.path>: invalid value <v>: <allowed values or range>`.
 """
 
 from __future__ import annotations
@@ -14,23 +16,19 @@ import importlib.util
 
 import ml_collections
 
-from rlhf_jax import parallel
 from rlhf_jax.algorithms import dpo
 from rlhf_jax.algorithms import dqo
 from rlhf_jax.algorithms import ppo_config
-from rlhf_jax.config_errors import fail
-from rlhf_jax.data.curriculum import parse_curriculum
-from rlhf_jax.data.sources import FIELDS as SOURCE_FIELDS
-from rlhf_jax.models.config import DTYPES
-from rlhf_jax.models.config import MATMUL_PRECISIONS
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
 from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.sampling import config as sampler_config_lib
+from rlhf_jax.training import config_checks
+from rlhf_jax.training.config_checks import parse_columns  # pylint: disable=unused-import
 
 VARIANTS = ("arith", "hf")
 LEARNERS = ("ppo", "dpo", "dqo")
-GENERATED_TASKS = ("arith", "pycalc")  # data.task of the arith variant
-MATH_EXTRACTORS = ("auto", "boxed", "answer_line", "gsm8k", "last_number")
 
 
 def base_config(variant: str) -> ml_collections.ConfigDict:
@@ -144,7 +142,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 60 if arith else 1000  # Training steps (one rollout batch each).
-  c.train.ppo_epochs = 1  # Passes over each rollout batch.
+  c.train.epochs = 1  # Passes over each rollout batch.
   c.train.minibatches = 2  # Optimizer steps per epoch (the batch split evenly).
   c.train.micro_batches = 1  # Gradient-accumulation slices per optimizer step (same update).
   # XLA's deterministic GPU ops (--xla_gpu_deterministic_ops): exact resume on GPU, at the
@@ -177,171 +175,89 @@ def sibling_preset(preset_file: str, name: str, variant: str) -> ml_collections.
 
 
 def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-  """Raises ConfigError naming the field of an impossible setting (before any compile)."""
-  if c.variant not in VARIANTS:
-    fail("variant", f"={c.variant!r} is not one of {', '.join(VARIANTS)}")
+  """Checks every field of a trainer config; launchers call this first, before the
+  warm start, labelling, loading or compiling (the Trainer checks again, cheaply).
+
+  Each section's owner checks its values, then the checks that span sections run;
+  with `num_devices` the mesh is checked against the devices too. Raises ConfigError:
+  one line, `config.<full.path>: invalid value <v>: <allowed values or range>`.
+  """
+  one_of("variant", c.variant, VARIANTS)
+  config_checks.check_finite(c)
   r, a = c.rollout, c.algorithm
+  rows = r.prompts_per_step * r.group_size
   sampler_config_lib.validate_sampler_config(c.sampler)
   ppo_config.validate_algorithm_config(a, group_size=r.group_size,
                                        response_length=r.max_new_tokens)
   if r.mode == "windows" and not ppo_config.uses_critic(a):
-    fail("rollout.mode", "='windows' (T-PPO) needs a critic (algorithm.advantage.estimator "
-         "'gae') for Extended GAE")
-  _validate_learner(c)
+    invalid("rollout.mode", r.mode, "T-PPO's windows need a critic for Extended GAE "
+            "(algorithm.advantage.estimator 'gae')")
+  one_of("algorithm.learner", a.learner, LEARNERS)
+  if a.learner != "ppo" and r.mode not in ("groups", "dynamic", "offline"):
+    invalid("rollout.mode", r.mode, f"must be one of groups, dynamic, offline for "
+            f"algorithm.learner={a.learner!r} (it trains on whole responses)")
+  dpo.validate_dpo_fields(a.dpo)
+  dqo.validate_dqo_fields(a.dqo)
   rollout_config_lib.validate_rollout_config(r, prompt_length=c.data.prompt_length,
                                              prompt_buckets=tuple(c.sampler.prompt_buckets))
-  _validate_model(c.model)
-  _validate_reward(c)
+  config_checks.validate_model(c)
+  config_checks.validate_data(c)
+  config_checks.validate_sft(c.sft)
+  config_checks.validate_rule_rewards(c.reward)
   reward_config_lib.validate_reward_models(c)
-  _validate_train(c, rows=r.prompts_per_step * r.group_size)
-  _validate_sft(c.sft)
-  _validate_schedule(c.optimizer)
-  if c.data.prompt_length > max(c.sampler.prompt_buckets):
-    fail("data.prompt_length", f"={c.data.prompt_length} exceeds the largest "
-         f"sampler.prompt_buckets={max(c.sampler.prompt_buckets)}")
-  if c.data.prompt_length + r.max_new_tokens > c.sampler.cache_length:
-    fail("sampler.cache_length", f"={c.sampler.cache_length} is below data.prompt_length + "
-         f"rollout.max_new_tokens = {c.data.prompt_length + r.max_new_tokens}")
-  if c.variant == "hf" and not c.model.checkpoint:
-    fail("model.checkpoint", "is required for the hf variant (an HF checkpoint directory)")
-  if c.variant == "hf" and not c.data.train_file and r.mode != "offline":
-    fail("data.train_file", "is required for the hf variant (JSONL: prompt, answer, task)")
-  parse_columns(c.data.columns)
-  if c.data.curriculum:
-    parse_curriculum(c.data.curriculum)
-  if len(c.data.levels) != len(c.data.level_weights):
-    fail("data.level_weights", f"has {len(c.data.level_weights)} entries for "
-         f"{len(c.data.levels)} data.levels")
-  if num_devices is not None:
-    _validate_mesh(c, num_devices, rows=r.prompts_per_step * r.group_size)
+  config_checks.validate_optimizer(c.optimizer)
+  config_checks.validate_train(c, rows=rows)
+  _validate_learner(c)
+  _validate_across_sections(c)
+  config_checks.validate_mesh(c, num_devices, rows=rows)
   if c.train.tensorboard and importlib.util.find_spec("tensorboardX") is None:
-    fail("train.tensorboard", "=True needs tensorboardX: pip install 'rlhf-jax[tensorboard]' "
-         "(or set it False; metrics.jsonl is always written)")
-  for field in ("learning_rate", "critic_learning_rate"):
-    if c.optimizer[field] <= 0:
-      fail(f"optimizer.{field}", f"={c.optimizer[field]} must be > 0")
+    invalid("train.tensorboard", True, "needs tensorboardX: pip install "
+            "'rlhf-jax[tensorboard]' (or set it False; metrics.jsonl is always written)")
 
 
-def parse_columns(text: str) -> dict[str, str]:
-  """`data.columns` ("answer=reward_model.ground_truth,task=data_source") as a mapping."""
-  mapping = {}
-  for item in filter(None, (part.strip() for part in text.split(","))):
-    field, _, path = item.partition("=")
-    if field.strip() not in SOURCE_FIELDS or not path.strip():
-      fail("data.columns", f"={text!r}: {item!r} is not field=column with field one of "
-           f"{', '.join(SOURCE_FIELDS)}")
-    mapping[field.strip()] = path.strip()
-  return mapping
-
-
-def _validate_reward(c) -> None:
-  from rlhf_jax.rewards import sandbox  # pylint: disable=import-outside-toplevel
-  if c.data.task not in GENERATED_TASKS:
-    fail("data.task", f"={c.data.task!r} is not one of {', '.join(GENERATED_TASKS)}")
-  r = c.reward
-  if r.timeout_s <= 0 or r.sandbox.timeout_s <= 0:
-    fail("reward.timeout_s" if r.timeout_s <= 0 else "reward.sandbox.timeout_s", "must be > 0")
-  if r.workers < 1:
-    fail("reward.workers", f"={r.workers} must be >= 1")
-  if r.sandbox.workers < 0:
-    fail("reward.sandbox.workers", f"={r.sandbox.workers} must be >= 0 (0: 4 per core)")
-  if r.sandbox.memory_mb < 64:
-    fail("reward.sandbox.memory_mb", f"={r.sandbox.memory_mb} must be >= 64")
-  if r.sandbox.isolation not in sandbox.ISOLATIONS:
-    fail("reward.sandbox.isolation", f"={r.sandbox.isolation!r} is not one of "
-         f"{', '.join(sandbox.ISOLATIONS)}")
-  extractor = r.math_extractor
-  if not (extractor in MATH_EXTRACTORS or extractor.startswith("re:")):
-    fail("reward.math_extractor", f"={extractor!r} is not one of {', '.join(MATH_EXTRACTORS)} "
-         "or 're:<regex>'")
+def _validate_across_sections(c) -> None:
+  r = c.rollout
+  if c.data.prompt_length > max(c.sampler.prompt_buckets):
+    invalid("data.prompt_length", c.data.prompt_length, "must be <= the largest "
+            f"sampler.prompt_buckets={max(c.sampler.prompt_buckets)}")
+  if c.data.prompt_length + r.max_new_tokens > c.sampler.cache_length:
+    invalid("sampler.cache_length", c.sampler.cache_length, "must be >= data.prompt_length "
+            f"+ rollout.max_new_tokens = {c.data.prompt_length + r.max_new_tokens}")
+  if c.variant == "hf" and not c.model.checkpoint:
+    invalid("model.checkpoint", c.model.checkpoint, "an HF checkpoint directory is required "
+            "for the hf variant")
+  if c.variant == "hf" and not c.data.train_file and r.mode != "offline":
+    invalid("data.train_file", c.data.train_file, "a prompt file (JSONL: prompt, answer, "
+            "task) is required for the hf variant")
 
 
 def _validate_learner(c) -> None:
   a, r = c.algorithm, c.rollout
-  if a.learner not in LEARNERS:
-    fail("algorithm.learner", f"={a.learner!r} is not one of {', '.join(LEARNERS)}")
   if a.learner == "dpo":
     dpo.validate_dpo_config(a.dpo, rollout_mode=r.mode, group_size=r.group_size,
                             prompts_per_step=r.prompts_per_step,
                             minibatches=c.train.minibatches)
     if (r.prompts_per_step // c.train.minibatches) % c.train.micro_batches:
-      fail("train.micro_batches", f"={c.train.micro_batches} must divide the "
-           f"{r.prompts_per_step // c.train.minibatches} pairs of a mini-batch")
+      invalid("train.micro_batches", c.train.micro_batches, "must divide the "
+              f"{r.prompts_per_step // c.train.minibatches} pairs of a mini-batch")
   if a.learner == "dqo":
     dqo.validate_dqo_config(a.dqo, rollout_mode=r.mode)
   if r.mode == "offline":
-    if a.learner == "ppo":
-      fail("rollout.mode", "='offline' trains on fixed data: it needs algorithm.learner "
-           "'dpo' or 'dqo'")
-    if not c.data.offline_file and c.variant != "arith":
-      fail("data.offline_file", "is required for rollout.mode='offline' (labelled samples "
-           "or pairs: launch/label_samples.py writes them)")
-    for field in ("offline_prompts", "offline_samples"):
-      if c.data[field] < 1:
-        fail(f"data.{field}", f"={c.data[field]} must be >= 1")
-    if a.learner == "dpo" and r.group_size != 2:
-      fail("rollout.group_size", f"={r.group_size} must be 2 for offline DPO (each labelled "
-           "group is reduced to its best and worst response)")
-    if (a.learner == "dqo" and not c.data.offline_file
-        and r.group_size != c.data.offline_samples):
-      fail("rollout.group_size", f"={r.group_size} must equal data.offline_samples="
-           f"{c.data.offline_samples} for DQO on the generated offline data (whole groups)")
-  if a.learner != "ppo" and r.mode not in ("groups", "dynamic", "offline"):
-    fail("rollout.mode", f"={r.mode!r}: algorithm.learner={a.learner!r} trains on whole "
-         "responses (groups, dynamic or offline)")
+    _validate_offline(c)
 
 
-def _validate_model(m) -> None:
-  if m.dtype not in DTYPES:
-    fail("model.dtype", f"={m.dtype!r} is not one of {', '.join(DTYPES)}")
-  if m.matmul_precision not in MATMUL_PRECISIONS:
-    fail("model.matmul_precision", f"={m.matmul_precision!r} is not one of "
-         f"{', '.join(MATMUL_PRECISIONS)}")
-
-
-def _validate_schedule(o) -> None:
-  if o.schedule not in ("constant", "cosine"):
-    fail("optimizer.schedule", f"={o.schedule!r} is not one of constant, cosine")
-  if not 0.0 <= o.final_fraction <= 1.0:
-    fail("optimizer.final_fraction", f"={o.final_fraction} must be in [0, 1]")
-
-
-def _validate_sft(sft) -> None:
-  if len(sft.levels) != len(sft.level_weights):
-    fail("sft.level_weights", f"has {len(sft.level_weights)} entries for {len(sft.levels)} "
-         "sft.levels")
-  for field in ("direct_fraction", "carry_slip"):
-    if not 0.0 <= sft[field] <= 1.0:
-      fail(f"sft.{field}", f"={sft[field]} must be in [0, 1]")
-
-
-def _validate_train(c, *, rows: int) -> None:
-  for field in ("steps", "ppo_epochs", "minibatches", "micro_batches", "eval_every",
-                "checkpoint_every", "log_every"):
-    if c.train[field] < 1:
-      fail(f"train.{field}", f"={c.train[field]} must be >= 1")
-  if c.train.eval_samples < 0:
-    fail("train.eval_samples", f"={c.train.eval_samples} must be >= 0 (0: no sampled eval)")
-  if rows % c.train.minibatches:
-    fail("train.minibatches", f"={c.train.minibatches} must divide the {rows} rollouts per "
-         "step (rollout.prompts_per_step × rollout.group_size)")
-  if (rows // c.train.minibatches) % c.train.micro_batches:
-    fail("train.micro_batches", f"={c.train.micro_batches} must divide the "
-         f"{rows // c.train.minibatches} rows of a mini-batch")
-
-
-def _validate_mesh(c, num_devices: int, *, rows: int) -> None:
-  sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "tensor": c.mesh.tensor}
-  product = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
-  if -1 not in sizes.values() and product > num_devices:
-    fail("mesh", f"data×fsdp×tensor = {product} exceeds the {num_devices} available devices")
-  try:
-    resolved = parallel.resolve_axis_sizes(sizes, num_devices if -1 in sizes.values()
-                                           else product)
-  except ValueError as error:
-    fail("mesh", f"{sizes}: {error}")
-  batch_shards = resolved["data"] * resolved["fsdp"]
-  if rows % batch_shards:
-    fail("rollout.prompts_per_step", f"={c.rollout.prompts_per_step}: the {rows} rollouts per "
-         f"step (× rollout.group_size={c.rollout.group_size}) must split evenly over mesh "
-         f"data×fsdp = {batch_shards}")
+def _validate_offline(c) -> None:
+  a, r = c.algorithm, c.rollout
+  if a.learner == "ppo":
+    invalid("rollout.mode", r.mode, "trains on fixed data: it needs algorithm.learner 'dpo' "
+            "or 'dqo'")
+  if not c.data.offline_file and c.variant != "arith":
+    invalid("data.offline_file", c.data.offline_file, "labelled samples or pairs are "
+            "required for rollout.mode='offline' (launch/label_samples.py writes them)")
+  if a.learner == "dpo" and r.group_size != 2:
+    invalid("rollout.group_size", r.group_size, "must be 2 for offline DPO (each labelled "
+            "group is reduced to its best and worst response)")
+  if (a.learner == "dqo" and not c.data.offline_file
+      and r.group_size != c.data.offline_samples):
+    invalid("rollout.group_size", r.group_size, "must equal data.offline_samples="
+            f"{c.data.offline_samples} for DQO on the generated offline data (whole groups)")

@@ -6,9 +6,11 @@
     sampler.update_params(policy)             the next rollout samples the new policy
     metrics  = device_get(out)                the step's only host sync
 
-Everything algorithm-specific lives in the learner (the PPO family's by its config,
-algorithms/ppo_config.py; DPO's; DQO's: `algorithm.learner`) and the rollout mode
-(rlhf_jax/rollout, including offline data); the loop is the same for every preset.
+Everything algorithm-specific lives behind two seams: the `Learner` of
+`algorithm.learner` (algorithms/learner.py; it also decides when the actor updates)
+and the `Rollout` of `rollout.mode` (rollout/base.py; it owns the data position and
+the curriculum phase). The reward is decided in rewards/build.py. The loop is the
+same for every preset.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ import numpy as np
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.rewards import Scorer
-from rlhf_jax.rewards.router import has_verifier
-from rlhf_jax.rewards.scorer import pop_scorer_metrics
+from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.training import build
 from rlhf_jax.training import metrics as metrics_lib
 from rlhf_jax.training.checkpoint import Checkpointer
@@ -41,7 +42,7 @@ class Trainer:
     config: the trainer config (validated here; rlhf_jax.training.config).
     workdir: checkpoints, metrics.jsonl, TensorBoard events and the final policy.
       The initial policy is `model.checkpoint`, or <workdir>/sft for the arith
-      variant (`sft.ensure_arith_warm_start` trains it; the launcher calls it).
+      variant (`stages.prepare_run` trains it; the launcher calls it).
     log: where status lines go.
     scorer: the reward (default: the rule-based router of the `reward` section).
     progress: show a tqdm bar (launchers; off in tests).
@@ -58,13 +59,11 @@ class Trainer:
     self.policy = build.load_policy(c, workdir, self.mesh)
     self.train_examples, self.held_out = build.load_examples(c)
     tasks = sorted({e.task for e in self.train_examples + self.held_out})
-    self.scorer = scorer if scorer is not None else build.build_scorer(c, tasks, self.mesh)
+    self.scorer = (scorer if scorer is not None else
+                   reward_build.training_scorer(c, tasks, self.mesh))
     # Held-out accuracy is the rule verifiers' (the true one) whatever the reward is.
-    self.eval_scorer = self.scorer
-    if scorer is None and (c.reward.route != "verifier" or c.reward.process.checkpoint):
-      held_out_tasks = sorted({e.task for e in self.held_out})
-      if all(has_verifier(t) for t in held_out_tasks):
-        self.eval_scorer = build.build_verifiers(c, held_out_tasks)
+    self.eval_scorer = (self.scorer if scorer is not None else reward_build.evaluation_scorer(
+        c, self.scorer, sorted({e.task for e in self.held_out})))
     self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
     self.sampler = build.build_sampler(c, self.policy, self.mesh)
     self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
@@ -83,36 +82,35 @@ class Trainer:
   def train_step(self) -> dict[str, float]:
     """One rollout batch → updates → new weights in the sampler; returns the step's metrics."""
     start = time.perf_counter()
-    self.rollout.stream.set_step(self.step)  # a curriculum's phase
+    self.rollout.set_step(self.step)  # a curriculum's phase
     rollouts = self.rollout.collect()
     generated = time.perf_counter()
     batch = jax.tree.map(
         lambda x: jax.device_put(x, parallel.batch_sharding(self.mesh, np.ndim(x))),
         rollouts.batch)
-    update_actor = self.step >= self.config.algorithm.value.pretrain_steps
-    out = self.learner.learn(batch, self.step, update_actor=update_actor)
+    out = self.learner.learn(batch, self.step)
     self.step += 1
     self.push_weights()
     out = jax.device_get(out)  # the step's one read of device values
     updated = time.perf_counter()
     metrics = metrics_lib.rollout_metrics(rollouts, out["prepare"])
-    metrics.update(pop_scorer_metrics(self.scorer))  # per task: accuracy, failures, time
+    metrics.update(self.scorer.pop_metrics())  # per task: accuracy, failures, time
     metrics.update({f"data/task_mix/{task}": float(n)
-                    for task, n in self.rollout.stream.pop_mix().items()})
+                    for task, n in self.rollout.pop_mix().items()})
     if "actor" in out:
       metrics.update(metrics_lib.reduce_updates(out["actor"]))
     if "critic" in out:
       metrics.update(metrics_lib.reduce_updates(out["critic"], prefix="critic_"))
     batch = rollouts.batch
     new_tokens = int(np.sum(np.asarray(batch.lengths) - np.asarray(batch.window_starts)))
-    metrics.update(step=self.step, actor_updated=float(update_actor),
+    metrics.update(step=self.step, actor_updated=float("actor" in out),
                    time_generate=generated - start, time_update=updated - generated,
                    tokens_per_second=new_tokens / max(generated - start, 1e-9))
     return metrics
 
   def push_weights(self) -> None:
     """The sampler gets the current policy (in its layout), tagged with the step."""
-    params = build.generation_params(self.config, self.policy, self.learner.actor.params,
+    params = build.generation_params(self.config, self.policy, self.learner.policy_params,
                                      self.mesh)
     self.sampler.update_params(params, version=self.step)
 
@@ -137,7 +135,7 @@ class Trainer:
       out.update({f"eval_sampled_{k}": v for k, v in sampled.items()
                   if k.startswith("accuracy")})
       out.update({f"eval_{k}": v for k, v in sampled.items() if k.startswith("pass@")})
-    pop_scorer_metrics(self.eval_scorer)  # the per-task counters are the training samples'
+    self.eval_scorer.pop_metrics()  # the per-task counters are the training samples'
     return out
 
   # ------------------------------------------------------------------ checkpoints
@@ -201,7 +199,7 @@ class Trainer:
       self.checkpointer.close()
       self.metrics.close()
     policy = os.path.join(self.workdir, "policy")
-    models.save_policy(policy, self.policy.model, self.learner.actor.params,
+    models.save_policy(policy, self.policy.model, self.learner.policy_params,
                        self.policy.tokenizer, self.policy.prefix_tokens)
     summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
     return summary

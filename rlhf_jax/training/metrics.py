@@ -54,8 +54,10 @@ def process_reward_metrics(batch) -> dict[str, float]:
 
 def rollout_metrics(rollouts: Rollouts, prepared: Mapping[str, np.ndarray]) -> dict[str, float]:
   """Scores, lengths and accuracy of the finished responses (all rows except T-PPO's
-  unfinished ones; none of these keys when nothing finished), plus the rollout
-  correction's and the KL controller's metrics from `prepare`."""
+  unfinished ones; none of these keys when nothing finished), plus the metrics from
+  `prepare`: the rollout correction's and the sampler–trainer mismatch over fresh
+  tokens (sampled by the policy being trained), `staleness/*` over the stale ones
+  (decoupled PPO), the KL controller's."""
   batch = rollouts.batch
   finished = np.asarray(batch.finished, bool)
   scores = np.asarray(prepared.pop("scores"))[finished]
@@ -126,6 +128,7 @@ def summary_line(m: Mapping[str, float]) -> str:
   for key, label, fmt in (("finished_responses", "done", ".0f"), ("entropy", "ent", ".3f"),
                           ("kept_groups_ratio", "kept", ".2f"), ("value_loss", "vloss", ".4f"),
                           ("logprob_mismatch_max", "mismatch", ".1e"),
+                          ("staleness/stale_token_fraction", "stale", ".2f"),
                           ("eval_accuracy", "EVAL", ".3f")):
     if key in m:
       parts.append(f"{label} {m[key]:{fmt}}")

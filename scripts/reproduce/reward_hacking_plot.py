@@ -15,7 +15,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from rlhf_jax.training.report import pyplot, save_figure  # noqa: E402
+from rlhf_jax.analysis.report import pyplot, save_figure  # noqa: E402
 
 
 def true_training_accuracy(record):

@@ -43,7 +43,7 @@ def test_parse_curriculum():
     ("math:1,math:2", "a task appears twice in phase 1"),
 ])
 def test_bad_curricula_name_the_config_field(bad, message):
-  with pytest.raises(ConfigError, match=f"^config.data.curriculum=.*{message}"):
+  with pytest.raises(ConfigError, match=f"^config.data.curriculum: invalid value .*{message}"):
     parse_curriculum(bad)
 
 
@@ -106,7 +106,8 @@ def test_a_task_stream_does_not_depend_on_the_other_tasks():
 
 
 def test_missing_tasks_and_foreign_states_are_errors():
-  with pytest.raises(ConfigError, match=r"config.data.curriculum names task\(s\) \['proof'\] "
+  with pytest.raises(ConfigError, match=r"config.data.curriculum: invalid value: names "
+                     r"task\(s\) \['proof'\] "
                      r"that have no examples in the data \(tasks there: \['arith', 'code', "
                      r"'math'\]\)"):
     CurriculumStream(EXAMPLES, parse_curriculum("proof:1,math:1"))

@@ -11,7 +11,7 @@ from rlhf_jax.rewards import prm as prm_lib
 from rlhf_jax.rewards.reward_model import RewardModelScorer
 from rlhf_jax.rewards.reward_model import ScoringLayout
 from rlhf_jax.tasks import arith
-from rlhf_jax.training.roles import FrozenRole
+from rlhf_jax.optim.roles import FrozenRole
 
 
 def test_rm_and_prm_on_a_mesh_equal_one_device():

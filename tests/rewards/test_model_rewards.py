@@ -22,12 +22,13 @@ from rlhf_jax.rewards.judge import VerdictJudge
 from rlhf_jax.rewards.judge import verdict_token_ids
 from rlhf_jax.rewards.reward_model import RewardModelScorer
 from rlhf_jax.rewards.reward_model import ScoringLayout
+from rlhf_jax.rewards.scorer import ScorerBase
 from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
-from rlhf_jax.training import reward_models
-from rlhf_jax.training import reward_training as rt
-from rlhf_jax.training.roles import FrozenRole
+from rlhf_jax.algorithms.learner import critic_from_checkpoint
+from rlhf_jax.rewards import model_training as rt
+from rlhf_jax.optim.roles import FrozenRole
 
 TOKENIZER = arith.tokenizer()
 CONFIG = arith.model_config(vocab_size=TOKENIZER.vocab_size, hidden_size=32, num_layers=1,
@@ -235,7 +236,7 @@ def test_prm_step_scores_sit_at_step_ends_and_the_scorer_adds_them():
   np.testing.assert_allclose(steps[0], np.asarray(values[0])[[offset + e for e in ends]],
                              atol=1e-5)
 
-  class Outcome:
+  class Outcome(ScorerBase):
     def score(self, examples, responses):
       return Scores([1.0] * len(examples), [True] * len(examples), [""] * len(examples))
 
@@ -246,7 +247,7 @@ def test_prm_step_scores_sit_at_step_ends_and_the_scorer_adds_them():
       [Example(prompt, "4", "arith")], [response])
   assert scored.scores == [1.0] and scored.step_scores == [steps[0]]
 
-  class Broken:
+  class Broken(ScorerBase):
     def step_scores(self, prompts, responses):
       raise RuntimeError("device lost")
 
@@ -259,12 +260,12 @@ def test_prm_step_scores_sit_at_step_ends_and_the_scorer_adds_them():
 def test_critic_initialised_from_a_prm_gives_its_step_values(tmp_path):
   role = prm_role()
   models.save_policy(str(tmp_path / "prm"), role.model, role.params, TOKENIZER, [])
-  critic, critic_params = reward_models.critic_from_checkpoint(str(tmp_path / "prm"), LM)
+  critic, critic_params = critic_from_checkpoint(str(tmp_path / "prm"), LM)
   newline = prm_lib.step_end_token_ids(TOKENIZER)
   prm = prm_lib.ProcessRewardModel(role, LAYOUT, newline)
   prompt, response = "3+4?\n", "1=7\n2\nAnswer: 7"
   steps, _ = prm.step_scores([prompt], [response])
-  from rlhf_jax.algorithms.rollout import encode_pairs, response_values
+  from rlhf_jax.algorithms.batch import encode_pairs, response_values
   batch = encode_pairs(TOKENIZER, [prompt], [response], prompt_prefix=(),
                        prompt_length=LAYOUT.prompt_length,
                        response_length=LAYOUT.response_length)
@@ -287,7 +288,7 @@ def test_step_targets_put_labels_at_step_ends():
 # ------------------------------------------------------------------ routing
 
 
-class Constant:
+class Constant(ScorerBase):
   """A scorer giving one score (or raising) and counting its samples."""
 
   def __init__(self, value, *, correct=True, raises=False):

@@ -14,10 +14,11 @@ from rlhf_jax.rewards import Scores
 from rlhf_jax.rewards.router import VerifierScorer
 from rlhf_jax.rewards.workers import KillablePool
 from rlhf_jax.tasks import arith
+from rlhf_jax.rewards.scorer import ScorerBase
 from tests.rewards import verifiers
 
 
-class RaisingScorer:
+class RaisingScorer(ScorerBase):
   """A scorer object whose score() raises (a model scorer with a bug)."""
 
   def check_tasks(self, tasks):
@@ -27,7 +28,7 @@ class RaisingScorer:
     raise RuntimeError("model scorer broke")
 
 
-class LengthScorer:
+class LengthScorer(ScorerBase):
 
   def check_tasks(self, tasks):
     pass

@@ -96,7 +96,7 @@ def test_guide_loss_is_the_masked_cross_entropy_and_fitting_learns_the_returns()
   ce = -np.einsum("nb,ntb->nt", target, np.take_along_axis(
       log_p, actions[:, :, None, None], axis=2)[:, :, 0])
   assert float(loss) == pytest.approx((ce * mask).sum() / mask.sum(), rel=1e-5)
-  from rlhf_jax.training.qsharp_training import GuideData, fit_guide
+  from rlhf_jax.algorithms.qsharp_fit import GuideData, fit_guide
   data = GuideData(hidden, actions, mask, returns)
   start = qsharp.init_guide(CONFIG.hidden_size, CONFIG.vocab_size, 3)
   fitted, losses = fit_guide(start, data, values=VALUES, steps=200, batch_size=6,

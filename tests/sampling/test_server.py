@@ -1,6 +1,7 @@
 """The gRPC sampling server on localhost: results equal the in-process scheduler's,
 JetStream's wire shape, errors, disconnects, failures, weight updates."""
 
+import re
 import time
 
 import grpc
@@ -9,7 +10,9 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax import sampling
+from rlhf_jax.sampling import serve_config as serve_config_lib
 from rlhf_jax.sampling import server as server_lib
+from rlhf_jax.sampling import wire
 from rlhf_jax.sampling.client import SamplerClient
 from rlhf_jax.sampling.client import TokenEvent
 from rlhf_jax.sampling.protos import jetstream_pb2
@@ -219,12 +222,12 @@ def test_serve_config_errors_name_the_field(field, value, match):
   section, _, name = field.rpartition(".")
   (config[section] if section else config)[name] = value
   with pytest.raises(ValueError, match=match.replace(".", r"\.")):
-    server_lib.validate_serve_config(config)
+    serve_config_lib.validate_serve_config(config)
 
 
 def test_serve_config_hf_needs_a_checkpoint():
   with pytest.raises(ValueError, match=r"config\.model\.checkpoint"):
-    server_lib.validate_serve_config(serve_config("hf"))
+    serve_config_lib.validate_serve_config(serve_config("hf"))
 
 
 @pytest.mark.slow
@@ -283,7 +286,7 @@ def test_candidate_logprobs_are_the_first_position_softmax_in_process_and_served
   client, _, _ = served
   params = sampling.SamplingParams(max_new_tokens=3, seed=2, n=2,
                                    candidate_token_ids=(3, 7, 60))
-  assert server_lib.sampling_from_proto(server_lib.sampling_to_proto(params)) == params
+  assert wire.sampling_from_proto(wire.sampling_to_proto(params)) == params
   remote = client.generate_one(PROMPT, params)
   local = in_process(PROMPT, params)
   logits, _ = MODEL.apply(PARAMS, np.asarray([PROMPT], np.int32))
@@ -295,3 +298,64 @@ def test_candidate_logprobs_are_the_first_position_softmax_in_process_and_served
   assert plain[0].candidate_logprobs == []
   with pytest.raises(ValueError, match="candidate_token_ids"):
     sampling.SamplingParams(candidate_token_ids=(-1,))
+
+
+def weight_chunks(params, version, chunk_bytes):
+  """WeightChunk messages of `params`, cut here (not by the client) at `chunk_bytes`."""
+  for name, leaf in wire.param_names(params):
+    data = np.ascontiguousarray(np.asarray(leaf)).tobytes()
+    for offset in range(0, len(data), chunk_bytes):
+      yield sampler_pb2.WeightChunk(version=version, name=name, dtype=str(leaf.dtype),
+                                    shape=leaf.shape, offset=offset,
+                                    data=data[offset:offset + chunk_bytes])
+
+
+def test_params_from_chunks_reassembles_any_order_and_names_the_bad_tensor():
+  _, new_params = models.init_model(CONFIG, seed=3)
+  chunks = list(weight_chunks(new_params, 5, chunk_bytes=700))
+  rebuilt, version, tensors = wire.params_from_chunks(chunks[::-1], PARAMS)
+  names = wire.param_names(new_params)
+  assert version == 5 and tensors == len(names)
+  for (name, expected), (rebuilt_name, leaf) in zip(names, wire.param_names(rebuilt)):
+    assert name == rebuilt_name
+    np.testing.assert_array_equal(np.asarray(leaf), np.asarray(expected))
+  first = chunks[0]
+  overrun = sampler_pb2.WeightChunk()
+  overrun.CopyFrom(first)
+  overrun.offset = 10**9
+  cases = {
+      "version changed": [first, sampler_pb2.WeightChunk(
+          version=6, name=first.name, dtype=first.dtype, shape=first.shape)],
+      f"{first.name!r}: chunk at offset": [overrun],
+      "missing tensors": chunks[:1],
+      "unexpected tensor 'nowhere'": [sampler_pb2.WeightChunk(version=5, name="nowhere")],
+  }
+  for message, stream in cases.items():
+    with pytest.raises(ValueError, match=re.escape(message)):
+      wire.params_from_chunks(stream, PARAMS)
+
+
+def test_tiny_serve_model_has_the_configured_shape():
+  config = serve_config()
+  config.model.hidden_size, config.model.vocab_size, config.model.num_layers = 24, 40, 1
+  serve_config_lib.validate_serve_config(config)
+  model, params, tokenizer = serve_config_lib.load_served_model(config)
+  assert tokenizer is None
+  assert (model.config.hidden_size, model.config.vocab_size, model.config.num_layers,
+          model.config.num_heads, model.config.num_kv_heads, model.config.head_dim) == (
+              24, 40, 1, 4, 2, 6)
+  logits, _ = model.apply(params, np.asarray([[1, 2, 3]], np.int32))
+  assert logits.shape == (1, 3, 40)
+
+
+def test_the_sampling_core_imports_without_grpc():
+  import os
+  import subprocess
+  import sys
+  code = ("import sys; import rlhf_jax.sampling; "
+          "from rlhf_jax.sampling import config, serve_config, service, scheduler_options; "
+          "assert 'grpc' not in sys.modules, 'grpc imported'; "
+          "from rlhf_jax.sampling import server; assert 'grpc' in sys.modules")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 0, result.stderr[-2000:]

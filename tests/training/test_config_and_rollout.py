@@ -10,12 +10,13 @@ import pytest
 from rlhf_jax import kernels
 from rlhf_jax import models
 from rlhf_jax.algorithms import ppo_family
-from rlhf_jax.algorithms import rollout as rollout_lib
+from rlhf_jax.algorithms import batch as batch_lib
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.config import validate_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo", "tppo", "dpo", "iterative_dpo", "dqo")
+PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo", "tppo", "gspo", "cispo", "dpo",
+           "iterative_dpo", "dqo")
 
 
 def preset(name, variant="arith"):
@@ -31,36 +32,51 @@ def test_presets_validate(name):
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("algorithm.policy_loss.clip_high", 0.1,
-     r"config\.algorithm\.policy_loss\.clip_high=0\.1 must be >= clip_low"),
-    ("algorithm.advantage.estimator", "ppo2",
-     r"config\.algorithm\.advantage\.estimator='ppo2' is not one of gae"),
-    ("algorithm.policy_loss.agg", "mean", r"config\.algorithm\.policy_loss\.agg='mean'"),
-    ("algorithm.value.pretrain_steps", 5,
-     r"config\.algorithm\.value\.pretrain_steps=5 needs a critic"),
-    ("rollout.mode", "windows", r"config\.rollout\.mode='windows' \(T-PPO\) needs a critic"),
-    ("rollout.mode", "beam", r"config\.rollout\.mode='beam' is not one of groups"),
-    ("rollout.group_size", 1, r"config\.rollout\.group_size=1 must be >= 2"),
-    ("train.minibatches", 7, r"config\.train\.minibatches=7 must divide"),
-    ("train.micro_batches", 3, r"config\.train\.micro_batches=3 must divide the 64 rows"),
-    ("sampler.cache_length", 100, r"config\.sampler\.cache_length=100 is below"),
-    ("sampler.dtype", "float8", r"config\.sampler\.dtype='float8' is not one of"),
-    ("model.matmul_precision", "tf32", r"config\.model\.matmul_precision='tf32' is not one"),
-    ("mesh.data", 4, r"config\.mesh data×fsdp×tensor = 4 exceeds the 1"),
-    ("algorithm.kl.reference_ema", 0.1, r"config\.algorithm\.kl\.reference_ema needs a KL"),
-    ("algorithm.kl.placement", "loss", r"config\.algorithm\.kl\.coef=0 with "
-     r"kl\.placement='loss'"),
-    ("algorithm.kl.controller", "adaptive", r"config\.algorithm\.kl\.controller='adaptive' "
-     "adapts the in-reward β"),
-    ("algorithm.policy_loss.dual_clip", 0.5, r"config\.algorithm\.policy_loss\.dual_clip=0\.5"
-     " must be > 1"),
-    ("algorithm.correction.mode", "clip", r"config\.algorithm\.correction\.mode='clip' is "
-     "not one of auto, none, tis"),
-    ("algorithm.correction.threshold", 1.0, r"config\.algorithm\.correction\.threshold=1\.0"),
-    ("sft.carry_slip", 1.5, r"config\.sft\.carry_slip=1\.5 must be in \[0, 1\]"),
-    ("sft.levels", (1, 2, 3), r"config\.sft\.level_weights has 2 entries for 3 sft\.levels"),
-    ("train.eval_samples", -1, r"config\.train\.eval_samples=-1 must be >= 0"),
-    ("optimizer.schedule", "linear", r"config\.optimizer\.schedule='linear' is not one of"),
+    ("algorithm.policy_loss.clip_high", 0.1, r"config\.algorithm\.policy_loss\.clip_high: "
+     r"invalid value 0\.1: must be >= 0\.2 \(algorithm\.policy_loss\.clip_low\)"),
+    ("algorithm.advantage.estimator", "ppo2", r"config\.algorithm\.advantage\.estimator: "
+     r"invalid value 'ppo2': must be one of gae"),
+    ("algorithm.policy_loss.agg", "mean",
+     r"config\.algorithm\.policy_loss\.agg: invalid value 'mean': must be one of token-mean"),
+    ("algorithm.value.pretrain_steps", 5, r"config\.algorithm\.value\.pretrain_steps: "
+     r"invalid value 5: must be 0 without a critic"),
+    ("rollout.mode", "windows", r"config\.rollout\.mode: invalid value 'windows': T-PPO's "
+     "windows need a critic"),
+    ("rollout.mode", "beam", r"config\.rollout\.mode: invalid value 'beam': must be one of "
+     "groups, dynamic, windows, offline$"),
+    ("rollout.group_size", 1, r"config\.rollout\.group_size: invalid value 1: must be >= 2"),
+    ("rollout.temperature", -1.0, r"config\.rollout\.temperature: invalid value -1\.0: "
+     "must be >= 0"),
+    ("train.minibatches", 7, r"config\.train\.minibatches: invalid value 7: must divide"),
+    ("train.micro_batches", 3,
+     r"config\.train\.micro_batches: invalid value 3: must divide the 64 rows"),
+    ("sampler.cache_length", 100, r"config\.sampler\.cache_length: invalid value 100: must "
+     r"be >= data\.prompt_length \+ rollout\.max_new_tokens = 128"),
+    ("sampler.dtype", "float8", r"config\.sampler\.dtype: invalid value 'float8': must be "
+     "one of float32"),
+    ("model.matmul_precision", "tf32", r"config\.model\.matmul_precision: invalid value "
+     "'tf32': must be one of auto"),
+    ("mesh.data", 4, r"config\.mesh: invalid value .*: data×fsdp×tensor = 4 must be <= the "
+     "1 available devices"),
+    ("algorithm.kl.reference_ema", 0.1, r"config\.algorithm\.kl\.reference_ema: invalid "
+     "value 0.1: must be 0 without a KL term"),
+    ("algorithm.kl.placement", "loss", r"config\.algorithm\.kl\.coef: invalid value 0\.0: "
+     r"must be > 0 with algorithm\.kl\.placement='loss'"),
+    ("algorithm.kl.controller", "adaptive", r"config\.algorithm\.kl\.controller: invalid "
+     r"value 'adaptive': must be 'fixed' unless algorithm\.kl\.placement='reward'"),
+    ("algorithm.policy_loss.dual_clip", 0.5, r"config\.algorithm\.policy_loss\.dual_clip: "
+     r"invalid value 0\.5: must be > 1"),
+    ("algorithm.correction.mode", "clip", r"config\.algorithm\.correction\.mode: invalid "
+     "value 'clip': must be one of auto, none, tis"),
+    ("algorithm.correction.threshold", 1.0, r"config\.algorithm\.correction\.threshold: "
+     r"invalid value 1\.0: must be > 1$"),
+    ("sft.carry_slip", 1.5, r"config\.sft\.carry_slip: invalid value 1\.5: must be in "
+     r"\[0, 1\]"),
+    ("sft.levels", (1, 2, 3), r"config\.sft\.level_weights: invalid value \(1\.0, 2\.0\): "
+     r"must have one weight per sft\.levels \(3\)"),
+    ("train.eval_samples", -1, r"config\.train\.eval_samples: invalid value -1: must be >= 0"),
+    ("optimizer.schedule", "linear", r"config\.optimizer\.schedule: invalid value 'linear': "
+     "must be one of constant, cosine"),
 ])
 def test_validation_names_the_field(field, value, match):
   config = preset("dapo")
@@ -78,32 +94,35 @@ def test_mesh_validation_names_the_field():
   config.mesh.data, config.mesh.fsdp = -1, 1
   validate_config(config, num_devices=8)
   config.rollout.prompts_per_step, config.train.minibatches = 3, 1  # 24 rollouts
-  with pytest.raises(ValueError, match=r"config\.rollout\.prompts_per_step=3: the 24 rollouts "
-                     r"per step .* must split evenly over mesh data×fsdp = 16"):
+  with pytest.raises(ValueError, match=r"config\.rollout\.prompts_per_step: invalid value 3: "
+                     r"the 24 rollouts per step .* must split evenly over mesh data×fsdp = 16"):
     validate_config(config, num_devices=16)
   config.mesh.data, config.mesh.fsdp = -1, 5
-  with pytest.raises(ValueError, match=r"config\.mesh .*cannot cover 8 devices"):
+  with pytest.raises(ValueError, match=r"config\.mesh: invalid value .*cannot cover 8 devices"):
     validate_config(config, num_devices=8)
 
 
 def test_tppo_validation():
   config = preset("tppo")
   config.rollout.windows.window_tokens = 0
-  with pytest.raises(ValueError, match=r"config\.rollout\.windows\.window_tokens=0 must be"):
+  with pytest.raises(ValueError, match=r"config\.rollout\.windows\.window_tokens: invalid "
+                     "value 0: must be >= 1"):
     validate_config(config, num_devices=1)
   config = preset("tppo")
   config.sampler.prompt_buckets = (64,)
-  with pytest.raises(ValueError, match=r"config\.sampler\.prompt_buckets=\(64,\) must reach "
-                     "128 tokens with rollout.windows.window_tokens=32"):
+  with pytest.raises(ValueError, match=r"config\.sampler\.prompt_buckets: invalid value "
+                     r"\(64,\): must reach 128 tokens with rollout.windows.window_tokens=32"):
     validate_config(config, num_devices=1)
 
 
 def test_hf_variant_needs_checkpoint_and_data():
   config = preset("grpo", "hf")
-  with pytest.raises(ValueError, match=r"config\.model\.checkpoint is required"):
+  with pytest.raises(ValueError, match=r"config\.model\.checkpoint: invalid value '': an HF "
+                     "checkpoint directory is required"):
     validate_config(config, num_devices=1)
   config.model.checkpoint = "/some/dir"
-  with pytest.raises(ValueError, match=r"config\.data\.train_file is required"):
+  with pytest.raises(ValueError, match=r"config\.data\.train_file: invalid value '': a prompt "
+                     "file .* is required"):
     validate_config(config, num_devices=1)
 
 
@@ -115,7 +134,7 @@ def test_unknown_keys_are_rejected_by_the_locked_config():
 
 
 def test_rollout_batch_layout():
-  batch = rollout_lib.build_rollout_batch(
+  batch = batch_lib.build_rollout_batch(
       [[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], [[-1.0, -2.0], [-3.0, -4.0, -5.0]],
       [1.0, -1.0], [False, True], [0, 0], prompt_length=4, response_length=3, pad_id=0)
   np.testing.assert_array_equal(batch.tokens, [[0, 5, 6, 7, 9, 10, 0], [0, 0, 0, 8, 11, 12, 13]])
@@ -126,7 +145,7 @@ def test_rollout_batch_layout():
   np.testing.assert_array_equal(batch.lengths, [2, 3])
   np.testing.assert_array_equal(np.asarray(batch.token_rewards()), [[0, 1, 0], [0, 0, -1]])
   with pytest.raises(ValueError, match="row 0: prompt of 3 tokens exceeds prompt_length=2"):
-    rollout_lib.build_rollout_batch([[5, 6, 7]], [[1]], [[0.0]], [0.0], [False], [0],
+    batch_lib.build_rollout_batch([[5, 6, 7]], [[1]], [[0.0]], [0.0], [False], [0],
                                     prompt_length=2, response_length=3, pad_id=0)
 
 
@@ -135,10 +154,10 @@ def test_response_logprobs_match_an_unpadded_forward():
                                 num_kv_heads=1, head_dim=8, intermediate_size=24)
   model, params = models.init_model(config, seed=3)
   prompts, responses = [[5, 6, 7], [8]], [[9, 10], [11, 12, 13]]
-  batch = rollout_lib.build_rollout_batch(
+  batch = batch_lib.build_rollout_batch(
       prompts, responses, [[0.0] * 2, [0.0] * 3], [0.0, 0.0], [False, False], [0, 1],
       prompt_length=4, response_length=3, pad_id=0)
-  got = np.asarray(rollout_lib.response_logprobs(model, params, rollout_lib.as_device(batch)))
+  got = np.asarray(batch_lib.response_logprobs(model, params, batch_lib.as_device(batch)))
   for row, (prompt, response) in enumerate(zip(prompts, responses)):
     sequence = jnp.asarray([prompt + response])
     logits, _ = model.apply(params, sequence)
@@ -149,11 +168,11 @@ def test_response_logprobs_match_an_unpadded_forward():
 
 def test_group_estimators_broadcast_per_sample_advantages():
   algorithm = preset("grpo").algorithm
-  batch = rollout_lib.build_rollout_batch(
+  batch = batch_lib.build_rollout_batch(
       [[1]] * 4, [[2, 3], [2], [2, 3, 4], [5]], [[0.0] * 2, [0.0], [0.0] * 3, [0.0]],
       [1.0, 0.0, 0.0, 0.0], [False] * 4, [0, 0, 1, 1], prompt_length=1, response_length=3,
       pad_id=0)
-  advantages, _ = ppo_family.advantages_and_returns(algorithm, rollout_lib.as_device(batch),
+  advantages, _ = ppo_family.advantages_and_returns(algorithm, batch_lib.as_device(batch),
                                                     0.0, group_size=2)
   scores = np.array([1.0, 0.0, 0.0, 0.0]).reshape(2, 2)
   per_sample = ((scores - scores.mean(1, keepdims=True))
@@ -165,7 +184,7 @@ def test_rollout_metrics_split_lengths_by_verdict_over_finished_rows():
   from rlhf_jax.rollout.generation import Rollouts
   from rlhf_jax.training.metrics import rollout_metrics
   # Rows of 2, 3, 1 and 4 tokens; the third is a T-PPO row still in flight (no verdict).
-  batch = rollout_lib.build_rollout_batch(
+  batch = batch_lib.build_rollout_batch(
       [[5]] * 4, [[9, 10], [11, 12, 13], [14], [1, 2, 3, 4]], [[0.0] * 2, [0.0] * 3, [0.0],
                                                                [0.0] * 4],
       [1.0, -1.0, 0.0, 1.0], [False] * 4, [0, 0, 1, 1], prompt_length=2, response_length=4,

@@ -11,8 +11,8 @@ from rlhf_jax import models
 from rlhf_jax.algorithms import dpo
 from rlhf_jax.data import PreferencePair
 from rlhf_jax.tasks import arith
-from rlhf_jax.algorithms.rollout import response_logprobs
-from rlhf_jax.training.roles import FrozenRole
+from rlhf_jax.algorithms.batch import response_logprobs
+from rlhf_jax.optim.roles import FrozenRole
 
 TOKENIZER = arith.tokenizer()
 CONFIG = arith.model_config(vocab_size=TOKENIZER.vocab_size, hidden_size=32, num_layers=1,
@@ -98,13 +98,13 @@ def test_pairs_from_groups_take_the_best_and_the_worst_and_weigh_ties_zero():
 
 def test_dpo_learner_learns_the_preference_from_the_starting_policy_reference():
   from rlhf_jax.parallel import make_mesh
-  from rlhf_jax.training.dpo_learner import DPOLearner, dpo_actor_role
-  from rlhf_jax.training.roles import make_optimizer
+  from rlhf_jax.algorithms.dpo_learner import DPOLearner, dpo_actor_role
+  from rlhf_jax.optim import make_optimizer
   mesh = make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
   d = ml_collections.ConfigDict(dict(beta=0.1, kind="sigmoid", label_smoothing=0.0,
                                      reference="online", reference_sync_every=0))
-  train = ml_collections.ConfigDict(dict(ppo_epochs=1, minibatches=1, micro_batches=1))
-  actor = dpo_actor_role(MODEL, jax.tree.map(jnp.copy, PARAMS), make_optimizer(3e-3, 1, 0.0, 1.0),
+  train = ml_collections.ConfigDict(dict(epochs=1, minibatches=1, micro_batches=1))
+  actor = dpo_actor_role(MODEL, jax.tree.map(jnp.copy, PARAMS), make_optimizer(3e-3, max_grad_norm=1.0),
                          mesh, d, train)
   learner = DPOLearner(d, actor, FrozenRole(MODEL, PARAMS), group_size=2, seed=0)
   held_out = pair_batch(pairs(2, 16), PARAMS)

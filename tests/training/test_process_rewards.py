@@ -7,7 +7,7 @@ import pytest
 
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
-from rlhf_jax.algorithms import rollout as rollout_lib
+from rlhf_jax.algorithms import batch as batch_lib
 
 ETA = 0.4
 COEF = 0.7
@@ -37,11 +37,11 @@ def batch_and_algorithm(shaping):
   a.advantage.estimator = "gae"
   a.advantage.gamma = a.advantage.actor_lam = a.advantage.critic_lam = 1.0
   a.process_reward.shaping, a.process_reward.eta, a.process_reward.coef = shaping, ETA, COEF
-  batch = rollout_lib.build_rollout_batch(
+  batch = batch_lib.build_rollout_batch(
       [[1, 2], [3]], [[4] * n for n in LENGTHS], [[-0.5] * n for n in LENGTHS], SCORES,
       [False, False], [0, 1], prompt_length=2, response_length=8, pad_id=0,
       step_rewards=STEPS)
-  return a, rollout_lib.as_device(batch)
+  return a, batch_lib.as_device(batch)
 
 
 @pytest.mark.parametrize("shaping", ["none", "clip", "delta", "clip_delta"])

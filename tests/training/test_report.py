@@ -2,7 +2,7 @@
 
 import json
 
-from rlhf_jax.training import report
+from rlhf_jax.analysis import report
 
 
 def test_table_gives_each_group_before_after_and_change(tmp_path):

@@ -147,20 +147,26 @@ def config_with(checkpoint="/nowhere", **fields):
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"reward__route": "oracle"}, "config.reward.route='oracle' is not one of"),
-    ({"reward__route": "rm"}, "config.reward.rm.checkpoint is required"),
-    ({"reward__route": "hybrid"}, "config.reward.route='hybrid' needs at least one"),
+    ({"reward__route": "oracle"}, "config.reward.route: invalid value 'oracle': must be one of"),
+    ({"reward__route": "rm"}, "config.reward.rm.checkpoint: invalid value '': an HF checkpoint "
+     "directory is required for reward.route='rm'"),
+    ({"reward__route": "hybrid"},
+     "config.reward.route: invalid value 'hybrid': needs at least one"),
     ({"reward__route": "pairwise", "reward__pairwise__checkpoint": "/nowhere"},
-     "config.reward.pairwise.checkpoint='/nowhere' is not an HF checkpoint"),
+     "config.reward.pairwise.checkpoint: invalid value '/nowhere': must be an HF "
+     "checkpoint directory"),
     ({"reward__route": "genrm_gt", "reward__judge_sampler__address": "localhost:1"},
-     "config.reward.genrm.checkpoint is required: reward.route='genrm_gt' (a served judge"),
+     "config.reward.genrm.checkpoint: invalid value '': an HF checkpoint directory is "
+     "required for reward.route='genrm_gt' (a served judge"),
     ({"reward__process__checkpoint": "/nowhere"}, "config.reward.process.checkpoint"),
     ({"reward__route": "genrm_gt", "reward__genrm__checkpoint": "CKPT",
       "rollout__max_new_tokens": 240, "sampler__cache_length": 320},
-     "config.reward.judge_sampler.prompt_buckets=(128, 256): the longest judge question"),
+     "config.reward.judge_sampler.prompt_buckets: invalid value (128, 256): the largest "
+     "must exceed 304 tokens, the longest judge question"),
     ({"critic__init_from": "/nowhere"}, "config.critic.init_from"),
     ({"algorithm__process_reward__shaping": "square"},
-     "config.algorithm.process_reward.shaping='square'"),
+     "config.algorithm.process_reward.shaping: invalid value 'square': must be one of "
+     "none, clip, delta, clip_delta"),
 ])
 def test_reward_model_config_errors_name_the_field(fields, match, tmp_path):
   (tmp_path / "config.json").write_text("{}")
@@ -179,5 +185,6 @@ def test_a_prm_needs_a_token_level_estimator(tmp_path):
   validate_config(c)
   c.algorithm.advantage.estimator = "grpo"
   c.reward.process.checkpoint = ""
-  with pytest.raises(ConfigError, match="config.critic.init_from.*needs a critic"):
+  with pytest.raises(ConfigError, match="config.critic.init_from: invalid value .*: must be "
+                     "empty without a critic"):
     validate_config(c)

@@ -8,13 +8,14 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax import parallel
-from rlhf_jax.algorithms import rollout as rollout_lib
+from rlhf_jax.algorithms import batch as batch_lib
 from rlhf_jax.data import Example
 from rlhf_jax.rollout import DynamicSamplingRollout
 from rlhf_jax.rollout import Group
 from rlhf_jax.rollout import NoSignalError
-from rlhf_jax.training import learner as learner_lib
-from rlhf_jax.training import roles
+from rlhf_jax.algorithms import ppo_learner as learner_lib
+from rlhf_jax import optim
+from rlhf_jax.optim import roles
 from tests.training.test_config_and_rollout import preset
 
 
@@ -39,15 +40,16 @@ class NullStream:
     return [None] * count
 
 
-def dynamic(rounds, max_rounds=10):
+def dynamic(rounds, max_rounds=10, **options):
   return DynamicSamplingRollout(ScriptedGenerator(rounds), NullStream(), prompts_per_step=2,
-                                response_length=4, oversample=3, max_rounds=max_rounds)
+                                response_length=4, oversample=3, max_rounds=max_rounds,
+                                **options)
 
 
-def test_dynamic_sampling_keeps_surplus_groups_for_the_next_step():
+def test_dynamic_sampling_with_keep_surplus_keeps_groups_for_the_next_step():
   mixed, solved, failed = [True, False], [True, True], [False, False]
   rollout = dynamic([[group(solved), group(mixed)], [group(mixed), group(mixed)],
-                     [group(failed), group(failed)]])
+                     [group(failed), group(failed)]], keep_surplus=True)
   kept, metrics = rollout.next_groups()
   assert len(kept) == 2 and len(rollout.buffer) == 1
   assert metrics["kept_groups_ratio"] == 3 / 4 and metrics["generation_rounds"] == 2
@@ -73,7 +75,7 @@ def random_batch(rows=8, prompt=3, response=5, seed=0):
   """A prepared batch with ragged responses, stale old log-probs and random advantages."""
   rng = np.random.default_rng(seed)
   lengths = rng.integers(1, response + 1, rows)
-  batch = rollout_lib.build_rollout_batch(
+  batch = batch_lib.build_rollout_batch(
       [list(rng.integers(1, 32, prompt)) for _ in range(rows)],
       [list(rng.integers(1, 32, n)) for n in lengths],
       [list(-rng.uniform(2, 4, n)) for n in lengths], list(rng.choice([-1.0, 1.0], rows)),
@@ -81,14 +83,14 @@ def random_batch(rows=8, prompt=3, response=5, seed=0):
       pad_id=0)
   batch = batch.replace(advantages=rng.normal(size=(rows, response)).astype(np.float32),
                         is_weights=rng.uniform(0.5, 1.5, (rows, response)).astype(np.float32))
-  return rollout_lib.as_device(batch)
+  return batch_lib.as_device(batch)
 
 
 def actor(micro_batches, algorithm, minibatches=2, optimizer=None):
   model, params = tiny_model()
   train = preset("grpo").train
   train.minibatches, train.micro_batches = minibatches, micro_batches
-  optimizer = optimizer or roles.make_optimizer(1e-2, 1, 0.0, 1.0)
+  optimizer = optimizer or optim.make_optimizer(1e-2, weight_decay=0.0, max_grad_norm=1.0)
   mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
   return learner_lib.actor_role(model, params, optimizer, mesh, algorithm, train)
 
@@ -135,10 +137,15 @@ def test_the_update_donates_the_state():
   assert all(leaf.is_deleted() for leaf in jax.tree.leaves(old))
 
 
-@pytest.mark.parametrize("name", ["grpo", "dapo"])
+@pytest.mark.parametrize("name", ["grpo", "dapo", "ppo", "vcppo", "vapo", "gspo", "cispo"])
 def test_an_update_raises_rewarded_responses_and_lowers_the_others(name):
   """The advantage's sign reaches the tokens: after one on-policy update from a group of
-  8 responses (3 rewarded), the rewarded ones are more likely and the others less."""
+  8 responses (3 rewarded), the rewarded ones are more likely and the others less.
+
+  The critic presets (PPO: GAE λ 0.95 and whitening; VC-PPO: decoupled λ; VAPO:
+  length-adaptive λ and positive NLL) learn with their critic as `PPOLearner.from_config`
+  builds it: the policy's backbone with a zero value head, updated in the same `learn`
+  before the actor, at the first step after value pretraining."""
   algorithm = preset(name).algorithm
   algorithm.kl.placement = "none"
   algorithm.overlong.penalty = False  # its buffer is longer than these 5-token responses
@@ -146,28 +153,45 @@ def test_an_update_raises_rewarded_responses_and_lowers_the_others(name):
   train = preset(name).train
   train.minibatches, train.micro_batches = 1, 1
   mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  critic = None
+  if algorithm.advantage.estimator == "gae":
+    critic_model, critic_params = models.critic_from_policy(model, params)
+    # A copy: the actor's update donates the backbone arrays the two share.
+    critic_params = jax.tree.map(lambda x: x.copy(), critic_params)
+    critic = learner_lib.critic_role(critic_model, critic_params, optax.sgd(0.05), mesh,
+                                     algorithm, train)
   role = learner_lib.actor_role(model, params, optax.sgd(0.05), mesh, algorithm, train)
-  learner = learner_lib.PPOLearner(algorithm, role, None, None, correction="none",
+  learner = learner_lib.PPOLearner(algorithm, role, critic, None, correction="none",
                                    group_size=8, seed=0)
   rng = np.random.default_rng(0)
   lengths = rng.integers(3, 6, 8)
   rewarded = np.array([True, False, False, True, False, True, False, False])
-  batch = rollout_lib.build_rollout_batch(
+  batch = batch_lib.build_rollout_batch(
       [[5, 6, 7]] * 8, [list(rng.integers(1, 32, n)) for n in lengths],
       [[0.0] * n for n in lengths], list(np.where(rewarded, 1.0, -1.0)), [False] * 8,
       [0] * 8, prompt_length=3, response_length=5, pad_id=0)
-  batch = rollout_lib.as_device(batch)
+  batch = batch_lib.as_device(batch)
 
   def mean_logprob(p):
-    logprobs = rollout_lib.response_logprobs(model, p, batch)
+    logprobs = batch_lib.response_logprobs(model, p, batch)
     return np.asarray((logprobs * batch.response_mask).sum(1) / batch.response_mask.sum(1))
 
   before = mean_logprob(role.params)
-  on_policy = rollout_lib.response_logprobs(model, role.params, batch)
-  learner.learn(batch.replace(old_logprobs=on_policy), step=0)
+  value_head = None if critic is None else np.asarray(critic.params["scalar_head"])
+  on_policy = batch_lib.response_logprobs(model, role.params, batch)
+  # VC-PPO / VAPO leave the actor alone for `value.pretrain_steps` steps: learn at the
+  # first step after, from tokens the current policy (version = step) sampled.
+  step = algorithm.value.pretrain_steps
+  out = learner.learn(batch.replace(old_logprobs=on_policy, sampler_logprobs=on_policy,
+                                    token_versions=jnp.full_like(batch.token_versions, step)),
+                      step=step)
+  assert "actor" in out
   change = mean_logprob(role.params) - before
   assert np.all(change[rewarded] > 0), change
   assert np.all(change[~rewarded] < 0), change
+  if critic is not None:  # the critic was present and learned from the same batch
+    assert np.all(np.isfinite(np.asarray(out["critic"]["value_loss"])))
+    assert not np.array_equal(np.asarray(critic.params["scalar_head"]), value_head)
 
 
 def test_learning_rate_schedule_follows_warmup_then_cosine():
@@ -176,8 +200,8 @@ def test_learning_rate_schedule_follows_warmup_then_cosine():
     progress = min(max((k + 1 - warmup) / (total - warmup), 0.0), 1.0)
     return rate * (final + (1 - final) * 0.5 * (1 + np.cos(np.pi * progress)))
 
-  cosine = roles.learning_rate_schedule(2.0, 4, decay_updates=20, final_fraction=0.1)
-  constant = roles.learning_rate_schedule(2.0, 4)
+  cosine = optim.rl_schedule(2.0, 4, decay_updates=20, final_fraction=0.1)
+  constant = optim.rl_schedule(2.0, 4)
   for k in range(25):
     np.testing.assert_allclose(float(cosine(k)), reference(k), rtol=1e-6)
     np.testing.assert_allclose(float(constant(k)), 2.0 * min(1.0, (k + 1) / 4), rtol=1e-6)

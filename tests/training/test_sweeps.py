@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from rlhf_jax.training import sweeps
-from rlhf_jax.training.report import passk_table
+from rlhf_jax.analysis import sweeps
+from rlhf_jax.analysis.report import passk_table
 
 # Steps 0..4; eval every 2 steps; 1 s of generation and 2 s of update per step.
 RUN = [{"step": 0, "eval_accuracy": 0.40},

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from rlhf_jax import models
-from rlhf_jax.algorithms import rollout as rollout_lib
+from rlhf_jax.algorithms import batch as batch_lib
 from rlhf_jax.rewards import RewardRouter
 from rlhf_jax.training import loop
-from rlhf_jax.training import sft
+from rlhf_jax.training import stages
 from tests.rewards.verifiers import odd_length
 from tests.training.test_config_and_rollout import preset
 
@@ -38,7 +38,7 @@ def scorer(config):
 
 def make_trainer(config, workdir, **kwargs):
   """The arith warm start (if missing) and a Trainer scoring with `odd_length`."""
-  sft.ensure_arith_warm_start(config, str(workdir), log=lambda line: None)
+  stages.ensure_arith_warm_start(config, str(workdir), log=lambda line: None)
   return loop.Trainer(config, str(workdir), log=lambda line: None, scorer=scorer(config),
                       **kwargs)
 
@@ -48,7 +48,8 @@ def records(directory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ppo", "grpo", "dapo", "vcppo", "vapo", "tppo"])
+@pytest.mark.parametrize("name", ["ppo", "grpo", "dapo", "vcppo", "vapo", "tppo", "gspo",
+                                  "cispo"])
 def test_presets_run_end_to_end(name, tmp_path):
   config = shrink(preset(name))
   summary = make_trainer(config, tmp_path).run()
@@ -66,11 +67,11 @@ def test_presets_run_end_to_end(name, tmp_path):
       keys += ("reward_mean", "accuracy", "response_length_mean", "truncation_rate")
     for key in keys:
       assert np.isfinite(record[key]), key
-    # float32 sampler and trainer: π_old is the sampler's within float32 rounding, in
-    # every mini-batch (the whole batch is compared in `prepare`). Dynamic sampling's
-    # step 2 may reuse groups sampled by step 1's policy: they show the policy change.
-    if record["step"] == 1 or name != "dapo":
-      assert record["logprob_mismatch_max"] < 1e-5
+    # float32 sampler and trainer: π_old is the sampler's within float32 rounding (the
+    # whole batch is compared in `prepare`). Every preset trains on-policy rows only
+    # (dynamic sampling discards its surplus; T-PPO trains a window in its own step).
+    assert record["logprob_mismatch_max"] < 1e-5
+    assert record["staleness/stale_token_fraction"] == 0
     if record["actor_updated"]:
       for key in ("entropy", "grad_norm", "clip_frac_upper", "approx_kl"):
         assert np.isfinite(record[key]), key
@@ -93,6 +94,33 @@ def test_presets_run_end_to_end(name, tmp_path):
     rows = config.rollout.prompts_per_step * config.rollout.group_size
     np.testing.assert_allclose(second["kl_reward_coef"],
                                kl.coef * (1 + error * rows / kl.horizon), rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep_surplus", [False, True])
+def test_dapo_fresh_rows_match_the_sampler_at_every_step(tmp_path, keep_surplus):
+  """The sampler–trainer mismatch is measured on fresh rows only, and stays at float32
+  rounding in every step; with keep_surplus the reused groups are stale rows whose
+  version lag and log-prob gap (the policy moved since) are reported apart."""
+  config = shrink(preset("dapo"))
+  config.rollout.dynamic.keep_surplus = keep_surplus
+  config.rollout.dynamic.max_age = 1
+  config.train.steps, config.train.eval_every = 3, 3
+  make_trainer(config, tmp_path).run()
+  logged = records(tmp_path)[1:]
+  for record in logged:
+    assert record["logprob_mismatch_max"] < 1e-5, record["step"]
+    assert record["reused_group_age_max"] <= 1
+  stale = [r for r in logged if r["staleness/stale_token_fraction"] > 0]
+  if not keep_surplus:
+    assert not stale and all(r["reused_groups"] == 0 for r in logged)
+    assert sum(r["discarded_surplus_groups"] for r in logged) > 0
+    return
+  assert stale and all(r["reused_groups"] > 0 for r in stale)
+  for record in stale:
+    assert record["staleness/mean_version_lag"] > 0 and record["staleness/max_version_lag"] == 1
+    assert record["staleness/stale_logprob_gap_max"] > 1e-4  # one update of the policy
+    assert record["staleness/weight_min"] <= 1 <= record["staleness/weight_max"]
 
 
 @pytest.mark.slow
@@ -209,7 +237,7 @@ def test_bf16_sampler_is_corrected_by_truncated_importance_sampling(tmp_path):
   def spy(actor_params, *args):
     # The trainer's own float32 forward, independent of `prepare`, before any update.
     batch = args[-1]
-    captured["recomputed"] = np.asarray(rollout_lib.response_logprobs(
+    captured["recomputed"] = np.asarray(batch_lib.response_logprobs(
         trainer.learner.actor.model, actor_params, batch))
     out = prepare(actor_params, *args)
     captured["batch"] = jax.device_get(out[0])
@@ -261,7 +289,7 @@ def test_training_against_a_sampling_server(tmp_path, name):
   config = shrink(preset(name))
   config.algorithm.kl.placement, config.algorithm.kl.coef = "none", 0.0
   config.data.num_eval = 12  # more prompts than server threads: the client windows them
-  checkpoint = sft.ensure_arith_warm_start(config, str(tmp_path), log=lambda line: None)
+  checkpoint = stages.ensure_arith_warm_start(config, str(tmp_path), log=lambda line: None)
   model, params = models.load_hf_checkpoint(checkpoint)
   # The server starts from other weights: the trainer must push its own before sampling.
   _, other = models.init_model(model.config, seed=99)

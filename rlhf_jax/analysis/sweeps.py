@@ -15,8 +15,8 @@ import re
 
 import numpy as np
 
-from rlhf_jax.training.report import pyplot
-from rlhf_jax.training.report import save_figure
+from rlhf_jax.analysis.report import pyplot
+from rlhf_jax.analysis.report import save_figure
 
 _ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 # What a statistic computes from one run's series of a metric (values at the steps

@@ -50,6 +50,10 @@ class RolloutBatch:
     step_rewards: [B, R] process rewards (a PRM's step scores) at step-end tokens, 0
       elsewhere; shaped in `prepare` (algorithm.process_reward: Clip / Delta).
     step_mask: [B, R] 1 at the step-end tokens that carry a step reward.
+    token_versions: [B, R] int32, the policy version (the training step whose weights
+      the sampler held) that sampled each response token; 0 on padding. A token is
+      fresh when its version is the step being learned, else stale (decoupled PPO in
+      `prepare`, ALGORITHMS.md §20). T-PPO rows span one version per window.
     advantages: [B, R] the actor's advantages (set by `prepare`).
     returns: [B, R] the critic's targets (set by `prepare`; zeros without a critic).
   """
@@ -70,6 +74,7 @@ class RolloutBatch:
   correction_mask: jax.Array
   step_rewards: jax.Array
   step_mask: jax.Array
+  token_versions: jax.Array
   advantages: jax.Array
   returns: jax.Array
 
@@ -112,14 +117,17 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                         prompt_length: int, response_length: int, pad_id: int,
                         window_starts: Sequence[int] | None = None,
                         finished: Sequence[bool] | None = None,
-                        step_rewards: Sequence[Sequence[tuple[int, float]]] | None = None
+                        step_rewards: Sequence[Sequence[tuple[int, float]]] | None = None,
+                        token_versions: Sequence[Sequence[int]] | None = None
                         ) -> RolloutBatch:
   """Packs host-side rollouts into a RolloutBatch of NumPy arrays (`window_starts`
   default 0, `finished` default True: whole responses; `step_rewards` per row a list of
-  (response column, process reward) pairs, default none).
+  (response column, process reward) pairs, default none; `token_versions` per row the
+  policy version of each response token, default 0: the starting policy).
 
   Raises:
-    ValueError naming the row if a prompt or response does not fit.
+    ValueError: naming the row if a prompt or response does not fit, or if its
+      versions are not one per response token.
   """
   batch = len(responses)
   tokens = np.full((batch, prompt_length + response_length), pad_id, np.int32)
@@ -144,6 +152,12 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
     lengths[row] = n
   zeros = lambda: np.zeros((batch, response_length), np.float32)
   ones = lambda: np.ones((batch, response_length), np.float32)
+  versions = np.zeros((batch, response_length), np.int32)
+  for row, row_versions in enumerate(token_versions or ()):
+    if len(row_versions) != lengths[row]:
+      raise ValueError(f"row {row}: {len(row_versions)} token versions for a response of "
+                       f"{lengths[row]} tokens (one version per token).")
+    versions[row, :lengths[row]] = row_versions
   process, process_mask = zeros(), zeros()
   for row, steps in enumerate(step_rewards or ()):
     for column, reward in steps:
@@ -154,7 +168,7 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                       old_logprobs=logprobs, sampler_logprobs=logprobs.copy(),
                       ref_logprobs=zeros(), values=zeros(), is_weights=ones(),
                       correction_mask=ones(), advantages=zeros(), returns=zeros(),
-                      step_rewards=process, step_mask=process_mask,
+                      step_rewards=process, step_mask=process_mask, token_versions=versions,
                       scores=np.asarray(scores, np.float32), lengths=lengths,
                       truncated=np.asarray(truncated, bool),
                       group_ids=np.asarray(group_ids, np.int32),
@@ -171,7 +185,7 @@ def encode_pairs(tokenizer, prompts: Sequence[str], responses: Sequence[str], *,
   tokens): the layout of SFT batches and of the inputs reward models score.
 
   Raises:
-    ValueError naming the row if a prompt or response does not fit.
+    ValueError: naming the row if a prompt or response does not fit.
   """
   prompt_ids = [list(prompt_prefix) + tokenizer.encode(p) for p in prompts]
   encoded = [tokenizer.encode(r) + [tokenizer.eos_id] for r in responses]

@@ -1,5 +1,11 @@
-"""Building the reward of a run from its `reward` section: rule verifiers, reward models,
-judges and the PRM, as one `Scorer` (rewards/hybrid.py routes between them).
+"""The one place that reads `reward.*`: the run's training scorer, its evaluation
+scorer and the PRM's step ends, from rule verifiers, reward models, judges and the
+PRM (rewards/hybrid.py routes between them per sample).
+
+    training_scorer(c, tasks, mesh)          the reward the policy is trained on
+    evaluation_scorer(c, scorer, tasks)      held-out accuracy: always the verifiers'
+    step_end_ids(c, tokenizer)               where the PRM's step rewards land (or None)
+    prefix_value_scorer(directory, c, mesh)  a PRM that scores partial responses
 
 Reward models and the PRM are frozen roles on the trainer mesh, laid out like the
 reference (`param_shardings` of the training rules); a judge's weights get the
@@ -11,7 +17,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import jax
 
 from rlhf_jax import models
 from rlhf_jax import parallel
@@ -30,7 +35,11 @@ from rlhf_jax.rewards.reward_model import RewardModelScorer
 from rlhf_jax.rewards.reward_model import ScoringLayout
 from rlhf_jax.rewards.router import has_verifier
 from rlhf_jax.rewards.scorer import Scorer
-from rlhf_jax.training.roles import FrozenRole
+from rlhf_jax.optim import FrozenRole
+from rlhf_jax.rewards.prm import PrefixValueScorer
+from rlhf_jax.rewards.router import router_for_tasks
+from rlhf_jax.rewards.sandbox import SandboxUnavailable
+from rlhf_jax.sampling import config as sampler_config_lib
 
 
 def load_frozen(directory: str, mesh, *, head: str, dtype: str = "float32",
@@ -65,11 +74,11 @@ def build_judge(c, section, verdicts: Sequence[str], field: str, mesh) -> Verdic
   except ValueError as error:
     raise ConfigError(str(error)) from None
   if s.address:
+    # grpc is the `serve` extra's: imported only when a judge server is configured.
     from rlhf_jax.sampling.client import SamplerClient  # pylint: disable=import-outside-toplevel
     sampler = SamplerClient(s.address)
     sampler.wait_ready()
   else:
-    from rlhf_jax.sampling import config as sampler_config_lib  # pylint: disable=import-outside-toplevel
     role, _, _ = load_frozen(directory, mesh, head="lm", dtype=s.dtype,
                              matmul_precision=s.matmul_precision,
                              rules=parallel.GENERATE_RULES)
@@ -109,22 +118,48 @@ def build_model_routes(c, mesh) -> dict[str, Scorer]:
   return routes
 
 
-def build_reward(c, tasks: Sequence[str], mesh, rule_router) -> Scorer:
-  """The run's scorer: `rule_router()` (the rule verifiers of `tasks`) alone for
-  route 'verifier', else a RoutedScorer over the model routes (and the verifiers for
+def verifiers(c, tasks: Sequence[str]) -> Scorer:
+  """The `reward` section's router over the rule verifiers and sandbox the data's `tasks`
+  need (`rewards.router.router_for_tasks`); a missing dependency or a sandbox that
+  cannot start is a ConfigError here, before anything compiles."""
+  r = c.reward
+  try:
+    return router_for_tasks(
+        tasks, correct_score=r.correct_score, wrong_score=r.wrong_score,
+        failure_score=r.failure_score, timeout_s=r.timeout_s, workers=r.workers,
+        math_extractor=r.math_extractor, sandbox_timeout_s=r.sandbox.timeout_s,
+        sandbox_memory_mb=r.sandbox.memory_mb, sandbox_workers=r.sandbox.workers or None,
+        sandbox_isolation=r.sandbox.isolation)
+  except ImportError as error:
+    raise ConfigError(f"the data has a 'math' task: {error}") from None
+  except ValueError as error:
+    raise ConfigError(f"config.reward.math_extractor: {error}") from None
+  except SandboxUnavailable as error:
+    raise ConfigError(f"config.reward.sandbox.isolation={r.sandbox.isolation!r}: "
+                      f"{error}") from None
+
+
+def uses_models(c) -> bool:
+  """Whether the reward needs a model (a route other than the verifiers, or a PRM)."""
+  return c.reward.route != "verifier" or bool(c.reward.process.checkpoint)
+
+
+def training_scorer(c, tasks: Sequence[str], mesh) -> Scorer:
+  """The run's scorer (`reward.route`): the rule verifiers of `tasks` alone for route
+  'verifier', else a RoutedScorer over the model routes (and the verifiers for
   'hybrid'), with a monitor of the rule verifiers; plus the PRM's step rewards when
-  `reward.process.checkpoint` is set."""
+  `reward.process.checkpoint` is set. Models load onto `mesh`."""
   r = c.reward
   if r.route == "verifier":
-    scorer = rule_router(tasks)
+    scorer = verifiers(c, tasks)
   else:
     routes = build_model_routes(c, mesh)
     verifiable = [t for t in tasks if has_verifier(t)]
     if r.route == "hybrid" and verifiable:
-      routes["verifier"] = rule_router(verifiable)
+      routes["verifier"] = verifiers(c, verifiable)
     choose = (hybrid_chooser(routes, verifiable, reference_key=r.genrm.reference_key)
               if r.route == "hybrid" else (lambda example, route=r.route: route))
-    monitor = rule_router(verifiable) if r.monitor and verifiable else None
+    monitor = verifiers(c, verifiable) if r.monitor and verifiable else None
     scorer = RoutedScorer(routes, choose, monitor=monitor, monitor_tasks=verifiable,
                           failure_score=r.failure_score)
   if r.process.checkpoint:
@@ -137,6 +172,29 @@ def build_reward(c, tasks: Sequence[str], mesh, rule_router) -> Scorer:
   return scorer
 
 
+def evaluation_scorer(c, scorer: Scorer, tasks: Sequence[str]) -> Scorer:
+  """The scorer of held-out accuracy: the rule verifiers of `tasks` (the true accuracy)
+  whenever the training reward is a model and every task has a verifier, else
+  `scorer` itself."""
+  if uses_models(c) and tasks and all(has_verifier(t) for t in tasks):
+    return verifiers(c, tasks)
+  return scorer
+
+
+def step_end_ids(c, tokenizer) -> frozenset[int] | None:
+  """The policy's step-end tokens where the PRM's step rewards land, or None without a
+  PRM (`reward.process.checkpoint`)."""
+  return step_ends_of(c, tokenizer) if c.reward.process.checkpoint else None
+
+
+def prefix_value_scorer(directory: str, c, mesh) -> Scorer:
+  """A PRM checkpoint as a scorer of partial responses (its value at the last token;
+  speculative rejection's `--prm`)."""
+  role, tokenizer, prefix = load_frozen(directory, mesh, head="scalar", dtype=c.model.dtype)
+  return PrefixValueScorer(ProcessRewardModel(
+      role, scoring_layout(c, tokenizer, prefix), step_ends_of(c, tokenizer), mesh=mesh))
+
+
 def step_ends_of(c, tokenizer) -> frozenset[int]:
   """The tokens of `tokenizer` that end a step (`reward.process.step_delimiter`); a
   ConfigError naming the field when none does."""
@@ -145,16 +203,3 @@ def step_ends_of(c, tokenizer) -> frozenset[int]:
   except ValueError as error:
     raise ConfigError(f"config.reward.process.step_delimiter="
                       f"{c.reward.process.step_delimiter!r}: {error}") from None
-
-
-def critic_from_checkpoint(directory: str, policy_model) -> tuple[object, dict]:
-  """A critic whose weights are a scalar-head checkpoint's (a PRM; Dai et al.): its
-  values start as the PRM's success-probability estimates. The architecture must be
-  the policy's (the critic reads the policy's token ids)."""
-  model, params = models.load_hf_checkpoint(directory, head="scalar")
-  if model.config.vocab_size != policy_model.config.vocab_size:
-    raise ConfigError(f"config.critic.init_from={directory!r}: vocabulary "
-                      f"{model.config.vocab_size} differs from the policy's "
-                      f"{policy_model.config.vocab_size}.")
-  return models.with_numerics(model, dtype=policy_model.config.dtype,
-                              matmul_precision=policy_model.config.matmul_precision), params

@@ -15,16 +15,16 @@ import numpy as np
 
 from rlhf_jax import kernels
 from rlhf_jax import models
-from rlhf_jax.algorithms.rollout import encode_pairs
+from rlhf_jax.algorithms.batch import encode_pairs
 from rlhf_jax.data import Example
 from rlhf_jax.data import PreferencePair
 from rlhf_jax.rewards import genrm as genrm_lib
 from rlhf_jax.rewards import pairwise as pairwise_lib
 from rlhf_jax.rewards.prm import step_end_positions
 from rlhf_jax.rewards.reward_model import ScoringLayout
-from rlhf_jax.rewards.reward_model import run_in_chunks
+from rlhf_jax.parallel import run_in_chunks
 from rlhf_jax.rewards.reward_model import sequence_scores
-from rlhf_jax.training.sft import fit
+from rlhf_jax.optim import fit
 
 
 @dataclasses.dataclass

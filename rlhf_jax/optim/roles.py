@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhf_jax import parallel
 from rlhf_jax.parallel.sharding import BATCH_AXES
 
 
@@ -34,36 +33,6 @@ class TrainState:
   """A trained model's parameters and optimizer state."""
   params: Any
   opt_state: Any
-
-
-def learning_rate_schedule(learning_rate: float, warmup_steps: int, *, decay_updates: int = 0,
-                           final_fraction: float = 0.1):
-  """count → rate: lr·min(1, (k+1)/warmup) for update k (the first update already moves),
-  times, with `decay_updates` > 0, a cosine from 1 after warmup to `final_fraction` at
-  update `decay_updates` (and after it)."""
-  warmup = max(warmup_steps, 1)
-
-  def schedule(count):
-    rate = learning_rate * jnp.minimum(1.0, (count + 1) / warmup)
-    if decay_updates <= 0:
-      return rate
-    progress = jnp.clip((count + 1 - warmup) / max(decay_updates - warmup, 1), 0.0, 1.0)
-    return rate * (final_fraction
-                   + (1.0 - final_fraction) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress)))
-
-  return schedule
-
-
-def make_optimizer(learning_rate: float, warmup_steps: int, weight_decay: float,
-                   max_grad_norm: float, *, decay_updates: int = 0,
-                   final_fraction: float = 0.1) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW on `learning_rate_schedule`: linear warmup to a
-  constant rate (DAPO §4.1), or a cosine decay after it when `decay_updates` > 0."""
-  schedule = learning_rate_schedule(learning_rate, warmup_steps, decay_updates=decay_updates,
-                                    final_fraction=final_fraction)
-  return optax.chain(optax.clip_by_global_norm(max_grad_norm),
-                     optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8,
-                                 weight_decay=weight_decay))
 
 
 def new_train_state(optimizer: optax.GradientTransformation, params, mesh) -> TrainState:
@@ -136,8 +105,9 @@ class TrainedRole:
     loss_fn: (params, batch, normalizers) → (loss, metrics).
     normalizer_fn: batch → the global counts `loss_fn` divides by.
     has_target: batch → bool scalar, whether the mini-batch has anything to learn.
-    epochs, minibatches, micro_batches: passes, optimizer steps per pass, and
-      gradient-accumulation slices per optimizer step.
+    epochs: passes over the batch.
+    minibatches: optimizer steps per pass.
+    micro_batches: gradient-accumulation slices per optimizer step.
   """
 
   def __init__(self, model, params, optimizer: optax.GradientTransformation, mesh, *,

@@ -1,5 +1,5 @@
-"""DPO's learner: the policy role, the reference, and the jitted prepare that turns a
-batch of groups into pairs (algorithms/dpo.py).
+"""DPO's learner (offline and iterative DPO): the policy role, the reference, and the
+jitted prepare that turns a batch of groups into pairs (algorithms/dpo.py).
 
     learn(batch):  prepare (one jit: reference log-probs unless cached, one pair per
                    group) → actor update (one jit, state donated)
@@ -13,10 +13,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.algorithms import batch as batch_lib
 from rlhf_jax.algorithms import dpo
-from rlhf_jax.algorithms import rollout as rollout_lib
-from rlhf_jax.training.roles import FrozenRole
-from rlhf_jax.training.roles import TrainedRole
+from rlhf_jax.algorithms.learner import LearnerBase
+from rlhf_jax.algorithms.learner import rl_optimizers
+from rlhf_jax.algorithms.learner import role_options
+from rlhf_jax.optim import FrozenRole
+from rlhf_jax.optim import TrainedRole
 
 
 def dpo_actor_role(model, params, optimizer, mesh, d, train) -> TrainedRole:
@@ -25,11 +28,10 @@ def dpo_actor_role(model, params, optimizer, mesh, d, train) -> TrainedRole:
   return TrainedRole(model, params, optimizer, mesh, loss_fn=dpo.dpo_loss_fn(model, d),
                      normalizer_fn=lambda pairs: jnp.sum(pairs.weights),
                      has_target=lambda pairs: jnp.sum(pairs.weights) > 0,
-                     epochs=train.ppo_epochs, minibatches=train.minibatches,
-                     micro_batches=train.micro_batches)
+                     **role_options(train))
 
 
-class DPOLearner:
+class DPOLearner(LearnerBase):
   """Actor and reference of DPO (offline or iterative).
 
   Args:
@@ -40,43 +42,39 @@ class DPOLearner:
     seed: seeds the mini-batch shuffles (folded with the step: resume-safe).
   """
 
+  STATE_ROLES = ("actor", "reference")
+
   def __init__(self, d, actor: TrainedRole, reference: FrozenRole | None, *, group_size: int,
                seed: int):
+    super().__init__(actor=actor, reference=reference, seed=seed)
     self.d = d
-    self.actor, self.reference = actor, reference
     self.group_size = group_size
-    self._key = jax.random.key(seed)
     self._prepare = jax.jit(self._prepare_fn)
+
+  @classmethod
+  def from_config(cls, c, model, params, mesh) -> "DPOLearner":
+    """The learner of config `c` (`algorithm.dpo`) for the policy on `mesh`."""
+    d = c.algorithm.dpo
+    actor = dpo_actor_role(model, params, rl_optimizers(c)[0], mesh, d, c.train)
+    reference = None if d.reference == "cached" else FrozenRole(model, params)
+    return cls(d, actor, reference, group_size=c.rollout.group_size, seed=c.seed)
 
   def _prepare_fn(self, ref_params, batch):
     if self.d.reference == "cached":  # the offline rollout put π_ref's log-probs there
       ref = batch.sampler_logprobs * batch.response_mask
     else:
-      ref = rollout_lib.response_logprobs(self.reference.model, ref_params, batch)
+      ref = batch_lib.response_logprobs(self.reference.model, ref_params, batch)
     pairs = dpo.pairs_from_groups(batch.replace(ref_logprobs=ref), self.group_size)
     return pairs, {"scores": batch.scores,
                    "dpo/pairs_with_preference": jnp.mean(pairs.weights)}
 
-  def learn(self, batch, step: int, *, update_actor: bool = True) -> dict[str, Any]:
+  def learn(self, batch, step: int) -> dict[str, Any]:
     """Pairs `batch` (on the mesh) and runs the actor update of step `step`; returns
     device arrays {"prepare": metrics, "actor": per-mini-batch metrics}."""
-    pairs, prepared = self._prepare(
-        None if self.reference is None else self.reference.params, batch)
-    out = {"prepare": prepared}
-    if update_actor:
-      out["actor"] = self.actor.update(pairs, jax.random.fold_in(self._key, step))
+    pairs, prepared = self._prepare(self.params_of("reference"), batch)
+    out = {"prepare": prepared,
+           "actor": self.actor.update(pairs, jax.random.fold_in(self._key, step))}
     every = self.d.reference_sync_every
     if every and (step + 1) % every == 0:
       self.reference.move_toward(self.actor.params, 1.0)
     return out
-
-  def state(self) -> dict[str, Any]:
-    """The array state for checkpoints."""
-    return {"actor": self.actor.state,
-            "reference": {} if self.reference is None else self.reference.params}
-
-  def restore(self, state: dict[str, Any]) -> None:
-    """Restores `state()`."""
-    self.actor.state = state["actor"]
-    if self.reference is not None:
-      self.reference.params = state["reference"]

@@ -1,8 +1,13 @@
-"""Supervised fine-tuning on (prompt, solution) pairs: the warm start before RL.
+"""Stages that run before the RL loop when their output is missing: the arith SFT warm
+start (<workdir>/sft) and the verifier-labelled offline data of DPO / DQO
+(<workdir>/offline.jsonl). Each writes aside and renames, so an interrupted stage
+never leaves something that looks finished.
 
-The batch layout is the rollout layout (prompt left-padded to P, solution +
-EOS right-padded to R), so SFT reuses `response_logprobs`: the loss is the
-token-mean negative log-likelihood of the solution tokens.
+`label_samples` samples `data.offline_samples` responses to each of the first
+`data.offline_prompts` training prompts with the starting policy at the rollout
+temperature and scores them with the run's verifier; launch/label_samples.py writes
+them, and for the arith variant train.py writes <workdir>/offline.jsonl first when
+`data.offline_file` is empty.
 """
 
 from __future__ import annotations
@@ -10,72 +15,31 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import time
 from typing import Callable, Sequence
 
-import jax
 import numpy as np
-import optax
+from tqdm import tqdm
 
-from rlhf_jax import kernels
 from rlhf_jax import models
-from rlhf_jax.algorithms import rollout as rollout_lib
-from rlhf_jax.algorithms.rollout import encode_pairs
+from rlhf_jax.algorithms.batch import encode_pairs
+from rlhf_jax.algorithms.sft import run_sft
+from rlhf_jax.data import LabelledGroup
+from rlhf_jax.data import write_labelled
+from rlhf_jax.rewards import build as reward_build
+from rlhf_jax.rollout import GroupGenerator
+from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import pycalc
+from rlhf_jax.training import build
 
 
-@dataclasses.dataclass
-class SFTResult:
-  """What `run_sft` returns: final params and the loss curve."""
-  params: dict
-  losses: list[float]
-  seconds: float
-
-
-def sft_loss(model, params, batch: rollout_lib.RolloutBatch) -> jax.Array:
-  """Token-mean negative log-likelihood of the response tokens."""
-  logprobs = rollout_lib.response_logprobs(model, params, batch)
-  return -kernels.aggregate(logprobs, batch.response_mask, mode="token-mean")
-
-
-def fit(loss_fn: Callable, params, make_batch: Callable[[int], object], *, steps: int,
-        learning_rate: float, warmup_steps: int = 20, weight_decay: float = 0.0,
-        max_grad_norm: float = 1.0,
-        progress: Callable[[int, float], None] | None = None) -> SFTResult:
-  """Minimises `loss_fn(params, batch)` for `steps` steps on `make_batch(step)` batches
-  (any pytree of arrays) with AdamW, linear warmup and a cosine decay to 10 %: the
-  supervised loop of SFT, reward models, PRMs and judges."""
-  schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(warmup_steps, 1),
-                                                max(steps, warmup_steps + 1),
-                                                end_value=learning_rate * 0.1)
-  optimizer = optax.chain(optax.clip_by_global_norm(max_grad_norm),
-                          optax.adamw(schedule, weight_decay=weight_decay))
-
-  @jax.jit
-  def step_fn(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  opt_state = optimizer.init(params)
-  losses = []
-  start = time.perf_counter()
-  for step in range(steps):
-    batch = jax.tree.map(jax.numpy.asarray, make_batch(step))
-    params, opt_state, loss = step_fn(params, opt_state, batch)
-    losses.append(float(loss))
-    if progress is not None:
-      progress(step, losses[-1])
-  return SFTResult(params=params, losses=losses, seconds=time.perf_counter() - start)
-
-
-def run_sft(model, params, make_batch: Callable[[int], rollout_lib.RolloutBatch], *,
-            steps: int, learning_rate: float, **options) -> SFTResult:
-  """Trains the LM on `make_batch(step)` batches of (prompt, response) rows (`fit` of
-  `sft_loss`; options: warmup_steps, weight_decay, max_grad_norm, progress)."""
-  return fit(lambda p, batch: sft_loss(model, p, batch), params, make_batch, steps=steps,
-             learning_rate=learning_rate, **options)
+def prepare_run(c, workdir: str, log: Callable[[str], None] = print) -> None:
+  """Runs the stages config `c` needs in `workdir` before training: the arith warm
+  start (arith variant without `model.checkpoint`) and the offline data (rollout.mode
+  'offline' without `data.offline_file`)."""
+  if c.variant == "arith" and not c.model.checkpoint:
+    ensure_arith_warm_start(c, workdir, log=log)
+  ensure_offline_data(c, workdir, log=log)
 
 
 def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
@@ -109,15 +73,10 @@ def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
   return make_batch
 
 
-def policy_checkpoint_dir(c, workdir: str) -> str:
-  """Where a run's initial policy lives: `model.checkpoint`, or <workdir>/sft (arith)."""
-  return c.model.checkpoint or os.path.join(workdir, "sft")
-
-
 def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print) -> str:
   """The arith warm start: trains and saves `policy_checkpoint_dir` unless it exists
   (a 3-layer decoder and the character tokenizer, created locally). Returns the directory."""
-  directory = policy_checkpoint_dir(c, workdir)
+  directory = build.policy_checkpoint_dir(c, workdir)
   if os.path.exists(os.path.join(directory, "config.json")):
     log(f"SFT warm start: {directory} (delete it to train a new one)")
     return directory
@@ -134,7 +93,6 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
       weights=tuple(c.sft.level_weights), prompt_prefix=prefix,
       prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
       direct_fraction=c.sft.direct_fraction, slip_rate=c.sft.carry_slip, task=c.data.task)
-  from tqdm import tqdm
   bar = tqdm(total=c.sft.steps, desc="SFT warm start", unit="step", dynamic_ncols=True)
 
   def progress(step, loss):
@@ -156,3 +114,50 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   log(f"SFT warm start saved to {directory} (final loss {result.losses[-1]:.4f}, "
       f"{result.seconds:.0f} s)")
   return directory
+
+
+def label_samples(c, policy, sampler, scorer, examples, *, chunk: int = 256,
+                  log: Callable[[str], None] = print) -> list[LabelledGroup]:
+  """`data.offline_samples` sampled responses per example, with the scorer's verdicts."""
+  stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
+  sampling = dataclasses.replace(rollout_config_lib.sampling_params(c.rollout, stop),
+                                 n=c.data.offline_samples)
+  generator = GroupGenerator(sampler, scorer, policy.tokenizer, sampling=sampling,
+                             prefix=policy.prefix, prompt_length=c.data.prompt_length,
+                             seed=c.seed + 4049)
+  out = []
+  for start in range(0, len(examples), chunk):
+    for group in generator.generate_groups(examples[start:start + chunk]):
+      texts = [policy.tokenizer.decode(policy.tokenizer.truncate_at_eos(r))
+               for r in group.responses]
+      out.append(LabelledGroup(group.example, tuple(texts), tuple(group.scores),
+                               tuple(group.correct)))
+    done = min(start + chunk, len(examples))
+    accuracy = sum(sum(g.correct) for g in out) / max(1, sum(len(g.correct) for g in out))
+    log(f"labelled {done}/{len(examples)} prompts ({accuracy:.1%} of samples correct)")
+  return out
+
+
+def ensure_offline_data(c, workdir: str, log: Callable[[str], None] = print) -> None:
+  """Writes <workdir>/offline.jsonl (labelled samples of the warm start) when rollout.mode
+  is 'offline', `data.offline_file` is empty and it does not exist yet."""
+  if c.rollout.mode != "offline" or c.data.offline_file:
+    return
+  path = build.offline_path(c, workdir)
+  if os.path.exists(path):
+    log(f"offline data: {path} (delete it to label new samples)")
+    return
+  mesh = build.trainer_mesh(c)
+  policy = build.load_policy(c, workdir, mesh)
+  examples = build.load_examples(c)[0][:c.data.offline_prompts]
+  scorer = reward_build.verifiers(c, sorted({e.task for e in examples}))
+  sampler = build.build_sampler(c, policy, mesh)
+  log(f"no offline data: labelling {c.data.offline_samples} samples of each of "
+      f"{len(examples)} prompts into {path}")
+  partial = os.path.join(os.path.dirname(path), "offline.partial.jsonl")
+  try:
+    write_labelled(partial, label_samples(c, policy, sampler, scorer, examples, log=log))
+  finally:
+    sampler.close()
+    scorer.close()
+  os.replace(partial, path)  # a crash never leaves a half-written file behind

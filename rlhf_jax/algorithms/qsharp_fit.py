@@ -18,14 +18,14 @@ import functools
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 from rlhf_jax.algorithms import qsharp
-from rlhf_jax.algorithms.rollout import build_rollout_batch
-from rlhf_jax.algorithms.rollout import response_logits_inputs
-from rlhf_jax.rewards.reward_model import run_in_chunks
+from rlhf_jax.optim import fit
+from rlhf_jax.optim import make_optimizer
+from rlhf_jax.algorithms.batch import build_rollout_batch
+from rlhf_jax.algorithms.batch import response_logits_inputs
+from rlhf_jax.parallel import run_in_chunks
 from rlhf_jax.sampling import SamplingParams
 
 
@@ -94,24 +94,19 @@ def guide_data(model, params, rows, responses, switches, returns, *, prompt_leng
 def fit_guide(guide: dict, data: GuideData, *, values: np.ndarray, steps: int,
               batch_size: int, learning_rate: float, seed: int,
               log: Callable[[str], None] = print) -> tuple[dict, list[float]]:
-  """Adam steps of `qsharp.guide_loss` on random mini-batches of `data`."""
-  optimizer = optax.adam(learning_rate)
+  """Adam steps (`optim.fit`, constant rate, no clipping) of `qsharp.guide_loss` on
+  random mini-batches of `data`."""
   loss_fn = functools.partial(qsharp.guide_loss, values=values)
-
-  @jax.jit
-  def step(guide, opt_state, hidden, actions, returns, mask):
-    loss, grads = jax.value_and_grad(loss_fn)(guide, hidden, actions, returns, mask)
-    updates, opt_state = optimizer.update(grads, opt_state, guide)
-    return optax.apply_updates(guide, updates), opt_state, loss
-
-  opt_state = optimizer.init(guide)
   rng = np.random.default_rng(seed)
-  losses = []
-  for _ in range(steps):
+
+  def make_batch(step):
+    del step  # a fresh random draw each step, in order
     index = rng.integers(0, len(data.returns), batch_size)
-    guide, opt_state, loss = step(guide, opt_state, jnp.asarray(data.hidden[index]),
-                                  jnp.asarray(data.actions[index]),
-                                  jnp.asarray(data.returns[index]), jnp.asarray(data.mask[index]))
-    losses.append(float(loss))
+    return (data.hidden[index], data.actions[index], data.returns[index], data.mask[index])
+
+  result = fit(lambda guide, batch: loss_fn(guide, *batch), guide, make_batch, steps=steps,
+               learning_rate=learning_rate,
+               optimizer=make_optimizer(learning_rate, max_grad_norm=None))
+  losses = result.losses
   log(f"guide fitted on {len(data.returns)} rows: loss {losses[0]:.4f} → {losses[-1]:.4f}")
-  return guide, losses
+  return result.params, losses

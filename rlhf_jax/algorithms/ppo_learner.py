@@ -1,0 +1,137 @@
+"""The PPO family's learner (PPO, GRPO, DAPO, VC-PPO, VAPO, T-PPO, ...): its roles and
+the on-device half of a training step.
+
+    learn(batch):  prepare (one jit: the trainer's log π_old, reference log-probs,
+                   values, rollout-correction weights, advantages, returns, β)
+                   → critic update → actor update   (each one jit, state donated)
+
+The actor waits for `algorithm.value.pretrain_steps` steps while the critic learns
+alone (VC-PPO's value pretraining); the learner decides that, not the loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax.algorithms import ppo_config
+from rlhf_jax.algorithms import ppo_family
+from rlhf_jax.algorithms.learner import LearnerBase
+from rlhf_jax.algorithms.learner import initial_critic
+from rlhf_jax.algorithms.learner import rl_optimizers
+from rlhf_jax.algorithms.learner import role_options
+from rlhf_jax.optim import FrozenRole
+from rlhf_jax.optim import TrainedRole
+
+
+def actor_role(model, params, optimizer, mesh, algorithm, train) -> TrainedRole:
+  """The policy as a TrainedRole: PPO-family actor loss (`ppo_family.actor_loss`)."""
+
+  def loss_fn(params, batch, norm):
+    logprobs, entropy = batch_lib.response_logprobs(model, params, batch, with_entropy=True)
+    return ppo_family.actor_loss(algorithm, logprobs, entropy, batch, norm)
+
+  return TrainedRole(model, params, optimizer, mesh, loss_fn=loss_fn,
+                     normalizer_fn=lambda b: ppo_family.normalizers(algorithm, b),
+                     has_target=lambda b: jnp.sum(b.policy_mask()) > 0, **role_options(train))
+
+
+def critic_role(model, params, optimizer, mesh, algorithm, train) -> TrainedRole:
+  """The value model as a TrainedRole: clipped value loss on finished responses."""
+
+  def loss_fn(params, batch, norm):
+    values = batch_lib.response_values(model, params, batch)
+    return ppo_family.critic_loss(algorithm, values, batch, norm)
+
+  return TrainedRole(model, params, optimizer, mesh, loss_fn=loss_fn,
+                     normalizer_fn=lambda b: ppo_family.critic_normalizers(algorithm, b),
+                     has_target=lambda b: jnp.sum(b.value_mask()) > 0, **role_options(train))
+
+
+class PPOLearner(LearnerBase):
+  """Actor (+ critic, + reference) and the jitted prepare of the PPO family.
+
+  Args:
+    algorithm: the `algorithm` config section.
+    actor: the policy role.
+    critic: the value role, or None.
+    reference: the reference policy, or None.
+    correction: the rollout-correction mode in force (ppo_config.correction_mode).
+    group_size: G.
+    seed: seeds the mini-batch shuffles (folded with the step: resume-safe).
+  """
+
+  def __init__(self, algorithm, actor: TrainedRole, critic: TrainedRole | None,
+               reference: FrozenRole | None, *, correction: str, group_size: int, seed: int):
+    super().__init__(actor=actor, critic=critic, reference=reference, seed=seed)
+    self.algorithm = algorithm
+    self.correction = correction
+    self.group_size = group_size
+    self.kl_coef = jnp.float32(algorithm.kl.coef)  # β on device; the controller moves it
+    self._prepare = jax.jit(self._prepare_fn)
+
+  @classmethod
+  def from_config(cls, c, model, params, mesh) -> "PPOLearner":
+    """The learner of config `c` for the policy (`model`, `params` on `mesh`): a critic
+    with estimator 'gae' (or a value head), a reference with a KL term."""
+    a = c.algorithm
+    actor_optimizer, critic_optimizer = rl_optimizers(c)
+    actor = actor_role(model, params, actor_optimizer, mesh, a, c.train)
+    critic = None
+    if ppo_config.uses_critic(a):
+      critic_model, critic_params = initial_critic(c, model, params, mesh)
+      critic = critic_role(critic_model, critic_params, critic_optimizer, mesh, a, c.train)
+    reference = FrozenRole(model, params) if ppo_config.uses_reference(a) else None
+    correction = ppo_config.correction_mode(a, trainer_dtype=c.model.dtype,
+                                            sampler_dtype=c.sampler.dtype)
+    return cls(a, actor, critic, reference, correction=correction,
+               group_size=c.rollout.group_size, seed=c.seed)
+
+  def _prepare_fn(self, actor_params, ref_params, critic_params, kl_coef, version, batch):
+    # The current weights' log-probs: π_old of fresh tokens, π_prox of stale ones.
+    old = batch_lib.response_logprobs(self.actor.model, actor_params, batch)
+    ref = (None if self.reference is None else
+           batch_lib.response_logprobs(self.reference.model, ref_params, batch))
+    values = (None if self.critic is None else
+              batch_lib.response_values(self.critic.model, critic_params, batch))
+    batch, kl_coef, metrics = ppo_family.prepare(
+        self.algorithm, batch, old_logprobs=old, ref_logprobs=ref, values=values,
+        kl_coef=kl_coef, correction=self.correction,
+        group_size=self.group_size, version=version)
+    return batch, kl_coef, dict(metrics, scores=batch.scores)
+
+  def updates_actor(self, step: int) -> bool:
+    """False during value pretraining (`algorithm.value.pretrain_steps`)."""
+    return step >= self.algorithm.value.pretrain_steps
+
+  def learn(self, batch, step: int) -> dict[str, Any]:
+    """Prepares `batch` (already on the mesh) and runs the updates of step `step`.
+
+    `step` is also the current policy version: the loop hands the sampler the weights
+    learned in step s − 1 as version s, so rows sampled for step s carry version s
+    (fresh) and rows of any other version are stale (decoupled PPO in `prepare`).
+
+    Returns device arrays: {"prepare": metrics, "actor": per-mini-batch metrics,
+    "critic": per-mini-batch metrics}; no "actor" during value pretraining.
+    """
+    batch, self.kl_coef, prepared = self._prepare(
+        self.actor.params, self.params_of("reference"), self.params_of("critic"),
+        self.kl_coef, jnp.int32(step), batch)
+    actor_key, critic_key = self.step_keys(step)
+    out = {"prepare": prepared}
+    if self.critic is not None:
+      out["critic"] = self.critic.update(batch, critic_key)
+    if self.updates_actor(step):
+      out["actor"] = self.actor.update(batch, actor_key)
+    if self.reference is not None and self.algorithm.kl.reference_ema > 0:
+      self.reference.move_toward(self.actor.params, self.algorithm.kl.reference_ema)
+    return out
+
+  def extra_state(self) -> dict[str, Any]:
+    return {"kl_coef": self.kl_coef}
+
+  def restore_extra(self, state: dict[str, Any]) -> None:
+    self.kl_coef = state["kl_coef"]

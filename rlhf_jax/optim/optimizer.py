@@ -1,0 +1,48 @@
+"""The one optimizer factory: global-norm clipping, then AdamW on an optax schedule.
+
+Every trained model uses it: the RL roles (actor, critic), SFT, reward models, judges,
+PRMs and the Q♯ guide. Two schedules cover them:
+
+  `rl_schedule`   linear warmup that already moves on the first update, then a constant
+                  rate (DAPO §4.1) or a cosine decay to a fraction of it;
+  `fit_schedule`  warmup from zero, then a cosine decay over the run (supervised fits).
+"""
+
+from __future__ import annotations
+
+import optax
+
+
+def rl_schedule(learning_rate: float, warmup_steps: int, *, decay_updates: int = 0,
+                final_fraction: float = 0.1) -> optax.Schedule:
+  """count → rate: lr·min(1, (k+1)/warmup) for update k (the first update already moves),
+  then constant, or, with `decay_updates` > 0, a cosine from lr after warmup down to
+  `final_fraction`·lr at update `decay_updates` (and after it)."""
+  warmup = max(warmup_steps, 1)
+  # Update k = warmup − 1 is the last warmup update and the first of the decay.
+  ramp = optax.linear_schedule(learning_rate / warmup, learning_rate, warmup - 1)
+  if decay_updates <= 0:
+    after = optax.constant_schedule(learning_rate)
+  else:
+    after = optax.cosine_decay_schedule(learning_rate, max(decay_updates - warmup, 1),
+                                        alpha=final_fraction)
+  return optax.join_schedules([ramp, after], [warmup - 1])
+
+
+def fit_schedule(learning_rate: float, warmup_steps: int, steps: int, *,
+                 final_fraction: float = 0.1) -> optax.Schedule:
+  """count → rate for a supervised fit of `steps` updates: linear warmup from 0 over
+  `warmup_steps`, then a cosine decay to `final_fraction`·lr at the last step."""
+  return optax.warmup_cosine_decay_schedule(
+      0.0, learning_rate, max(warmup_steps, 1), max(steps, warmup_steps + 1),
+      end_value=learning_rate * final_fraction)
+
+
+def make_optimizer(schedule: optax.ScalarOrSchedule, *, weight_decay: float = 0.0,
+                   max_grad_norm: float | None = 1.0) -> optax.GradientTransformation:
+  """Global-norm clipping at `max_grad_norm` (None: off), then AdamW (β = 0.9, 0.999,
+  ε = 1e-8) with decoupled `weight_decay` on `schedule` (a rate or an optax schedule)."""
+  adamw = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay)
+  if max_grad_norm is None:
+    return adamw
+  return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)

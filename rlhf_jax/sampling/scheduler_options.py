@@ -1,0 +1,51 @@
+"""The Scheduler's options and their one validation.
+
+Both paths call `validate_scheduler_options`: `Scheduler.__init__` (errors name the
+argument) and `config.validate_sampler_config` (with prefix "config.sampler.", reworded
+into ConfigErrors), so a launcher refuses a bad sampler section before it loads a
+model, by the same rule a directly built Scheduler applies. A module of its own
+because `config.py` imports the Scheduler (no cycle) and needs no model to check.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+UPDATE_POLICIES = ("finish_old", "swap_now")
+
+
+def _is_positive_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def validate_scheduler_options(*, prompt_buckets: Sequence[int], cache_length: int,
+                               steps_per_sync: int, max_prefill_batch: int, max_queue: int,
+                               update_policy: str, prefix: str = "") -> None:
+  """Raises ValueError naming the first impossible option and its allowed values:
+  "<prefix><field>=<value> <requirement>.".
+
+  Args:
+    prompt_buckets: padded prompt lengths; each in [1, cache_length): a prompt that
+      fills its slot's KV cache leaves no room for a new token.
+    cache_length: KV positions per slot (the Engine's; checked by the Engine).
+    steps_per_sync: a positive integer (decode steps per dispatch).
+    max_queue: a positive integer (most requests waiting or running).
+    max_prefill_batch: a power of two (prefill batches are padded to powers of two).
+    update_policy: one of UPDATE_POLICIES.
+    prefix: prepended to the field names, e.g. "config.sampler.".
+  """
+  def fail(field, value, message):
+    raise ValueError(f"{prefix}{field}={value!r} {message}.")
+
+  for field, value in (("steps_per_sync", steps_per_sync), ("max_queue", max_queue),
+                       ("max_prefill_batch", max_prefill_batch)):
+    if not _is_positive_int(value):
+      fail(field, value, "must be a positive integer")
+  if max_prefill_batch & (max_prefill_batch - 1):
+    fail("max_prefill_batch", max_prefill_batch, "must be a power of two (1, 2, 4, ...)")
+  if update_policy not in UPDATE_POLICIES:
+    fail("update_policy", update_policy, f"is not one of {', '.join(UPDATE_POLICIES)}")
+  buckets = tuple(prompt_buckets)
+  if not buckets or not all(_is_positive_int(b) and b < cache_length for b in buckets):
+    fail("prompt_buckets", buckets, f"must be a non-empty tuple of integers in [1, "
+         f"cache_length={cache_length}) (room for new tokens)")
