@@ -19,9 +19,10 @@ def get_config(variant: str = "arith"):
   a.kl.placement = "none"  # No KL term, no reference model (§2.3).
   c.rollout.mode = "dynamic"  # Keep groups with 0 < #correct < G (§3.2).
   c.rollout.dynamic.max_rounds = 10  # verl's max_num_gen_batches.
-  # Soft overlong punishment (§3.4, Eq. 13): paper L_cache 4096 of L_max 20480.
+  # Soft overlong punishment (§3.4, Eq. 13): paper L_cache 4096 of L_max 20480; the hf
+  # variant keeps that fifth of its response cap (rollout.max_new_tokens).
   a.overlong.penalty = True
-  a.overlong.buffer = 16 if variant == "arith" else 4096
+  a.overlong.buffer = 16 if variant == "arith" else c.rollout.max_new_tokens // 5
   a.overlong.factor = 1.0
   a.overlong.filter = False  # The final recipe keeps truncated samples (verl FAQ).
   c.reward.correct_score, c.reward.wrong_score = 1.0, -1.0  # ±1 (§2.4, Eq. 7).

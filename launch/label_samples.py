@@ -46,7 +46,7 @@ def main(argv) -> None:
   c = _CONFIG.value
   c.data.offline_file = _OUTPUT.value  # the file this writes (the offline presets need one)
   # The whole config, first: before the policy loads or anything compiles.
-  validate_config(c, num_devices=jax.device_count())
+  validate_config(c, num_devices=jax.device_count(), labelling=True)
   if not c.data.train_file and c.variant != "arith":
     invalid("data.train_file", c.data.train_file, "the prompts to sample (a .jsonl/.parquet "
             "file) are required for the hf variant")

@@ -128,7 +128,7 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
 
   with π_behav = π_sampler (the sampler's log-probs of its own version) and c, s the
   `kernels.rollout_correction` modes of `algorithm.correction` and `algorithm.staleness`
-  (s: TIS truncation at C, or masked outside [1/C, C]). The loss is then
+  (s: TIS truncation at C, or masked outside [1/C, C]). The objective per token is then
   w · min(r A, clip(r, 1 − ε_low, 1 + ε_high) A) with r = π_θ / π_old. A stale weight
   already holds any sampler–trainer mismatch (π_behav is the sampler's own number), so a
   token gets one weight, never the product of both. `version` None: every token is fresh.
@@ -165,20 +165,27 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
   batch = batch.replace(old_logprobs=jnp.where(use_trainer, trainer_logprobs,
                                                batch.old_logprobs),
                         is_weights=weights + stale_weights, correction_mask=keep + stale_keep)
+  return batch, {**metrics, **staleness_metrics(lag, sampled, stale_mask, stale_metrics)}
+
+
+def staleness_metrics(lag: jax.Array, sampled: jax.Array, stale_mask: jax.Array,
+                      stale: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """staleness/*: the fraction of sampled tokens that are stale, their version lag (mean
+  over all sampled tokens, fresh ones at 0; max), |log π_prox − log π_behav| over stale
+  tokens (mean, max), and the behaviour weights' range and clip / mask rates (`stale`:
+  the metrics of `kernels.rollout_correction` over the stale tokens)."""
   count = jnp.maximum(jnp.sum(sampled), 1.0)
-  metrics = dict(metrics)
-  metrics.update({
+  return {
       "staleness/stale_token_fraction": jnp.sum(stale_mask) / count,
       "staleness/mean_version_lag": jnp.sum(lag * sampled) / count,
       "staleness/max_version_lag": jnp.max(jnp.where(sampled > 0, lag, 0)).astype(jnp.float32),
-      "staleness/stale_logprob_gap": stale_metrics["logprob_mismatch_mean"],
-      "staleness/stale_logprob_gap_max": stale_metrics["logprob_mismatch_max"],
-      "staleness/weight_min": stale_metrics["is_ratio_min"],
-      "staleness/weight_max": stale_metrics["is_ratio_max"],
-      "staleness/weight_clipped_frac": stale_metrics["correction_clipped_frac"],
-      "staleness/weight_masked_frac": stale_metrics["correction_masked_frac"],
-  })
-  return batch, metrics
+      "staleness/stale_logprob_gap": stale["logprob_mismatch_mean"],
+      "staleness/stale_logprob_gap_max": stale["logprob_mismatch_max"],
+      "staleness/weight_min": stale["is_ratio_min"],
+      "staleness/weight_max": stale["is_ratio_max"],
+      "staleness/weight_clipped_frac": stale["correction_clipped_frac"],
+      "staleness/weight_masked_frac": stale["correction_masked_frac"],
+  }
 
 
 def prepare(algorithm, batch: RolloutBatch, *, old_logprobs: jax.Array,

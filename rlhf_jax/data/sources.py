@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from rlhf_jax.config_errors import invalid
 from rlhf_jax.data.example import FIELDS
 from rlhf_jax.data.example import Example
 from rlhf_jax.data.example import record_to_example
@@ -32,6 +33,18 @@ from rlhf_jax.data.jsonl import write_jsonl
 __all__ = ["FIELDS", "read_examples", "read_tfds", "record_to_example", "write_examples"]
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def parse_columns(text: str) -> dict[str, str]:
+  """`data.columns` ("answer=reward_model.ground_truth,task=data_source") as a mapping."""
+  mapping = {}
+  for item in filter(None, (part.strip() for part in text.split(","))):
+    field, _, path = item.partition("=")
+    if field.strip() not in FIELDS or not path.strip():
+      invalid("data.columns", text, f"{item!r} must be field=column with field one of "
+              f"{', '.join(FIELDS)}")
+    mapping[field.strip()] = path.strip()
+  return mapping
 
 
 def _pyarrow():

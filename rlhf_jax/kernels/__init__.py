@@ -11,15 +11,15 @@ Conventions:
 """
 
 from rlhf_jax.kernels.advantages import decoupled_gae
-from rlhf_jax.kernels.advantages import discounted_returns
+from rlhf_jax.kernels.baselines import discounted_returns
 from rlhf_jax.kernels.advantages import gae
-from rlhf_jax.kernels.advantages import group_advantages
+from rlhf_jax.kernels.baselines import group_advantages
 from rlhf_jax.kernels.advantages import length_adaptive_lambda
-from rlhf_jax.kernels.advantages import reinforce_pp_advantages
-from rlhf_jax.kernels.advantages import reinforce_pp_baseline_advantages
-from rlhf_jax.kernels.advantages import remax_advantages
+from rlhf_jax.kernels.baselines import reinforce_pp_advantages
+from rlhf_jax.kernels.baselines import reinforce_pp_baseline_advantages
+from rlhf_jax.kernels.baselines import remax_advantages
 from rlhf_jax.kernels.advantages import reverse_linear_recurrence
-from rlhf_jax.kernels.advantages import rloo_advantages
+from rlhf_jax.kernels.baselines import rloo_advantages
 from rlhf_jax.kernels.advantages import truncation_bootstrap_values
 from rlhf_jax.kernels.aggregation import AGGREGATION_MODES
 from rlhf_jax.kernels.aggregation import aggregate

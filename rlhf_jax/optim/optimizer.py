@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import optax
 
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import one_of
+
+SCHEDULES = ("constant", "cosine")  # optimizer.schedule: `rl_schedule` without / with decay
+
 
 def rl_schedule(learning_rate: float, warmup_steps: int, *, decay_updates: int = 0,
                 final_fraction: float = 0.1) -> optax.Schedule:
@@ -46,3 +51,13 @@ def make_optimizer(schedule: optax.ScalarOrSchedule, *, weight_decay: float = 0.
   if max_grad_norm is None:
     return adamw
   return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
+
+
+def validate_optimizer(o) -> None:
+  """`optimizer.*`: rates, schedule, decay and clipping."""
+  for field in ("learning_rate", "critic_learning_rate", "max_grad_norm"):
+    check_range(f"optimizer.{field}", o[field], low=0, low_open=True)
+  check_range("optimizer.warmup_steps", o.warmup_steps, low=0)
+  check_range("optimizer.weight_decay", o.weight_decay, low=0)
+  one_of("optimizer.schedule", o.schedule, SCHEDULES)
+  check_range("optimizer.final_fraction", o.final_fraction, low=0, high=1)

@@ -11,6 +11,7 @@ launch/train_prm.py, launch/train_judge.py write them).
 from __future__ import annotations
 
 import os
+import re
 
 import ml_collections
 
@@ -23,7 +24,10 @@ from rlhf_jax.rewards import genrm
 from rlhf_jax.rewards import hybrid
 from rlhf_jax.rewards import pairwise
 from rlhf_jax.rewards.judge import check_template
+from rlhf_jax.rewards.sandbox import ISOLATIONS
 from rlhf_jax.sampling import config as sampler_config_lib
+
+MATH_EXTRACTORS = ("auto", "boxed", "answer_line", "gsm8k", "last_number")
 
 
 def add_reward_model_fields(r: ml_collections.ConfigDict, *, judge_prompt_buckets=(128, 256)
@@ -172,3 +176,25 @@ def _validate_process_and_critic(c) -> None:
     if not ppo_config.uses_critic(c.algorithm):
       invalid("critic.init_from", c.critic.init_from, "must be empty without a critic "
               "(algorithm.advantage.estimator 'gae')")
+
+
+def validate_rule_rewards(r) -> None:
+  """The rule verifiers' part of `reward.*` (rewards/config.py checks the models)."""
+  check_range("reward.timeout_s", r.timeout_s, low=0, low_open=True)
+  check_range("reward.workers", r.workers, low=1)
+  check_range("reward.sandbox.timeout_s", r.sandbox.timeout_s, low=0, low_open=True)
+  check_range("reward.sandbox.workers", r.sandbox.workers, low=0, note="(0: 4 per core)")
+  check_range("reward.sandbox.memory_mb", r.sandbox.memory_mb, low=64)
+  one_of("reward.sandbox.isolation", r.sandbox.isolation, ISOLATIONS)
+  extractor = r.math_extractor
+  if not extractor.startswith("re:"):
+    if extractor not in MATH_EXTRACTORS:
+      invalid("reward.math_extractor", extractor, f"must be one of "
+              f"{', '.join(MATH_EXTRACTORS)} or 're:<regex with one group>'")
+    return
+  try:
+    groups = re.compile(extractor[3:]).groups
+  except re.error as error:
+    invalid("reward.math_extractor", extractor, f"is not a valid regex ({error})")
+  if groups < 1:
+    invalid("reward.math_extractor", extractor, "must have a group (the answer)")

@@ -22,6 +22,7 @@ from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
 from rlhf_jax.data import parse_curriculum
 from rlhf_jax.data import read_examples
+from rlhf_jax.data.sources import parse_columns
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator
@@ -31,7 +32,6 @@ from rlhf_jax.rollout.offline import offline_rollout
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import pycalc
-from rlhf_jax.training.config import parse_columns
 
 
 @dataclasses.dataclass

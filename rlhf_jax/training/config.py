@@ -3,8 +3,8 @@
 configs/{ppo,grpo,dapo,vcppo,vapo,tppo}.py start from `base_config(variant)` and
 change fields of the `algorithm` sub-sections and `rollout`. Each section is
 defined and validated by the module that owns it (algorithms/ppo_config.py, dpo.py,
-dqo.py, rollout/config.py, sampling/config.py, rewards/config.py; this module's own
-sections in training/config_checks.py); `validate_config`, the one entry point every
+dqo.py, rollout/config.py, sampling/config.py, rewards/config.py, optim/optimizer.py; this
+module its own: model, data, sft, train and mesh); `validate_config`, the one entry point every
 launcher calls first, runs them all plus the checks that span sections, before
 anything loads, trains or compiles. Every error is a one-line `ConfigError`,
 `config.<full.path>: invalid value <v>: <allowed values or range>`.
@@ -13,22 +13,34 @@ anything loads, trains or compiles. Every error is a one-line `ConfigError`,
 from __future__ import annotations
 
 import importlib.util
+import math
+import os
 
 import ml_collections
 
+from rlhf_jax import parallel
 from rlhf_jax.algorithms import dpo
 from rlhf_jax.algorithms import dqo
 from rlhf_jax.algorithms import ppo_config
+from rlhf_jax.algorithms.registry import LEARNERS
+from rlhf_jax.config_errors import at_least
+from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
+from rlhf_jax.data.curriculum import parse_curriculum
+from rlhf_jax.data.sources import parse_columns
+from rlhf_jax.models.config import DTYPES
+from rlhf_jax.models.config import MATMUL_PRECISIONS
+from rlhf_jax.optim.optimizer import validate_optimizer
 from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.sampling import config as sampler_config_lib
-from rlhf_jax.training import config_checks
-from rlhf_jax.training.config_checks import parse_columns  # pylint: disable=unused-import
+from rlhf_jax.tasks.arith import LEVELS as ARITH_LEVELS
+
+__all__ = ["VARIANTS", "LEARNERS", "base_config", "sibling_preset", "validate_config",
+           "parse_columns"]  # parse_columns: data/sources.py's, re-exported
 
 VARIANTS = ("arith", "hf")
-LEARNERS = ("ppo", "dpo", "dqo")
 
 
 def base_config(variant: str) -> ml_collections.ConfigDict:
@@ -174,16 +186,18 @@ def sibling_preset(preset_file: str, name: str, variant: str) -> ml_collections.
   return module.get_config(variant)
 
 
-def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None, *,
+                    labelling: bool = False) -> None:
   """Checks every field of a trainer config; launchers call this first, before the
   warm start, labelling, loading or compiling (the Trainer checks again, cheaply).
 
   Each section's owner checks its values, then the checks that span sections run;
-  with `num_devices` the mesh is checked against the devices too. Raises ConfigError:
-  one line, `config.<full.path>: invalid value <v>: <allowed values or range>`.
+  with `num_devices` the mesh is checked against the devices too. `labelling`: the run
+  writes `data.offline_file` (launch/label_samples.py) instead of reading it. Raises
+  ConfigError: one line, `config.<full.path>: invalid value <v>: <allowed values or range>`.
   """
   one_of("variant", c.variant, VARIANTS)
-  config_checks.check_finite(c)
+  check_finite(c)
   r, a = c.rollout, c.algorithm
   rows = r.prompts_per_step * r.group_size
   sampler_config_lib.validate_sampler_config(c.sampler)
@@ -192,7 +206,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   if r.mode == "windows" and not ppo_config.uses_critic(a):
     invalid("rollout.mode", r.mode, "T-PPO's windows need a critic for Extended GAE "
             "(algorithm.advantage.estimator 'gae')")
-  one_of("algorithm.learner", a.learner, LEARNERS)
+  one_of("algorithm.learner", a.learner, tuple(LEARNERS))
   if a.learner != "ppo" and r.mode not in ("groups", "dynamic", "offline"):
     invalid("rollout.mode", r.mode, f"must be one of groups, dynamic, offline for "
             f"algorithm.learner={a.learner!r} (it trains on whole responses)")
@@ -200,16 +214,16 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   dqo.validate_dqo_fields(a.dqo)
   rollout_config_lib.validate_rollout_config(r, prompt_length=c.data.prompt_length,
                                              prompt_buckets=tuple(c.sampler.prompt_buckets))
-  config_checks.validate_model(c)
-  config_checks.validate_data(c)
-  config_checks.validate_sft(c.sft)
-  config_checks.validate_rule_rewards(c.reward)
+  validate_model(c)
+  validate_data(c)
+  validate_sft(c.sft)
+  reward_config_lib.validate_rule_rewards(c.reward)
   reward_config_lib.validate_reward_models(c)
-  config_checks.validate_optimizer(c.optimizer)
-  config_checks.validate_train(c, rows=rows)
-  _validate_learner(c)
+  validate_optimizer(c.optimizer)
+  validate_train(c, rows=rows)
+  _validate_learner(c, labelling=labelling)
   _validate_across_sections(c)
-  config_checks.validate_mesh(c, num_devices, rows=rows)
+  validate_mesh(c, num_devices, rows=rows)
   if c.train.tensorboard and importlib.util.find_spec("tensorboardX") is None:
     invalid("train.tensorboard", True, "needs tensorboardX: pip install "
             "'rlhf-jax[tensorboard]' (or set it False; metrics.jsonl is always written)")
@@ -231,7 +245,7 @@ def _validate_across_sections(c) -> None:
             "task) is required for the hf variant")
 
 
-def _validate_learner(c) -> None:
+def _validate_learner(c, *, labelling: bool) -> None:
   a, r = c.algorithm, c.rollout
   if a.learner == "dpo":
     dpo.validate_dpo_config(a.dpo, rollout_mode=r.mode, group_size=r.group_size,
@@ -243,11 +257,15 @@ def _validate_learner(c) -> None:
   if a.learner == "dqo":
     dqo.validate_dqo_config(a.dqo, rollout_mode=r.mode)
   if r.mode == "offline":
-    _validate_offline(c)
+    _validate_offline(c, labelling=labelling)
 
 
-def _validate_offline(c) -> None:
+def _validate_offline(c, *, labelling: bool) -> None:
   a, r = c.algorithm, c.rollout
+  path = c.data.offline_file
+  if path and not labelling and not os.path.isfile(path):  # read after the warm start
+    invalid("data.offline_file", path, "must be an existing .jsonl/.parquet file of labelled "
+            "samples or pairs (or empty for arith: the warm start's are written first)")
   if a.learner == "ppo":
     invalid("rollout.mode", r.mode, "trains on fixed data: it needs algorithm.learner 'dpo' "
             "or 'dqo'")
@@ -261,3 +279,111 @@ def _validate_offline(c) -> None:
       and r.group_size != c.data.offline_samples):
     invalid("rollout.group_size", r.group_size, "must equal data.offline_samples="
             f"{c.data.offline_samples} for DQO on the generated offline data (whole groups)")
+
+
+# ------------------------------------------------------------------ the trainer's sections
+
+GENERATED_TASKS = ("arith", "pycalc")  # data.task of the arith variant
+_SEED_MAX = 2**32 - 1  # numpy and the sampler take 32-bit seeds
+
+
+def check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+  """Every float field (and float in a tuple field) of `config` is finite."""
+  for name, value in config.items():
+    path = f"{prefix}{name}"
+    if isinstance(value, ml_collections.ConfigDict):
+      check_finite(value, f"{path}.")
+    elif isinstance(value, (float, tuple)):
+      values = value if isinstance(value, tuple) else (value,)
+      if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        invalid(path, value, "must be finite")
+
+
+def validate_model(c) -> None:
+  """`model.*`: dtypes, precisions, and the tiny arith model's shape."""
+  m = c.model
+  one_of("model.dtype", m.dtype, DTYPES)
+  one_of("model.matmul_precision", m.matmul_precision, MATMUL_PRECISIONS)
+  at_least(m, "model", ("hidden_size", "num_layers", "num_heads"))
+  if c.variant == "arith":
+    head_dim = m.hidden_size // m.num_heads
+    if m.hidden_size % m.num_heads or head_dim % 2:
+      invalid("model.hidden_size", m.hidden_size, f"must be model.num_heads={m.num_heads} × "
+              "an even head width (RoPE rotates pairs)")
+
+
+def validate_data(c) -> None:
+  """`data.*`: the task, levels, counts, files and the column and curriculum texts."""
+  d = c.data
+  one_of("data.task", d.task, GENERATED_TASKS)
+  _check_levels("data", d.levels, d.level_weights)
+  at_least(d, "data", ("num_train", "num_eval", "prompt_length", "offline_prompts",
+                       "offline_samples"))
+  for field in ("train_file", "eval_file"):
+    if d[field] and not os.path.isfile(d[field]):
+      invalid(f"data.{field}", d[field], "must be an existing .jsonl/.parquet file (or empty: "
+              "generated problems for arith)")
+  parse_columns(d.columns)
+  if d.curriculum:
+    parse_curriculum(d.curriculum)
+
+
+def validate_sft(sft) -> None:
+  """`sft.*`: the arith warm start."""
+  at_least(sft, "sft", ("steps", "batch_size"))
+  check_range("sft.learning_rate", sft.learning_rate, low=0, low_open=True)
+  _check_levels("sft", sft.levels, sft.level_weights)
+  for field in ("direct_fraction", "carry_slip"):
+    check_range(f"sft.{field}", sft[field], low=0, high=1)
+
+
+def _check_levels(prefix: str, levels, weights) -> None:
+  if not levels or any(level not in ARITH_LEVELS for level in levels):
+    invalid(f"{prefix}.levels", levels, "must be a non-empty tuple of arith levels, each one "
+            f"of {', '.join(map(str, sorted(ARITH_LEVELS)))}")
+  if len(weights) != len(levels):
+    invalid(f"{prefix}.level_weights", weights, f"must have one weight per {prefix}.levels "
+            f"({len(levels)})")
+  if any(isinstance(w, (bool, str)) or not isinstance(w, (int, float)) or not w > 0
+         for w in weights):
+    invalid(f"{prefix}.level_weights", weights, "must all be numbers > 0")
+
+
+def validate_train(c, *, rows: int) -> None:
+  """`train.*` and `seed`; `rows` = rollouts per step, split into mini- and micro-batches."""
+  check_range("seed", c.seed, low=0, high=_SEED_MAX)
+  at_least(c.train, "train", ("steps", "epochs", "minibatches", "micro_batches", "eval_every",
+                              "checkpoint_every", "log_every"))
+  check_range("train.eval_samples", c.train.eval_samples, low=0, note="(0: no sampled eval)")
+  if rows % c.train.minibatches:
+    invalid("train.minibatches", c.train.minibatches, f"must divide the {rows} rollouts per "
+            "step (rollout.prompts_per_step × rollout.group_size)")
+  if (rows // c.train.minibatches) % c.train.micro_batches:
+    invalid("train.micro_batches", c.train.micro_batches, "must divide the "
+            f"{rows // c.train.minibatches} rows of a mini-batch")
+
+
+def validate_mesh(c, num_devices: int | None, *, rows: int) -> None:
+  """`mesh.*`: axis sizes; with `num_devices`, that they fit and split the batch evenly."""
+  sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "tensor": c.mesh.tensor}
+  for axis, size in sizes.items():
+    if size < 1 and size != -1:
+      invalid(f"mesh.{axis}", size, "must be >= 1, or -1 (the devices left)")
+  if list(sizes.values()).count(-1) > 1:
+    invalid("mesh", sizes, "at most one axis may be -1")
+  if num_devices is None:
+    return
+  product = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+  if -1 not in sizes.values() and product > num_devices:
+    invalid("mesh", sizes, f"data×fsdp×tensor = {product} must be <= the {num_devices} "
+            "available devices")
+  try:
+    resolved = parallel.resolve_axis_sizes(sizes, num_devices if -1 in sizes.values()
+                                           else product)
+  except ValueError as error:
+    invalid("mesh", sizes, str(error).rstrip("."))
+  batch_shards = resolved["data"] * resolved["fsdp"]
+  if rows % batch_shards:
+    invalid("rollout.prompts_per_step", c.rollout.prompts_per_step, f"the {rows} rollouts "
+            f"per step (× rollout.group_size={c.rollout.group_size}) must split evenly over "
+            f"mesh data×fsdp = {batch_shards}")

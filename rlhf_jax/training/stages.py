@@ -35,9 +35,9 @@ from rlhf_jax.training import build
 
 def prepare_run(c, workdir: str, log: Callable[[str], None] = print) -> None:
   """Runs the stages config `c` needs in `workdir` before training: the arith warm
-  start (arith variant without `model.checkpoint`) and the offline data (rollout.mode
-  'offline' without `data.offline_file`)."""
-  if c.variant == "arith" and not c.model.checkpoint:
+  start (arith variant: trained into `model.checkpoint`, or <workdir>/sft, when missing)
+  and the offline data (rollout.mode 'offline' without `data.offline_file`)."""
+  if c.variant == "arith":
     ensure_arith_warm_start(c, workdir, log=log)
   ensure_offline_data(c, workdir, log=log)
 

@@ -32,6 +32,8 @@ from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling.serve_config import validate_serve_config
 from rlhf_jax.training import config as trainer_config
 
+# ml_collections loads preset files with the deprecated importlib load_module().
+pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The presets that are not trainer configs: their variants, and the launcher that checks them.
 OTHER_PRESETS = {"serve.py": ("tiny", "hf"), "kernel_demo.py": (None,)}
@@ -41,8 +43,6 @@ BAD_KEY = {"trainer": ("rollout.temprature", "temperature"),
            "serve.py": ("server.prot", "port"), "kernel_demo.py": ("clip_hihg", "clip_high")}
 BAD_VALUE = {"trainer": ("rollout.temperature", "-1", "-1.0", "must be >= 0"),
              "serve.py": ("server.port", "70000", "70000", "must be in [0, 65535]")}
-KNOWN_BAD_PRESETS = {  # preset: why it does not validate as shipped (strict xfail)
-    "dapo.py:hf": "algorithm.overlong.buffer=4096 exceeds rollout.max_new_tokens=1024"}
 
 
 def preset_specs() -> list[str]:
@@ -121,10 +121,6 @@ def test_every_preset_file_is_covered():
 @pytest.mark.parametrize("spec", [s for s in preset_specs() if kind(s) != "kernel_demo.py"])
 def test_every_preset_validates_with_the_inputs_it_needs(spec, inputs):
   config = parse(spec, *required(spec, inputs))
-  if spec.split("/")[1] in KNOWN_BAD_PRESETS:  # still broken: fix the preset, then drop it here
-    with pytest.raises(ConfigError):
-      validate(spec, config)
-    pytest.xfail(KNOWN_BAD_PRESETS[spec.split("/")[1]])
   validate(spec, config)
 
 

@@ -89,7 +89,7 @@ def test_dqo_and_iterative_dpo_presets_run_from_generated_data(tmp_path):
   assert [len(g.responses) for g in read_labelled(f"{tmp_path}/l.parquet")] == [3] * 5
 
 
-def test_offline_config_errors_name_the_field():
+def test_offline_config_errors_name_the_field(tmp_path):
   dpo = sibling_preset("configs/dpo.py", "dpo", "arith")
   dpo.algorithm.dpo.beta = 0.0
   with pytest.raises(ConfigError,
@@ -131,7 +131,11 @@ def test_offline_config_errors_name_the_field():
                      "groups, dynamic, offline for algorithm.learner='dpo'"):
     validate_config(idpo)
   hf = sibling_preset("configs/dpo.py", "dpo", "hf")
-  hf.model.checkpoint, hf.data.offline_file = "x", "pairs.jsonl"
+  hf.model.checkpoint, hf.data.offline_file = "x", str(tmp_path / "pairs.jsonl")
+  with pytest.raises(ConfigError, match="data.offline_file: invalid value .*: must be an "
+                     "existing .jsonl/.parquet file"):
+    validate_config(hf)
+  (tmp_path / "pairs.jsonl").write_text("")
   validate_config(hf)  # offline training needs no prompt file
   dpo = sibling_preset("configs/dpo.py", "dpo", "arith")
   dpo.algorithm.learner = "kto"

@@ -1,0 +1,114 @@
+"""The house rules of the package layout, checked on the source (DESIGN.md, Layout):
+small files, a `training/` that holds only the loop's modules, and one-way imports
+with no circle (a function-level import counts: it must not dodge one)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "rlhf_jax"
+GENERATED = ("protos",)
+
+# Who may import whom (package → packages of ours it must not import). One way:
+# kernels → models → sampling → rewards → rollout → algorithms' learners → training.
+FORBIDDEN = {
+    "kernels": {"models", "sampling", "rewards", "rollout", "algorithms", "optim", "training",
+                "search", "analysis", "data", "tasks", "parallel"},
+    "models": {"sampling", "rewards", "rollout", "algorithms", "optim", "training", "search"},
+    "parallel": {"models", "sampling", "rewards", "rollout", "algorithms", "optim", "training",
+                 "search"},
+    "optim": {"models", "sampling", "rewards", "rollout", "algorithms", "training", "search"},
+    "sampling": {"rewards", "rollout", "algorithms", "optim", "training", "search"},
+    "rewards": {"rollout", "training", "search"},
+    "rollout": {"training", "search"},
+    "algorithms": {"rollout", "training", "search"},
+    "data": {"sampling", "rewards", "rollout", "algorithms", "optim", "training", "search"},
+    "training": {"search", "analysis"},
+}
+
+
+def modules() -> dict[str, pathlib.Path]:
+  """Dotted module name → file, for every module of the package but generated code."""
+  out = {}
+  for path in ROOT.rglob("*.py"):
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    if any(g in parts for g in GENERATED):
+      continue
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    out[name] = path
+  return out
+
+
+def imports_of(path: pathlib.Path, known: set[str]) -> set[str]:
+  """Our modules that `path` imports anywhere (top level or inside a function)."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    else:
+      continue
+    out.update(n for n in names if n in known and n.startswith("rlhf_jax"))
+  return out
+
+
+def test_no_file_is_over_400_lines():
+  long = {str(p.relative_to(ROOT)): n for p in modules().values()
+          if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+  assert not long, f"split these: {long}"
+
+
+def test_training_holds_only_the_loops_modules():
+  files = sorted(p.name for p in (ROOT / "training").glob("*.py"))
+  assert len(files) <= 8, files
+
+
+def test_no_import_circle_even_through_function_level_imports():
+  mods = modules()
+  graph = {name: imports_of(path, set(mods)) - {name} for name, path in mods.items()}
+  # A package's __init__ re-exporting its own modules is not a circle of design.
+  graph = {name: {d for d in deps if not (name == d.rsplit(".", 1)[0] or
+                                          d == name.rsplit(".", 1)[0])}
+           for name, deps in graph.items()}
+  seen, stack, cycles = set(), [], []
+
+  def visit(node):
+    if node in stack:
+      cycles.append(stack[stack.index(node):] + [node])
+      return
+    if node in seen:
+      return
+    seen.add(node)
+    stack.append(node)
+    for dep in sorted(graph[node]):
+      visit(dep)
+    stack.pop()
+
+  for name in sorted(graph):
+    visit(name)
+  assert not cycles, "\n".join(" → ".join(c) for c in cycles[:5])
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_imports_go_one_way(package):
+  mods = modules()
+  bad = []
+  for name, path in mods.items():
+    if name.split(".")[1:2] != [package]:
+      continue
+    for dep in imports_of(path, set(mods)):
+      if dep.split(".")[1:2] and dep.split(".")[1] in FORBIDDEN[package]:
+        bad.append(f"{name} imports {dep}")
+  assert not bad, bad
+
+
+def test_the_reward_route_is_interpreted_in_one_module():
+  readers = sorted(str(p.relative_to(ROOT)) for p in modules().values()
+                   if ".route ==" in p.read_text(encoding="utf-8")
+                   or ".route !=" in p.read_text(encoding="utf-8"))
+  # rewards/config.py validates the field; rewards/build.py is where it decides.
+  assert readers == ["rewards/build.py", "rewards/config.py"], readers
