@@ -98,9 +98,10 @@ def algorithm_config() -> ml_collections.ConfigDict:
   # swap_now sampler): decoupled PPO (ALGORITHMS.md §20) centres the clip on the
   # trainer's π_prox and weights the token by w = π_prox / π_behav.
   a.staleness = ml_collections.ConfigDict()
-  # 'mis_token': a token whose w leaves [1/cap, cap] leaves the loss (AReaL masks w above
-  # behav_imp_weight_cap); 'tis': w truncated at cap.
-  a.staleness.mode = "mis_token"
+  # 'tis' (default): w truncated at cap, so every stale token keeps a clipped weight (the
+  # decoupled-PPO objective of §20); 'mis_token': a token whose w leaves [1/cap, cap]
+  # leaves the loss (AReaL masks w above its behav_imp_weight_cap).
+  a.staleness.mode = "tis"
   a.staleness.cap = 5.0  # C (AReaL's example configs: behav_imp_weight_cap 5.0, floor 0.2).
 
   a.process_reward = ml_collections.ConfigDict()  # step rewards of reward.process (a PRM)

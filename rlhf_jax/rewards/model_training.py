@@ -1,6 +1,6 @@
 """Training reward models: the Bradley–Terry RM on preference pairs, the PRM on step
 labels, and generative judges (GenRM, pairwise) by SFT on verdict tokens. Each is `fit`
-(training/sft.py) of its loss on batches in the rollout layout; the launchers
+(optim/fit.py) of its loss on batches in the rollout layout; the launchers
 launch/train_rm.py, train_prm.py and train_judge.py save the results as HF checkpoints.
 """
 

@@ -1,8 +1,10 @@
 """rlhf_jax.rollout: turning prompts into training batches.
 
-One interface, `collect() -> Rollouts` with `state()` / `restore()`, and three modes:
-plain groups, DAPO's dynamic sampling (a buffer of groups with signal), T-PPO's
-windows (responses in flight across steps). See `config.build_rollout`.
+One seam, the `Rollout` protocol (base.py: `collect() -> Rollouts`, `set_step`,
+`pop_mix`, `state()` / `restore()`), and its modes: plain groups, DAPO's dynamic
+sampling (groups with signal; surplus discarded as in verl, or kept for a bounded number
+of policy versions), T-PPO's windows (responses in flight across steps) and offline
+data. See `config.build_rollout`.
 """
 
 from rlhf_jax.rollout.generation import Group

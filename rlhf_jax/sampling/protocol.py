@@ -34,3 +34,8 @@ class Sampler(Protocol):
   def cancel(self, request_id: str) -> None:
     """Stops a request; its unfinished samples end with finish_reason "cancelled"."""
     ...
+
+  def close(self) -> None:
+    """Releases what the sampler holds (a server connection); the sampler is unusable
+    afterwards."""
+    ...

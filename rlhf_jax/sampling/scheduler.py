@@ -148,6 +148,9 @@ class Scheduler:
       self._stats["requests_submitted"] += 1
     return request_id
 
+  def close(self) -> None:
+    """Nothing to release: the in-process scheduler holds only device state."""
+
   def cancel(self, request_id: str, sample_index: int | None = None) -> None:
     """Ends a request, or only its sample `sample_index` (speculative rejection prunes
     single samples): waiting samples are dropped, running ones free their slots at the

@@ -28,7 +28,7 @@ def validate_serve_config(config: ml_collections.ConfigDict) -> None:
   """Checks configs/serve.py fields before anything loads or compiles.
 
   Raises:
-    ConfigError (a ValueError) naming the field and its allowed values or range.
+    ConfigError: naming the field and its allowed values or range (a ValueError).
   """
   config_lib.validate_sampler_config(config.sampler)
   model = config.model

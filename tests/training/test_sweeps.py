@@ -1,4 +1,4 @@
-"""Sweep arms, statistics and tables (rlhf_jax/training/sweeps.py) on hand-made records."""
+"""Sweep arms, statistics and tables (rlhf_jax/analysis/sweeps.py) on hand-made records."""
 
 import math
 
