@@ -33,7 +33,7 @@ _ROOT = flags.DEFINE_string("root", None, "Sweep directory: <root>/<arm>/seed<k>
 _ARMS = flags.DEFINE_multi_string("arm", [], "'name: key=value ...' (config overrides).")
 _SET = flags.DEFINE_multi_string("set", [], "'key=value ...' overrides for every arm.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (config.seed and warm start).")
-_STATS = flags.DEFINE_multi_string("stat", [], "kind:metric[:threshold] (rlhf_jax.training."
+_STATS = flags.DEFINE_multi_string("stat", [], "kind:metric[:threshold] (rlhf_jax.analysis."
                                    "sweeps.STATS) for the table.")
 _PLOT_METRICS = flags.DEFINE_list("plot_metrics", ["eval_accuracy"], "Metrics to plot.")
 _X = flags.DEFINE_enum("x", "step", ["step", "seconds"], "Plot against steps or training "
