@@ -17,6 +17,7 @@ def loss(model, params, tokens):
   return jnp.mean(kernels.token_logprobs(logits[:, :-1], tokens[:, 1:]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
 def test_remat_gives_the_same_gradient(policy):
   model, params = models.init_model(CONFIG, seed=1)
@@ -27,6 +28,7 @@ def test_remat_gives_the_same_gradient(policy):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), plain, remat)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_is_close_to_float32():
   model, params = models.init_model(CONFIG, seed=2)
   bf16_model, _ = models.init_model(CONFIG.replace(dtype="bfloat16"), seed=2)

@@ -80,6 +80,7 @@ def test_bradley_terry_training_raises_held_out_pair_accuracy():
   assert result.losses[-1] < result.losses[0]
 
 
+@pytest.mark.slow
 def test_reward_model_scorer_reads_the_last_token_and_records_too_long_responses():
   model, params = models.critic_from_policy(LM, LM_PARAMS)
   params = dict(params, scalar_head=jax.random.normal(jax.random.key(0), (32,)))
@@ -101,6 +102,7 @@ def test_reward_model_scorer_reads_the_last_token_and_records_too_long_responses
 # ------------------------------------------------------------------ generative judges
 
 
+@pytest.mark.slow
 def test_genrm_score_is_the_verdict_probability_of_a_full_forward(judge_sampler):
   ids = verdict_token_ids(TOKENIZER, ("Y", "N"), "reward.genrm.yes/no")
   judge = VerdictJudge(judge_sampler, TOKENIZER, ids, max_prompt_tokens=128,

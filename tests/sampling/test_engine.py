@@ -50,6 +50,7 @@ def full_logprobs(prompt, tokens, temperature=1.0):
   return table[np.arange(len(tokens)), tokens], table
 
 
+@pytest.mark.slow
 def test_greedy_equals_an_uncached_argmax_loop():
   batch = prompts(6, seed=1)
   out = scheduler().generate(batch, sampling.SamplingParams(temperature=0, max_new_tokens=10))
@@ -114,6 +115,7 @@ def test_seed_reproduces_and_a_drawn_seed_is_reported():
   assert first.token_ids == again.token_ids
 
 
+@pytest.mark.slow
 def test_no_recompiles_after_warmup():
   engine = sampling.Engine(MODEL, num_slots=4, cache_length=40)
   sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS, steps_per_sync=4,
@@ -142,6 +144,7 @@ def entropy(tokens):
   return float(-(freq * np.log(freq)).sum())
 
 
+@pytest.mark.slow
 def test_fire_heats_the_first_token_only():
   prompt, plain = sample_first_tokens(None)
   _, fired = sample_first_tokens(sampling.FireSchedule(temperature=30.0, top_k=16))

@@ -45,6 +45,7 @@ def formula_logprobs(guide, sequence, eta, top_k):
   return out - np.log(np.exp(out[keep] - out[keep].max()).sum()) - out[keep].max(), keep
 
 
+@pytest.mark.slow
 def test_the_logits_hook_samples_the_guided_distribution(eta=0.5, top_k=5):
   guide = random_guide()
   hook = functools.partial(qsharp.guided_logits, values=VALUES, eta=eta, top_k=top_k)

@@ -335,6 +335,7 @@ def test_params_from_chunks_reassembles_any_order_and_names_the_bad_tensor():
       wire.params_from_chunks(stream, PARAMS)
 
 
+@pytest.mark.slow
 def test_tiny_serve_model_has_the_configured_shape():
   config = serve_config()
   config.model.hidden_size, config.model.vocab_size, config.model.num_layers = 24, 40, 1

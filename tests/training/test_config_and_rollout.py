@@ -149,6 +149,7 @@ def test_rollout_batch_layout():
                                     prompt_length=2, response_length=3, pad_id=0)
 
 
+@pytest.mark.slow
 def test_response_logprobs_match_an_unpadded_forward():
   config = models.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2,
                                 num_kv_heads=1, head_dim=8, intermediate_size=24)

@@ -48,6 +48,7 @@ def pair_batch(data, reference_params):
   return dpo.pairs_from_groups(batch.replace(ref_logprobs=ref), 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, smoothing", [("sigmoid", 0.0), ("sigmoid", 0.2), ("ipo", 0.0),
                                              ("hinge", 0.0)])
 def test_dpo_loss_and_gradient_match_a_direct_computation(kind, smoothing):
@@ -96,6 +97,7 @@ def test_pairs_from_groups_take_the_best_and_the_worst_and_weigh_ties_zero():
   np.testing.assert_array_equal(out.weights, [1.0, 0.0, 1.0])
 
 
+@pytest.mark.slow
 def test_dpo_learner_learns_the_preference_from_the_starting_policy_reference():
   from rlhf_jax.parallel import make_mesh
   from rlhf_jax.algorithms.dpo_learner import DPOLearner, dpo_actor_role

@@ -72,6 +72,7 @@ def test_actor_loss_dispatches_to_the_kind_s_kernel(kind):
     assert abs(float(other_loss) - float(loss)) > 1e-4, other
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ppo_config.POLICY_LOSS_KINDS)
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 def test_micro_batches_sum_to_the_mini_batch(kind, agg):

@@ -94,6 +94,7 @@ def actor(micro_batches, algorithm, minibatches=2, optimizer=None):
   return learner_lib.actor_role(model, params, optimizer, mesh, algorithm, train)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batches_give_the_unsplit_update(agg):
   algorithm = preset("vapo").algorithm  # clip-higher, positive-example NLL
