@@ -247,6 +247,9 @@ def _validate_across_sections(c) -> None:
 
 def _validate_learner(c, *, labelling: bool) -> None:
   a, r = c.algorithm, c.rollout
+  if a.learner != "ppo" and a.value.pretrain_steps:  # only the PPO learner holds the actor back
+    invalid("algorithm.value.pretrain_steps", a.value.pretrain_steps, "must be 0 for "
+            f"algorithm.learner={a.learner!r} (value pretraining is the PPO family's)")
   if a.learner == "dpo":
     dpo.validate_dpo_config(a.dpo, rollout_mode=r.mode, group_size=r.group_size,
                             prompts_per_step=r.prompts_per_step,

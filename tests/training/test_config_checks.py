@@ -305,3 +305,16 @@ def test_the_kernel_demo_rejects_a_bad_value_in_one_line():
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines() == [
       "error: config.gamma: invalid value 2.0: must be in [0, 1]"]
+
+
+@pytest.mark.parametrize("learner", ["dpo", "dqo"])
+def test_value_pretraining_is_refused_outside_the_ppo_learner(learner):
+  """DPO's and DQO's learners always update the policy: a pretraining count would be ignored."""
+  from rlhf_jax.training.config import base_config, validate_config
+  config = base_config("arith")
+  config.algorithm.learner = learner
+  config.algorithm.advantage.estimator = "gae"
+  config.algorithm.value.pretrain_steps = 3
+  with pytest.raises(ConfigError, match=r"config\.algorithm\.value\.pretrain_steps: invalid "
+                     r"value 3: must be 0 for algorithm\.learner"):
+    validate_config(config)
