@@ -16,7 +16,6 @@ masked out as keys and get positions that never matter.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import flax.struct
@@ -27,6 +26,8 @@ import jax.numpy as jnp
 from rlhf_jax.models.attention import cached_attention
 from rlhf_jax.models.attention import grouped_query_attention
 from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.rope import apply_rope
+from rlhf_jax.models.rope import rope_tables
 
 HeadKind = Literal["lm", "scalar"]
 INIT_STD = 0.02  # HF initializer_range for Qwen2 / Llama.
@@ -95,47 +96,6 @@ def _write_rows(buffer: jax.Array, update: jax.Array, start: jax.Array,
   return jax.vmap(write)(buffer, update, start)
 
 
-# ----------------------------------------------------------------------------- RoPE
-
-
-def rope_inverse_frequencies(config: DecoderConfig) -> jax.Array:
-  """[head_dim/2] inverse frequencies θ^(−2i/d), with Llama 3 scaling when configured.
-
-  Llama 3 (HF `_compute_llama3_parameters`): wavelengths longer than
-  L/low_freq_factor are divided by `factor`, shorter than L/high_freq_factor
-  kept, and the band between interpolated smoothly.
-  """
-  dim = config.head_dim
-  inv = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-  scaling = config.rope_scaling
-  if scaling is None:
-    return inv
-  old = scaling.original_max_position_embeddings
-  low_wavelen = old / scaling.low_freq_factor
-  high_wavelen = old / scaling.high_freq_factor
-  wavelen = 2 * math.pi / inv
-  scaled = jnp.where(wavelen > low_wavelen, inv / scaling.factor, inv)
-  smooth = (old / wavelen - scaling.low_freq_factor) / (
-      scaling.high_freq_factor - scaling.low_freq_factor)
-  smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-  return jnp.where(medium, smoothed, scaled)
-
-
-def _rope_tables(positions: jax.Array, config: DecoderConfig):
-  """cos, sin of shape [B, T, 1, head_dim] (rotate-half layout)."""
-  angles = positions.astype(jnp.float32)[..., None] * rope_inverse_frequencies(config)[None, None, :]
-  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-  return jnp.cos(angles), jnp.sin(angles)
-
-
-def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  half = x.shape[-1] // 2
-  x32 = x.astype(jnp.float32)
-  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-  return (x32 * cos + rotated * sin).astype(x.dtype)
-
-
 # ----------------------------------------------------------------------------- modules
 
 
@@ -193,10 +153,11 @@ class Attention(nnx.Module):
       out = out + getattr(self, bias_name)[...].reshape(1, 1, heads * dim).astype(dtype)
     return out.reshape(batch, time, heads, dim)
 
-  def __call__(self, x, cos, sin, token_mask, layer_cache):
-    """x [B,T,E]; token_mask [B,T] bool; layer_cache (keys, values, valid, end) or None."""
-    q = _apply_rope(self._project(x, self.q_proj, "q_bias"), cos, sin)
-    k = _apply_rope(self._project(x, self.k_proj, "k_bias"), cos, sin)
+  def __call__(self, x, cos, sin, token_mask, layer_cache, segment_ids=None):
+    """x [B,T,E]; token_mask [B,T] bool; layer_cache (keys, values, valid, end) or None;
+    segment_ids [B,T] int or None (packed rows: a query sees only keys of its segment)."""
+    q = apply_rope(self._project(x, self.q_proj, "q_bias"), cos, sin)
+    k = apply_rope(self._project(x, self.k_proj, "k_bias"), cos, sin)
     v = self._project(x, self.v_proj, "v_bias")
     time = x.shape[1]
     if layer_cache is None:
@@ -214,7 +175,10 @@ class Attention(nnx.Module):
     causal = key_slots[None, None, :] <= query_slots[:, :, None]
     # A padding query may see no valid key; letting it see itself keeps softmax finite.
     itself = key_slots[None, None, :] == query_slots[:, :, None]
-    allowed = (causal & key_valid[:, None, :]) | itself
+    allowed = causal & key_valid[:, None, :]
+    if segment_ids is not None:
+      allowed &= segment_ids[:, :, None] == segment_ids[:, None, :]
+    allowed |= itself
     if layer_cache is None:
       out = grouped_query_attention(q, k, v, allowed, precision=self.config.precision)
       new_cache = None
@@ -255,8 +219,9 @@ class Block(nnx.Module):
     self.post_attention_norm = RMSNorm(config)
     self.mlp = MLP(config, rngs)
 
-  def __call__(self, x, cos, sin, token_mask, layer_cache):
-    attended, new_cache = self.attention(self.input_norm(x), cos, sin, token_mask, layer_cache)
+  def __call__(self, x, cos, sin, token_mask, layer_cache, segment_ids=None):
+    attended, new_cache = self.attention(self.input_norm(x), cos, sin, token_mask, layer_cache,
+                                         segment_ids)
     x = x + attended
     return x + self.mlp(self.post_attention_norm(x)), new_cache
 
@@ -290,7 +255,8 @@ class DecoderLM(nnx.Module):
   def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None, cache: KVCache | None = None,
                num_last: int | None = None, head_positions: jax.Array | None = None,
-               with_hidden: bool = False):
+               segment_ids: jax.Array | None = None, with_hidden: bool = False,
+               apply_head: bool = True):
     """Runs the model.
 
     Args:
@@ -306,9 +272,16 @@ class DecoderLM(nnx.Module):
       head_positions: [B] int, apply the head at one time index per row only
         (a sampler's prefill needs the logits after each prompt's last real
         token, not [B, T, V]); the time axis is then dropped from the output.
+      segment_ids: [B, T] int, packed rows (`rlhf_jax.models.packing`): several
+        sequences share a row and a token attends only to earlier tokens of its
+        own segment. Needs explicit `positions` (restarting at 0 per segment);
+        no cache.
       with_hidden: also return the final-normed hidden states the head reads
         ([B, T', E], or [B, E] with `head_positions`): the features of a guide
         (Q♯'s return-distribution head).
+      apply_head: False returns those hidden states in place of the head's output
+        (chunked log-probs apply the LM head a few tokens at a time:
+        `rlhf_jax.models.lm_head`).
     Returns:
       (outputs, cache): logits [B, T', V] (LM head; float32 when the compute
       dtype is float32, else the compute dtype) or values [B, T'] (scalar head,
@@ -316,6 +289,25 @@ class DecoderLM(nnx.Module):
       `head_positions`, logits [B, V] or values [B]. With `with_hidden`:
       (outputs, cache, hidden).
     """
+    if num_last is not None and head_positions is not None:
+      raise ValueError("Pass at most one of num_last and head_positions.")
+    if segment_ids is not None and (cache is not None or positions is None):
+      raise ValueError("segment_ids (packed rows) need explicit positions and no cache.")
+    x, cache = self._backbone(tokens, positions, attention_mask, cache, segment_ids)
+    time = tokens.shape[1]
+    if num_last is not None:
+      x = x[:, time - num_last:]
+    if head_positions is not None:
+      x = jnp.take_along_axis(x, head_positions.astype(jnp.int32)[:, None, None], axis=1)[:, 0]
+    x = self.final_norm(x)
+    if not apply_head:
+      return x, cache
+    out = self.project(x)
+    return (out, cache, x) if with_hidden else (out, cache)
+
+  def _backbone(self, tokens, positions, attention_mask, cache, segment_ids):
+    """Embedding and every layer: the residual stream [B, T, E] (before the final norm)
+    and the extended cache."""
     config = self.config
     batch, time = tokens.shape
     token_mask = (jnp.ones((batch, time), bool) if attention_mask is None
@@ -324,7 +316,7 @@ class DecoderLM(nnx.Module):
     if positions is None:
       start = jnp.zeros((batch,), jnp.int32) if cache is None else cache.length
       positions = start[:, None] + jnp.maximum(seen, 0)
-    cos, sin = _rope_tables(positions, config)
+    cos, sin = rope_tables(positions, config)
     x = self.embed[...].astype(config.jnp_dtype)[tokens]
 
     if cache is not None:
@@ -336,9 +328,9 @@ class DecoderLM(nnx.Module):
       if config.remat:
         policy = getattr(jax.checkpoint_policies, config.remat_policy)
         x, kv = nnx.remat(lambda block, *args: block(*args), policy=policy)(
-            layer, x, cos, sin, token_mask, layer_cache)
+            layer, x, cos, sin, token_mask, layer_cache, segment_ids)
       else:
-        x, kv = layer(x, cos, sin, token_mask, layer_cache)
+        x, kv = layer(x, cos, sin, token_mask, layer_cache, segment_ids)
       if kv is not None:
         new_keys.append(kv[0])
         new_values.append(kv[1])
@@ -346,24 +338,28 @@ class DecoderLM(nnx.Module):
       cache = KVCache(keys=tuple(new_keys), values=tuple(new_values), valid=valid,
                       end=cache.end + time,
                       length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32))
+    return x, cache
 
-    if num_last is not None and head_positions is not None:
-      raise ValueError("Pass at most one of num_last and head_positions.")
-    if num_last is not None:
-      x = x[:, time - num_last:]
-    if head_positions is not None:
-      x = jnp.take_along_axis(x, head_positions.astype(jnp.int32)[:, None, None], axis=1)
-    x = self.final_norm(x)
-    precision = config.precision
+  def project(self, hidden: jax.Array) -> jax.Array:
+    """The head on final-normed hidden states [..., E]: logits [..., V] (LM head) or
+    values [...] (scalar head, float32)."""
+    config = self.config
     if self.head == "scalar":
       weights = self.scalar_head[...].astype(jnp.float32)
-      out = (jnp.matmul(x.astype(jnp.float32), weights, precision=precision)
-             + self.scalar_bias[...].astype(jnp.float32))
-    elif config.tie_embeddings:
-      out = jnp.einsum("bte,ve->btv", x, self.embed[...].astype(config.jnp_dtype),
-                       precision=precision)
-    else:
-      out = jnp.matmul(x, self.lm_head[...].astype(config.jnp_dtype), precision=precision)
-    if head_positions is not None:
-      out, x = out[:, 0], x[:, 0]
-    return (out, cache, x) if with_hidden else (out, cache)
+      return (jnp.matmul(hidden.astype(jnp.float32), weights, precision=config.precision)
+              + self.scalar_bias[...].astype(jnp.float32))
+    return lm_logits(hidden, self.lm_head_matrix(), config.precision)
+
+  def lm_head_matrix(self) -> jax.Array:
+    """The LM head as an [E, V] matrix in the compute dtype (the embedding, transposed,
+    when tied)."""
+    dtype = self.config.jnp_dtype
+    if self.config.tie_embeddings:
+      return self.embed[...].astype(dtype).T
+    return self.lm_head[...].astype(dtype)
+
+
+def lm_logits(hidden: jax.Array, head: jax.Array,
+              precision: jax.lax.Precision | None) -> jax.Array:
+  """hidden [..., E] @ head [E, V] → logits [..., V] in the compute dtype."""
+  return jnp.matmul(hidden, head, precision=precision)

@@ -1,0 +1,49 @@
+"""Rotary position embeddings (RoPE, Su et al. 2021), optionally Llama 3 scaled."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.models.config import DecoderConfig
+
+
+def rope_inverse_frequencies(config: DecoderConfig) -> jax.Array:
+  """[head_dim/2] inverse frequencies θ^(−2i/d), with Llama 3 scaling when configured.
+
+  Llama 3 (HF `_compute_llama3_parameters`): wavelengths longer than
+  L/low_freq_factor are divided by `factor`, shorter than L/high_freq_factor
+  kept, and the band between interpolated smoothly.
+  """
+  dim = config.head_dim
+  inv = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  scaling = config.rope_scaling
+  if scaling is None:
+    return inv
+  old = scaling.original_max_position_embeddings
+  low_wavelen = old / scaling.low_freq_factor
+  high_wavelen = old / scaling.high_freq_factor
+  wavelen = 2 * math.pi / inv
+  scaled = jnp.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+  smooth = (old / wavelen - scaling.low_freq_factor) / (
+      scaling.high_freq_factor - scaling.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, smoothed, scaled)
+
+
+def rope_tables(positions: jax.Array, config: DecoderConfig):
+  """RoPE tables for [B, T] positions: cos, sin of shape [B, T, 1, head_dim] (rotate-half layout)."""
+  angles = positions.astype(jnp.float32)[..., None] * rope_inverse_frequencies(config)[None, None, :]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [B, T, H, D] rotated by the tables of `rope_tables` (rotate-half layout), in x's dtype."""
+  half = x.shape[-1] // 2
+  x32 = x.astype(jnp.float32)
+  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  return (x32 * cos + rotated * sin).astype(x.dtype)
