@@ -19,6 +19,7 @@ def get_config(variant: str = "arith"):
   c = base_config(variant)
   a = c.algorithm
   a.name = "dpo"
+  c.train.packing = False  # the DPO / DQO learners run padded forwards
   a.learner = "dpo"
   a.dpo.beta = 0.1  # β (TRL default).
   a.dpo.kind = "sigmoid"  # −log σ(β·z) (Eq. 7).

@@ -18,6 +18,7 @@ def get_config(variant: str = "arith"):
   c = base_config(variant)
   a = c.algorithm
   a.name = "dqo"
+  c.train.packing = False  # the DPO / DQO learners run padded forwards
   a.learner = "dqo"
   a.dqo.beta = 0.1  # β (a community TRL fork: 0.03).
   a.dqo.lam = 1.0  # λ (the same fork: 1.0).

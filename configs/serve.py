@@ -18,6 +18,8 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
   if variant not in ("tiny", "hf"):
     raise ValueError(f"config variant {variant!r}; allowed: 'tiny', 'hf'.")
   config = ml_collections.ConfigDict()
+  # Persistent XLA compilation cache directory (runtime.enable_compile_cache); '' = off.
+  config.compile_cache = "~/.cache/rlhf_jax/xla"
   config.model = ml_collections.ConfigDict()
   # 'tiny' (a random demo model: rlhf_jax.sampling.serve_config.tiny_model) or 'hf'
   # (model.checkpoint).

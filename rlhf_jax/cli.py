@@ -169,11 +169,30 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
 def run(main: Callable[[list[str]], None]) -> None:
   """`absl.app.run(main)` with config errors reported in one line (exit status 2)."""
   from absl import app  # pylint: disable=import-outside-toplevel
+  from absl import flags  # pylint: disable=import-outside-toplevel
+
+  def with_compile_cache(argv):
+    from rlhf_jax.runtime import enable_compile_cache  # pylint: disable=import-outside-toplevel
+    config = getattr(flags.FLAGS, "config", None) if "config" in flags.FLAGS else None
+    enable_compile_cache(compile_cache_dir(config))
+    return main(argv)
+
   try:
-    app.run(main, flags_parser=parse_flags)
+    app.run(with_compile_cache, flags_parser=parse_flags)
   except ConfigError as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
+
+
+def compile_cache_dir(config) -> str:
+  """The persistent compilation cache directory of a launch: the config's
+  `compile_cache` field ('' = off) when it has one, else $RLHF_JAX_COMPILE_CACHE
+  (set it empty to turn the cache off), else `runtime.DEFAULT_COMPILE_CACHE`."""
+  from rlhf_jax.runtime import DEFAULT_COMPILE_CACHE  # pylint: disable=import-outside-toplevel
+  if config is not None and "compile_cache" in config:
+    return config.compile_cache
+  import os  # pylint: disable=import-outside-toplevel
+  return os.environ.get("RLHF_JAX_COMPILE_CACHE", DEFAULT_COMPILE_CACHE)
 
 
 def enable_deterministic_gpu_ops() -> None:

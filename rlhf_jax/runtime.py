@@ -55,6 +55,33 @@ def keep_host_memory_resident(arguments: list[str] | None = None) -> bool:
   return True  # unreachable
 
 
+DEFAULT_COMPILE_CACHE = "~/.cache/rlhf_jax/xla"
+
+
+def enable_compile_cache(directory: str, min_compile_s: float = 1.0) -> str | None:
+  """Turns on JAX's persistent compilation cache in `directory` ('' = leave it off).
+
+  A second run of the same programs (same shapes, flags, jax version) loads the
+  compiled executables instead of compiling them again: on GPU the first generate
+  call of a 0.5B model took 65-69 s to compile in every run. XLA's own caches
+  (GPU autotuning results, kernel cache) are kept there too. Programs that compile
+  in under `min_compile_s` seconds are not stored.
+
+  Returns:
+    The absolute directory, or None when off.
+  """
+  if not directory:
+    return None
+  import jax  # pylint: disable=import-outside-toplevel
+  path = os.path.abspath(os.path.expanduser(directory))
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  jax.config.update("jax_persistent_cache_enable_xla_caches", "all")
+  return path
+
+
 def quiet_library_logs() -> None:
   """Shows only warnings from absl logging (Orbax logs every save at INFO) unless
   the user passed --verbosity / -v. Call at the start of an absl `main`."""

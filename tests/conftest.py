@@ -23,3 +23,12 @@ settings.load_profile("rlhf_jax")
 # tests/multidevice needs 8 emulated devices, fixed before JAX starts: scripts/test.sh runs
 # it in its own pytest process with XLA_FLAGS and RLHF_JAX_MULTIDEVICE=1.
 collect_ignore = [] if os.environ.get("RLHF_JAX_MULTIDEVICE") == "1" else ["multidevice"]
+
+# The persistent compilation cache (runtime.enable_compile_cache): a second run of the
+# suite loads the programs the first compiled (most of a test's time here is XLA's
+# compile). Its own directory, so tests never share entries with launches;
+# RLHF_JAX_TEST_COMPILE_CACHE="" turns it off.
+from rlhf_jax.runtime import enable_compile_cache  # noqa: E402
+
+enable_compile_cache(os.environ.get("RLHF_JAX_TEST_COMPILE_CACHE",
+                                    "~/.cache/rlhf_jax/xla-tests"), min_compile_s=0.2)

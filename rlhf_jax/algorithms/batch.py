@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhf_jax import kernels
+from rlhf_jax.models import lm_head
+from rlhf_jax.models.packing import PackedRows
 
 
 @flax.struct.dataclass
@@ -203,27 +205,41 @@ def response_logits_inputs(batch: RolloutBatch) -> tuple[jax.Array, jax.Array, i
   return batch.tokens[:, :-1], batch.attention_mask[:, :-1], batch.response_length
 
 
-def response_logprobs(model, params, batch: RolloutBatch, *, with_entropy: bool = False):
-  """log π(y_t | x, y_<t) of the response tokens, and optionally the entropy.
+def response_logprobs(model, params, batch: RolloutBatch, *, with_entropy: bool = False,
+                      packed: PackedRows | None = None):
+  """log π(y_t | x, y_<t) of the response tokens, and optionally the entropy, with the
+  LM head chunked by `model.config.logprob_chunk` (`rlhf_jax.models.lm_head`), from
+  the padded rows or, with `packed`, from the rows packed into buffers.
 
   Returns:
     logprobs [B, R] (and entropy [B, R] when `with_entropy`), float32, 0 where
     the response mask is 0.
   """
-  tokens, attention, num_last = response_logits_inputs(batch)
-  logits, _ = model.apply(params, tokens, attention_mask=attention, num_last=num_last)
+  tokens, attention, _ = response_logits_inputs(batch)
+  layout = {} if packed is not None else {"attention_mask": attention}
+  out = model.apply(params, tokens, method=lm_head.token_logprobs,
+                    targets=batch.response_tokens, chunk=model.config.logprob_chunk,
+                    with_entropy=with_entropy, packed=packed, **layout)
   mask = batch.response_mask
-  logprobs = kernels.token_logprobs(logits, batch.response_tokens) * mask
-  if not with_entropy:
-    return logprobs
-  return logprobs, kernels.entropy_from_logits(logits) * mask
+  return tuple(x * mask for x in out) if with_entropy else out * mask
 
 
-def response_values(critic, params, batch: RolloutBatch) -> jax.Array:
-  """V(s_t) before each response token ([B, R]; the critic reads the same inputs)."""
+def response_values(critic, params, batch: RolloutBatch, *,
+                    packed: PackedRows | None = None) -> jax.Array:
+  """V(s_t) before each response token ([B, R]; the critic reads the same inputs,
+  padded or packed)."""
   tokens, attention, num_last = response_logits_inputs(batch)
-  values, _ = critic.apply(params, tokens, attention_mask=attention, num_last=num_last)
+  layout = {} if packed is not None else {"attention_mask": attention}
+  values = critic.apply(params, tokens, method=lm_head.token_values, num_last=num_last,
+                        packed=packed, **layout)
   return values * batch.response_mask
+
+
+def only_packed_rows(batch: RolloutBatch, packed: PackedRows) -> RolloutBatch:
+  """The batch with the response mask of rows outside `packed` zeroed: a packed
+  micro-batch's loss counts only its own rows (the mini-batch's normalizers stay)."""
+  present = jnp.any(packed.response_index >= 0, axis=1)
+  return batch.replace(response_mask=batch.response_mask * present[:, None])
 
 
 def as_device(batch: RolloutBatch) -> RolloutBatch:

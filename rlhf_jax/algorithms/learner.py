@@ -21,6 +21,7 @@ import jax
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.models import lora as lora_lib
 from rlhf_jax.optim import FrozenRole
 from rlhf_jax.optim import TrainedRole
 from rlhf_jax.optim import make_optimizer
@@ -69,7 +70,12 @@ class LearnerBase:
 
   @property
   def policy_params(self):
-    """The actor's current parameters."""
+    """The actor's current parameters (with LoRA: the base with the adapters merged,
+    in the plain model's layout)."""
+    if isinstance(self.actor.model, lora_lib.LoraModel):
+      if not hasattr(self, "_merge"):
+        self._merge = jax.jit(self.actor.model.merged_params)
+      return self._merge(self.actor.params)
     return self.actor.params
 
   def step_keys(self, step: int) -> tuple[jax.Array, jax.Array]:
@@ -125,6 +131,28 @@ def rl_optimizers(c):
   return actor, critic
 
 
+def lora_of(c, *, critic: bool = False) -> lora_lib.LoraConfig | None:
+  """The `model.lora_*` adapters (None when `model.lora_rank` is 0); a critic's also
+  trains its value head in full."""
+  m = c.model
+  if not m.lora_rank:
+    return None
+  return lora_lib.LoraConfig(rank=m.lora_rank, alpha=m.lora_alpha, targets=tuple(m.lora_targets),
+                             modules_to_save=("scalar_head", "scalar_bias") if critic else ())
+
+
+def with_adapters(model, params, optimizer, mesh, lora: lora_lib.LoraConfig | None, seed: int):
+  """(model, params, optimizer) of a role that trains only LoRA adapters: a LoraModel,
+  its {"adapters", "base"} tree on the mesh, and an optimizer whose state covers the
+  adapters alone (Hu et al. 2021, arXiv:2106.09685). Unchanged when `lora` is None."""
+  if lora is None:
+    return model, params, optimizer
+  adapted = lora_lib.LoraModel(model, lora)
+  tree = adapted.init_params(params, seed=seed)
+  tree = parallel.shard_params(tree, parallel.param_shardings(tree, adapted.logical_axes(), mesh))
+  return adapted, tree, lora_lib.adapter_optimizer(optimizer)
+
+
 def role_options(train) -> dict[str, int]:
   """A TrainedRole's passes over the batch from the `train` section."""
   return dict(epochs=train.epochs, minibatches=train.minibatches,
@@ -135,7 +163,8 @@ def critic_from_checkpoint(directory: str, policy_model) -> tuple[object, dict]:
   """A critic whose weights are a scalar-head checkpoint's (a PRM; Dai et al.): its
   values start as the PRM's success-probability estimates. The architecture must be
   the policy's (the critic reads the policy's token ids)."""
-  model, params = models.load_hf_checkpoint(directory, head="scalar")
+  model, params = models.load_hf_checkpoint(directory, head="scalar",
+                                            scan_layers=policy_model.config.scan_layers)
   if model.config.vocab_size != policy_model.config.vocab_size:
     raise ConfigError(f"config.critic.init_from={directory!r}: vocabulary "
                       f"{model.config.vocab_size} differs from the policy's "

@@ -21,17 +21,24 @@ from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
 from rlhf_jax.algorithms.learner import LearnerBase
 from rlhf_jax.algorithms.learner import initial_critic
+from rlhf_jax.algorithms.learner import lora_of
 from rlhf_jax.algorithms.learner import rl_optimizers
 from rlhf_jax.algorithms.learner import role_options
+from rlhf_jax.algorithms.learner import with_adapters
+from rlhf_jax.algorithms.row_packer import RowPacker
 from rlhf_jax.optim import FrozenRole
 from rlhf_jax.optim import TrainedRole
+from rlhf_jax.optim.roles import on_mesh
 
 
 def actor_role(model, params, optimizer, mesh, algorithm, train) -> TrainedRole:
   """The policy as a TrainedRole: PPO-family actor loss (`ppo_family.actor_loss`)."""
 
-  def loss_fn(params, batch, norm):
-    logprobs, entropy = batch_lib.response_logprobs(model, params, batch, with_entropy=True)
+  def loss_fn(params, batch, norm, packed=None):
+    if packed is not None:
+      batch = batch_lib.only_packed_rows(batch, packed)
+    logprobs, entropy = batch_lib.response_logprobs(model, params, batch, with_entropy=True,
+                                                    packed=packed)
     return ppo_family.actor_loss(algorithm, logprobs, entropy, batch, norm)
 
   return TrainedRole(model, params, optimizer, mesh, loss_fn=loss_fn,
@@ -42,8 +49,10 @@ def actor_role(model, params, optimizer, mesh, algorithm, train) -> TrainedRole:
 def critic_role(model, params, optimizer, mesh, algorithm, train) -> TrainedRole:
   """The value model as a TrainedRole: clipped value loss on finished responses."""
 
-  def loss_fn(params, batch, norm):
-    values = batch_lib.response_values(model, params, batch)
+  def loss_fn(params, batch, norm, packed=None):
+    if packed is not None:
+      batch = batch_lib.only_packed_rows(batch, packed)
+    values = batch_lib.response_values(model, params, batch, packed=packed)
     return ppo_family.critic_loss(algorithm, values, batch, norm)
 
   return TrainedRole(model, params, optimizer, mesh, loss_fn=loss_fn,
@@ -62,15 +71,20 @@ class PPOLearner(LearnerBase):
     correction: the rollout-correction mode in force (ppo_config.correction_mode).
     group_size: G.
     seed: seeds the mini-batch shuffles (folded with the step: resume-safe).
+    packing: packs rows into token buffers for every forward (`train.packing`), or
+      None for the padded rows.
   """
 
   def __init__(self, algorithm, actor: TrainedRole, critic: TrainedRole | None,
-               reference: FrozenRole | None, *, correction: str, group_size: int, seed: int):
+               reference: FrozenRole | None, *, correction: str, group_size: int, seed: int,
+               packing: RowPacker | None = None):
     super().__init__(actor=actor, critic=critic, reference=reference, seed=seed)
     self.algorithm = algorithm
+    self.packing = packing
     self.correction = correction
     self.group_size = group_size
-    self.kl_coef = jnp.float32(algorithm.kl.coef)  # β on device; the controller moves it
+    # β on device, where the controller moves it.
+    self.kl_coef = on_mesh(jnp.float32(algorithm.kl.coef), actor.mesh)
     self._prepare = jax.jit(self._prepare_fn)
 
   @classmethod
@@ -79,24 +93,30 @@ class PPOLearner(LearnerBase):
     with estimator 'gae' (or a value head), a reference with a KL term."""
     a = c.algorithm
     actor_optimizer, critic_optimizer = rl_optimizers(c)
-    actor = actor_role(model, params, actor_optimizer, mesh, a, c.train)
+    # The reference first: FrozenRole copies, and the actor's update donates its tree.
+    reference = FrozenRole(model, params) if ppo_config.uses_reference(a) else None
     critic = None
     if ppo_config.uses_critic(a):
-      critic_model, critic_params = initial_critic(c, model, params, mesh)
-      critic = critic_role(critic_model, critic_params, critic_optimizer, mesh, a, c.train)
-    reference = FrozenRole(model, params) if ppo_config.uses_reference(a) else None
+      critic_parts = with_adapters(*initial_critic(c, model, params, mesh), critic_optimizer,
+                                   mesh, lora_of(c, critic=True), c.seed + 1)
+      critic = critic_role(*critic_parts, mesh, a, c.train)
+    actor = actor_role(*with_adapters(model, params, actor_optimizer, mesh, lora_of(c), c.seed),
+                       mesh, a, c.train)
     correction = ppo_config.correction_mode(a, trainer_dtype=c.model.dtype,
                                             sampler_dtype=c.sampler.dtype)
+    packing = RowPacker(c.train.minibatches, c.train.micro_batches) if c.train.packing else None
     return cls(a, actor, critic, reference, correction=correction,
-               group_size=c.rollout.group_size, seed=c.seed)
+               group_size=c.rollout.group_size, seed=c.seed, packing=packing)
 
-  def _prepare_fn(self, actor_params, ref_params, critic_params, kl_coef, version, batch):
+  def _prepare_fn(self, actor_params, ref_params, critic_params, kl_coef, version, batch,
+                  packed):
     # The current weights' log-probs: π_old of fresh tokens, π_prox of stale ones.
-    old = batch_lib.response_logprobs(self.actor.model, actor_params, batch)
+    old = batch_lib.response_logprobs(self.actor.model, actor_params, batch, packed=packed)
     ref = (None if self.reference is None else
-           batch_lib.response_logprobs(self.reference.model, ref_params, batch))
+           batch_lib.response_logprobs(self.reference.model, ref_params, batch, packed=packed))
     values = (None if self.critic is None else
-              batch_lib.response_values(self.critic.model, critic_params, batch))
+              batch_lib.response_values(self.critic.model, critic_params, batch,
+                                        packed=packed))
     batch, kl_coef, metrics = ppo_family.prepare(
         self.algorithm, batch, old_logprobs=old, ref_logprobs=ref, values=values,
         kl_coef=kl_coef, correction=self.correction,
@@ -115,17 +135,23 @@ class PPOLearner(LearnerBase):
     (fresh) and rows of any other version are stale (decoupled PPO in `prepare`).
 
     Returns device arrays: {"prepare": metrics, "actor": per-mini-batch metrics,
-    "critic": per-mini-batch metrics}; no "actor" during value pretraining.
+    "critic": per-mini-batch metrics}; no "actor" during value pretraining; with
+    packing, "learner": host floats (the padding fractions).
     """
+    packer = None if self.packing is None else self.packing.for_batch(batch)
+    packed = None if packer is None else on_mesh(packer.whole_batch(), self.actor.mesh)
     batch, self.kl_coef, prepared = self._prepare(
         self.actor.params, self.params_of("reference"), self.params_of("critic"),
-        self.kl_coef, jnp.int32(step), batch)
+        self.kl_coef, jnp.int32(step), batch, packed)
     actor_key, critic_key = self.step_keys(step)
     out = {"prepare": prepared}
+    plan = None if packer is None else packer.update_plan
     if self.critic is not None:
-      out["critic"] = self.critic.update(batch, critic_key)
+      out["critic"] = self.critic.update(batch, critic_key, plan)
     if self.updates_actor(step):
-      out["actor"] = self.actor.update(batch, actor_key)
+      out["actor"] = self.actor.update(batch, actor_key, plan)
+    if packer is not None:
+      out["learner"] = packer.metrics()
     if self.reference is not None and self.algorithm.kl.reference_ema > 0:
       self.reference.move_toward(self.actor.params, self.algorithm.kl.reference_ema)
     return out
@@ -134,4 +160,4 @@ class PPOLearner(LearnerBase):
     return {"kl_coef": self.kl_coef}
 
   def restore_extra(self, state: dict[str, Any]) -> None:
-    self.kl_coef = state["kl_coef"]
+    self.kl_coef = on_mesh(state["kl_coef"], self.actor.mesh)

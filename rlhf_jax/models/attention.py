@@ -24,6 +24,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.models.decode_attention import decode_attention
+
 
 def _group_queries(x: jax.Array, num_kv_heads: int) -> jax.Array:
   """[B, T, N, D] → [B, K, G·T, D], G = N / K query heads per KV head."""
@@ -102,7 +104,8 @@ _attention.defvjp(_forward, _backward)
 
 def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
                      num_used: jax.Array | None = None, *,
-                     precision: jax.lax.Precision | None = None) -> jax.Array:
+                     precision: jax.lax.Precision | None = None, kernel: str = "xla"
+                     ) -> jax.Array:
   """softmax(Q·Kᵀ/√d + mask)·V reading a KV cache as stored (the generation path).
 
   No hand-written backward, and K/V are never transposed or repeated. For a
@@ -122,9 +125,15 @@ def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
     precision: `jax.lax.Precision` of the prefill einsums (None: the backend
       default). The decode path has no matmul: its products are elementwise
       float32, exact at any precision.
+    kernel: "xla" (below) or "pallas": a one-query step (T = 1) runs the ragged Pallas
+      kernel (`decode_attention`): each row reads only up to its last allowed slot.
   Returns:
     [B, T, N, D] in values' dtype.
   """
+  if kernel not in ("xla", "pallas"):
+    raise ValueError(f"cached_attention: kernel={kernel!r}; allowed: 'xla', 'pallas'.")
+  if kernel == "pallas" and q.shape[1] == 1:
+    return decode_attention(q[:, 0], keys, values, mask[:, 0])[:, None]
   batch, time, heads, dim = q.shape
   num_kv_heads, slots = keys.shape[1], keys.shape[3]
   q_grouped = _group_queries(q * jnp.asarray(1.0 / math.sqrt(dim), q.dtype), num_kv_heads)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
+DECODE_ATTENTION = ("xla", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,16 @@ class DecoderConfig:
       name: "nothing_saveable" (recompute everything: least memory),
       "dots_saveable" / "dots_with_no_batch_dims_saveable" (keep matmul outputs,
       recompute elementwise ops), "everything_saveable".
+    scan_layers: store the layers' parameters stacked on a leading [L] axis
+      (logical axis "layers", never sharded) and run them as one `lax.scan`
+      over a single traced block, so compile time does not grow with depth;
+      remat / remat_policy then apply to the scanned block, and the KV cache
+      holds [L, ...] arrays (`rlhf_jax.models.layer_scan`). Pair it with remat
+      for training: a scan without remat keeps every layer's residuals stacked
+      (benchmarks/compile_time.py, 0.5B at 16 × 1024 on CPU: 107 GiB of
+      temporaries vs 79 unscanned; 27 with remat). False: a Python loop over
+      per-layer parameters (`params["layers"][i]`). Not part of HF
+      `config.json`; `layer_scan.stack_layer_params` converts between layouts.
     matmul_precision: the `jax.lax.Precision` of every matmul / einsum of the
       model (projections, attention forward and its hand-written backward,
       heads); see `precision`. Not part of HF `config.json`.
@@ -64,6 +75,16 @@ class DecoderConfig:
       "auto" (default): "highest" when `dtype` is float32 (asking for float32
         means asking for float32 numerics), else "default" (bf16 rate).
       On CPU all four compute the same true float32 products.
+    logprob_chunk: tokens per chunk when log-probs of given tokens are computed
+      from the hidden states (`rlhf_jax.models.lm_head`): the LM head's [chunk, V]
+      logits are made one chunk at a time, forward and backward, instead of
+      [B, T, V] at once; 0 = unchunked. Not part of HF `config.json`.
+    decode_attention: the kernel of a one-token cached step (`cached_attention`):
+      "xla" (default): plain XLA, every row reads the slots up to the longest
+      row's (rounded up to a block); "pallas": the ragged Pallas kernel
+      (`rlhf_jax.models.decode_attention`; Triton on GPU, interpret mode
+      elsewhere: slow, for tests), each row reads only its own used slots.
+      Not part of HF `config.json`.
   """
   vocab_size: int
   hidden_size: int
@@ -83,7 +104,10 @@ class DecoderConfig:
   dtype: str = "float32"
   remat: bool = False
   remat_policy: str = "nothing_saveable"
+  scan_layers: bool = False
   matmul_precision: str = "auto"
+  logprob_chunk: int = 0
+  decode_attention: str = "xla"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -102,13 +126,22 @@ class DecoderConfig:
     if not callable(getattr(jax.checkpoint_policies, self.remat_policy, None)):
       raise ValueError(f"DecoderConfig.remat_policy={self.remat_policy!r} is not a "
                        "jax.checkpoint_policies name (e.g. 'nothing_saveable', 'dots_saveable').")
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"DecoderConfig.scan_layers={self.scan_layers!r} must be a bool.")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in DTYPES:
         raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r}; allowed: "
                          f"{', '.join(DTYPES)}.")
+    if (not isinstance(self.logprob_chunk, int) or isinstance(self.logprob_chunk, bool)
+        or self.logprob_chunk < 0):
+      raise ValueError(f"DecoderConfig.logprob_chunk={self.logprob_chunk!r} must be an int "
+                       "≥ 0 (0: unchunked).")
     if self.matmul_precision not in MATMUL_PRECISIONS:
       raise ValueError(f"DecoderConfig.matmul_precision={self.matmul_precision!r}; allowed: "
                        f"{', '.join(MATMUL_PRECISIONS)}.")
+    if self.decode_attention not in DECODE_ATTENTION:
+      raise ValueError(f"DecoderConfig.decode_attention={self.decode_attention!r}; allowed: "
+                       f"{', '.join(DECODE_ATTENTION)}.")
 
   @property
   def precision(self) -> jax.lax.Precision | None:
@@ -221,7 +254,7 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
   """The HF `config.json` dict that `transformers` loads back into the same model.
 
   Runtime numerics that are not part of the checkpoint (compute dtype, remat,
-  matmul_precision) are not written.
+  matmul_precision, logprob_chunk) are not written.
   """
   rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
   if config.rope_scaling is not None:

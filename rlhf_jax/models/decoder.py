@@ -5,7 +5,9 @@ optional q/k/v bias, tied or untied embeddings, and one of two heads: the LM
 head (logits) or a scalar head (critic values / reward-model scores at every
 position). Every parameter carries `logical_axes` metadata (e.g. ("embed",
 "mlp")); `rlhf_jax.parallel` maps those names onto mesh axes, so changing the
-parallelism never touches this file.
+parallelism never touches this file. With `DecoderConfig.scan_layers` the layers
+are one block with stacked [L, ...] parameters run by `lax.scan`
+(`rlhf_jax.models.layer_scan`).
 
 Attention works on "slots": without a cache slot t is position t of the
 batch; with a cache, a row's tokens are written at slots end, end+1, ... and a
@@ -26,6 +28,10 @@ import jax.numpy as jnp
 from rlhf_jax.models.attention import cached_attention
 from rlhf_jax.models.attention import grouped_query_attention
 from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.layer_scan import scan_blocks
+from rlhf_jax.models.layer_scan import stack_blocks
+from rlhf_jax.models.layer_scan import write_cache
+from rlhf_jax.models.layer_scan import write_rows
 from rlhf_jax.models.rope import apply_rope
 from rlhf_jax.models.rope import rope_tables
 
@@ -53,7 +59,10 @@ class KVCache:
 
   Attributes:
     keys: one [B, num_kv_heads, head_dim, S] array per layer (transposed);
-    values: one [B, num_kv_heads, S, head_dim] array per layer.
+      with `DecoderConfig.scan_layers` one [L, B, num_kv_heads, head_dim, S]
+      array (`stacked`).
+    values: one [B, num_kv_heads, S, head_dim] array per layer; stacked, one
+      [L, B, num_kv_heads, S, head_dim] array.
       Head-major, so a decode step reads the cache as stored (a [B, S, K, D]
       layout cost a transposed copy of the whole cache per layer per step), and
       keys with slots minor, so the decode scores q·k are a vectorised
@@ -77,6 +86,8 @@ class KVCache:
     heads, dim = config.num_kv_heads, config.head_dim
     # Distinct buffers for keys and values, so a donated cache can be updated in place.
     zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    if config.scan_layers:
+      zeros = lambda shape: jnp.zeros((config.num_layers,) + shape, dtype)
     return cls(keys=zeros((batch, heads, dim, slots)), values=zeros((batch, heads, slots, dim)),
                valid=jnp.zeros((batch, slots), bool),
                end=jnp.zeros((batch,), jnp.int32), length=jnp.zeros((batch,), jnp.int32))
@@ -86,14 +97,11 @@ class KVCache:
     """S, the number of cache positions per row."""
     return self.valid.shape[1]
 
-
-def _write_rows(buffer: jax.Array, update: jax.Array, start: jax.Array,
-                axis: int = 0) -> jax.Array:
-  """buffer[b, ..., start[b]:start[b]+T, ...] = update[b] for every row b (T on `axis`,
-  counted without the batch axis)."""
-  def write(row, new, at):
-    return jax.lax.dynamic_update_slice_in_dim(row, new.astype(row.dtype), at, axis=axis)
-  return jax.vmap(write)(buffer, update, start)
+  @property
+  def stacked(self) -> bool:
+    """keys / values are single [L, B, ...] arrays (`DecoderConfig.scan_layers`), so
+    their batch axis is 1, not 0."""
+    return not isinstance(self.keys, (tuple, list))
 
 
 # ----------------------------------------------------------------------------- modules
@@ -154,8 +162,10 @@ class Attention(nnx.Module):
     return out.reshape(batch, time, heads, dim)
 
   def __call__(self, x, cos, sin, token_mask, layer_cache, segment_ids=None):
-    """x [B,T,E]; token_mask [B,T] bool; layer_cache (keys, values, valid, end) or None;
-    segment_ids [B,T] int or None (packed rows: a query sees only keys of its segment)."""
+    """x [B,T,E]; token_mask [B,T] bool; segment_ids [B,T] int or None (packed rows: a
+    query sees only keys of its segment); layer_cache None or (keys, values, valid, end,
+    layer): this layer's keys [B,K,D,S] / values [B,K,S,D] with layer None, or the
+    stacked [L,B,...] caches and this layer's `layer_scan.LayerSlot`."""
     q = apply_rope(self._project(x, self.q_proj, "q_bias"), cos, sin)
     k = apply_rope(self._project(x, self.k_proj, "k_bias"), cos, sin)
     v = self._project(x, self.v_proj, "v_bias")
@@ -165,12 +175,13 @@ class Attention(nnx.Module):
       query_slots = jnp.broadcast_to(jnp.arange(time), token_mask.shape)
       num_keys = time
     else:
-      cache_keys, cache_values, key_valid, end = layer_cache
+      cache_keys, cache_values, key_valid, end, layer = layer_cache
       # New keys go in as [B, K, D, T], values as [B, K, T, D], at each row's write index.
-      cache_keys = _write_rows(cache_keys, k.transpose(0, 2, 3, 1), end, axis=2)
-      cache_values = _write_rows(cache_values, v.transpose(0, 2, 1, 3), end, axis=1)
+      cache_keys, layer_keys = write_cache(cache_keys, k.transpose(0, 2, 3, 1), end, layer, 2)
+      cache_values, layer_values = write_cache(cache_values, v.transpose(0, 2, 1, 3), end,
+                                               layer, 1)
       query_slots = end[:, None] + jnp.arange(time)[None, :]
-      num_keys = cache_values.shape[2]
+      num_keys = layer_values.shape[2]
     key_slots = jnp.arange(num_keys)
     causal = key_slots[None, None, :] <= query_slots[:, :, None]
     # A padding query may see no valid key; letting it see itself keeps softmax finite.
@@ -184,8 +195,9 @@ class Attention(nnx.Module):
       new_cache = None
     else:
       num_used = jnp.max(query_slots) + 1  # no query looks further
-      out = cached_attention(q, cache_keys, cache_values, allowed, num_used,
-                             precision=self.config.precision)
+      out = cached_attention(q, layer_keys, layer_values, allowed, num_used,
+                             precision=self.config.precision,
+                             kernel=self.config.decode_attention)
       new_cache = (cache_keys, cache_values)
     dtype = self.config.jnp_dtype
     batch, time, heads, dim = out.shape
@@ -243,7 +255,9 @@ class DecoderLM(nnx.Module):
     self.head = head
     self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"),
                         config)
-    self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_layers)])
+    blocks = [Block(config, rngs) for _ in range(config.num_layers)]
+    # scan_layers: one Block with [L, ...] parameters (`layer_scan`).
+    self.layers = stack_blocks(blocks) if config.scan_layers else nnx.List(blocks)
     self.final_norm = RMSNorm(config)
     if head == "lm" and not config.tie_embeddings:
       self.lm_head = _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"),
@@ -320,11 +334,27 @@ class DecoderLM(nnx.Module):
     x = self.embed[...].astype(config.jnp_dtype)[tokens]
 
     if cache is not None:
-      valid = _write_rows(cache.valid, token_mask, cache.end)
+      valid = write_rows(cache.valid, token_mask, cache.end)
+    layers_cache = None if cache is None else (cache.keys, cache.values, valid, cache.end)
+    block_args = (cos, sin, token_mask, segment_ids)
+    if config.scan_layers:
+      x, kv = scan_blocks(self.layers, x, block_args, config, layers_cache)
+    else:
+      x, kv = self._loop_layers(x, block_args, layers_cache)
+    if cache is not None:
+      cache = KVCache(keys=kv[0], values=kv[1], valid=valid, end=cache.end + time,
+                      length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32))
+    return x, cache
+
+  def _loop_layers(self, x, block_args, cache):
+    """The per-layer (unscanned) layers as a Python loop; arguments and result as
+    `layer_scan.scan_blocks`, with per-layer tuples of cache keys / values."""
+    config = self.config
+    cos, sin, token_mask, segment_ids = block_args
     new_keys, new_values = [], []
     for index, layer in enumerate(self.layers):
-      layer_cache = None if cache is None else (cache.keys[index], cache.values[index], valid,
-                                                cache.end)
+      layer_cache = None if cache is None else (cache[0][index], cache[1][index], cache[2],
+                                                cache[3], None)
       if config.remat:
         policy = getattr(jax.checkpoint_policies, config.remat_policy)
         x, kv = nnx.remat(lambda block, *args: block(*args), policy=policy)(
@@ -334,11 +364,7 @@ class DecoderLM(nnx.Module):
       if kv is not None:
         new_keys.append(kv[0])
         new_values.append(kv[1])
-    if cache is not None:
-      cache = KVCache(keys=tuple(new_keys), values=tuple(new_values), valid=valid,
-                      end=cache.end + time,
-                      length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32))
-    return x, cache
+    return x, (None if cache is None else (tuple(new_keys), tuple(new_values)))
 
   def project(self, hidden: jax.Array) -> jax.Array:
     """The head on final-normed hidden states [..., E]: logits [..., V] (LM head) or

@@ -38,11 +38,14 @@ class FunctionalModel:
   graphdef: Any
   abstract_state: Any
 
-  def apply(self, params: Params, tokens: jax.Array, **kwargs):
-    """`DecoderLM.__call__` with the given parameters; see its docstring."""
+  def apply(self, params: Params, tokens: jax.Array, *, method=None, **kwargs):
+    """`DecoderLM.__call__` with the given parameters (see its docstring), or
+    `method(module, tokens, **kwargs)` on the merged module when `method` is given
+    (e.g. `rlhf_jax.models.lm_head.token_logprobs`)."""
     state = jax.tree.map(lambda leaf: leaf, self.abstract_state)  # fresh Variables
     nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(self.graphdef, state)(tokens, **kwargs)
+    module = nnx.merge(self.graphdef, state)
+    return module(tokens, **kwargs) if method is None else method(module, tokens, **kwargs)
 
   def abstract_params(self) -> Params:
     """The parameter dict as ShapeDtypeStructs (for loading and sharding)."""
@@ -121,12 +124,20 @@ def init_model(config: DecoderConfig, *, seed: int = 0, head: HeadKind = "lm",
   return model, nnx.to_pure_dict(state)
 
 
-def with_numerics(model: FunctionalModel, *, dtype: str, matmul_precision: str
-                  ) -> FunctionalModel:
-  """The same model (same parameter tree) computing in `dtype` at `matmul_precision`
-  (the precision policy, `DecoderConfig.matmul_precision`): e.g. a bf16 sampler's
-  copy of a float32 trainer's policy."""
-  config = model.config.replace(dtype=dtype, matmul_precision=matmul_precision)
+def with_numerics(model: FunctionalModel, **runtime) -> FunctionalModel:
+  """The same model (same parameter tree) with other runtime numerics: `DecoderConfig`
+  fields that are not part of a checkpoint (dtype, matmul_precision, logprob_chunk,
+  remat, remat_policy, decode_attention), e.g. a bf16 sampler's copy of a float32 trainer's policy."""
+  unknown = set(runtime) - RUNTIME_FIELDS
+  if unknown:
+    raise ValueError(f"with_numerics: {', '.join(sorted(unknown))} not runtime fields; "
+                     f"allowed: {', '.join(sorted(RUNTIME_FIELDS))}.")
+  config = model.config.replace(**runtime)
   if config == model.config:
     return model
   return init_model(config, head=model.head, abstract=True)[0]
+
+
+# DecoderConfig fields that change how a model computes, never its parameter tree.
+RUNTIME_FIELDS = frozenset({"dtype", "matmul_precision", "logprob_chunk", "remat",
+                            "remat_policy", "decode_attention"})

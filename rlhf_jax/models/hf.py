@@ -24,6 +24,7 @@ from rlhf_jax.models import config as config_lib
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
 from rlhf_jax.models.functional import init_model
+from rlhf_jax.models.layer_scan import is_stacked
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -34,7 +35,7 @@ _IGNORABLE = (re.compile(r".*\.rotary_emb\.inv_freq$"),)
 @dataclasses.dataclass(frozen=True)
 class TensorMapping:
   """How one of our parameters is stored in an HF checkpoint."""
-  path: tuple  # key path in our params dict
+  path: tuple  # key path in the per-layer params dict: ("layers", i, ...) for layer i
   hf_name: str
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
@@ -102,6 +103,23 @@ def _set(tree, path, value):
   tree[path[-1]] = value
 
 
+def _locate(path: tuple, stacked: bool) -> tuple[tuple, int | None]:
+  """(key path of the array holding a mapping's tensor, its layer index in that array or
+  None): ("layers", i, *rest) is ("layers", *rest)[i] when the layers are stacked."""
+  if stacked and path[0] == "layers":
+    return ("layers",) + tuple(path[2:]), path[1]
+  return path, None
+
+
+def _load_order(mappings: list[TensorMapping], stacked: bool) -> list[TensorMapping]:
+  """Stacked: the layers of one array in a row, so the host holds one stacked array at a
+  time (the last layer completes it)."""
+  if not stacked:
+    return mappings
+  return sorted(mappings, key=lambda m: (m.path[0] == "layers", str(m.path[2:]),
+                                         m.path[1] if m.path[0] == "layers" else 0))
+
+
 class _CheckpointFiles:
   """Name → file lookup over a single or sharded safetensors checkpoint."""
 
@@ -148,6 +166,43 @@ def read_hf_config(directory: str, **overrides) -> config_lib.DecoderConfig:
     return config_lib.config_from_hf(json.load(f), **overrides)
 
 
+def _read_tensor(files: _CheckpointFiles, available: set[str], mapping: TensorMapping,
+                 shape: tuple, directory: str, missing_head: str) -> np.ndarray:
+  """One tensor of the checkpoint in our layout, checked against our `shape` (zeros for a
+  missing scalar head with missing_head="zeros")."""
+  if mapping.hf_name not in available:
+    if mapping.path == ("scalar_head",) and missing_head == "zeros":
+      return np.zeros(shape, np.float32)
+    raise ValueError(f"{directory}: tensor {mapping.hf_name!r} is missing from the "
+                     "checkpoint.")
+  raw = files.read(mapping.hf_name)
+  try:
+    array = mapping.to_ours(raw)
+  except ValueError as error:
+    raise ValueError(f"{directory}: tensor {mapping.hf_name!r} has shape {raw.shape}, "
+                     f"which does not fit our {shape}.") from error
+  if array.shape != shape:
+    raise ValueError(f"{directory}: tensor {mapping.hf_name!r} has shape {raw.shape}; "
+                     f"expected one that maps to {shape}.")
+  return array
+
+
+def _check_unexpected(directory: str, available: set[str], mappings: list[TensorMapping],
+                      extra_head: bool) -> None:
+  """Raises ValueError naming the checkpoint's tensors that no mapping reads.
+  `extra_head`: an `lm_head.weight` is tolerated (tied embeddings: some exporters
+  store the head anyway; a scalar head: a critic drops the LM head)."""
+  used = {m.hf_name for m in mappings} | {"score.bias"}
+  if extra_head:
+    used.add("lm_head.weight")
+  unexpected = sorted(n for n in available - used
+                      if not any(p.match(n) for p in _IGNORABLE))
+  if unexpected:
+    raise ValueError(f"{directory}: unexpected tensors {unexpected[:5]}"
+                     f"{' ...' if len(unexpected) > 5 else ''} ({len(unexpected)} in all); "
+                     "the checkpoint does not match config.json's architecture.")
+
+
 def load_hf_checkpoint(directory: str, *, head: str = "lm", shardings: Params | None = None,
                        missing_head: str = "error", **config_overrides
                        ) -> tuple[FunctionalModel, Params]:
@@ -163,7 +218,8 @@ def load_hf_checkpoint(directory: str, *, head: str = "lm", shardings: Params | 
     missing_head: "error", or "zeros" to start a scalar head at 0 when the
       checkpoint has none (a critic initialised from a policy).
     **config_overrides: DecoderConfig fields (e.g. dtype="bfloat16",
-      param_dtype="bfloat16", remat=True).
+      param_dtype="bfloat16", remat=True; scan_layers=True loads the layers
+      stacked, one [L, ...] array at a time on the host).
   Returns:
     (model, params).
   Raises:
@@ -179,51 +235,41 @@ def load_hf_checkpoint(directory: str, *, head: str = "lm", shardings: Params | 
   params = jax.tree.map(lambda _: None, abstract)
   try:
     available = files.names()
-    for mapping in mappings:
-      target = _get(abstract, mapping.path)
-      if mapping.hf_name not in available:
-        if mapping.path == ("scalar_head",) and missing_head == "zeros":
-          array = np.zeros(target.shape, target.dtype)
-        else:
-          raise ValueError(f"{directory}: tensor {mapping.hf_name!r} is missing from the "
-                           "checkpoint.")
-      else:
-        raw = files.read(mapping.hf_name)
-        try:
-          array = mapping.to_ours(raw)
-        except ValueError as error:
-          raise ValueError(f"{directory}: tensor {mapping.hf_name!r} has shape {raw.shape}, "
-                           f"which does not fit our {target.shape}.") from error
-        if array.shape != target.shape:
-          raise ValueError(f"{directory}: tensor {mapping.hf_name!r} has shape {raw.shape}; "
-                           f"expected one that maps to {target.shape}.")
+    pending: dict[tuple, np.ndarray] = {}  # stacked layers: arrays being filled
+    for mapping in _load_order(mappings, config.scan_layers):
+      path, layer = _locate(mapping.path, config.scan_layers)
+      target = _get(abstract, path)
+      shape = target.shape if layer is None else target.shape[1:]
+      array = _read_tensor(files, available, mapping, shape, directory, missing_head)
       array = array.astype(target.dtype, copy=False)
-      sharding = None if shardings is None else _get(shardings, mapping.path)
-      _set(params, mapping.path, jax.device_put(array, sharding))
+      if layer is not None:
+        pending.setdefault(path, np.empty(target.shape, target.dtype))[layer] = array
+        if layer < target.shape[0] - 1:
+          continue
+        array = pending.pop(path)
+      sharding = None if shardings is None else _get(shardings, path)
+      _set(params, path, jax.device_put(array, sharding))
       del array
     if head == "scalar":
       bias = files.read("score.bias").reshape(()) if "score.bias" in available else np.zeros(())
       sharding = None if shardings is None else shardings["scalar_bias"]
       params["scalar_bias"] = jax.device_put(bias.astype(abstract["scalar_bias"].dtype), sharding)
-    used = {m.hf_name for m in mappings} | {"score.bias"}
-    if config.tie_embeddings or head == "scalar":
-      # Tied: some exporters store the head anyway. Scalar: a critic drops the LM head.
-      used.add("lm_head.weight")
-    unexpected = sorted(n for n in available - used
-                        if not any(p.match(n) for p in _IGNORABLE))
-    if unexpected:
-      raise ValueError(f"{directory}: unexpected tensors {unexpected[:5]}"
-                       f"{' ...' if len(unexpected) > 5 else ''} ({len(unexpected)} in all); "
-                       "the checkpoint does not match config.json's architecture.")
+    _check_unexpected(directory, available, mappings,
+                      extra_head=config.tie_embeddings or head == "scalar")
   finally:
     files.close()
   return model, params
 
 
 def iter_hf_tensors(model: FunctionalModel, params: Params) -> Iterator[tuple[str, np.ndarray]]:
-  """(HF name, host array) pairs, one at a time."""
+  """(HF name, host array) pairs, one at a time; params in either layer layout
+  (`DecoderConfig.scan_layers`)."""
+  stacked = is_stacked(params)
   for mapping in tensor_mappings(model.config, model.head):
-    yield mapping.hf_name, mapping.to_hf(np.asarray(jax.device_get(_get(params, mapping.path))))
+    path, layer = _locate(mapping.path, stacked)
+    array = _get(params, path)
+    array = array if layer is None else array[layer]
+    yield mapping.hf_name, mapping.to_hf(np.asarray(jax.device_get(array)))
   if model.head == "scalar":
     yield "score.bias", np.asarray(jax.device_get(params["scalar_bias"])).reshape(1)
 

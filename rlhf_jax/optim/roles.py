@@ -23,6 +23,7 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from rlhf_jax.parallel.sharding import BATCH_AXES
@@ -35,16 +36,27 @@ class TrainState:
   opt_state: Any
 
 
+def on_mesh(tree, mesh):
+  """Every leaf that is not already laid out on `mesh` (a NamedSharding), replicated on
+  it. The update's outputs always carry mesh layouts; an input on a single-device
+  layout (an optimizer's step count, a scalar made with jnp) would make the second
+  call's arguments differ from the first's and compile the whole program again."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def place(x):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh == mesh:
+      return x
+    return jax.device_put(x, replicated)
+
+  return jax.tree.map(place, tree)
+
+
 def new_train_state(optimizer: optax.GradientTransformation, params, mesh) -> TrainState:
   """Params with a fresh optimizer state on `mesh`: moments take the params' layout,
-  scalars (step counts) are replicated."""
-  opt_state = optimizer.init(params)
-  mesh_devices = set(mesh.devices.flat)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  opt_state = jax.tree.map(
-      lambda x: x if x.sharding.device_set == mesh_devices else jax.device_put(x, replicated),
-      opt_state)
-  return TrainState(params=params, opt_state=opt_state)
+  scalars (step counts) and params not yet laid out on the mesh are replicated."""
+  params = on_mesh(params, mesh)
+  return TrainState(params=params, opt_state=on_mesh(optimizer.init(params), mesh))
 
 
 def _where(condition, new, old):
@@ -56,30 +68,47 @@ def _split_rows(tree, parts: int):
   return jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), tree)
 
 
-# loss_fn(params, batch, normalizers) -> (loss, metrics); normalizer_fn(batch) -> normalizers
-LossFn = Callable[[Any, Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
+# loss_fn(params, batch, normalizers[, packed=...]) -> (loss, metrics);
+# normalizer_fn(batch) -> normalizers
+LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def _micro_slices(batch, packed, micro_batches: int):
+  """The micro-batches to scan over: row slices of `batch`, or, packed, the whole
+  mini-batch with each micro-batch's buffers (its rows are chosen by the loss)."""
+  if packed is None:
+    return _split_rows(batch, micro_batches), None
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (micro_batches, *x.shape)), batch), packed
 
 
 def minibatch_update(loss_fn: LossFn, normalizer_fn: Callable, has_target: Callable,
                      optimizer: optax.GradientTransformation, micro_batches: int):
-  """(state, minibatch) → (state, metrics): one optimizer step from the gradient summed
-  over `micro_batches` slices. Skipped (state unchanged) when the loss or gradient is
-  not finite or `has_target(minibatch)` is False; metrics `skipped` / `applied` say so."""
+  """((state, (minibatch, packed)) → (state, metrics): one optimizer step from the
+  gradient summed over `micro_batches` slices (or, with `packed` buffers
+  ([U, K, C] leading), over its U packed micro-batches, each passed to `loss_fn` as
+  `packed=`). Skipped (state unchanged) when the loss or gradient is not finite or
+  `has_target(minibatch)` is False; metrics `skipped` / `applied` say so."""
 
-  def step(state: TrainState, batch):
+  def step(state: TrainState, inputs):
+    batch, packed = inputs
     norm = normalizer_fn(batch)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    if micro_batches == 1:
-      (loss, metrics), grads = grad_fn(state.params, batch, norm)
+
+    def micro_grad(micro, micro_packed):
+      extra = {} if micro_packed is None else {"packed": micro_packed}
+      return grad_fn(state.params, micro, norm, **extra)
+
+    if micro_batches == 1 and packed is None:
+      (loss, metrics), grads = micro_grad(batch, None)
     else:
-      def accumulate(carry, micro):
-        (loss, metrics), grads = grad_fn(state.params, micro, norm)
+      def accumulate(carry, pieces):
+        (loss, metrics), grads = micro_grad(*pieces)
         total_loss, total_grads = carry
         return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)
       (loss, grads), metrics = jax.lax.scan(accumulate, (jnp.zeros(()), zeros),
-                                            _split_rows(batch, micro_batches))
+                                            _micro_slices(batch, packed, micro_batches))
       metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -130,27 +159,42 @@ class TrainedRole:
     spread = jax.sharding.NamedSharding(
         self.mesh, jax.sharding.PartitionSpec(None, BATCH_AXES))
 
-    def run(state: TrainState, batch, key):
+    def run(state: TrainState, batch, orders, packed):
       rows = jax.tree.leaves(batch)[0].shape[0]
 
-      def epoch(state, epoch_key):
-        order = jax.random.permutation(epoch_key, rows)
+      def epoch(state, inputs):
+        order, epoch_packed = inputs
         minis = _split_rows(jax.tree.map(lambda x: x[order], batch), minibatches)
         if shards > 1 and (rows // minibatches) % shards == 0:
           minis = jax.lax.with_sharding_constraint(
               minis, jax.tree.map(lambda _: spread, minis))
-        return jax.lax.scan(step, state, minis)
+        return jax.lax.scan(step, state, (minis, epoch_packed))
 
-      state, metrics = jax.lax.scan(epoch, state, jax.random.split(key, epochs))
+      state, metrics = jax.lax.scan(epoch, state, (orders, packed))
       return state, jax.tree.map(lambda m: m.reshape(-1), metrics)
 
     layout = jax.tree.map(lambda x: x.sharding, self.state)
+    self._orders = jax.jit(lambda key, rows: jax.vmap(
+        lambda k: jax.random.permutation(k, rows))(jax.random.split(key, epochs)),
+        static_argnums=1)
     return jax.jit(run, donate_argnums=(0,), out_shardings=(layout, None))
 
-  def update(self, batch, key: jax.Array) -> dict[str, jax.Array]:
+  def update(self, batch, key: jax.Array, packer: Callable | None = None
+             ) -> dict[str, jax.Array]:
     """Runs every epoch and mini-batch on `batch`; returns per-mini-batch metrics
-    ([E·M] device arrays, not yet read)."""
-    self.state, metrics = self._update(self.state, batch, key)
+    ([E·M] device arrays, not yet read).
+
+    Args:
+      batch: the rollout batch on the mesh.
+      key: this update's key (each epoch's row order is a permutation drawn from it).
+      packer: orders [E, B] (numpy) → packed buffers of every micro-batch ([E, M, U]
+        leading axes, `models.packing.update_plan`), or None for padded forwards.
+    """
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    orders = self._orders(key, rows)
+    packed = None if packer is None else on_mesh(
+        jax.tree.map(jnp.asarray, packer(np.asarray(orders))), self.mesh)
+    self.state, metrics = self._update(self.state, batch, orders, packed)
     return metrics
 
 

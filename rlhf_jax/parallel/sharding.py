@@ -8,7 +8,9 @@ TRAIN_RULES is FSDP-heavy: every matrix is split over `fsdp` along `embed`
 (parameters and optimizer state shard; XLA all-gathers them per layer) and
 over `tensor` along heads / mlp / vocab. GENERATE_RULES is tensor-heavy and
 replicated over `data` and `fsdp`: decoding wants whole weights next to each
-batch shard. `reshard` moves a parameter tree between the two on device
+batch shard. Both leave the leading "layers" axis of stacked layers
+(`DecoderConfig.scan_layers`) unsplit: each scan step reads one whole layer
+slice. `reshard` moves a parameter tree between the two on device
 (ReaLHF's parameter reallocation), never through the host.
 """
 
@@ -24,11 +26,13 @@ Rules = Mapping[str, Any]
 
 TRAIN_RULES: Rules = {
     "vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor",
-    "head_dim": None, "mlp": "tensor", "norm": None,
+    "head_dim": None, "mlp": "tensor", "norm": None, "layers": None,
+    "lora_rank": None,
 }
 GENERATE_RULES: Rules = {
     "vocab": "tensor", "embed": None, "heads": "tensor", "kv_heads": "tensor",
-    "head_dim": None, "mlp": "tensor", "norm": None,
+    "head_dim": None, "mlp": "tensor", "norm": None, "layers": None,
+    "lora_rank": None,
 }
 BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
 

@@ -45,7 +45,9 @@ class Prefix:
   """The result of prefilling P prompts padded to one bucket length L.
 
   Attributes:
-    keys, values: per layer [P, L, num_kv_heads, head_dim].
+    keys, values: the prefill's KVCache keys / values (per layer [P, K, D, L] keys and
+      [P, K, L, D] values; one [layers, P, ...] array each when the model's
+      `scan_layers` is on).
     logits: [P, V] float32 next-token logits after each prompt.
     true_length: [P] int32 real prompt lengths (tokens at 0..true_length-1).
   """
@@ -285,15 +287,18 @@ class Engine:
     self._traces["insert"] += 1
     length = prefix.true_length[row]
 
-    def put(buffer, rows):
-      update = jax.lax.dynamic_index_in_dim(rows, row, keepdims=True).astype(buffer.dtype)
-      return jax.lax.dynamic_update_slice(buffer, update, (slot,) + (0,) * (buffer.ndim - 1))
+    def put(buffer, rows, axis=0):  # rows[row] → buffer[slot] along the batch axis
+      update = jax.lax.dynamic_index_in_dim(rows, row, axis).astype(buffer.dtype)
+      start = [0] * buffer.ndim
+      start[axis] = slot
+      return jax.lax.dynamic_update_slice(buffer, update, start)
 
     cache = state.cache
     valid_row = jnp.arange(self.cache_length) < length
+    put_kv = lambda c, p: put(c, p, 1 if cache.stacked else 0)  # stacked: [layers, B, ...]
     cache = KVCache(
-        keys=tuple(put(c, p) for c, p in zip(cache.keys, prefix.keys)),
-        values=tuple(put(c, p) for c, p in zip(cache.values, prefix.values)),
+        keys=jax.tree.map(put_kv, cache.keys, prefix.keys),
+        values=jax.tree.map(put_kv, cache.values, prefix.values),
         valid=cache.valid.at[slot].set(valid_row),
         end=cache.end.at[slot].set(length),
         length=cache.length.at[slot].set(length))

@@ -23,6 +23,8 @@ from rlhf_jax.data import PromptStream
 from rlhf_jax.data import parse_curriculum
 from rlhf_jax.data import read_examples
 from rlhf_jax.data.sources import parse_columns
+from rlhf_jax.models.run_config import model_layout
+from rlhf_jax.models.run_config import model_numerics
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator
@@ -83,9 +85,8 @@ def load_policy(c, workdir: str, mesh) -> Policy:
     raise ConfigError(f"config.model.checkpoint: no policy checkpoint in {directory!r} "
                       "(for the arith variant run launch/sft.py, or launch/train.py, which "
                       "trains the warm start first)")
-  model, params = models.load_hf_checkpoint(directory)
-  model = models.with_numerics(model, dtype=c.model.dtype,
-                               matmul_precision=c.model.matmul_precision)
+  model, params = models.load_hf_checkpoint(directory, **model_layout(c.model))
+  model = models.with_numerics(model, **model_numerics(c.model))
   params = parallel.shard_params(params, parallel.param_shardings(
       params, model.logical_axes(), mesh))
   tokenizer = models.Tokenizer.from_directory(directory)

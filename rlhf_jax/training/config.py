@@ -29,8 +29,8 @@ from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 from rlhf_jax.data.curriculum import parse_curriculum
 from rlhf_jax.data.sources import parse_columns
-from rlhf_jax.models.config import DTYPES
-from rlhf_jax.models.config import MATMUL_PRECISIONS
+from rlhf_jax.models.run_config import model_config
+from rlhf_jax.models.run_config import validate_model_config
 from rlhf_jax.optim.optimizer import validate_optimizer
 from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
@@ -51,16 +51,11 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.variant = variant  # 'arith' (built-in task, tiny model) or 'hf' (your checkpoint and JSONL).
   c.seed = 0  # Seeds model init (arith), data order, sampling, mini-batch shuffles.
+  # Persistent XLA compilation cache: a second run loads its compiled programs instead
+  # of compiling them again (runtime.enable_compile_cache); '' = off.
+  c.compile_cache = "~/.cache/rlhf_jax/xla"
 
-  c.model = ml_collections.ConfigDict()
-  c.model.checkpoint = ""  # HF directory of the initial policy; arith: empty = <workdir>/sft.
-  c.model.dtype = "float32"  # Trainer compute dtype (float32, bfloat16); params stay float32.
-  # Matmul precision of the trainer's model: 'auto' (highest for float32, the backend
-  # default for bfloat16), 'default' (TF32 on NVIDIA GPUs), 'high', 'highest'.
-  c.model.matmul_precision = "auto"
-  c.model.hidden_size = 128  # arith tiny model: width.
-  c.model.num_layers = 3  # arith tiny model: layers.
-  c.model.num_heads = 4  # arith tiny model: query heads.
+  c.model = model_config(arith)
 
   c.data = ml_collections.ConfigDict()
   c.data.train_file = ""  # .jsonl/.parquet of prompts (prompt, answer, task); arith: empty = generated.
@@ -157,6 +152,9 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.train.epochs = 1  # Passes over each rollout batch.
   c.train.minibatches = 2  # Optimizer steps per epoch (the batch split evenly).
   c.train.micro_batches = 1  # Gradient-accumulation slices per optimizer step (same update).
+  # Pack the rows' real tokens into buffers for every forward of the PPO family's step
+  # (models/packing.py): no compute on padding; micro-batches split rows by token count.
+  c.train.packing = not arith
   # XLA's deterministic GPU ops (--xla_gpu_deterministic_ops): exact resume on GPU, at the
   # cost of slower scatter / reduction kernels. CPU runs are deterministic either way.
   c.train.deterministic = False
@@ -214,7 +212,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   dqo.validate_dqo_fields(a.dqo)
   rollout_config_lib.validate_rollout_config(r, prompt_length=c.data.prompt_length,
                                              prompt_buckets=tuple(c.sampler.prompt_buckets))
-  validate_model(c)
+  validate_model_config(c.model, c.variant)
   validate_data(c)
   validate_sft(c.sft)
   reward_config_lib.validate_rule_rewards(c.reward)
@@ -250,6 +248,12 @@ def _validate_learner(c, *, labelling: bool) -> None:
   if a.learner != "ppo" and a.value.pretrain_steps:  # only the PPO learner holds the actor back
     invalid("algorithm.value.pretrain_steps", a.value.pretrain_steps, "must be 0 for "
             f"algorithm.learner={a.learner!r} (value pretraining is the PPO family's)")
+  if a.learner != "ppo" and c.train.packing:  # the DPO / DQO learners run padded forwards
+    invalid("train.packing", c.train.packing, f"must be False for algorithm.learner="
+            f"{a.learner!r} (packed forwards are the PPO family's)")
+  if a.learner != "ppo" and c.model.lora_rank:
+    invalid("model.lora_rank", c.model.lora_rank, f"must be 0 for algorithm.learner="
+            f"{a.learner!r} (LoRA adapters are the PPO family's learner's for now)")
   if a.learner == "dpo":
     dpo.validate_dpo_config(a.dpo, rollout_mode=r.mode, group_size=r.group_size,
                             prompts_per_step=r.prompts_per_step,
@@ -300,19 +304,6 @@ def check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
       values = value if isinstance(value, tuple) else (value,)
       if any(isinstance(v, float) and not math.isfinite(v) for v in values):
         invalid(path, value, "must be finite")
-
-
-def validate_model(c) -> None:
-  """`model.*`: dtypes, precisions, and the tiny arith model's shape."""
-  m = c.model
-  one_of("model.dtype", m.dtype, DTYPES)
-  one_of("model.matmul_precision", m.matmul_precision, MATMUL_PRECISIONS)
-  at_least(m, "model", ("hidden_size", "num_layers", "num_heads"))
-  if c.variant == "arith":
-    head_dim = m.hidden_size // m.num_heads
-    if m.hidden_size % m.num_heads or head_dim % 2:
-      invalid("model.hidden_size", m.hidden_size, f"must be model.num_heads={m.num_heads} × "
-              "an even head width (RoPE rotates pairs)")
 
 
 def validate_data(c) -> None:

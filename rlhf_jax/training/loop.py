@@ -101,6 +101,8 @@ class Trainer:
       metrics.update(metrics_lib.reduce_updates(out["actor"]))
     if "critic" in out:
       metrics.update(metrics_lib.reduce_updates(out["critic"], prefix="critic_"))
+    metrics.update(out.get("learner", {}))  # the learner's own figures (packing)
+    metrics["sampler/push_bytes"] = float(self.push_bytes)
     batch = rollouts.batch
     new_tokens = int(np.sum(np.asarray(batch.lengths) - np.asarray(batch.window_starts)))
     metrics.update(step=self.step, actor_updated=float("actor" in out),
@@ -113,6 +115,7 @@ class Trainer:
     params = build.generation_params(self.config, self.policy, self.learner.policy_params,
                                      self.mesh)
     self.sampler.update_params(params, version=self.step)
+    self.push_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
 
   # ------------------------------------------------------------------ evaluation
 

@@ -126,6 +126,7 @@ def test_a_non_finite_update_is_skipped():
   jax.tree.map(np.testing.assert_array_equal, role.params, before)
   metrics = role.update(batch, jax.random.key(0))
   assert metrics["skipped"].tolist() == [0.0]
+  assert role._update._cache_size() == 1  # the second call compiled nothing
   assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.all(np.asarray(a) == b)),
                                               role.params, before)))
 
@@ -194,6 +195,13 @@ def test_an_update_raises_rewarded_responses_and_lowers_the_others(name):
   if critic is not None:  # the critic was present and learned from the same batch
     assert np.all(np.isfinite(np.asarray(out["critic"]["value_loss"])))
     assert not np.array_equal(np.asarray(critic.params["scalar_head"]), value_head)
+  # The next step runs the programs the first compiled: the updated state keeps its
+  # layout (a step count on another layout once compiled every update twice).
+  learner.learn(batch.replace(old_logprobs=on_policy, sampler_logprobs=on_policy,
+                              token_versions=jnp.full_like(batch.token_versions, step + 1)),
+                step=step + 1)
+  programs = [learner._prepare, role._update] + ([] if critic is None else [critic._update])
+  assert [program._cache_size() for program in programs] == [1] * len(programs)
 
 
 def test_learning_rate_schedule_follows_warmup_then_cosine():
@@ -208,3 +216,37 @@ def test_learning_rate_schedule_follows_warmup_then_cosine():
     np.testing.assert_allclose(float(cosine(k)), reference(k), rtol=1e-6)
     np.testing.assert_allclose(float(constant(k)), 2.0 * min(1.0, (k + 1) / 4), rtol=1e-6)
   assert float(cosine(3)) == 2.0 and abs(float(cosine(19)) - 0.2) < 1e-6
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_packed_update_equals_the_padded_one(micro_batches):
+  """One update (2 mini-batches) from packed buffers: the same loss, gradient norm and
+  parameters as from the padded rows; micro-batches split rows by token count."""
+  from rlhf_jax.algorithms.row_packer import RowPacker
+  algorithm = preset("grpo").algorithm
+  algorithm.policy_loss.entropy_coef = 0.01
+  rng = np.random.default_rng(5)
+  prompt_lengths = rng.integers(1, 5, 8)
+  batch = random_batch(prompt=4, response=12, seed=5)
+  # ragged prompts too: left-pad by blanking the first columns of the attention mask
+  columns = np.arange(4)[None, :]
+  prompt_mask = (columns >= 4 - prompt_lengths[:, None]).astype(np.int32)
+  mask = np.asarray(batch.attention_mask).copy()
+  mask[:, :4] = prompt_mask
+  batch = batch.replace(attention_mask=jnp.asarray(mask),
+                        tokens=jnp.where(jnp.asarray(mask) > 0, batch.tokens, 0))
+  key = jax.random.key(7)
+  padded = actor(micro_batches, algorithm, optimizer=optax.sgd(0.1))
+  packed = actor(micro_batches, algorithm, optimizer=optax.sgd(0.1))
+  expected = padded.update(batch, key)
+  packing = RowPacker(minibatches=2, micro_batches=micro_batches).for_batch(batch)
+  got = packed.update(batch, key, packing.update_plan)
+  np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(got["grad_norm"], expected["grad_norm"], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+               packed.params, padded.params)
+  figures = packing.metrics()
+  assert figures["packing/padding_fraction_prepare"] < figures[
+      "packing/padding_fraction_padded"]
+  assert figures["packing/padding_fraction_update"] <= figures[
+      "packing/padding_fraction_padded"]

@@ -1,0 +1,127 @@
+"""XLA's memory analysis of the PPO actor's training step at the Qwen2.5-0.5B shape:
+unchunked log-probs against `model.logprob_chunk` (models/lm_head.py), with and without
+remat, at 16 × 1024 and 32 × 1024 tokens (prompt 256 + response 768).
+
+The step is the actor's own: `batch.response_logprobs` with entropy, PPO-clip with
+token-mean aggregation, value_and_grad, AdamW (parameters and optimizer state donated).
+It is compiled on this machine's backend from `jax.ShapeDtypeStruct`s only (no weights
+are allocated; on CPU the figures are XLA:CPU's buffer assignment, which follows the
+same liveness as a GPU's). Each configuration compiles in a fresh process.
+
+  python benchmarks/memory_analysis.py [--rows 16,32] [--chunks 0,1024] [--layers 24]
+      [--remat 0,1] [--markdown]
+
+Prints one JSON line per configuration: temp (the step's temporaries: activations,
+logits, gradients in flight), arguments, outputs, and the [B, R, V] float32 logits a
+step without chunking materialises, for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PROMPT, RESPONSE, VOCAB = 256, 768, 151936
+
+
+def measure(rows: int, chunk: int, layers: int, remat: bool) -> dict:
+  """Compiles the step for one configuration; its memory analysis as a dict."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from rlhf_jax import kernels
+  from rlhf_jax import models
+  from rlhf_jax.algorithms import batch as batch_lib
+
+  config = models.DecoderConfig(
+      vocab_size=VOCAB, hidden_size=896, num_layers=layers, num_heads=14, num_kv_heads=2,
+      head_dim=64, intermediate_size=4864, rope_theta=1e6, max_position_embeddings=32768,
+      tie_embeddings=True, dtype="bfloat16", param_dtype="float32", remat=remat,
+      logprob_chunk=chunk)
+  model, params = models.init_model(config, abstract=True)
+  optimizer = optax.adamw(1e-6)
+  opt_state = jax.eval_shape(optimizer.init, params)
+  width = PROMPT + RESPONSE
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
+  tokens = spec((rows, width), jnp.int32)
+  per_token = spec((rows, RESPONSE), jnp.float32)
+
+  def step(params, opt_state, tokens, mask, old, advantages):
+    batch = batch_lib.RolloutBatch(
+        tokens=tokens, attention_mask=jnp.ones_like(tokens), response_mask=mask,
+        old_logprobs=old, ref_logprobs=old, values=old, scores=old[:, 0],
+        lengths=jnp.sum(mask, 1).astype(jnp.int32), truncated=old[:, 0] > 0,
+        group_ids=jnp.zeros(rows, jnp.int32), window_starts=jnp.zeros(rows, jnp.int32),
+        finished=old[:, 0] < 1, sampler_logprobs=old, is_weights=jnp.ones_like(old),
+        correction_mask=mask, step_rewards=old, step_mask=old,
+        token_versions=jnp.zeros_like(tokens[:, PROMPT:]), advantages=advantages,
+        returns=old)
+
+    def loss_fn(params):
+      logprobs, entropy = batch_lib.response_logprobs(model, params, batch, with_entropy=True)
+      loss, _ = kernels.ppo_policy_loss(logprobs, batch.old_logprobs, advantages, mask,
+                                        clip_low=0.2, agg="token-mean")
+      return loss - 0.001 * jnp.sum(entropy * mask) / jnp.sum(mask)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  start = time.perf_counter()
+  compiled = jax.jit(step, donate_argnums=(0, 1)).lower(
+      params, opt_state, tokens, per_token, per_token, per_token).compile()
+  memory = compiled.memory_analysis()
+  gib = lambda n: round(n / 2**30, 3)
+  return {"rows": rows, "tokens": rows * width, "logprob_chunk": chunk, "layers": layers,
+          "remat": remat, "backend": jax.default_backend(),
+          "temp_gib": gib(memory.temp_size_in_bytes),
+          "argument_gib": gib(memory.argument_size_in_bytes),
+          "output_gib": gib(memory.output_size_in_bytes),
+          "logits_f32_gib": gib(rows * RESPONSE * VOCAB * 4),
+          "compile_s": round(time.perf_counter() - start, 1)}
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rows", default="16,32")
+  parser.add_argument("--chunks", default="0,1024")
+  parser.add_argument("--layers", type=int, default=24)
+  parser.add_argument("--remat", default="0,1")
+  parser.add_argument("--markdown", action="store_true")
+  parser.add_argument("--one", help=argparse.SUPPRESS)  # rows,chunk,remat in this process
+  args = parser.parse_args()
+  if args.one:
+    rows, chunk, remat = (int(x) for x in args.one.split(","))
+    print(json.dumps(measure(rows, chunk, args.layers, bool(remat))), flush=True)
+    return 0
+  records = []
+  for rows in (int(x) for x in args.rows.split(",")):
+    for remat in (int(x) for x in args.remat.split(",")):
+      for chunk in (int(x) for x in args.chunks.split(",")):
+        result = subprocess.run(
+            [sys.executable, __file__, "--one", f"{rows},{chunk},{remat}",
+             "--layers", str(args.layers)], capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if result.returncode:
+          raise RuntimeError(result.stderr[-3000:])
+        records.append(json.loads(result.stdout.strip().splitlines()[-1]))
+        print(json.dumps(records[-1]), flush=True)
+  if args.markdown:
+    print("| tokens | remat | logprob_chunk | temporaries (GiB) | [B,R,V] f32 logits (GiB) |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in records:
+      print(f"| {r['rows']} × {PROMPT + RESPONSE} | {'on' if r['remat'] else 'off'} | "
+            f"{r['logprob_chunk'] or 'off'} | {r['temp_gib']} | {r['logits_f32_gib']} |")
+  return 0
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  sys.exit(main())

@@ -1,0 +1,221 @@
+"""Padding-free forwards: the rows of a rollout batch packed into fixed token buffers.
+
+A rollout row is [prompt, left-padded to P | response, right-padded to R], so a
+batch of short answers in a long budget is mostly padding, and the forward pays for
+all of it. Packing lays the real tokens of several rows end to end in buffers of C
+tokens; each row is a segment with its own positions (0, 1, ... as in the padded
+forward), and attention stays inside a segment (the decoder's `segment_ids`). Only
+the hidden states that predict response tokens are gathered back into the [B, R]
+layout, so log-probs, values and every kernel downstream see the padded shapes.
+
+The plan is made on the host from the row lengths (first-fit decreasing), in numpy;
+its arrays go to the device with the batch. Buffer counts are rounded up to a
+bucket so a run compiles a bounded number of shapes (verl, OpenRLHF and slime remove
+padding the same way; they balance micro-batches by tokens as `split_rows` does).
+
+Spans: a row's segment covers input columns [P − prompt_len, P − 1 + response_len)
+of the forward's inputs (`tokens[:, :-1]`): the prompt's real tokens and every
+response token but the last, whose hidden state predicts nothing we score. The
+hidden state at input column P − 1 + t predicts response token t.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@flax.struct.dataclass
+class PackedRows:
+  """Where each real input token of b rows goes in K buffers of C tokens.
+
+  Attributes:
+    source: [K, C] int32 flat index into the rows' inputs [b, W] (row · W + column),
+      −1 on buffer padding.
+    positions: [K, C] int32 RoPE position of each token within its row.
+    segments: [K, C] int32 row + 1 of each token, 0 on buffer padding.
+    response_index: [b, R] int32 flat index into the packed hidden states [K · C]
+      of the state that predicts each response token; −1 where the row has no such
+      token (past its length, or a row not in these buffers).
+  """
+  source: jax.Array
+  positions: jax.Array
+  segments: jax.Array
+  response_index: jax.Array
+
+  @property
+  def buffers(self) -> int:
+    """K."""
+    return self.source.shape[-2]
+
+
+def row_spans(prompt_lengths: np.ndarray, response_lengths: np.ndarray, prompt_width: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """(start, end) input columns of each row's segment; end − start is its token count
+  (0 for a row without response tokens)."""
+  prompt_lengths = np.asarray(prompt_lengths, np.int64)
+  response_lengths = np.asarray(response_lengths, np.int64)
+  start = prompt_width - prompt_lengths
+  end = np.where(response_lengths > 0, prompt_width - 1 + response_lengths, start)
+  return start, end
+
+
+def first_fit_decreasing(sizes: np.ndarray, capacity: int) -> list[list[int]]:
+  """Bins of item indices, each holding at most `capacity` in total: items by
+  decreasing size, each into the first bin with room (≤ 11/9 OPT + 1 bins)."""
+  bins: list[list[int]] = []
+  room: list[int] = []
+  for item in np.argsort(-np.asarray(sizes), kind="stable"):
+    size = int(sizes[item])
+    if size > capacity:
+      raise ValueError(f"row {item} has {size} tokens, more than a buffer's {capacity}.")
+    for index, free in enumerate(room):
+      if size <= free:
+        bins[index].append(int(item))
+        room[index] -= size
+        break
+    else:
+      bins.append([int(item)])
+      room.append(capacity - size)
+  return bins
+
+
+def split_rows(sizes: np.ndarray, parts: int) -> list[list[int]]:
+  """`parts` groups of row indices with near-equal token totals (longest row first
+  into the lightest group: Graham's LPT, ≤ 4/3 of the best largest total)."""
+  groups: list[list[int]] = [[] for _ in range(parts)]
+  totals = np.zeros(parts, np.int64)
+  for item in np.argsort(-np.asarray(sizes), kind="stable"):
+    lightest = int(np.argmin(totals))
+    groups[lightest].append(int(item))
+    totals[lightest] += int(sizes[item])
+  return [sorted(group) for group in groups]
+
+
+def bucketed(count: int, bucket: int) -> int:
+  """`count` rounded up to a multiple of `bucket` (at least one bucket)."""
+  return max(1, -(-count // bucket)) * bucket
+
+
+def plan_rows(rows: list[int], starts: np.ndarray, ends: np.ndarray, *, num_rows: int,
+              width: int, prompt_width: int, response_width: int, capacity: int,
+              buffers: int | None = None) -> dict[str, np.ndarray]:
+  """The PackedRows arrays (numpy) for `rows` of a b-row batch (`num_rows` = b).
+
+  Args:
+    rows: the rows to pack (indices < num_rows); the others get response_index −1.
+    starts: every row's first input column (`row_spans`).
+    ends: every row's end column, exclusive.
+    width: W, input columns per row (P + R − 1).
+    prompt_width: P.
+    response_width: R.
+    capacity: C, tokens per buffer (≥ the longest span).
+    buffers: K, or None for as many as first-fit decreasing needs.
+  """
+  sizes = ends[rows] - starts[rows]
+  bins = [[rows[i] for i in b] for b in first_fit_decreasing(sizes, capacity)]
+  buffers = len(bins) if buffers is None else buffers
+  if len(bins) > buffers:
+    raise ValueError(f"{len(bins)} buffers needed, {buffers} allowed.")
+  source = np.full((buffers, capacity), -1, np.int32)
+  positions = np.zeros((buffers, capacity), np.int32)
+  segments = np.zeros((buffers, capacity), np.int32)
+  response_index = np.full((num_rows, response_width), -1, np.int32)
+  for k, members in enumerate(bins):
+    offset = 0
+    for row in members:
+      count = int(ends[row] - starts[row])
+      if count == 0:  # no response token: nothing to forward or score
+        continue
+      span = slice(offset, offset + count)
+      source[k, span] = row * width + np.arange(starts[row], ends[row])
+      positions[k, span] = np.arange(count)
+      segments[k, span] = row + 1
+      responses = count - (prompt_width - 1 - starts[row])  # = response length
+      first = k * capacity + offset + (prompt_width - 1 - starts[row])
+      response_index[row, :responses] = first + np.arange(responses)
+      offset += count
+  return dict(source=source, positions=positions, segments=segments,
+              response_index=response_index)
+
+
+def batch_plan(prompt_lengths: np.ndarray, response_lengths: np.ndarray, *, prompt_width: int,
+               response_width: int, bucket: int) -> PackedRows:
+  """All rows of a batch in one set of buffers (the forwards of `prepare`), the buffer
+  count rounded up to a multiple of `bucket`; host (numpy) arrays."""
+  starts, ends = row_spans(prompt_lengths, response_lengths, prompt_width)
+  rows = list(range(len(starts)))
+  width = prompt_width + response_width - 1
+  needed = len(first_fit_decreasing(ends - starts, width))
+  return PackedRows(**plan_rows(rows, starts, ends, num_rows=len(rows), width=width,
+                                prompt_width=prompt_width, response_width=response_width,
+                                capacity=width, buffers=bucketed(needed, bucket)))
+
+
+def update_plan(orders: np.ndarray, prompt_lengths: np.ndarray, response_lengths: np.ndarray,
+                *, prompt_width: int, response_width: int, minibatches: int,
+                micro_batches: int, bucket: int) -> PackedRows:
+  """Buffers for every micro-batch of an update: leading axes [E, M, U].
+
+  Epoch e's mini-batch m holds rows `orders[e, m·b:(m+1)·b]` (b = B / M, local
+  indices 0..b−1 in that order); its rows are split into U micro-batches of
+  near-equal token counts (`split_rows`), each packed into the same K buffers
+  (the largest need of the step, rounded up to a multiple of `bucket`).
+  """
+  epochs, rows = orders.shape
+  per_mini = rows // minibatches
+  starts, ends = row_spans(prompt_lengths, response_lengths, prompt_width)
+  width = prompt_width + response_width - 1
+  groups = []
+  for order in orders:
+    for m in range(minibatches):
+      members = order[m * per_mini:(m + 1) * per_mini]
+      local_starts, local_ends = starts[members], ends[members]
+      for group in split_rows(local_ends - local_starts, micro_batches):
+        groups.append((group, local_starts, local_ends))
+  needed = max(len(first_fit_decreasing(e[g] - s[g], width)) if g else 0
+               for g, s, e in groups)
+  plans = [plan_rows(g, s, e, num_rows=per_mini, width=width, prompt_width=prompt_width,
+                     response_width=response_width, capacity=width,
+                     buffers=bucketed(needed, bucket)) for g, s, e in groups]
+  stacked = {key: np.stack([p[key] for p in plans]).reshape(
+      epochs, minibatches, micro_batches, *plans[0][key].shape) for key in plans[0]}
+  return PackedRows(**stacked)
+
+
+def pack_inputs(inputs: jax.Array, packed: PackedRows) -> jax.Array:
+  """[b, W] row inputs → [K, C] buffer inputs (0 on buffer padding)."""
+  flat = inputs.reshape(-1)
+  return jnp.where(packed.source >= 0, flat[jnp.maximum(packed.source, 0)], 0)
+
+
+def unpack_responses(hidden: jax.Array, packed: PackedRows) -> jax.Array:
+  """[K, C, ...] per-buffer-token values → [b, R, ...] at the response positions
+  (zeros where `response_index` is −1)."""
+  flat = hidden.reshape(-1, *hidden.shape[2:])
+  picked = flat[jnp.maximum(packed.response_index, 0)]
+  present = (packed.response_index >= 0).reshape(
+      packed.response_index.shape + (1,) * (hidden.ndim - 2))
+  return jnp.where(present, picked, jnp.zeros((), hidden.dtype))
+
+
+def response_hidden(module, tokens: jax.Array, *, num_last: int,
+                    packed: PackedRows | None = None, **forward) -> jax.Array:
+  """A `DecoderLM`'s final-normed hidden states at the last `num_last` input columns
+  ([b, R, E]): from the padded rows, or from their packed buffers when `packed` is
+  given (then `forward` may hold only arguments that do not describe the rows'
+  layout)."""
+  if packed is None:
+    hidden, _ = module(tokens, num_last=num_last, apply_head=False, **forward)
+    return hidden
+  hidden, _ = module(pack_inputs(tokens, packed), positions=packed.positions,
+                     segment_ids=packed.segments, attention_mask=packed.segments > 0,
+                     apply_head=False, **forward)
+  return unpack_responses(hidden, packed)
+
+
+def padding_fraction(real_tokens: int, total_tokens: int) -> float:
+  """Share of a forward's token slots that hold no real token."""
+  return 1.0 - real_tokens / max(total_tokens, 1)

@@ -1,0 +1,77 @@
+"""The run config's `model` section: the policy checkpoint, its runtime numerics, and
+the tiny arith model's shape (ml_collections; validated here, read by training/build)."""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+
+from rlhf_jax.config_errors import at_least
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
+from rlhf_jax.models.config import DTYPES
+from rlhf_jax.models.config import MATMUL_PRECISIONS
+from rlhf_jax.models.lora import PROJECTIONS
+
+
+def model_config(arith: bool) -> ml_collections.ConfigDict:
+  """The `model` section with its defaults (`arith`: the built-in tiny model's variant)."""
+  m = ml_collections.ConfigDict()
+  m.checkpoint = ""  # HF directory of the initial policy; arith: empty = <workdir>/sft.
+  m.dtype = "float32"  # Trainer compute dtype (float32, bfloat16); params stay float32.
+  # Matmul precision of the trainer's model: 'auto' (highest for float32, the backend
+  # default for bfloat16), 'default' (TF32 on NVIDIA GPUs), 'high', 'highest'.
+  m.matmul_precision = "auto"
+  # Log-probs from the hidden states this many tokens at a time (models/lm_head.py):
+  # [chunk, V] logits at a time instead of [B, R, V], forward and backward; 0 = unchunked.
+  m.logprob_chunk = 0 if arith else 1024
+  # Rematerialise each layer in the backward (less activation memory, ~1/3 more compute)
+  # and what it keeps: a jax.checkpoint_policies name (nothing_saveable, dots_saveable, ...).
+  m.remat = False
+  m.remat_policy = "nothing_saveable"
+  # Stack the layers' parameters and run them as one lax.scan (models/layer_scan.py):
+  # compile time flat in depth; use with remat (the scan keeps every layer's activations).
+  m.scan_layers = False
+  # LoRA (models/lora.py): rank r of the adapters the policy (and critic) train instead of
+  # their weights (0 = full fine-tuning); W + (alpha / r)·A@B on the target projections.
+  m.lora_rank = 0
+  m.lora_alpha = 32.0
+  m.lora_targets = tuple(PROJECTIONS)  # any of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
+  m.hidden_size = 128  # arith tiny model: width.
+  m.num_layers = 3  # arith tiny model: layers.
+  m.num_heads = 4  # arith tiny model: query heads.
+  return m
+
+
+def validate_model_config(m: ml_collections.ConfigDict, variant: str) -> None:
+  """`model.*`: dtypes, precisions, numerics options, and the tiny arith model's shape."""
+  one_of("model.dtype", m.dtype, DTYPES)
+  one_of("model.matmul_precision", m.matmul_precision, MATMUL_PRECISIONS)
+  at_least(m, "model", ("hidden_size", "num_layers", "num_heads"))
+  check_range("model.logprob_chunk", m.logprob_chunk, low=0)
+  if not callable(getattr(jax.checkpoint_policies, m.remat_policy, None)):
+    invalid("model.remat_policy", m.remat_policy, "must name a jax.checkpoint_policies "
+            "policy (e.g. nothing_saveable, dots_saveable)")
+  check_range("model.lora_rank", m.lora_rank, low=0)
+  check_range("model.lora_alpha", m.lora_alpha, low=0, low_open=True)
+  for name in m.lora_targets:
+    if name not in PROJECTIONS:
+      invalid("model.lora_targets", m.lora_targets, f"{name!r} is not a projection; allowed: "
+              f"{', '.join(PROJECTIONS)}")
+  if variant == "arith":
+    head_dim = m.hidden_size // m.num_heads
+    if m.hidden_size % m.num_heads or head_dim % 2:
+      invalid("model.hidden_size", m.hidden_size, f"must be model.num_heads={m.num_heads} × "
+              "an even head width (RoPE rotates pairs)")
+
+
+def model_layout(m: ml_collections.ConfigDict) -> dict:
+  """The policy's parameter layout options (`load_hf_checkpoint` overrides)."""
+  return dict(scan_layers=m.scan_layers)
+
+
+def model_numerics(m: ml_collections.ConfigDict) -> dict:
+  """The trainer's runtime numerics from the `model` section (`with_numerics` fields)."""
+  return dict(dtype=m.dtype, matmul_precision=m.matmul_precision,
+              logprob_chunk=m.logprob_chunk, remat=m.remat, remat_policy=m.remat_policy)

@@ -1,0 +1,426 @@
+#!/usr/bin/env bash
+# The GPU check (docs/gpu.md): one call of the device tool runs the test suite, the
+# benchmarks of benchmarks/gpu.py against their PyTorch / transformers / TRL peers and two
+# short arith runs on the lent GPU, within a time budget, and leaves the results in $OUT.
+#
+#   bash scripts/gpu_check.sh prepare     HERE (network): wheels into .whl/, the shared
+#                                         bench files into .gpu/, both git-excluded; prints
+#                                         the device call (carry + command)
+#   bash scripts/gpu_check.sh run [GROUP|STEP ...] [--dry-run]
+#                                         ON THE GPU MACHINE: every step in order, each
+#                                         under its own `timeout`, results in $OUT
+#                                         (--dry-run: the plan, as if each step took its cap)
+#
+# Groups (default: all, in this order): env tests bench arith mismatch w3 slow. A step
+# name (g1_ours, g2_warm, ...: see PLAN below) selects one step. Each step gets at most
+# its cap, and never so much that the steps after it lose their reserved minimum; a step
+# whose floor does not fit is skipped (recorded). RLHF_JAX_GPU_BUDGET_S (default 560 s:
+# the device tool allows 600 s a command) sets the total; every cap, floor and reserve
+# scales with it. $OUT gets at most 8 files (the device tool's limit):
+#   summary.json  every step's status, seconds, and the headline figures against targets
+#   env.txt       nvidia-smi, jax / torch devices, package versions
+#   pytest.txt    the test runs' output (fast, then slow)     junit.xml  the fast run
+#   bench.jsonl   benchmarks/gpu.py's JSON lines (+ the mismatch summary, timeouts)
+#   arith_metrics.jsonl, arith_bf16_metrics.jsonl   the two arith runs' metrics
+#   logs.tgz      every step's log
+set -u
+
+SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CARRY='[".whl", ".gpu"]'
+RUN_COMMAND="bash scripts/gpu_check.sh run"
+
+# ------------------------------------------------------------------------------ prepare
+
+git_exclude_file() {  # .git/info/exclude, or the common dir's for a linked worktree
+  local git="$ROOT/.git" dir
+  if [ -d "$git" ]; then echo "$git/info/exclude"; return; fi
+  if [ -f "$git" ]; then
+    dir=$(sed -n 's/^gitdir: //p' "$git")
+    case "$dir" in /*) ;; *) dir="$ROOT/$dir" ;; esac
+    if [ -f "$dir/commondir" ]; then
+      local common; common=$(cat "$dir/commondir")
+      case "$common" in /*) dir="$common" ;; *) dir="$dir/$common" ;; esac
+    fi
+    echo "$dir/info/exclude"; return
+  fi
+  echo ""
+}
+
+local_version() {  # the version installed in the local interpreter, or nothing
+  "$PREP_PY" -c 'import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except Exception: pass' "$1" 2>/dev/null
+}
+
+wheel_requirement() {  # wheel_requirement WHEEL NAME: "NAME<spec>" from its METADATA
+  "$PREP_PY" - "$1" "$2" <<'PY'
+import re, sys, zipfile
+wheel, name = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    for line in z.read(meta).decode().splitlines():
+        if line.startswith("Requires-Dist:") and "extra ==" not in line:
+            req = line.split(":", 1)[1].split(";")[0].strip()
+            if re.match(rf"{re.escape(name)}\b", req, re.I):
+                print(req.replace(" ", "").replace("(", "").replace(")", ""))
+                break
+PY
+}
+
+prepare() {
+  cd "$ROOT" || exit 1
+  local shared="${RLHF_JAX_SHARED_BENCH:-$ROOT/../shared/bench}"
+  PREP_PY="${PYTHON:-}"
+  if [ -z "$PREP_PY" ]; then
+    if [ -x "$ROOT/.venv/bin/python" ]; then PREP_PY="$ROOT/.venv/bin/python"; else PREP_PY=python3; fi
+  fi
+  local failed=0
+
+  # 1) the carried folders stay out of git (the device tool carries ignored paths only)
+  local exclude; exclude=$(git_exclude_file)
+  if [ -n "$exclude" ]; then
+    mkdir -p "$(dirname "$exclude")"
+    touch "$exclude"
+    for pattern in /.whl/ /.gpu/; do
+      grep -qxF "$pattern" "$exclude" || echo "$pattern" >> "$exclude"
+    done
+    echo "git exclude: $exclude has /.whl/ and /.gpu/" >&2
+  else
+    echo "warning: no .git here; make sure .whl/ and .gpu/ are ignored" >&2
+  fi
+
+  # 2) wheels for the GPU image (Python 3.12, x86-64; no network there): ml-collections and
+  #    tensorboardX are missing, its grpcio is older than the generated *_pb2_grpc.py need
+  local platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+                   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+                   --platform manylinux1_x86_64)
+  local download=("$PREP_PY" -m pip download -q --disable-pip-version-check --no-deps
+                  --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}")
+  local grpc_needed
+  grpc_needed=$(sed -n "s/^GRPC_GENERATED_VERSION = '\(.*\)'.*/\1/p" \
+                rlhf_jax/sampling/protos/sampler_pb2_grpc.py 2>/dev/null | head -1)
+  local ours=() name version
+  for name in ml-collections tensorboardX; do
+    version=$(local_version "$name")
+    ours+=("$name${version:+==$version}")
+  done
+  version=$(local_version grpcio)
+  if [ -n "$version" ]; then ours+=("grpcio==$version")
+  elif [ -n "$grpc_needed" ]; then ours+=("grpcio>=$grpc_needed")
+  else ours+=(grpcio); fi
+  rm -rf .whl.new && mkdir -p .whl.new
+  if "${download[@]}" -d .whl.new "${ours[@]}"; then
+    # the TRL peer of W3 (optional): trl and datasets pinned as shared/bench/requirements.txt,
+    # with the two requirements of datasets the image lacks (dill, multiprocess)
+    local pins=() pin
+    for name in trl datasets; do
+      pin=$(grep -iE "^$name==" "$shared/requirements.txt" 2>/dev/null | head -1)
+      pins+=("${pin:-$name}")
+    done
+    mkdir -p .whl.new/peer
+    if "${download[@]}" -d .whl.new/peer "${pins[@]}"; then
+      local datasets_wheel extra=()
+      datasets_wheel=$(ls .whl.new/peer/datasets-*.whl 2>/dev/null | head -1)
+      for name in dill multiprocess; do
+        pin=$(wheel_requirement "$datasets_wheel" "$name")
+        extra+=("${pin:-$name}")
+      done
+      "${download[@]}" -d .whl.new/peer "${extra[@]}" \
+        || { echo "warning: dill / multiprocess wheels failed; the TRL peer of W3 will fail" >&2; }
+    else
+      echo "warning: trl / datasets wheels failed; the TRL peer of W3 will record an error" >&2
+      rm -rf .whl.new/peer
+    fi
+    rm -rf .whl && mv .whl.new .whl
+  else
+    echo "error: pip download of ${ours[*]} failed (network?); .whl/ left as it was" >&2
+    rm -rf .whl.new
+    failed=1
+  fi
+
+  # 3) ../shared does not travel: the files the check needs, into .gpu/
+  mkdir -p .gpu
+  local f
+  for f in gpu_probe.py make_model.py workload_data.py run_trl.py GPU.md workloads.md; do
+    if [ -f "$shared/$f" ]; then
+      cp -f "$shared/$f" ".gpu/$f" && chmod u+w ".gpu/$f"
+    else
+      echo "warning: $shared/$f not found (W3 needs make_model.py, workload_data.py, run_trl.py)" >&2
+    fi
+  done
+  if [ -f .gpu/run_trl.py ]; then
+    # run_trl.py trains on the CPU (use_cpu=True, ACCELERATE_USE_CPU); the GPU copy keeps
+    # the GPU when there is one, everything else as it is
+    {
+      echo "# Made by scripts/gpu_check.sh prepare from shared/bench/run_trl.py: on the GPU when"
+      echo "# there is one (use_cpu / ACCELERATE_USE_CPU only without CUDA). Do not edit."
+      sed -e '/os.environ.setdefault("ACCELERATE_USE_CPU", "true")/d' \
+          -e 's/use_cpu=True,/use_cpu=not torch.cuda.is_available(),/' .gpu/run_trl.py
+    } > .gpu/run_trl_gpu.py
+    if grep -q 'use_cpu=True' .gpu/run_trl_gpu.py || ! grep -q 'use_cpu=not torch' .gpu/run_trl_gpu.py; then
+      echo "warning: run_trl.py changed shape; .gpu/run_trl_gpu.py may still train on the CPU" >&2
+    fi
+  fi
+
+  echo "--- .whl/ (carried wheels)" >&2
+  ls -1 .whl .whl/peer 2>/dev/null | sed 's/^/  /' >&2
+  echo "--- sizes: $(du -sh .whl 2>/dev/null | cut -f1) .whl, $(du -sh .gpu | cut -f1) .gpu" >&2
+  echo "device call (tool 'run', kind nvidia-h100-x1, timeout_s 600):"
+  echo "  carry: $CARRY"
+  echo "  command: $RUN_COMMAND"
+  return "$failed"
+}
+
+# ---------------------------------------------------------------------------------- run
+
+# name reserve floor cap group [signal]: at B = 560 s, scaled by RLHF_JAX_GPU_BUDGET_S / 560.
+# reserve: what the steps before it must leave for it; floor: skipped when less is left;
+# cap: the most it may take.
+PLAN=(
+  "env 5 5 30 env"
+  "tests 40 40 100 tests INT"
+  "g1_ours 45 45 90 bench"
+  "g2_ours 50 50 100 bench"
+  "g1_torch_compile 60 60 120 bench"
+  "g2_warm 0 12 40 bench"
+  "g1b_ours 0 40 90 bench"
+  "g4_ours 0 40 120 bench"
+  "g3_ours 0 50 100 bench"
+  "g2_torch_compile 0 45 90 bench"
+  "g1_torch 0 25 60 bench"
+  "g2_torch 0 30 70 bench"
+  "arith 50 50 110 arith"
+  "mismatch 35 35 80 mismatch"
+  "w3_ours 35 35 90 w3"
+  "w3_trl 0 40 90 w3"
+  "slow 0 30 100000 slow INT"
+)
+GROUPS_ALL="env tests bench arith mismatch w3 slow"
+
+setup_run_env() {
+  PY="${RLHF_JAX_GPU_PYTHON:-python3}"
+  OUT="${OUT:-/tmp/gpu_check_out}"
+  WORK="${RLHF_JAX_GPU_WORK:-/tmp/gpu_check}"
+  LOGS="$WORK/logs"
+  CACHE="$WORK/jax_cache"
+  SITE="$WORK/site"  # the carried wheels (.whl/*.whl)
+  PEER_SITE="$WORK/peer_site"  # the TRL peer's (.whl/peer/*.whl), on its PYTHONPATH only
+  BUDGET="${RLHF_JAX_GPU_BUDGET_S:-560}"
+  mkdir -p "$OUT" "$LOGS" "$CACHE"
+  case ":${PYTHONPATH:-}:" in
+    *":$SITE:$ROOT:"*) ;;  # a step's bash inherits it already
+    *) export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" ;;
+  esac
+  export PYTHONUNBUFFERED=1 JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" HF_HUB_OFFLINE=1
+  export TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+  export MPLBACKEND=Agg RLHF_JAX_COMPILE_CACHE="$CACHE"
+}
+
+scaled() { echo $(( $1 * BUDGET / 560 )); }
+
+record() {  # record NAME STATUS RC SECONDS CAP NOTE: one line of $WORK/status.tsv
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "${6:-}" >> "$WORK/status.tsv"
+}
+
+refresh_out() {  # summary.json and logs.tgz, after every step (a killed call keeps them)
+  "$PY" "$ROOT/benchmarks/gpu.py" --summarize "$OUT" --status "$WORK/status.tsv" \
+    --budget "$BUDGET" > "$LOGS/summarize.txt" 2>&1 || true
+  tar -czf "$OUT/logs.tgz.tmp" -C "$WORK" logs status.tsv 2>/dev/null \
+    && mv -f "$OUT/logs.tgz.tmp" "$OUT/logs.tgz"
+  rm -f "$OUT/logs.tgz.tmp"
+}
+
+bench() {  # bench PART WHO [gpu.py args]: JSON lines to bench.jsonl, stderr to the log
+  local part=$1 who=$2; shift 2
+  "$PY" "$ROOT/benchmarks/gpu.py" --parts "$part" --who "$who" --compile-cache "$CACHE" "$@" \
+    >> "$OUT/bench.jsonl"
+}
+
+pytest_args() {  # what the GPU image cannot run: the docs build (mkdocs), notebooks
+  # (nbclient), the installed-distribution checks; gRPC only if our grpcio did not install
+  PYTEST_ARGS=(-p no:cacheprovider -q -rfE --tb=short -n 4
+               --ignore=tests/test_docs.py --ignore=tests/test_notebooks.py
+               --ignore=tests/test_packaging.py)
+  if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST_ARGS+=(--timeout=300); fi
+  if ! "$PY" -c "import rlhf_jax.sampling.protos.sampler_pb2_grpc" 2>/dev/null; then
+    echo "grpcio too old for rlhf_jax/sampling/protos: gRPC tests and modules skipped"
+    PYTEST_ARGS+=(--ignore=tests/sampling/test_server.py --ignore=rlhf_jax/sampling/protos
+                  --ignore=rlhf_jax/sampling/server.py --ignore=rlhf_jax/sampling/client.py
+                  --ignore=rlhf_jax/sampling/service.py --ignore=rlhf_jax/sampling/servicers.py
+                  -k "not sampling_server and not grpc")
+  fi
+}
+
+do_step() {  # the body of one step (runs under `timeout`, in its own bash)
+  cd "$ROOT" || return 1
+  local name=$1 sft=()
+  case "$name" in
+    env)
+      {
+        date -u; echo "budget_s=$BUDGET"; nvidia-smi
+        nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
+        "$PY" -c "import jax; print('jax', jax.__version__, jax.default_backend(), jax.devices())"
+        "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+        "$PY" -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|jax-cuda|flax|optax|orbax|chex|torch |transformers|tokenizers|grpcio|protobuf|ml.collections|tensorboardx|pytest|trl|datasets|accelerate)'
+        echo "PYTHONPATH=$PYTHONPATH"; ls "$SITE" "$PEER_SITE" 2>/dev/null | head -60
+      } > "$OUT/env.txt" 2>&1 ;;
+    tests|slow)
+      pytest_args
+      local marker="not slow" junit="$OUT/junit.xml"
+      if [ "$name" = slow ]; then marker="slow"; junit="$LOGS/junit_slow.xml"; fi
+      JAX_DEFAULT_MATMUL_PRECISION=highest XLA_PYTHON_CLIENT_PREALLOCATE=false \
+        "$PY" -m pytest "${PYTEST_ARGS[@]}" -m "$marker" --junitxml="$junit" \
+        > "$LOGS/pytest_$name.txt" 2>&1 ;;
+    g1_ours) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 bench g1 ours ;;
+    g1b_ours) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 bench g1b ours ;;
+    g4_ours) bench g4 ours ;;
+    g2_ours) bench g2 ours ;;
+    g2_warm) bench g2 ours --reps 0 ;;  # a new process: the first call from a warm cache
+    g3_ours) bench g3 ours ;;
+    g1_torch|g1_torch_compile) bench g1 "${name#g1_}" ;;
+    g2_torch|g2_torch_compile) bench g2 "${name#g2_}" --reps 1 ;;
+    arith)
+      rm -rf "$WORK/arith"
+      "$PY" launch/train.py --config=configs/dapo.py:arith --workdir="$WORK/arith" \
+        --config.train.steps=20 ;;
+    mismatch)
+      rm -rf "$WORK/arith_bf16"
+      # the warm start of the fp32 run, when it finished: only the sampler's dtype differs
+      if [ -f "$WORK/arith/sft/config.json" ]; then sft=(--config.model.checkpoint="$WORK/arith/sft"); fi
+      "$PY" launch/train.py --config=configs/dapo.py:arith --workdir="$WORK/arith_bf16" \
+        --config.train.steps=20 --config.sampler.dtype=bfloat16 "${sft[@]}" ;;
+    w3_ours|w3_trl)
+      bench w3 "${name#w3_}" --bench-dir "$ROOT/.gpu" --model-dir "$WORK/bench_model" \
+        --peer-python "$PY" --peer-site "$PEER_SITE" ;;
+    *) echo "unknown step $name" >&2; return 2 ;;
+  esac
+}
+
+after_step() {  # copy what a step left (also after a timeout)
+  local name=$1 status=$2 cap=$3
+  case "$name" in
+    tests|slow)
+      {
+        for f in "$LOGS/pytest_tests.txt" "$LOGS/pytest_slow.txt"; do
+          [ -f "$f" ] || continue
+          echo "===== $(basename "$f")"
+          if [ "$(wc -c < "$f")" -gt 6000000 ]; then echo "(first 1 MB and last 5 MB)"
+            head -c 1000000 "$f"; echo; echo "[...]"; tail -c 5000000 "$f"
+          else cat "$f"; fi
+        done
+      } > "$OUT/pytest.txt" ;;
+    arith) [ -f "$WORK/arith/metrics.jsonl" ] && cp "$WORK/arith/metrics.jsonl" "$OUT/arith_metrics.jsonl" ;;
+    mismatch)
+      [ -f "$WORK/arith_bf16/metrics.jsonl" ] && cp "$WORK/arith_bf16/metrics.jsonl" "$OUT/arith_bf16_metrics.jsonl"
+      "$PY" "$ROOT/benchmarks/gpu.py" --mismatch "float32=$OUT/arith_metrics.jsonl" \
+        "bfloat16=$OUT/arith_bf16_metrics.jsonl" >> "$OUT/bench.jsonl" 2>> "$LOGS/mismatch.log" ;;
+  esac
+  case "$name" in
+    g*_*|w3_*)
+      if [ "$status" = timeout ]; then
+        local part=${name%%_*} who=${name#*_}
+        [ "$who" = warm ] && who=ours
+        printf '{"part": "%s", "who": "%s", "step": "%s", "error": "timed out after %s s (gpu_check.sh)"}\n' \
+          "$part" "$who" "$name" "$cap" >> "$OUT/bench.jsonl"
+      fi ;;
+  esac
+  return 0
+}
+
+install_wheels() {
+  local start=$SECONDS rc=0
+  if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$ROOT"/.whl/*.whl > "$LOGS/pip.txt" 2>&1 || rc=$?
+    record install "$([ $rc = 0 ] && echo ok || echo failed)" "$rc" $((SECONDS - start)) 0
+  else
+    record install missing 1 0 0 "no .whl/*.whl: run 'bash scripts/gpu_check.sh prepare' and carry .whl"
+  fi
+  if ls "$ROOT"/.whl/peer/*.whl >/dev/null 2>&1; then
+    rc=0
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$PEER_SITE" "$ROOT"/.whl/peer/*.whl >> "$LOGS/pip.txt" 2>&1 || rc=$?
+    record install_peer "$([ $rc = 0 ] && echo ok || echo failed)" "$rc" 0 0
+  fi
+}
+
+selected() {  # selected NAME GROUP: is the step asked for?
+  local want
+  for want in "${WANT[@]}"; do
+    [ "$want" = all ] || [ "$want" = "$1" ] || [ "$want" = "$2" ] && return 0
+  done
+  return 1
+}
+
+run_check() {
+  local dry=0 arg
+  WANT=()
+  for arg in "$@"; do
+    case "$arg" in
+      --dry-run) dry=1 ;;
+      -h|--help) sed -n '2,28p' "$SELF"; return 0 ;;
+      *) WANT+=("$arg") ;;
+    esac
+  done
+  [ ${#WANT[@]} -eq 0 ] && WANT=(all)
+  setup_run_env
+  local start_epoch; start_epoch=$(date +%s)
+  local deadline=$((start_epoch + BUDGET))
+  : > "$WORK/status.tsv"
+  : > "$OUT/bench.jsonl"
+  echo "gpu_check: budget ${BUDGET}s, steps: ${WANT[*]}, OUT=$OUT, WORK=$WORK"
+  if [ "$dry" = 0 ]; then install_wheels; fi
+  local n=${#PLAN[@]} i j sim=0  # sim: a dry run's clock, as if each step used its whole cap
+  for ((i = 0; i < n; i++)); do
+    read -r name reserve floor cap group signal <<< "${PLAN[i]}"
+    selected "$name" "$group" || continue
+    local later=0
+    for ((j = i + 1; j < n; j++)); do
+      read -r n2 r2 _ _ g2 _ <<< "${PLAN[j]}"
+      selected "$n2" "$g2" && later=$((later + $(scaled "$r2")))
+    done
+    local now; now=$(( $(date +%s) + sim ))
+    local avail=$((deadline - now - later))
+    local c; c=$(scaled "$cap"); [ "$cap" -ge 100000 ] && c=$avail
+    [ "$c" -gt "$avail" ] && c=$avail
+    local f; f=$(scaled "$floor")
+    if [ "$c" -lt "$f" ] || [ "$c" -le 0 ]; then
+      echo "[$((now - start_epoch))s] $name: skipped (${avail}s left after reserving ${later}s; needs ${f}s)"
+      record "$name" skipped - 0 "$c" "budget: ${avail}s available, floor ${f}s"
+      continue
+    fi
+    echo "[$((now - start_epoch))s] $name: up to ${c}s"
+    if [ "$dry" = 1 ]; then
+      record "$name" dry-run 0 0 "$c"
+      sim=$((sim + c))
+      continue
+    fi
+    local t0=$SECONDS rc=0
+    timeout -k 15 -s "${signal:-TERM}" "$c" bash "$SELF" _step "$name" >> "$LOGS/$name.log" 2>&1 || rc=$?
+    local status=ok
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=timeout
+    elif [ "$rc" != 0 ]; then status=failed; fi
+    after_step "$name" "$status" "$c"
+    record "$name" "$status" "$rc" $((SECONDS - t0)) "$c"
+    echo "[$(( $(date +%s) - start_epoch ))s] $name: $status (rc $rc, $((SECONDS - t0))s)"
+    refresh_out
+  done
+  refresh_out
+  echo "gpu_check: done in $(( $(date +%s) - start_epoch ))s; $OUT/summary.json"
+  "$PY" - "$OUT/summary.json" <<'PY' 2>/dev/null || true
+import json, sys
+summary = json.load(open(sys.argv[1]))
+print("headline:", json.dumps(summary.get("headline", {}), indent=1))
+print("targets:", json.dumps(summary.get("targets", {})))
+print("steps:", " ".join(p["name"] + ":" + p["status"] for p in summary.get("steps", [])))
+PY
+  return 0
+}
+
+case "${1:-}" in
+  prepare) shift; prepare "$@" ;;
+  run) shift; run_check "$@" ;;
+  _step) shift; setup_run_env; do_step "$@" ;;
+  *) sed -n '2,28p' "$SELF"; exit 2 ;;
+esac
