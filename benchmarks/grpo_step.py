@@ -11,7 +11,7 @@ peer is `shared/bench/run_trl.py` in the same session; the matmul peak of
 phase's model FLOP rate as a fraction of the peak.
 
   python benchmarks/grpo_step.py [--model-dir /tmp/bench_model] [--repeats 1]
-      [--peer-python /tmp/venv_peers/bin/python] [--skip-peer]
+      [--peer-python /tmp/venv_peers/bin/python] [--skip-peer] [--set FIELD=VALUE ...]
 """
 
 from __future__ import annotations
@@ -68,7 +68,24 @@ def contains_answer(response: str, answer: str) -> bool:
   return answer in response
 
 
-def run_ours(model_dir: str) -> dict:
+def apply_overrides(config, overrides: list[str]):
+  """`--set model.logprob_chunk=0`-style overrides (a Python literal after the =)."""
+  import ast
+  for item in overrides:
+    path, _, text = item.partition("=")
+    *sections, field = path.split(".")
+    target = config
+    for name in sections:
+      target = target[name]
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    target[field] = value
+  return config
+
+
+def run_ours(model_dir: str, overrides: list[str] = ()) -> dict:
   """Four `Trainer.train_step` calls on W3's prompts; each step's metrics and wall time."""
   import time
 
@@ -81,7 +98,7 @@ def run_ours(model_dir: str) -> dict:
     with open(train_file, "w") as f:
       for p in prompts:
         f.write(json.dumps({"prompt": p["prompt"], "answer": p["answer"], "task": "w3"}) + "\n")
-    config = w3_config(model_dir, train_file)
+    config = apply_overrides(w3_config(model_dir, train_file), overrides)
     scorer = RewardRouter({"w3": contains_answer}, correct_score=1.0, wrong_score=0.0)
     trainer = Trainer(config, os.path.join(workdir, "run"), log=lambda line: None,
                       scorer=scorer)
@@ -104,6 +121,8 @@ def main() -> int:
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--threads", type=int, default=2)
   parser.add_argument("--skip-peer", action="store_true")
+  parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                      help="override a config field of ours, e.g. model.logprob_chunk=0")
   args = parser.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   env = peer_env(args.threads)
@@ -116,7 +135,7 @@ def main() -> int:
       [args.peer_python, str(BENCH / "matmul_peak.py"), "--threads", str(args.threads)], env)
   ours_runs, peer_runs, ratios = [], [], []
   for _ in range(args.repeats):
-    ours = run_ours(args.model_dir)
+    ours = run_ours(args.model_dir, args.set)
     ours_runs.append(ours)
     if not args.skip_peer:
       peer = [r for r in run_json([args.peer_python, str(BENCH / "run_trl.py"), "--model-dir",

@@ -93,6 +93,12 @@ def algorithm_config() -> ml_collections.ConfigDict:
   # else none), 'none', 'tis', 'mis_token', 'mis_sequence'.
   a.correction.mode = "auto"
   a.correction.threshold = 2.0  # C: TIS truncation / MIS trust region [1/C, C] (verl 2.0).
+  # Correction 'none' takes π_old of a fresh token from the sampler anyway; then the
+  # trainer's forward in `prepare` only measures the sampler–trainer mismatch. With one
+  # optimizer step per batch (train.epochs = minibatches = 1) and every token fresh it is
+  # skipped: the update's own first forward measures the mismatch (update_logprob_gap_*),
+  # and the step costs what TRL's does with num_iterations = 1. False: always run it.
+  a.correction.reuse_sampler_logprobs = True
 
   # Tokens sampled by an older policy version (dynamic sampling's kept surplus, a
   # swap_now sampler): decoupled PPO (ALGORITHMS.md §20) centres the clip on the
@@ -121,6 +127,14 @@ def uses_critic(algorithm) -> bool:
 def uses_reference(algorithm) -> bool:
   """Whether a reference policy is needed (KL as a loss or in the reward)."""
   return algorithm.kl.placement != "none"
+
+
+def reuses_sampler_logprobs(algorithm, train, correction: str) -> bool:
+  """Whether π_old may be the sampler's log-probs when every token is fresh: one
+  optimizer step per batch (its first forward is the current policy's) and no
+  correction (sampler and trainer compute alike)."""
+  return (algorithm.correction.reuse_sampler_logprobs and correction == "none"
+          and train.epochs == 1 and train.minibatches == 1)
 
 
 def correction_mode(algorithm, *, trainer_dtype: str, sampler_dtype: str) -> str:

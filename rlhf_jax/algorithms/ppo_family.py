@@ -302,6 +302,11 @@ def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: Rollou
     loss = loss + p.positive_nll_coef * nll
     metrics["positive_nll"] = nll
   metrics["entropy"] = kernels.masked_mean(entropy, mask)
+  # |log π − log π_old| as this forward sees it: drift within the step, and with π_old
+  # reused from the sampler (`reuses_sampler_logprobs`), the sampler–trainer mismatch.
+  gap = jnp.abs(jax.lax.stop_gradient(logprobs) - batch.old_logprobs) * mask
+  metrics.update(update_logprob_gap_max=jnp.max(gap),
+                 update_logprob_gap_mean=kernels.masked_mean(gap, mask))
   return loss, metrics
 
 

@@ -73,14 +73,17 @@ class PPOLearner(LearnerBase):
     seed: seeds the mini-batch shuffles (folded with the step: resume-safe).
     packing: packs rows into token buffers for every forward (`train.packing`), or
       None for the padded rows.
+    reuse_sampler_logprobs: take π_old from the sampler when every token is fresh
+      (`ppo_config.reuses_sampler_logprobs`), skipping the trainer's forward.
   """
 
   def __init__(self, algorithm, actor: TrainedRole, critic: TrainedRole | None,
                reference: FrozenRole | None, *, correction: str, group_size: int, seed: int,
-               packing: RowPacker | None = None):
+               packing: RowPacker | None = None, reuse_sampler_logprobs: bool = False):
     super().__init__(actor=actor, critic=critic, reference=reference, seed=seed)
     self.algorithm = algorithm
     self.packing = packing
+    self.reuse_sampler_logprobs = reuse_sampler_logprobs
     self.correction = correction
     self.group_size = group_size
     # β on device, where the controller moves it.
@@ -106,12 +109,21 @@ class PPOLearner(LearnerBase):
                                             sampler_dtype=c.sampler.dtype)
     packing = RowPacker(c.train.minibatches, c.train.micro_batches) if c.train.packing else None
     return cls(a, actor, critic, reference, correction=correction,
-               group_size=c.rollout.group_size, seed=c.seed, packing=packing)
+               group_size=c.rollout.group_size, seed=c.seed, packing=packing,
+               reuse_sampler_logprobs=ppo_config.reuses_sampler_logprobs(a, c.train, correction))
 
   def _prepare_fn(self, actor_params, ref_params, critic_params, kl_coef, version, batch,
                   packed):
     # The current weights' log-probs: π_old of fresh tokens, π_prox of stale ones.
-    old = batch_lib.response_logprobs(self.actor.model, actor_params, batch, packed=packed)
+    forward = lambda: batch_lib.response_logprobs(self.actor.model, actor_params, batch,
+                                                  packed=packed)
+    reused = jnp.zeros((), bool)
+    if self.reuse_sampler_logprobs:  # the taken branch alone runs
+      stale = (batch.token_versions != version) & (batch.sampled_mask() > 0)
+      reused = ~jnp.any(stale)
+      old = jax.lax.cond(reused, lambda: batch.sampler_logprobs * batch.response_mask, forward)
+    else:
+      old = forward()
     ref = (None if self.reference is None else
            batch_lib.response_logprobs(self.reference.model, ref_params, batch, packed=packed))
     values = (None if self.critic is None else
@@ -121,7 +133,8 @@ class PPOLearner(LearnerBase):
         self.algorithm, batch, old_logprobs=old, ref_logprobs=ref, values=values,
         kl_coef=kl_coef, correction=self.correction,
         group_size=self.group_size, version=version)
-    return batch, kl_coef, dict(metrics, scores=batch.scores)
+    return batch, kl_coef, dict(metrics, scores=batch.scores,
+                                reused_sampler_logprobs=reused.astype(jnp.float32))
 
   def updates_actor(self, step: int) -> bool:
     """False during value pretraining (`algorithm.value.pretrain_steps`)."""

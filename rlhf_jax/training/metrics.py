@@ -12,7 +12,8 @@ import numpy as np
 from rlhf_jax.rollout import Rollouts
 
 # Per-mini-batch metrics reduced by their extreme, not their mean.
-_EXTREMES = {"is_ratio_max": np.max, "is_ratio_min": np.min, "logprob_mismatch_max": np.max}
+_EXTREMES = {"is_ratio_max": np.max, "is_ratio_min": np.min, "logprob_mismatch_max": np.max,
+             "update_logprob_gap_max": np.max}
 
 
 # Metrics every role's update reports; a role's prefix tells them apart.

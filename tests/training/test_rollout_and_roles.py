@@ -250,3 +250,30 @@ def test_a_packed_update_equals_the_padded_one(micro_batches):
       "packing/padding_fraction_padded"]
   assert figures["packing/padding_fraction_update"] <= figures[
       "packing/padding_fraction_padded"]
+
+
+def test_fresh_rows_reuse_the_sampler_logprobs_and_stale_ones_do_not():
+  """One optimizer step per batch, no correction: an all-fresh batch takes π_old from
+  the sampler without the trainer's forward; one stale token brings the forward back."""
+  algorithm = preset("grpo").algorithm
+  role = actor(1, algorithm, minibatches=1, optimizer=optax.sgd(0.0))
+  learner = learner_lib.PPOLearner(algorithm, role, None, None, correction="none",
+                                   group_size=8, seed=0, reuse_sampler_logprobs=True)
+  batch = random_batch(seed=3)  # sampler log-probs: random numbers, not the model's
+  trainer = np.asarray(batch_lib.response_logprobs(role.model, role.params, batch))
+  fresh = batch.replace(token_versions=jnp.zeros_like(batch.token_versions))
+  prepared, _, metrics = learner._prepare(role.params, None, None, learner.kl_coef,
+                                          jnp.int32(0), fresh, None)
+  assert float(metrics["reused_sampler_logprobs"]) == 1.0
+  np.testing.assert_array_equal(prepared.old_logprobs,
+                                np.asarray(batch.sampler_logprobs * batch.response_mask))
+  stale = fresh.replace(token_versions=fresh.token_versions.at[0, 0].set(-1))
+  prepared, _, metrics = learner._prepare(role.params, None, None, learner.kl_coef,
+                                          jnp.int32(0), stale, None)
+  assert float(metrics["reused_sampler_logprobs"]) == 0.0
+  # π_prox of the stale token is the trainer's; fresh ones keep the sampler's (no
+  # correction: `behaviour_correction`), and the mismatch is measured against the forward.
+  np.testing.assert_allclose(prepared.old_logprobs[0, 0], trainer[0, 0], atol=1e-6)
+  np.testing.assert_array_equal(prepared.old_logprobs[1:],
+                                np.asarray(batch.sampler_logprobs * batch.response_mask)[1:])
+  assert float(metrics["logprob_mismatch_max"]) > 0.01  # random sampler numbers
