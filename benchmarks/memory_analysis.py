@@ -9,7 +9,7 @@ are allocated; on CPU the figures are XLA:CPU's buffer assignment, which follows
 same liveness as a GPU's). Each configuration compiles in a fresh process.
 
   python benchmarks/memory_analysis.py [--rows 16,32] [--chunks 0,1024] [--layers 24]
-      [--remat 0,1] [--markdown]
+      [--remat 0,1] [--scan 0,1] [--markdown]
 
 Prints one JSON line per configuration: temp (the step's temporaries: activations,
 logits, gradients in flight), arguments, outputs, and the [B, R, V] float32 logits a
@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROMPT, RESPONSE, VOCAB = 256, 768, 151936
 
 
-def measure(rows: int, chunk: int, layers: int, remat: bool) -> dict:
+def measure(rows: int, chunk: int, layers: int, remat: bool, scan: bool = False) -> dict:
   """Compiles the step for one configuration; its memory analysis as a dict."""
   import jax
   import jax.numpy as jnp
@@ -44,7 +44,7 @@ def measure(rows: int, chunk: int, layers: int, remat: bool) -> dict:
       vocab_size=VOCAB, hidden_size=896, num_layers=layers, num_heads=14, num_kv_heads=2,
       head_dim=64, intermediate_size=4864, rope_theta=1e6, max_position_embeddings=32768,
       tie_embeddings=True, dtype="bfloat16", param_dtype="float32", remat=remat,
-      logprob_chunk=chunk)
+      logprob_chunk=chunk, scan_layers=scan)
   model, params = models.init_model(config, abstract=True)
   optimizer = optax.adamw(1e-6)
   opt_state = jax.eval_shape(optimizer.init, params)
@@ -80,7 +80,7 @@ def measure(rows: int, chunk: int, layers: int, remat: bool) -> dict:
   memory = compiled.memory_analysis()
   gib = lambda n: round(n / 2**30, 3)
   return {"rows": rows, "tokens": rows * width, "logprob_chunk": chunk, "layers": layers,
-          "remat": remat, "backend": jax.default_backend(),
+          "remat": remat, "scan_layers": scan, "backend": jax.default_backend(),
           "temp_gib": gib(memory.temp_size_in_bytes),
           "argument_gib": gib(memory.argument_size_in_bytes),
           "output_gib": gib(memory.output_size_in_bytes),
@@ -94,19 +94,21 @@ def main() -> int:
   parser.add_argument("--chunks", default="0,1024")
   parser.add_argument("--layers", type=int, default=24)
   parser.add_argument("--remat", default="0,1")
+  parser.add_argument("--scan", default="0", help="scan_layers values, e.g. 0,1")
   parser.add_argument("--markdown", action="store_true")
-  parser.add_argument("--one", help=argparse.SUPPRESS)  # rows,chunk,remat in this process
+  parser.add_argument("--one", help=argparse.SUPPRESS)  # rows,chunk,remat,scan here
   args = parser.parse_args()
   if args.one:
-    rows, chunk, remat = (int(x) for x in args.one.split(","))
-    print(json.dumps(measure(rows, chunk, args.layers, bool(remat))), flush=True)
+    rows, chunk, remat, scan = (int(x) for x in args.one.split(","))
+    print(json.dumps(measure(rows, chunk, args.layers, bool(remat), bool(scan))), flush=True)
     return 0
   records = []
   for rows in (int(x) for x in args.rows.split(",")):
-    for remat in (int(x) for x in args.remat.split(",")):
+    for remat, scan in ((int(r), int(s)) for r in args.remat.split(",")
+                        for s in args.scan.split(",")):
       for chunk in (int(x) for x in args.chunks.split(",")):
         result = subprocess.run(
-            [sys.executable, __file__, "--one", f"{rows},{chunk},{remat}",
+            [sys.executable, __file__, "--one", f"{rows},{chunk},{remat},{scan}",
              "--layers", str(args.layers)], capture_output=True, text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
         if result.returncode:
@@ -114,10 +116,11 @@ def main() -> int:
         records.append(json.loads(result.stdout.strip().splitlines()[-1]))
         print(json.dumps(records[-1]), flush=True)
   if args.markdown:
-    print("| tokens | remat | logprob_chunk | temporaries (GiB) | [B,R,V] f32 logits (GiB) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| tokens | remat | scan | logprob_chunk | temporaries (GiB) | [B,R,V] f32 logits (GiB) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in records:
       print(f"| {r['rows']} × {PROMPT + RESPONSE} | {'on' if r['remat'] else 'off'} | "
+            f"{'on' if r['scan_layers'] else 'off'} | "
             f"{r['logprob_chunk'] or 'off'} | {r['temp_gib']} | {r['logits_f32_gib']} |")
   return 0
 

@@ -236,7 +236,7 @@ def test_bf16_sampler_is_corrected_by_truncated_importance_sampling(tmp_path):
 
   def spy(actor_params, *args):
     # The trainer's own float32 forward, independent of `prepare`, before any update.
-    batch = args[-1]
+    batch = args[-2]  # (..., version, batch, packed)
     captured["recomputed"] = np.asarray(batch_lib.response_logprobs(
         trainer.learner.actor.model, actor_params, batch))
     out = prepare(actor_params, *args)
