@@ -380,7 +380,9 @@ run_check() {
       read -r n2 r2 _ _ g2 _ <<< "${PLAN[j]}"
       selected "$n2" "$g2" && later=$((later + $(scaled "$r2")))
     done
-    local now; now=$(( $(date +%s) + sim ))
+    local now; now=$(date +%s)
+    # a dry run's clock is simulated alone, so a loaded machine cannot change its plan
+    [ "$dry" = 1 ] && now=$((start_epoch + sim))
     local avail=$((deadline - now - later))
     local c; c=$(scaled "$cap"); [ "$cap" -ge 100000 ] && c=$avail
     [ "$c" -gt "$avail" ] && c=$avail
