@@ -66,17 +66,17 @@ class LearnerBase:
   def __init__(self, *, actor: TrainedRole, critic: TrainedRole | None = None,
                reference: FrozenRole | None = None, seed: int):
     self.actor, self.critic, self.reference = actor, critic, reference
+    self._merge = (jax.jit(actor.model.merged_params)
+                   if isinstance(actor.model, lora_lib.LoraModel) else None)
     self._key = jax.random.key(seed)
 
   @property
   def policy_params(self):
     """The actor's current parameters (with LoRA: the base with the adapters merged,
     in the plain model's layout)."""
-    if isinstance(self.actor.model, lora_lib.LoraModel):
-      if not hasattr(self, "_merge"):
-        self._merge = jax.jit(self.actor.model.merged_params)
-      return self._merge(self.actor.params)
-    return self.actor.params
+    if self._merge is None:
+      return self.actor.params
+    return self._merge(self.actor.params)
 
   def step_keys(self, step: int) -> tuple[jax.Array, jax.Array]:
     """(actor key, critic key) of step `step`."""

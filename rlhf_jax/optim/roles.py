@@ -73,14 +73,6 @@ def _split_rows(tree, parts: int):
 LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 
 
-def _micro_slices(batch, packed, micro_batches: int):
-  """The micro-batches to scan over: row slices of `batch`, or, packed, the whole
-  mini-batch with each micro-batch's buffers (its rows are chosen by the loss)."""
-  if packed is None:
-    return _split_rows(batch, micro_batches), None
-  return jax.tree.map(lambda x: jnp.broadcast_to(x, (micro_batches, *x.shape)), batch), packed
-
-
 def minibatch_update(loss_fn: LossFn, normalizer_fn: Callable, has_target: Callable,
                      optimizer: optax.GradientTransformation, micro_batches: int):
   """((state, (minibatch, packed)) → (state, metrics): one optimizer step from the
@@ -94,21 +86,24 @@ def minibatch_update(loss_fn: LossFn, normalizer_fn: Callable, has_target: Calla
     norm = normalizer_fn(batch)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def micro_grad(micro, micro_packed):
-      extra = {} if micro_packed is None else {"packed": micro_packed}
-      return grad_fn(state.params, micro, norm, **extra)
+    def micro_grad(piece):
+      # Padded: a slice of the rows. Packed: one micro-batch's buffers; its rows are
+      # picked out of the whole mini-batch by the loss.
+      if packed is None:
+        return grad_fn(state.params, piece, norm)
+      return grad_fn(state.params, batch, norm, packed=piece)
 
     if micro_batches == 1 and packed is None:
-      (loss, metrics), grads = micro_grad(batch, None)
+      (loss, metrics), grads = micro_grad(batch)
     else:
-      def accumulate(carry, pieces):
-        (loss, metrics), grads = micro_grad(*pieces)
+      def accumulate(carry, piece):
+        (loss, metrics), grads = micro_grad(piece)
         total_loss, total_grads = carry
         return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)
-      (loss, grads), metrics = jax.lax.scan(accumulate, (jnp.zeros(()), zeros),
-                                            _micro_slices(batch, packed, micro_batches))
+      pieces = _split_rows(batch, micro_batches) if packed is None else packed
+      (loss, grads), metrics = jax.lax.scan(accumulate, (jnp.zeros(()), zeros), pieces)
       metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
