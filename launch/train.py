@@ -39,9 +39,13 @@ def main(argv) -> None:
     cli.enable_deterministic_gpu_ops()  # before JAX initialises its backends
   import jax
 
+  from rlhf_jax import parallel
   from rlhf_jax.training.config import validate_config
 
-  # The whole config, first: before the warm start, labelling, loading or compiling.
+  # The whole config, first: before joining a job, the warm start, labelling, loading or
+  # compiling; then the mesh against the job's devices.
+  validate_config(config)
+  parallel.initialize(config.distributed)
   validate_config(config, num_devices=jax.device_count())
   if _VALIDATE_ONLY.value:
     print("config ok", flush=True)
@@ -49,10 +53,15 @@ def main(argv) -> None:
   from rlhf_jax.training.loop import Trainer
   from rlhf_jax.training.stages import prepare_run
 
-  log = lambda line: print(line, flush=True)
-  prepare_run(config, _WORKDIR.value, log=log)  # warm start, DPO / DQO offline data
+  main_process = parallel.is_main_process()
+  log = lambda line: print(line, flush=True) if main_process else None
+  if main_process:  # warm start, DPO / DQO offline data: once, in the shared workdir
+    prepare_run(config, _WORKDIR.value, log=log)
+  parallel.barrier("prepared")
   trainer = Trainer(config, _WORKDIR.value, log=log, progress=True)
   summary = trainer.run()
+  if not main_process:
+    return
   if "eval_accuracy_start" in summary and "eval_accuracy_end" in summary:
     before, after = summary["eval_accuracy_start"], summary["eval_accuracy_end"]
     print(f"held-out accuracy ({len(trainer.held_out)} problems, greedy): {100 * before:.1f}% "

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhf_jax import parallel
+
 from rlhf_jax.models import packing
 
 # Buffer counts come in multiples of 1/BUCKETS of the rows packed: ≤ BUCKETS shapes.
@@ -34,7 +36,7 @@ class RowPacker:
   def for_batch(self, batch) -> "BatchPacking":
     """The plans of `batch` (a RolloutBatch on device; reads its [B] lengths)."""
     prompt_width = batch.tokens.shape[1] - batch.response_length
-    prompt_lengths, lengths = jax.device_get(
+    prompt_lengths, lengths = parallel.host_values(
         (jnp.sum(batch.attention_mask[:, :prompt_width], axis=1), batch.lengths))
     return BatchPacking(np.asarray(prompt_lengths), np.asarray(lengths),
                         prompt_width=prompt_width, response_width=batch.response_length,

@@ -3,7 +3,16 @@
 from rlhf_jax.parallel.chunks import run_in_chunks
 from rlhf_jax.parallel.mesh import MESH_AXES
 from rlhf_jax.parallel.mesh import describe
-from rlhf_jax.parallel.mesh import initialize_distributed
+from rlhf_jax.parallel.distributed import HostExchange
+from rlhf_jax.parallel.distributed import barrier
+from rlhf_jax.parallel.distributed import distributed_config
+from rlhf_jax.parallel.distributed import fully_replicated_host_value
+from rlhf_jax.parallel.distributed import host_values
+from rlhf_jax.parallel.distributed import initialize
+from rlhf_jax.parallel.distributed import is_main_process
+from rlhf_jax.parallel.distributed import local_devices
+from rlhf_jax.parallel.distributed import process_share
+from rlhf_jax.parallel.distributed import validate_distributed_config
 from rlhf_jax.parallel.mesh import make_mesh
 from rlhf_jax.parallel.mesh import resolve_axis_sizes
 from rlhf_jax.parallel.sharding import GENERATE_RULES
@@ -15,7 +24,9 @@ from rlhf_jax.parallel.sharding import reshard
 from rlhf_jax.parallel.sharding import shard_params
 
 __all__ = [
-    "GENERATE_RULES", "MESH_AXES", "TRAIN_RULES", "batch_sharding", "describe",
-    "initialize_distributed", "logical_to_spec", "make_mesh", "param_shardings", "reshard",
-    "resolve_axis_sizes", "run_in_chunks", "shard_params",
+    "GENERATE_RULES", "HostExchange", "MESH_AXES", "TRAIN_RULES", "barrier", "batch_sharding",
+    "describe", "distributed_config", "fully_replicated_host_value", "host_values", "initialize",
+    "is_main_process", "local_devices", "logical_to_spec", "make_mesh", "param_shardings",
+    "process_share", "reshard", "resolve_axis_sizes", "run_in_chunks", "shard_params",
+    "validate_distributed_config",
 ]

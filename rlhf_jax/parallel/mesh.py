@@ -1,9 +1,9 @@
-"""Device meshes with the named axes `data`, `fsdp` and `tensor`, and multi-host start-up."""
+"""Device meshes with the named axes `data`, `fsdp` and `tensor` (multi-host start-up:
+parallel/distributed.py)."""
 
 from __future__ import annotations
 
 import math
-import os
 from typing import Sequence
 
 import jax
@@ -66,32 +66,6 @@ def make_mesh(*, data: int = -1, fsdp: int = 1, tensor: int = 1,
   shape = tuple(sizes[axis] for axis in MESH_AXES)
   return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
                        devices=devices)
-
-
-def initialize_distributed(*, coordinator_address: str | None = None,
-                           num_processes: int | None = None,
-                           process_id: int | None = None) -> bool:
-  """Starts multi-host JAX when there is more than one host; same program on every host.
-
-  With explicit arguments (or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
-  JAX_PROCESS_ID in the environment) calls `jax.distributed.initialize` with
-  them; on TPU pods and SLURM clusters jax detects them itself, so pass
-  nothing there and set RLHF_JAX_DISTRIBUTED=1. Returns whether it initialised.
-  Call it before anything touches a device.
-  """
-  coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-  if num_processes is None and "JAX_NUM_PROCESSES" in os.environ:
-    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
-  if process_id is None and "JAX_PROCESS_ID" in os.environ:
-    process_id = int(os.environ["JAX_PROCESS_ID"])
-  auto = os.environ.get("RLHF_JAX_DISTRIBUTED") == "1"
-  if coordinator_address is None and num_processes is None and not auto:
-    return False
-  if num_processes == 1:
-    return False
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
-  return True
 
 
 def describe(mesh: jax.sharding.Mesh) -> str:

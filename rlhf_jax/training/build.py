@@ -118,7 +118,7 @@ def load_examples(c) -> tuple[list[Example], list[Example]]:
 def generation_params(c, policy: Policy, params, mesh):
   """The policy in the sampler's layout (GENERATE_RULES: replicated over data and fsdp,
   split over tensor); a server gets host arrays anyway."""
-  if c.sampler.address:
+  if c.sampler.address or jax.process_count() > 1:  # the sampler takes it from here
     return params
   return parallel.reshard(params, parallel.param_shardings(
       params, policy.model.logical_axes(), mesh, parallel.GENERATE_RULES))
@@ -126,7 +126,11 @@ def generation_params(c, policy: Policy, params, mesh):
 
 def build_sampler(c, policy: Policy, mesh):
   """The in-process scheduler (sampler section), or a client of `sampler.address`
-  that is sent the initial weights before the first rollout."""
+  that is sent the initial weights before the first rollout. In a job of several
+  processes each process samples its share of the prompts on its own devices
+  (`ProcessShardedSampler`)."""
+  if jax.process_count() > 1 and not c.sampler.address:
+    return process_sharded_sampler(c, policy, mesh)
   if c.sampler.address:
     # grpc is the `serve` extra's: imported only when a sampler server is configured.
     from rlhf_jax.sampling.client import SamplerClient  # pylint: disable=import-outside-toplevel
@@ -137,6 +141,23 @@ def build_sampler(c, policy: Policy, mesh):
   return sampler_config_lib.build_scheduler(
       c.sampler, policy.model, generation_params(c, policy, policy.params, mesh),
       tokenizer=policy.tokenizer, seed=c.seed)
+
+
+def process_sharded_sampler(c, policy: Policy, mesh):
+  """This process's scheduler on its local devices (the policy replicated over them, split
+  over `mesh.tensor` as GENERATE_RULES say), behind a `ProcessShardedSampler`."""
+  from rlhf_jax.sampling.process_shards import ProcessShardedSampler  # pylint: disable=import-outside-toplevel
+  local_mesh = parallel.make_mesh(data=-1, tensor=c.mesh.tensor,
+                                  devices=parallel.local_devices(mesh.devices.flat))
+
+  def to_local(params):
+    return parallel.reshard(params, parallel.param_shardings(
+        params, policy.model.logical_axes(), local_mesh, parallel.GENERATE_RULES))
+
+  params = to_local(parallel.fully_replicated_host_value(policy.params, mesh))
+  local = sampler_config_lib.build_scheduler(c.sampler, policy.model, params,
+                                             tokenizer=policy.tokenizer, seed=c.seed)
+  return ProcessShardedSampler(local, mesh, to_local)
 
 
 def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Example], *,

@@ -169,6 +169,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.mesh.data = 1  # Mesh axis sizes (product ≤ devices; -1 takes the rest).
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
+  c.distributed = parallel.distributed_config()  # several processes / hosts (docs/scaling.md)
   return c
 
 
@@ -222,6 +223,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   _validate_learner(c, labelling=labelling)
   _validate_across_sections(c)
   validate_mesh(c, num_devices, rows=rows)
+  parallel.validate_distributed_config(c.distributed)
   if c.train.tensorboard and importlib.util.find_spec("tensorboardX") is None:
     invalid("train.tensorboard", True, "needs tensorboardX: pip install "
             "'rlhf-jax[tensorboard]' (or set it False; metrics.jsonl is always written)")

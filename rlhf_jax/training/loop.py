@@ -53,7 +53,11 @@ class Trainer:
     validate_config(config, num_devices=jax.device_count())
     build.check_deterministic(config)
     self.config = c = config
-    self.workdir, self.log, self.show_progress = workdir, log, progress
+    # In a job of several processes (parallel/distributed.py) the first one speaks and
+    # writes files; every process computes the same step.
+    main = parallel.is_main_process()
+    self.workdir, self.show_progress = workdir, progress and main
+    self.log = log if main else (lambda line: None)
     os.makedirs(workdir, exist_ok=True)
     self.mesh = build.trainer_mesh(c)
     self.policy = build.load_policy(c, workdir, self.mesh)
@@ -70,7 +74,8 @@ class Trainer:
                                        self.train_examples, workdir=workdir, log=log)
     self.learner = build.build_learner(c, self.policy, self.mesh)
     self.step = 0
-    self.metrics = metrics_lib.MetricsWriter(workdir, tensorboard=c.train.tensorboard)
+    self.metrics = metrics_lib.MetricsWriter(workdir, tensorboard=c.train.tensorboard,
+                                             enabled=main)
     self.checkpointer = Checkpointer(workdir)
     if self.checkpointer.latest_step() is not None:
       self.restore(self.checkpointer.latest_step())
@@ -91,7 +96,7 @@ class Trainer:
     out = self.learner.learn(batch, self.step)
     self.step += 1
     self.push_weights()
-    out = jax.device_get(out)  # the step's one read of device values
+    out = parallel.host_values(out)  # the step's one read of device values
     updated = time.perf_counter()
     metrics = metrics_lib.rollout_metrics(rollouts, out["prepare"])
     metrics.update(self.scorer.pop_metrics())  # per task: accuracy, failures, time
@@ -202,8 +207,10 @@ class Trainer:
       self.checkpointer.close()
       self.metrics.close()
     policy = os.path.join(self.workdir, "policy")
-    models.save_policy(policy, self.policy.model, self.learner.policy_params,
-                       self.policy.tokenizer, self.policy.prefix_tokens)
+    params = parallel.fully_replicated_host_value(self.learner.policy_params, self.mesh)
+    if parallel.is_main_process():
+      models.save_policy(policy, self.policy.model, params, self.policy.tokenizer,
+                         self.policy.prefix_tokens)
     summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
     return summary
 

@@ -82,16 +82,20 @@ def rollout_metrics(rollouts: Rollouts, prepared: Mapping[str, np.ndarray]) -> d
 
 class MetricsWriter:
   """Appends one JSON line per record to <workdir>/metrics.jsonl and, with
-  `tensorboard`, the numbers as TensorBoard scalars under <workdir>/tensorboard."""
+  `tensorboard`, the numbers as TensorBoard scalars under <workdir>/tensorboard.
+  With `enabled` False (every process of a job but the first) it writes nothing."""
 
-  def __init__(self, workdir: str, *, tensorboard: bool):
+  def __init__(self, workdir: str, *, tensorboard: bool, enabled: bool = True):
     self.workdir = workdir
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tensorboard = tensorboard
+    self.enabled = enabled
     self._writer = None
 
   def write(self, record: dict[str, Any]) -> None:
     """Appends `record` (it must have a `step`)."""
+    if not self.enabled:
+      return
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
     if not self.tensorboard:
@@ -106,7 +110,7 @@ class MetricsWriter:
 
   def truncate_after(self, step: int) -> None:
     """Drops records after `step` (a resumed run writes them again)."""
-    if not os.path.exists(self.path):
+    if not self.enabled or not os.path.exists(self.path):
       return
     with open(self.path, encoding="utf-8") as f:
       kept = [line for line in f if json.loads(line)["step"] <= step]

@@ -1,0 +1,142 @@
+"""A trainer job of 2 processes × 4 CPU devices (gloo collectives, loopback) against
+1 process × 8 devices: the same metrics and parameters, and an exact resume after both
+processes are killed."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from rlhf_jax.training import stages
+from tests.training.test_config_and_rollout import preset
+from tests.training.test_trainer import make_trainer
+from tests.training.test_trainer import records
+from tests.training.test_trainer import shrink
+
+ROOT = Path(__file__).resolve().parents[2]
+MESH = (4, 2, 1)  # data × fsdp: the batch and the FSDP shards both cross the processes
+JOB_TIMEOUT_S = 600
+
+
+def job_config(name: str, *, mesh=MESH, steps: int = 2):
+  """The tiny preset both jobs run (the worker builds it the same way)."""
+  config = shrink(preset(name))
+  config.model.num_heads = 4
+  config.rollout.prompts_per_step = 8  # 32 rows: 4 per data × fsdp shard
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
+  config.train.steps, config.train.eval_every, config.train.checkpoint_every = steps, steps, 2
+  config.train.tensorboard = False
+  return config
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def start_job(workdir, name: str, steps: int, processes: int = 2) -> list[subprocess.Popen]:
+  """`processes` workers on loopback, each with 8 / processes CPU devices."""
+  port = free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
+      "--xla_force_host_platform_device_count=8", "")  # the job sets its own count
+  env.pop("RLHF_JAX_MULTIDEVICE", None)
+  workers = []
+  for process_id in range(processes):
+    job = {"preset": name, "workdir": str(workdir), "steps": steps, "mesh": MESH,
+           "port": port, "process_id": process_id, "num_processes": processes,
+           "local_devices": 8 // processes}
+    log = open(Path(workdir) / f"worker{process_id}.log", "w")
+    workers.append(subprocess.Popen(
+        [sys.executable, "-m", "tests.multidevice.distributed_worker", json.dumps(job)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+  return workers
+
+
+def wait(workers, workdir) -> None:
+  deadline = time.monotonic() + JOB_TIMEOUT_S
+  for process_id, worker in enumerate(workers):
+    try:
+      code = worker.wait(timeout=max(1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      kill(workers)
+      code = "timeout"
+    if code != 0:
+      kill(workers)
+      log = (Path(workdir) / f"worker{process_id}.log").read_text()[-4000:]
+      pytest.fail(f"worker {process_id} ended with {code}:\n{log}")
+
+
+def kill(workers) -> None:
+  for worker in workers:
+    if worker.poll() is None:
+      os.killpg(worker.pid, signal.SIGKILL)
+      worker.wait()
+
+
+def warm_start(config, workdir) -> None:
+  stages.ensure_arith_warm_start(config, str(workdir), log=lambda line: None)
+
+
+def policy(workdir) -> dict:
+  return load_file(str(Path(workdir) / "policy" / "model.safetensors"))
+
+
+def assert_same_run(got_dir, expected_dir) -> None:
+  got, expected = records(Path(got_dir)), records(Path(expected_dir))
+  assert [r["step"] for r in got] == [r["step"] for r in expected]
+  # Same rollouts: each process samples its share with the seeds of the one-process call.
+  for key in ("reward_mean", "response_length_mean", "accuracy", "eval_accuracy"):
+    assert [r.get(key) for r in got] == [r.get(key) for r in expected], key
+  for key in ("loss", "pg_loss", "entropy", "grad_norm"):
+    np.testing.assert_allclose([r[key] for r in got if key in r],
+                               [r[key] for r in expected if key in r],
+                               rtol=2e-4, atol=1e-5, err_msg=key)
+  got_params, expected_params = policy(got_dir), policy(expected_dir)
+  assert sorted(got_params) == sorted(expected_params)
+  for name, value in expected_params.items():
+    np.testing.assert_allclose(got_params[name], value, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_two_processes_match_one_process(name, tmp_path):
+  one, two = tmp_path / "one", tmp_path / "two"
+  config = job_config(name)
+  warm_start(config, one)
+  warm_start(config, two)
+  make_trainer(config, one).run()
+  wait(start_job(two, name, steps=2), two)
+  assert_same_run(two, one)
+
+
+@pytest.mark.slow
+def test_a_killed_job_resumes_exactly(tmp_path):
+  whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+  config = job_config("grpo", steps=4)
+  warm_start(config, whole)
+  warm_start(config, resumed)
+  make_trainer(config, whole).run()
+  workers = start_job(resumed, "grpo", steps=4)
+  metrics = resumed / "metrics.jsonl"
+  deadline = time.monotonic() + JOB_TIMEOUT_S
+  # Step 3's record comes after the step-2 checkpoint: kill both processes mid-run.
+  while not (metrics.exists() and any(json.loads(line)["step"] == 3
+                                      for line in metrics.read_text().splitlines())):
+    assert time.monotonic() < deadline and all(w.poll() is None for w in workers), (
+        (resumed / "worker0.log").read_text()[-4000:])
+    time.sleep(0.2)
+  kill(workers)
+  assert not (resumed / "policy").exists()
+  wait(start_job(resumed, "grpo", steps=4), resumed)
+  assert "resumed from step 2" in (resumed / "worker0.log").read_text()
+  assert_same_run(resumed, whole)
