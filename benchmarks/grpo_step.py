@@ -102,7 +102,7 @@ def run_ours(model_dir: str, overrides: list[str] = ()) -> dict:
     scorer = RewardRouter({"w3": contains_answer}, correct_score=1.0, wrong_score=0.0)
     trainer = Trainer(config, os.path.join(workdir, "run"), log=lambda line: None,
                       scorer=scorer)
-    encode = trainer.rollout.generator.encode
+    encode = trainer.rollout.inner.generator.encode
     for p in prompts:  # our tokenizer gives the workload's ids
       assert encode(trainer.train_examples[prompts.index(p)]) == p["prompt_ids"]
     steps = []

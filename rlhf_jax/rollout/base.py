@@ -4,6 +4,7 @@
     rollout.set_step(step)            the data's phase (a curriculum) for the next collect
     rollout.pop_mix()                 tasks drawn since the last call (for metrics)
     rollout.state() / restore(state)  JSON-able: data position, buffers, samples in flight
+    rollout.settle()                  finish generation running ahead (rollout/pipelined.py)
 
 Modes: plain groups, DAPO's dynamic sampling, T-PPO's windows, offline data
 (rollout/config.py builds one from `rollout.mode`). The data position and the
@@ -36,6 +37,9 @@ class Rollout(Protocol):
   def restore(self, state: dict[str, Any]) -> None:
     """Restores `state()`."""
 
+  def settle(self) -> None:
+    """Returns once no generation runs in the background (before evaluation)."""
+
 
 class StreamRollout:
   """`set_step` and `pop_mix` of a rollout that draws from `self.stream` (a
@@ -50,3 +54,6 @@ class StreamRollout:
   def pop_mix(self) -> dict[str, int]:
     """The stream's examples drawn per task since the last call."""
     return self.stream.pop_mix()
+
+  def settle(self) -> None:
+    """Nothing runs in the background: generation happens inside `collect`."""

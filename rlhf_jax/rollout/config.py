@@ -49,6 +49,9 @@ def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collecti
   # (verl, the default); kept groups are stale, corrected by algorithm.staleness.
   r.dynamic.keep_surplus = False
   r.dynamic.max_age = 1  # keep_surplus: drop buffered groups older than this many versions.
+  # Generation runs up to this many policy versions ahead of the learner (rollout/pipelined.py;
+  # decoupled PPO corrects the stale tokens). 0: generate, then learn, in turn.
+  r.max_staleness = 0
   r.windows = ml_collections.ConfigDict()  # mode 'windows'
   r.windows.window_tokens = 32  # W: new tokens per response per step (paper: a third of R).
   return r
@@ -73,6 +76,11 @@ def validate_rollout_config(r: ml_collections.ConfigDict, *, prompt_length: int,
               "version old when used; to drop the surplus set keep_surplus=False)"
               if r.dynamic.keep_surplus else "")
   check_range("rollout.windows.window_tokens", r.windows.window_tokens, low=1)
+  if not isinstance(r.max_staleness, int) or r.max_staleness < 0:
+    invalid("rollout.max_staleness", r.max_staleness, "must be an int >= 0 (0: synchronous)")
+  if r.max_staleness and r.mode not in ("groups", "dynamic"):
+    invalid("rollout.max_staleness", r.max_staleness, f"must be 0 for rollout.mode="
+            f"{r.mode!r} (generation ahead of the learner: modes groups, dynamic)")
   if r.mode == "dynamic" and r.group_size < 2:
     invalid("rollout.group_size", r.group_size, "must be >= 2 for rollout.mode='dynamic' (it "
             "keeps groups whose correctness varies)")

@@ -31,6 +31,7 @@ from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout.base import Rollout
 from rlhf_jax.rollout.offline import offline_rollout
+from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import pycalc
@@ -129,6 +130,20 @@ def build_sampler(c, policy: Policy, mesh):
   that is sent the initial weights before the first rollout. In a job of several
   processes each process samples its share of the prompts on its own devices
   (`ProcessShardedSampler`)."""
+  sampler = _sampler(c, policy, mesh)
+  if not c.rollout.max_staleness:
+    return sampler
+  if jax.process_count() > 1:
+    raise ConfigError(f"config.rollout.max_staleness: invalid value {c.rollout.max_staleness}"
+                      f": must be 0 in a job of {jax.process_count()} processes (not yet "
+                      "supported)")
+  # Generation behind the learner samples with the version its job was given.
+  from rlhf_jax.sampling.versioned import VersionedSampler  # pylint: disable=import-outside-toplevel
+  return VersionedSampler(sampler, generation_params(c, policy, policy.params, mesh),
+                          keep=c.rollout.max_staleness + 1)
+
+
+def _sampler(c, policy: Policy, mesh):
   if jax.process_count() > 1 and not c.sampler.address:
     return process_sharded_sampler(c, policy, mesh)
   if c.sampler.address:
@@ -177,7 +192,9 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
                               shuffle=c.data.shuffle)
   else:
     stream = PromptStream(examples, seed=c.seed, shuffle=c.data.shuffle)
-  return rollout_config_lib.build_rollout(c.rollout, generator, stream)
+  return PipelinedRollout(rollout_config_lib.build_rollout(c.rollout, generator, stream),
+                          sampler if c.rollout.max_staleness else None, scorer,
+                          max_staleness=c.rollout.max_staleness)
 
 
 def build_learner(c, policy: Policy, mesh) -> Learner:

@@ -230,6 +230,9 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
 
 
 def _validate_across_sections(c) -> None:
+  if c.rollout.max_staleness and c.algorithm.learner != "ppo":
+    invalid("rollout.max_staleness", c.rollout.max_staleness, "must be 0 for algorithm."
+            f"learner={c.algorithm.learner!r} (stale samples are corrected by decoupled PPO)")
   r = c.rollout
   if c.data.prompt_length > max(c.sampler.prompt_buckets):
     invalid("data.prompt_length", c.data.prompt_length, "must be <= the largest "

@@ -99,7 +99,6 @@ class Trainer:
     out = parallel.host_values(out)  # the step's one read of device values
     updated = time.perf_counter()
     metrics = metrics_lib.rollout_metrics(rollouts, out["prepare"])
-    metrics.update(self.scorer.pop_metrics())  # per task: accuracy, failures, time
     metrics.update({f"data/task_mix/{task}": float(n)
                     for task, n in self.rollout.pop_mix().items()})
     if "actor" in out:
@@ -130,6 +129,7 @@ class Trainer:
     "eval_pass@k"); both also per level or task ("eval_accuracy/L2")."""
     if not self.held_out:
       return {}
+    self.rollout.settle()  # generation running ahead finishes first: one user of the sampler
     c = self.config
     evaluate = functools.partial(evaluate_policy, self.sampler, self.policy.tokenizer,
                                  self.held_out, self.eval_scorer, prefix=self.policy.prefix,

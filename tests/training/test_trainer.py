@@ -205,7 +205,7 @@ def test_resume_continues_exactly(tmp_path, name):
   resumed = make_trainer(config(4), split_dir)
   assert resumed.step == 2  # the last checkpoint; step 3's metrics line is dropped
   if name == "tppo":
-    assert any(t.tokens for t in resumed.rollout.pool.in_flight)  # restored mid-response
+    assert any(t.tokens for t in resumed.rollout.inner.pool.in_flight)  # restored mid-response
   resumed.run()
 
   def timeless(directory):

@@ -1,0 +1,153 @@
+"""Bounded-staleness pipelining: generation runs up to k policy versions ahead of the
+learner (`rollout.max_staleness = k`; AReaL arXiv:2505.24298, ALGORITHMS.md §20).
+
+    step s:  collect()   submits the jobs for batches up to s + k, each pinned to the
+                         newest weights (version s), then waits for batch s
+             learn(s)    meanwhile a worker thread samples and scores batch s + 1 ...
+             push(s+1)   stored by the VersionedSampler; jobs already submitted keep
+                         their pinned version
+
+Batch n is sampled with version max(0, n − k), fixed at submission, so a run is
+reproducible whatever the threads' timing, and k = 0 is the synchronous loop: the job
+runs inline in `collect`. Every token carries the version that sampled it, and
+`prepare` corrects stale tokens by decoupled PPO (`algorithm.staleness`).
+
+The scorer's per-task counters are read right after each job's scoring, into its
+`Rollouts.metrics`. A checkpoint waits for the jobs in flight and stores their finished
+batches, so a resumed run trains on exactly those batches.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from rlhf_jax.algorithms.batch import RolloutBatch
+from rlhf_jax.rollout.generation import Rollouts
+
+
+@dataclasses.dataclass
+class _Job:
+  """A finished job: its rollouts (scorer metrics included) and its task mix."""
+  rollouts: Rollouts
+  mix: dict[str, int]
+
+
+class PipelinedRollout:
+  """Runs a rollout mode's `collect` up to `max_staleness` steps ahead (module docstring).
+
+  Args:
+    inner: the rollout mode (groups, dynamic sampling, windows when synchronous).
+    sampler: the VersionedSampler the inner rollout samples through (None when
+      max_staleness is 0).
+    scorer: the inner rollout's scorer, whose metrics each job takes.
+    max_staleness: k ≥ 0.
+  """
+
+  def __init__(self, inner, sampler, scorer, *, max_staleness: int = 0):
+    if max_staleness and sampler is None:
+      raise ValueError("max_staleness > 0 needs a VersionedSampler.")
+    self.inner, self.sampler, self.scorer = inner, sampler, scorer
+    self.max_staleness = max_staleness
+    self.step = 0
+    self.next_job = 0
+    self.pending: dict[int, concurrent.futures.Future] = {}
+    self.mix: dict[str, int] = {}
+    self.executor = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
+                     if max_staleness else None)
+
+  def set_step(self, step: int) -> None:
+    """The training step whose batch the next `collect` returns."""
+    self.step = step
+
+  def collect(self) -> Rollouts:
+    """Batch `step`: submits the jobs up to step + k, then waits for this one."""
+    if not self.max_staleness:
+      job = self._run(self.step, None)
+    else:
+      while self.next_job <= self.step + self.max_staleness:
+        self.pending[self.next_job] = self.executor.submit(self._run, self.next_job,
+                                                           self.sampler.latest)
+        self.next_job += 1
+      job = self.pending.pop(self.step).result()
+    self.mix = job.mix
+    return job.rollouts
+
+  def _run(self, step: int, version: int | None) -> _Job:
+    self.inner.set_step(step)
+    if version is None:
+      rollouts = self.inner.collect()
+    else:
+      with self.sampler.pinned(version):
+        rollouts = self.inner.collect()
+    rollouts.metrics.update(self.scorer.pop_metrics())  # per task: accuracy, failures, time
+    return _Job(rollouts, self.inner.pop_mix())
+
+  def pop_mix(self) -> dict[str, int]:
+    """Examples drawn per task for the batch last returned."""
+    mix, self.mix = self.mix, {}
+    return mix
+
+  def settle(self) -> None:
+    """Waits until the jobs in flight have finished (their batches are kept)."""
+    for future in list(self.pending.values()):
+      future.exception()
+
+  def state(self) -> dict[str, Any]:
+    """The inner rollout's state after every submitted job, and the finished batches not
+    yet trained on (synchronous: the inner state alone, as before pipelining)."""
+    if not self.max_staleness:
+      return self.inner.state()
+    done = {step: future.result() for step, future in sorted(self.pending.items())}
+    return {"inner": self.inner.state(), "next_job": self.next_job,
+            "pending": {str(step): encode_job(job) for step, job in done.items()}}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    """Restores `state()`: the finished batches come back as done jobs."""
+    if not self.max_staleness:
+      self.inner.restore(state)
+      return
+    self.inner.restore(state["inner"])
+    self.next_job = int(state["next_job"])
+    self.pending = {}
+    for step, job in state["pending"].items():
+      future = concurrent.futures.Future()
+      future.set_result(decode_job(job))
+      self.pending[int(step)] = future
+
+  def close(self) -> None:
+    """Stops the worker thread after its current job."""
+    if self.executor is not None:
+      self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _encode_array(array) -> dict[str, Any]:
+  array = np.ascontiguousarray(np.asarray(array))
+  return {"dtype": array.dtype.str, "shape": list(array.shape),
+          "data": base64.b64encode(array.tobytes()).decode("ascii")}
+
+
+def _decode_array(data: dict[str, Any]) -> np.ndarray:
+  flat = np.frombuffer(base64.b64decode(data["data"]), dtype=np.dtype(data["dtype"]))
+  return flat.reshape(data["shape"]).copy()
+
+
+def encode_job(job: _Job) -> dict[str, Any]:
+  """A finished job as JSON (the batch's arrays bit-exact, base64)."""
+  batch = {field.name: _encode_array(getattr(job.rollouts.batch, field.name))
+           for field in dataclasses.fields(RolloutBatch)}
+  r = job.rollouts
+  return {"batch": batch, "correct": [bool(c) for c in r.correct], "failures": list(r.failures),
+          "metrics": {k: float(v) for k, v in r.metrics.items()}, "mix": dict(job.mix)}
+
+
+def decode_job(data: dict[str, Any]) -> _Job:
+  """Inverse of `encode_job`."""
+  batch = RolloutBatch(**{name: _decode_array(a) for name, a in data["batch"].items()})
+  rollouts = Rollouts(batch=batch, correct=list(data["correct"]),
+                      failures=list(data["failures"]), metrics=dict(data["metrics"]))
+  return _Job(rollouts, {k: int(v) for k, v in data["mix"].items()})

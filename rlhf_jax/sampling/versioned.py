@@ -1,0 +1,94 @@
+"""A `Sampler` that keeps the last few weight versions, so that generation running
+behind the trainer (`rollout.max_staleness` > 0) samples with the version it was given.
+
+    trainer thread                         generation thread
+    update_params(params, v)  ─ stores ─▶  with sampler.pinned(v - k + ...):
+    (a copy: the learner donates its         generate(...)  loads that version into
+     buffers at its next update)                            the wrapped sampler first
+
+Which version a batch samples with is fixed when its job is submitted, never by
+thread timing, so an asynchronous run is as reproducible as a synchronous one. Calls
+from any thread are serialised by one lock; a call with no pinned version (evaluation)
+samples with the newest weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.scheduler import Completion
+
+
+class VersionedSampler:
+  """Wraps a Sampler (see the module docstring).
+
+  Args:
+    inner: the sampler that generates (in-process Scheduler or server client); it holds
+      `params` as version `version` already.
+    params: those initial weights.
+    version: their version.
+    keep: how many of the newest versions to keep (max_staleness + 1 covers every job
+      in flight).
+  """
+
+  def __init__(self, inner, params: Any, *, version: int = 0, keep: int = 2):
+    if keep < 1:
+      raise ValueError(f"keep={keep} must be >= 1.")
+    self.inner = inner
+    self.keep = keep
+    self.lock = threading.RLock()
+    self.versions: dict[int, Any] = {version: params}
+    self.latest = self.loaded = version
+    self._pin = threading.local()
+
+  def update_params(self, params: Any, version: int) -> None:
+    """Stores `params` as `version` (the newest); the wrapped sampler loads it when a
+    call needs it. Versions beyond the newest `keep` are dropped."""
+    params = jax.tree.map(jnp.copy, params)
+    with self.lock:
+      self.versions[version] = params
+      self.latest = max(self.latest, version)
+      for old in sorted(self.versions)[:-self.keep]:
+        del self.versions[old]
+
+  @contextlib.contextmanager
+  def pinned(self, version: int) -> Iterator[None]:
+    """Within the block, this thread's calls sample with weights `version`."""
+    self._pin.version = version
+    try:
+      yield
+    finally:
+      self._pin.version = None
+
+  def generate(self, prompts: Sequence[Sequence[int]],
+               sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams()
+               ) -> list[list[Completion]]:
+    """The wrapped sampler's `generate` with this thread's pinned version (else the newest)."""
+    with self.lock:
+      version = getattr(self._pin, "version", None)
+      version = self.latest if version is None else version
+      if version not in self.versions:
+        raise KeyError(f"weights version {version} is no longer kept (kept: "
+                       f"{sorted(self.versions)}); raise `keep`.")
+      if version != self.loaded:
+        self.inner.update_params(self.versions[version], version=version)
+        self.loaded = version
+      return self.inner.generate(prompts, sampling)
+
+  def cancel(self, request_id: str) -> None:
+    """Cancels a request of the wrapped sampler."""
+    self.inner.cancel(request_id)
+
+  def close(self) -> None:
+    """Closes the wrapped sampler."""
+    self.inner.close()
+
+  def __getattr__(self, name: str):
+    # The wrapped sampler's figures and warm-up (metrics(), warmup(), ...).
+    return getattr(self.inner, name)
