@@ -10,6 +10,7 @@ can take either sampler.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import uuid
 from typing import Iterator, Sequence
@@ -100,6 +101,28 @@ class SamplerClient:
     response = self._stub.Generate(self._request(prompt_ids, sampling, request_id),
                                    timeout=self.timeout_s)
     return [completion_from_proto(response.request_id, prompt_ids, s) for s in response.samples]
+
+  def submit(self, prompt_ids: Sequence[int], sampling: SamplingParams, *, request_id: str
+             ) -> concurrent.futures.Future:
+    """Starts one prompt's request; the future gives its completions ([] once cancelled
+    with `cancel(request_id)`) or raises the call's grpc.RpcError."""
+    call = self._stub.Generate.future(self._request(prompt_ids, sampling, request_id),
+                                      timeout=self.timeout_s)
+    self._futures[request_id] = call
+    result = concurrent.futures.Future()
+
+    def finish(done):
+      self._futures.pop(request_id, None)
+      try:
+        response = done.result()
+        result.set_result([completion_from_proto(response.request_id, prompt_ids, s)
+                           for s in response.samples])
+      except grpc.FutureCancelledError:
+        result.set_result([])
+      except grpc.RpcError as error:
+        result.set_exception(error)
+    call.add_done_callback(finish)
+    return result
 
   def generate(self, prompts: Sequence[Sequence[int]],
                sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams()

@@ -28,6 +28,8 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
   """The `sampler` config section with its defaults (one comment per field)."""
   config = ml_collections.ConfigDict()
   config.address = ""  # "host:port" of a sampling server; empty: the in-process engine.
+  # Several servers ("host:port", ...): a fleet with routing and failover (sampling/fleet.py).
+  config.addresses = ()
   config.num_slots = num_slots  # Concurrent samples in the decode batch (KV cache rows).
   config.cache_length = cache_length  # KV positions per slot: longest prompt + max new tokens.
   config.prompt_buckets = prompt_buckets  # Padded prompt lengths; one prefill compile each.
@@ -65,6 +67,16 @@ def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sa
     raise reword(error) from None
   one_of(f"{prefix}.dtype", config.dtype, DTYPES)
   one_of(f"{prefix}.matmul_precision", config.matmul_precision, MATMUL_PRECISIONS)
+  addresses = tuple(config.addresses)
+  for address in addresses:
+    if not isinstance(address, str) or ":" not in address:
+      invalid(f"{prefix}.addresses", addresses, f"every entry must be 'host:port' (got "
+              f"{address!r})")
+  if len(set(addresses)) != len(addresses):
+    invalid(f"{prefix}.addresses", addresses, "has an address twice")
+  if addresses and config.address:
+    invalid(f"{prefix}.addresses", addresses, f"set either {prefix}.address (one server) or "
+            f"{prefix}.addresses (a fleet), not both")
   if config.address and ":" not in config.address:
     invalid(f"{prefix}.address", config.address, "must be 'host:port' (or empty for the "
             "in-process engine)")

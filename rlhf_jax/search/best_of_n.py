@@ -41,9 +41,10 @@ class BestOfNOptions:
       raise ConfigError(f"--n={self.n} must be >= 1")
     if not 0 <= self.rejection_rate < 1:
       raise ConfigError(f"--rejection_rate={self.rejection_rate} must be in [0, 1)")
-    if c.sampler.address:  # the search steps and cancels samples in the scheduler itself
-      raise ConfigError(f"config.sampler.address={c.sampler.address!r}: best-of-n runs the "
-                        "in-process scheduler; leave the address empty.")
+    # The search steps and cancels samples in the scheduler itself.
+    if c.sampler.address or tuple(c.sampler.addresses):
+      raise ConfigError("config.sampler.address / addresses: best-of-n runs the in-process "
+                        "scheduler; leave both empty.")
 
   def methods(self) -> list[tuple[str, int, list[int]]]:
     """(name, N, decision lengths) of every method to run."""

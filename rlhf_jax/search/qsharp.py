@@ -59,9 +59,10 @@ class QSharpOptions:
     if c.rollout.max_new_tokens < 2:
       raise ConfigError("config.rollout.max_new_tokens: must be >= 2 (a roll-in and a "
                         "roll-out)")
-    if c.sampler.address:  # the search steps and cancels samples in the scheduler itself
-      raise ConfigError(f"config.sampler.address={c.sampler.address!r}: Q♯ runs the "
-                        "in-process scheduler; leave the address empty.")
+    # The search steps and cancels samples in the scheduler itself.
+    if c.sampler.address or tuple(c.sampler.addresses):
+      raise ConfigError("config.sampler.address / addresses: Q♯ runs the in-process "
+                        "scheduler; leave both empty.")
     longest = c.data.prompt_length + c.rollout.max_new_tokens - 1  # prompt + roll-in
     if max(c.sampler.prompt_buckets) < longest:
       raise ConfigError(f"config.sampler.prompt_buckets={tuple(c.sampler.prompt_buckets)} "

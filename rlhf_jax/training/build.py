@@ -119,17 +119,18 @@ def load_examples(c) -> tuple[list[Example], list[Example]]:
 def generation_params(c, policy: Policy, params, mesh):
   """The policy in the sampler's layout (GENERATE_RULES: replicated over data and fsdp,
   split over tensor); a server gets host arrays anyway."""
-  if c.sampler.address or jax.process_count() > 1:  # the sampler takes it from here
+  if remote_sampler(c) or jax.process_count() > 1:  # the sampler takes it from here
     return params
   return parallel.reshard(params, parallel.param_shardings(
       params, policy.model.logical_axes(), mesh, parallel.GENERATE_RULES))
 
 
 def build_sampler(c, policy: Policy, mesh):
-  """The in-process scheduler (sampler section), or a client of `sampler.address`
-  that is sent the initial weights before the first rollout. In a job of several
-  processes each process samples its share of the prompts on its own devices
-  (`ProcessShardedSampler`)."""
+  """The in-process scheduler (sampler section), or a client of `sampler.address` (a
+  fleet of `sampler.addresses`) that is sent the initial weights before the first rollout.
+  In a job of several processes each process samples its share of the prompts on its own
+  devices (`ProcessShardedSampler`); with `rollout.max_staleness` > 0 the sampler keeps
+  the last weight versions (`VersionedSampler`)."""
   sampler = _sampler(c, policy, mesh)
   if not c.rollout.max_staleness:
     return sampler
@@ -143,9 +144,20 @@ def build_sampler(c, policy: Policy, mesh):
                           keep=c.rollout.max_staleness + 1)
 
 
+def remote_sampler(c) -> bool:
+  """Whether generation happens on sampling servers (`sampler.address` or `.addresses`)."""
+  return bool(c.sampler.address or tuple(c.sampler.addresses))
+
+
 def _sampler(c, policy: Policy, mesh):
-  if jax.process_count() > 1 and not c.sampler.address:
+  if jax.process_count() > 1 and not remote_sampler(c):
     return process_sharded_sampler(c, policy, mesh)
+  if tuple(c.sampler.addresses):
+    from rlhf_jax.sampling.fleet import SamplerFleet  # pylint: disable=import-outside-toplevel
+    fleet = SamplerFleet(tuple(c.sampler.addresses))
+    fleet.wait_ready()
+    fleet.update_params(policy.params, version=0)
+    return fleet
   if c.sampler.address:
     # grpc is the `serve` extra's: imported only when a sampler server is configured.
     from rlhf_jax.sampling.client import SamplerClient  # pylint: disable=import-outside-toplevel

@@ -281,8 +281,9 @@ def test_metrics_also_go_to_tensorboard(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["grpo", "tppo"])
-def test_training_against_a_sampling_server(tmp_path, name):
+@pytest.mark.parametrize("name, servers", [("grpo", 1), ("tppo", 1), ("grpo", 2)])
+def test_training_against_sampling_servers(tmp_path, name, servers):
+  """One server (`sampler.address`) or a fleet of two (`sampler.addresses`)."""
   from rlhf_jax.sampling import config as sampler_config_lib
   from rlhf_jax.sampling import server as server_lib
 
@@ -291,24 +292,31 @@ def test_training_against_a_sampling_server(tmp_path, name):
   config.data.num_eval = 12  # more prompts than server threads: the client windows them
   checkpoint = stages.ensure_arith_warm_start(config, str(tmp_path), log=lambda line: None)
   model, params = models.load_hf_checkpoint(checkpoint)
-  # The server starts from other weights: the trainer must push its own before sampling.
+  # The servers start from other weights: the trainer must push its own before sampling.
   _, other = models.init_model(model.config, seed=99)
-  scheduler = sampler_config_lib.build_scheduler(config.sampler, model, other)
-  server, port, service = server_lib.start_server(scheduler, port=0, max_workers=4)
+  started = [server_lib.start_server(sampler_config_lib.build_scheduler(
+      config.sampler, model, other), port=0, max_workers=4) for _ in range(servers)]
+  addresses = tuple(f"localhost:{port}" for _, port, _ in started)
   try:
-    config.sampler.address = f"localhost:{port}"
+    if servers == 1:
+      config.sampler.address = addresses[0]
+    else:
+      config.sampler.addresses = addresses
     trainer = make_trainer(config, tmp_path)
-    trainer.sampler.max_in_flight = 3  # below the server's 4 handler threads
+    trainer.sampler.max_in_flight = 3  # below each server's 4 handler threads
     summary = trainer.run()
     assert summary["steps"] == 2
-    # The server sampled with the trainer's weights: ratio 1 in every step (for T-PPO
+    # The servers sampled with the trainer's weights: ratio 1 in every step (for T-PPO
     # also in step 2, whose windows continue step 1's responses).
     for record in records(tmp_path)[1:]:
       assert record["logprob_mismatch_max"] < 1e-5
-    assert service.scheduler.weights_version == 2
+    for _, _, service in started:
+      assert service.scheduler.weights_version == 2
+      assert service.metrics()["requests_completed"] > 0
   finally:
-    server.stop(grace=None)
-    service.stop()
+    for server, _, service in started:
+      server.stop(grace=None)
+      service.stop()
 
 
 def test_the_trainer_needs_a_policy_checkpoint(tmp_path):

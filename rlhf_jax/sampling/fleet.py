@@ -1,0 +1,212 @@
+"""A `Sampler` over several sampling servers (`sampler.addresses`); needs the `serve` extra.
+
+    fleet = SamplerFleet(["host0:50051", "host1:50051"])
+    fleet.update_params(params, version=3)   every live server, concurrently
+    fleet.generate(prompts, sampling)        each prompt to the least-loaded live server
+
+- **Routing.** A prompt's request goes to the live server with the fewest requests in
+  flight from this fleet. Each prompt carries its own seed (`per_prompt`), so its samples
+  are the same whichever server draws them.
+- **A server that fails** a call (unavailable, reset, deadline) is marked dead, logged,
+  and its unfinished requests are sent again to the others: nothing is lost, and the
+  re-sent samples equal the lost ones (same seed, same weights version).
+- **A server that joins or comes back** is probed with `Health` before each `generate`
+  (at most every `probe_interval_s`); it gets the current weights before its first
+  request.
+- **No server left**: `generate` raises `FleetUnavailableError`, naming every address.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+import uuid
+from typing import Any, Callable, Sequence
+
+import grpc
+import jax
+
+from rlhf_jax.sampling.client import SamplerClient
+from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.params import per_prompt
+from rlhf_jax.sampling.scheduler import Completion
+
+# A call failing with one of these means the server (or the way to it) is gone.
+_SERVER_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
+
+
+class FleetUnavailableError(RuntimeError):
+  """No server of the fleet answers."""
+
+
+class SamplerFleet:
+  """Several sampling servers behind the `Sampler` interface (module docstring).
+
+  Args:
+    addresses: "host:port" of each server.
+    timeout_s: deadline of one request on one server.
+    max_in_flight: requests in flight per server.
+    probe_interval_s: how often a dead server is probed again.
+    log: where joins, deaths and re-sends are reported.
+    client_factory: builds a client for an address (tests).
+  """
+
+  def __init__(self, addresses: Sequence[str], *, timeout_s: float = 600.0,
+               max_in_flight: int = 8, probe_interval_s: float = 2.0,
+               log: Callable[[str], None] = print,
+               client_factory: Callable[[str], Any] | None = None):
+    if not addresses:
+      raise ValueError("a fleet needs at least one address.")
+    factory = client_factory or (lambda a: SamplerClient(a, timeout_s=timeout_s,
+                                                          max_in_flight=max_in_flight))
+    self.addresses = list(addresses)
+    self.clients = {a: factory(a) for a in self.addresses}
+    self.max_in_flight = max_in_flight
+    self.probe_interval_s = probe_interval_s
+    self.log = log
+    self.live: set[str] = set()
+    self.in_flight = {a: 0 for a in self.addresses}
+    self.last_probe = {a: -float("inf") for a in self.addresses}
+    self.weights: tuple[Any, int] | None = None  # (host params, version) to give joiners
+    self.lock = threading.Lock()
+    self.open: dict[str, str] = {}  # request id → address serving it
+    self.counters = {"resent_requests": 0, "server_deaths": 0, "server_joins": 0}
+    self.executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, max_in_flight * len(self.addresses)), thread_name_prefix="fleet")
+
+  # ------------------------------------------------------------------ membership
+
+  def probe(self, force: bool = False) -> None:
+    """Health-checks the dead servers (at most every `probe_interval_s`, or now with
+    `force`); one that answers gets the current weights, then joins."""
+    now = time.monotonic()
+    for address in self.addresses:
+      if address in self.live or (not force and now - self.last_probe[address]
+                                  < self.probe_interval_s):
+        continue
+      self.last_probe[address] = now
+      client = self.clients[address]
+      try:
+        client.health()
+        if self.weights is not None:
+          client.update_params(*self.weights)
+      except grpc.RpcError:
+        continue
+      with self.lock:
+        self.live.add(address)
+        self.counters["server_joins"] += 1
+      self.log(f"sampler fleet: {address} joined"
+               + (f" (weights version {self.weights[1]})" if self.weights else ""))
+
+  def wait_ready(self, timeout_s: float = 60.0) -> None:
+    """Blocks until at least one server answers."""
+    deadline = time.monotonic() + timeout_s
+    while not self.live:
+      self.probe(force=True)
+      if self.live:
+        return
+      if time.monotonic() > deadline:
+        raise FleetUnavailableError(f"no sampler server answered in {timeout_s:.0f} s: "
+                                    f"{', '.join(self.addresses)}")
+      time.sleep(0.2)
+
+  def _lost(self, address: str, error: Exception) -> None:
+    with self.lock:
+      if address not in self.live:
+        return
+      self.live.discard(address)
+      self.last_probe[address] = time.monotonic()
+      self.counters["server_deaths"] += 1
+    self.log(f"sampler fleet: {address} lost ({_describe(error)}); its requests go to "
+             f"{', '.join(sorted(self.live)) or 'no server'}")
+
+  # ------------------------------------------------------------------ the Sampler interface
+
+  def update_params(self, params: Any, version: int) -> None:
+    """Sends `params` as `version` to every live server at once; kept for joiners."""
+    host = jax.device_get(params)
+    self.weights = (host, version)
+    live = sorted(self.live)
+    futures = {a: self.executor.submit(self.clients[a].update_params, host, version)
+               for a in live}
+    for address, future in futures.items():
+      try:
+        future.result()
+      except grpc.RpcError as error:
+        self._lost(address, error)
+
+  def generate(self, prompts: Sequence[Sequence[int]],
+               sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams()
+               ) -> list[list[Completion]]:
+    """Per prompt its completions, each prompt on the least-loaded live server."""
+    samplings = per_prompt(prompts, sampling)
+    self.probe()
+    batch_id = uuid.uuid4().hex[:12]
+    out: list[list[Completion] | None] = [None] * len(prompts)
+    waiting = list(range(len(prompts)))[::-1]
+    running: dict[concurrent.futures.Future, tuple[int, str]] = {}
+    while waiting or running:
+      while waiting and self._has_room():
+        index = waiting.pop()
+        address = self._least_loaded()
+        request_id = f"{batch_id}-{index}"
+        with self.lock:
+          self.in_flight[address] += 1
+          self.open[request_id] = address
+        future = self.clients[address].submit(prompts[index], samplings[index],
+                                              request_id=request_id)
+        running[future] = (index, address)
+      if not running:  # prompts left and no live server
+        self.probe(force=True)
+        if not self.live:
+          raise FleetUnavailableError("every sampler server is gone: "
+                                      f"{', '.join(self.addresses)}")
+        continue
+      done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+      for future in done:
+        index, address = running.pop(future)
+        with self.lock:
+          self.in_flight[address] -= 1
+          self.open.pop(f"{batch_id}-{index}", None)
+        try:
+          out[index] = future.result()
+        except grpc.RpcError as error:
+          if error.code() not in _SERVER_LOST:
+            raise
+          self._lost(address, error)
+          with self.lock:
+            self.counters["resent_requests"] += 1
+          waiting.append(index)
+    return out
+
+  def _has_room(self) -> bool:
+    return any(self.in_flight[a] < self.max_in_flight for a in self.live)
+
+  def _least_loaded(self) -> str:
+    return min(sorted(self.live), key=lambda a: self.in_flight[a])
+
+  def cancel(self, request_id: str) -> None:
+    """Cancels a request on the server serving it (ids are `<batch>-<prompt index>`)."""
+    address = self.open.get(request_id)
+    if address is not None:
+      self.clients[address].cancel(request_id)
+
+  def metrics(self) -> dict[str, float]:
+    """fleet/live_servers and the fleet's counters."""
+    return {"fleet/live_servers": float(len(self.live)),
+            **{f"fleet/{k}": float(v) for k, v in self.counters.items()}}
+
+  def close(self) -> None:
+    """Closes every connection."""
+    self.executor.shutdown(wait=False, cancel_futures=True)
+    for client in self.clients.values():
+      client.close()
+
+
+def _describe(error: Exception) -> str:
+  if isinstance(error, grpc.RpcError):
+    return f"{error.code().name}: {error.details()}"
+  return repr(error)
+

@@ -1,0 +1,131 @@
+"""A fleet of three sampling servers on localhost (sampling/fleet.py): the same samples as
+one in-process scheduler, routing by load, versioned weights on every server, a server
+killed mid-step whose requests are sent again, and a server that comes back."""
+
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from rlhf_jax import models
+from rlhf_jax import sampling
+from rlhf_jax.sampling import server as server_lib
+from rlhf_jax.sampling.fleet import FleetUnavailableError
+from rlhf_jax.sampling.fleet import SamplerFleet
+from rlhf_jax.sampling.scheduler import Scheduler
+
+CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                              num_kv_heads=2, head_dim=8, intermediate_size=48)
+MODEL, PARAMS = models.init_model(CONFIG, seed=0)
+NEW_PARAMS = jax.tree.map(lambda x: x * 1.5, PARAMS)
+BUCKETS = (8,)
+PROMPTS = [[3 + i, 9, 11 + i % 5, 4] for i in range(12)]
+SAMPLING = sampling.SamplingParams(n=2, max_new_tokens=24, seed=7)
+
+
+def scheduler(params=PARAMS, version=0):
+  engine = sampling.Engine(MODEL, num_slots=4, cache_length=32)
+  return Scheduler(engine, params, prompt_buckets=BUCKETS, steps_per_sync=1,
+                   weights_version=version)
+
+
+class Server:
+  """One server on `port` (0: any); `kill` stops it at once, dropping its calls."""
+
+  def __init__(self, port=0):
+    self.server, self.port, self.service = server_lib.start_server(scheduler(), port=port,
+                                                                   max_workers=16)
+
+  def kill(self):
+    self.server.stop(grace=None)
+    self.service.stop()
+
+
+@pytest.fixture()
+def fleet():
+  servers = [Server() for _ in range(3)]
+  logs = []
+  fleet = SamplerFleet([f"localhost:{s.port}" for s in servers], timeout_s=60,
+                       max_in_flight=2, probe_interval_s=0.0, log=logs.append)
+  fleet.wait_ready()
+  fleet.probe(force=True)
+  yield fleet, servers, logs
+  fleet.close()
+  for s in servers:
+    s.kill()
+
+
+def tokens(out):
+  return [[(c.token_ids, c.weights_version) for c in samples] for samples in out]
+
+
+def expected(params=PARAMS, version=0):
+  return tokens(scheduler(params, version).generate(PROMPTS, SAMPLING))
+
+
+def test_a_fleet_gives_the_one_scheduler_samples_and_spreads_the_load(fleet):
+  fleet, servers, _ = fleet
+  assert len(fleet.live) == 3
+  assert tokens(fleet.generate(PROMPTS, SAMPLING)) == expected()
+  served = [s.service.metrics()["requests_completed"] for s in servers]
+  assert sum(served) == len(PROMPTS) and min(served) >= 2, served
+
+
+def test_new_weights_reach_every_server_with_their_version(fleet):
+  fleet, servers, _ = fleet
+  fleet.update_params(NEW_PARAMS, version=5)
+  assert [fleet.clients[a].health().weights_version for a in fleet.addresses] == [5, 5, 5]
+  assert tokens(fleet.generate(PROMPTS, SAMPLING)) == expected(NEW_PARAMS, 5)
+
+
+def test_a_server_killed_mid_step_loses_nothing_and_a_returning_one_gets_the_weights(fleet):
+  fleet, servers, logs = fleet
+  fleet.update_params(NEW_PARAMS, version=3)
+  victim = servers[1]
+  result = {}
+  worker = threading.Thread(target=lambda: result.update(out=fleet.generate(PROMPTS, SAMPLING)))
+  worker.start()
+  deadline = time.monotonic() + 30
+  while victim.service.metrics()["slots_busy"] == 0:  # wait until it is sampling
+    assert time.monotonic() < deadline
+    time.sleep(0.002)
+  victim.kill()
+  worker.join(60)
+  assert not worker.is_alive()
+  assert tokens(result["out"]) == expected(NEW_PARAMS, 3)
+  assert fleet.counters["server_deaths"] == 1 and fleet.counters["resent_requests"] >= 1
+  assert any(f"localhost:{victim.port} lost" in line for line in logs), logs
+  assert len(fleet.live) == 2
+  # It comes back (fresh, with the starting weights): it joins with version 3 first.
+  back = Server(port=victim.port)
+  servers.append(back)
+  fleet.probe(force=True)
+  assert len(fleet.live) == 3
+  # Every sample, the returning server's too, reports version 3 and its tokens.
+  assert tokens(fleet.generate(PROMPTS, SAMPLING)) == expected(NEW_PARAMS, 3)
+  assert back.service.metrics()["requests_completed"] >= 1
+
+
+def test_a_fleet_with_no_server_left_says_so(fleet):
+  fleet, servers, _ = fleet
+  for s in servers:
+    s.kill()
+  with pytest.raises(FleetUnavailableError, match="every sampler server is gone"):
+    fleet.generate(PROMPTS, SAMPLING)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"addresses": ("localhost",)}, "every entry must be 'host:port'"),
+    ({"addresses": ("a:1", "a:1")}, "has an address twice"),
+    ({"addresses": ("a:1",), "address": "b:2"}, "not both"),
+])
+def test_bad_fleet_addresses_are_named(fields, message):
+  from rlhf_jax.config_errors import ConfigError
+  from rlhf_jax.sampling.config import sampler_config
+  from rlhf_jax.sampling.config import validate_sampler_config
+  config = sampler_config()
+  config.update(fields)
+  with pytest.raises(ConfigError, match=f"config.sampler.addresses.*{message}"):
+    validate_sampler_config(config)
