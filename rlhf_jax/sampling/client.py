@@ -158,9 +158,16 @@ class SamplerClient:
         self._futures.pop(request_id, None)
     return out
 
-  def cancel(self, request_id: str) -> None:
-    """Cancels an open `generate` request (ids are `<batch>-<prompt index>`); the
-    server sees the disconnect and frees its slots. Unknown ids are ignored."""
+  def cancel(self, request_id: str, sample_index: int | None = None) -> None:
+    """Cancels an open `generate` request (ids are `<batch>-<prompt index>`): the server
+    sees the disconnect and frees its slots. With `sample_index`, ends only that sample
+    (the `Cancel` RPC); the request still returns, that sample with finish_reason
+    "cancelled". Unknown ids are ignored."""
+    if sample_index is not None:
+      self._stub.Cancel(sampler_pb2.CancelRequest(request_id=request_id,
+                                                  sample_index=int(sample_index)),
+                        timeout=self.timeout_s)
+      return
     future = self._futures.get(request_id)
     if future is not None:
       future.cancel()

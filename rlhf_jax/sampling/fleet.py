@@ -187,11 +187,12 @@ class SamplerFleet:
   def _least_loaded(self) -> str:
     return min(sorted(self.live), key=lambda a: self.in_flight[a])
 
-  def cancel(self, request_id: str) -> None:
-    """Cancels a request on the server serving it (ids are `<batch>-<prompt index>`)."""
+  def cancel(self, request_id: str, sample_index: int | None = None) -> None:
+    """Cancels a request, or one of its samples, on the server serving it (ids are
+    `<batch>-<prompt index>`)."""
     address = self.open.get(request_id)
     if address is not None:
-      self.clients[address].cancel(request_id)
+      self.clients[address].cancel(request_id, sample_index)
 
   def metrics(self) -> dict[str, float]:
     """fleet/live_servers and the fleet's counters."""

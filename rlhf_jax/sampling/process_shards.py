@@ -58,9 +58,9 @@ class ProcessShardedSampler:
     self.local.update_params(self.to_local(fully_replicated_host_value(params, self.mesh)),
                              version=version)
 
-  def cancel(self, request_id: str) -> None:
-    """Cancels a request of this process's sampler."""
-    self.local.cancel(request_id)
+  def cancel(self, request_id: str, sample_index: int | None = None) -> None:
+    """Cancels a request (or one sample) of this process's sampler."""
+    self.local.cancel(request_id, sample_index)
 
   def close(self) -> None:
     """Closes this process's sampler."""

@@ -31,8 +31,9 @@ class Sampler(Protocol):
     """Samples started after this call use `params` (tagged `version`)."""
     ...
 
-  def cancel(self, request_id: str) -> None:
-    """Stops a request; its unfinished samples end with finish_reason "cancelled"."""
+  def cancel(self, request_id: str, sample_index: int | None = None) -> None:
+    """Stops a request, or only its sample `sample_index`; unfinished samples end with
+    finish_reason "cancelled"."""
     ...
 
   def close(self) -> None:

@@ -83,6 +83,11 @@ class SamplerService:
     self.scheduler.cancel(request_id)
     self._wake.set()
 
+  def cancel(self, request_id: str, sample_index: int | None = None) -> None:
+    """Ends a request, or its sample `sample_index`; its samples complete "cancelled"."""
+    self.scheduler.cancel(request_id, sample_index)
+    self._wake.set()
+
   def update_params(self, params: Params, version: int) -> None:
     """Hands new weights to the scheduler (its `update_policy` applies) and wakes the
     loop, which may be idle: the swap happens in a step."""

@@ -131,6 +131,14 @@ class SamplerServicer(sampler_pb2_grpc.SamplerServicer):
     return sampler_pb2.UpdateWeightsResponse(version=version, tensors=tensors,
                                              update_policy=scheduler.update_policy)
 
+  def Cancel(self, request, context):
+    if request.HasField("sample_index") and request.sample_index < 0:
+      context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Cancel: sample_index={request.sample_index} must be >= 0")
+    self.service.cancel(request.request_id,
+                        request.sample_index if request.HasField("sample_index") else None)
+    return sampler_pb2.CancelResponse()
+
   def Health(self, request, context):
     return sampler_pb2.HealthResponse(is_live=True,
                                       weights_version=self.service.scheduler.weights_version)

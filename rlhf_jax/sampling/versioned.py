@@ -81,9 +81,9 @@ class VersionedSampler:
         self.loaded = version
       return self.inner.generate(prompts, sampling)
 
-  def cancel(self, request_id: str) -> None:
-    """Cancels a request of the wrapped sampler."""
-    self.inner.cancel(request_id)
+  def cancel(self, request_id: str, sample_index: int | None = None) -> None:
+    """Cancels a request (or one sample) of the wrapped sampler."""
+    self.inner.cancel(request_id, sample_index)
 
   def close(self) -> None:
     """Closes the wrapped sampler."""

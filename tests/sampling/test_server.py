@@ -152,6 +152,31 @@ def test_a_disconnecting_client_frees_its_slot(served):
   assert wait_for(lambda: not service.scheduler.has_work())
 
 
+def test_cancel_over_grpc_ends_one_sample_and_the_rest_finish(served, monkeypatch):
+  client, service, _ = served
+  original = ENGINE.generate_steps
+
+  def slow(*args):  # room to cancel while the samples run
+    time.sleep(0.02)
+    return original(*args)
+
+  monkeypatch.setattr(ENGINE, "generate_steps", slow)
+  params = sampling.SamplingParams(max_new_tokens=40, seed=3, n=3, stop_token_ids=())
+  future = client.submit(PROMPT, params, request_id="r1")
+  assert wait_for(lambda: service.metrics()["slots_busy"] > 0)
+  client.cancel("r1", sample_index=1)
+  samples = future.result(timeout=60)
+  assert [s.finish_reason for s in samples] == ["length", "cancelled", "length"]
+  assert len(samples[1].token_ids) < 40
+  # The others are the samples an uncancelled request draws.
+  alone = in_process(PROMPT, params)
+  assert [samples[i].token_ids for i in (0, 2)] == [alone[i].token_ids for i in (0, 2)]
+  with pytest.raises(grpc.RpcError) as error:
+    client.cancel("r1", sample_index=-1)
+  assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+  client.cancel("unknown", sample_index=0)  # ignored
+
+
 def test_a_failing_step_fails_its_requests_and_the_server_goes_on(served, monkeypatch):
   client, service, _ = served
   original = ENGINE.generate_steps

@@ -144,6 +144,18 @@ class HealthRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class CancelRequest(_message.Message):
+    __slots__ = ("request_id", "sample_index")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    sample_index: int
+    def __init__(self, request_id: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
+
+class CancelResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class HealthResponse(_message.Message):
     __slots__ = ("is_live", "weights_version")
     IS_LIVE_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class SamplerStub:
                 request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
                 response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/rlhf_jax.sampling.Sampler/Cancel',
+                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelResponse.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/rlhf_jax.sampling.Sampler/Health',
                 request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.HealthRequest.SerializeToString,
@@ -85,6 +90,14 @@ class SamplerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Cancel(self, request, context):
+        """Ends one sample of a running request (speculative rejection, partial rollouts), or
+        the whole request; unknown ids and finished samples are left alone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Health(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -114,6 +127,11 @@ def add_SamplerServicer_to_server(servicer, server):
                     servicer.UpdateWeights,
                     request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.FromString,
                     response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
@@ -207,6 +225,33 @@ class Sampler:
             '/rlhf_jax.sampling.Sampler/UpdateWeights',
             rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
             rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlhf_jax.sampling.Sampler/Cancel',
+            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelResponse.FromString,
             options,
             channel_credentials,
             insecure,
