@@ -55,8 +55,17 @@ class ProcessShardedSampler:
 
   def update_params(self, params: Any, version: int) -> None:
     """Every process's sampler gets the whole weights (a collective: all processes call)."""
-    self.local.update_params(self.to_local(fully_replicated_host_value(params, self.mesh)),
-                             version=version)
+    self.load_prepared(self.prepare_params(params), version)
+
+  def prepare_params(self, params: Any) -> Any:
+    """The weights whole on this process's devices: the collective half of
+    `update_params`, which a `VersionedSampler` runs on the trainer's thread (collectives
+    must come in the same order on every process)."""
+    return self.to_local(fully_replicated_host_value(params, self.mesh))
+
+  def load_prepared(self, prepared: Any, version: int) -> None:
+    """The local half of `update_params`: this process's sampler takes `prepared`."""
+    self.local.update_params(prepared, version=version)
 
   def cancel(self, request_id: str, sample_index: int | None = None) -> None:
     """Cancels a request (or one sample) of this process's sampler."""

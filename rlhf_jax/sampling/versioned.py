@@ -49,8 +49,10 @@ class VersionedSampler:
 
   def update_params(self, params: Any, version: int) -> None:
     """Stores `params` as `version` (the newest); the wrapped sampler loads it when a
-    call needs it. Versions beyond the newest `keep` are dropped."""
-    params = jax.tree.map(jnp.copy, params)
+    call needs it. Versions beyond the newest `keep` are dropped. A wrapped sampler with
+    `prepare_params` (ProcessShardedSampler) prepares them here, on the caller's thread."""
+    prepare = getattr(self.inner, "prepare_params", None)
+    params = prepare(params) if prepare else jax.tree.map(jnp.copy, params)
     with self.lock:
       self.versions[version] = params
       self.latest = max(self.latest, version)
@@ -77,7 +79,8 @@ class VersionedSampler:
         raise KeyError(f"weights version {version} is no longer kept (kept: "
                        f"{sorted(self.versions)}); raise `keep`.")
       if version != self.loaded:
-        self.inner.update_params(self.versions[version], version=version)
+        load = getattr(self.inner, "load_prepared", None) or self.inner.update_params
+        load(self.versions[version], version)
         self.loaded = version
       return self.inner.generate(prompts, sampling)
 

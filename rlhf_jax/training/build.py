@@ -134,14 +134,12 @@ def build_sampler(c, policy: Policy, mesh):
   sampler = _sampler(c, policy, mesh)
   if not c.rollout.max_staleness:
     return sampler
-  if jax.process_count() > 1:
-    raise ConfigError(f"config.rollout.max_staleness: invalid value {c.rollout.max_staleness}"
-                      f": must be 0 in a job of {jax.process_count()} processes (not yet "
-                      "supported)")
   # Generation behind the learner samples with the version its job was given.
   from rlhf_jax.sampling.versioned import VersionedSampler  # pylint: disable=import-outside-toplevel
-  return VersionedSampler(sampler, generation_params(c, policy, policy.params, mesh),
-                          keep=c.rollout.max_staleness + 1)
+  initial = generation_params(c, policy, policy.params, mesh)
+  if hasattr(sampler, "prepare_params"):  # a job of several processes: local copies
+    initial = sampler.prepare_params(initial)
+  return VersionedSampler(sampler, initial, keep=c.rollout.max_staleness + 1)
 
 
 def remote_sampler(c) -> bool:

@@ -21,7 +21,8 @@ def main() -> None:
 
   enable_compile_cache(os.environ.get("RLHF_JAX_TEST_COMPILE_CACHE",
                                       "~/.cache/rlhf_jax/xla-tests"), min_compile_s=0.2)
-  config = job_config(job["preset"], mesh=tuple(job["mesh"]), steps=job["steps"])
+  config = job_config(job["preset"], mesh=tuple(job["mesh"]), steps=job["steps"],
+                      staleness=job["staleness"])
   d = config.distributed
   d.coordinator_address = f"127.0.0.1:{job['port']}"
   d.num_processes, d.process_id = job["num_processes"], job["process_id"]

@@ -26,9 +26,10 @@ MESH = (4, 2, 1)  # data × fsdp: the batch and the FSDP shards both cross the p
 JOB_TIMEOUT_S = 600
 
 
-def job_config(name: str, *, mesh=MESH, steps: int = 2):
+def job_config(name: str, *, mesh=MESH, steps: int = 2, staleness: int = 0):
   """The tiny preset both jobs run (the worker builds it the same way)."""
   config = shrink(preset(name))
+  config.rollout.max_staleness = staleness
   config.model.num_heads = 4
   config.rollout.prompts_per_step = 8  # 32 rows: 4 per data × fsdp shard
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
@@ -43,7 +44,8 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_job(workdir, name: str, steps: int, processes: int = 2) -> list[subprocess.Popen]:
+def start_job(workdir, name: str, steps: int, processes: int = 2, staleness: int = 0
+              ) -> list[subprocess.Popen]:
   """`processes` workers on loopback, each with 8 / processes CPU devices."""
   port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -53,6 +55,7 @@ def start_job(workdir, name: str, steps: int, processes: int = 2) -> list[subpro
   workers = []
   for process_id in range(processes):
     job = {"preset": name, "workdir": str(workdir), "steps": steps, "mesh": MESH,
+           "staleness": staleness,
            "port": port, "process_id": process_id, "num_processes": processes,
            "local_devices": 8 // processes}
     log = open(Path(workdir) / f"worker{process_id}.log", "w")
@@ -108,15 +111,19 @@ def assert_same_run(got_dir, expected_dir) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ppo", "grpo"])
-def test_two_processes_match_one_process(name, tmp_path):
+@pytest.mark.parametrize("name, staleness", [("ppo", 0), ("grpo", 0), ("grpo", 1)])
+def test_two_processes_match_one_process(name, staleness, tmp_path):
+  """Synchronous, and with generation one version ahead (k = 1: every process samples its
+  share on its worker thread, weights prepared on the trainer's thread)."""
   one, two = tmp_path / "one", tmp_path / "two"
-  config = job_config(name)
+  config = job_config(name, staleness=staleness, steps=3 if staleness else 2)
   warm_start(config, one)
   warm_start(config, two)
   make_trainer(config, one).run()
-  wait(start_job(two, name, steps=2), two)
+  wait(start_job(two, name, steps=config.train.steps, staleness=staleness), two)
   assert_same_run(two, one)
+  if staleness:
+    assert records(Path(two))[-1]["staleness/mean_version_lag"] == 1
 
 
 @pytest.mark.slow
