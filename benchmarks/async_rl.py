@@ -8,6 +8,7 @@ against steps and wall time; the ratio of samples/s against k = 0 of the same se
 
   python benchmarks/async_rl.py [--steps 30] [--seeds 0,1,2] [--staleness 0,1,2]
       [--workdir /tmp/async_rl] [--sampler-cpus 0] [--trainer-cpus 1] [--plot FILE]
+      [--summarise]   (recompute the figures of the runs already in --workdir)
 
 Prints one JSON line per run, then one per k (`"summary": true`).
 """
@@ -87,12 +88,18 @@ def run_one(args, checkpoint: str, seed: int, k: int) -> dict:
   finally:
     server.kill()
     server.wait()
+  return figures(args, workdir, seed, k, wall)
+
+
+def figures(args, workdir: str, seed: int, k: int, wall: float | None) -> dict:
+  """A run's figures from its metrics.jsonl."""
   records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   steps = [r for r in records if "reward_mean" in r]
   # Wall time of a step: elapsed_s since the previous step, over the steps after the first
-  # (compiles) whose previous step did not evaluate (evaluation is not the loop's cost).
+  # (compiles) that did not evaluate (a step's elapsed_s is taken after its evaluation,
+  # and evaluation is not the loop's cost).
   step_s = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps[1:], steps[2:])
-            if "eval_accuracy" not in a]
+            if "eval_accuracy" not in b]
   samples_per_step = args.prompts_per_step * args.group_size
   evals = [(r["step"], r.get("elapsed_s", 0.0), r["eval_accuracy"]) for r in records
            if "eval_accuracy" in r]
@@ -156,13 +163,19 @@ def main() -> int:
   parser.add_argument("--prompts-per-step", type=int, default=16)  # the arith preset's
   parser.add_argument("--group-size", type=int, default=8)
   parser.add_argument("--plot", default="")
+  parser.add_argument("--summarise", action="store_true",
+                      help="recompute the figures from the runs already in --workdir")
   args = parser.parse_args()
   os.makedirs(args.workdir, exist_ok=True)
-  checkpoint = warm_start(args.workdir)
   runs = []
+  checkpoint = None if args.summarise else warm_start(args.workdir)
   for seed in [int(s) for s in args.seeds.split(",")]:
     for k in [int(k) for k in args.staleness.split(",")]:  # alternating k within a seed
-      runs.append(run_one(args, checkpoint, seed, k))
+      if args.summarise:
+        runs.append(figures(args, os.path.join(args.workdir, f"k{k}_seed{seed}"), seed, k,
+                            None))
+      else:
+        runs.append(run_one(args, checkpoint, seed, k))
       print(json.dumps(runs[-1]), flush=True)
   for line in summarise(runs):
     print(json.dumps(line), flush=True)

@@ -53,6 +53,11 @@ def main(argv) -> None:
   from rlhf_jax.training.loop import Trainer
   from rlhf_jax.training.stages import prepare_run
 
+  offline_to_label = config.rollout.mode == "offline" and not config.data.offline_file
+  if jax.process_count() > 1 and offline_to_label:
+    from rlhf_jax.config_errors import ConfigError
+    raise ConfigError("config.data.offline_file: must be given in a job of several processes "
+                      "(label the samples first with launch/label_samples.py)")
   main_process = parallel.is_main_process()
   log = lambda line: print(line, flush=True) if main_process else None
   if main_process:  # warm start, DPO / DQO offline data: once, in the shared workdir

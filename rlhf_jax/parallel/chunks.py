@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from rlhf_jax.parallel.distributed import host_values
 from rlhf_jax.parallel.sharding import batch_sharding
 
 
@@ -28,5 +29,5 @@ def run_in_chunks(fn: Callable, arrays: Sequence, chunk: int,
     if mesh is not None and chunk % shards == 0:
       part = jax.tree.map(lambda p: jax.device_put(p, batch_sharding(mesh, p.ndim)),
                           part)
-    outputs.append(np.asarray(jax.device_get(fn(*part)))[:chunk - missing])
+    outputs.append(np.asarray(host_values(fn(*part)))[:chunk - missing])
   return np.concatenate(outputs) if outputs else np.zeros((0,), np.float32)

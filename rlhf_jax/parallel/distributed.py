@@ -10,12 +10,14 @@ start-up, and host values shared between processes.
 With the defaults a plain launch is one process, and a launch under a cluster manager
 that JAX recognises joins the job with no flags. Every process runs the same program:
 the same config, the same data order and seeds; what differs by process is decided by
-`jax.process_index()` in three places only: the sampler's share of the prompts
+`jax.process_index()` in two places only: the sampler's share of the prompts
 (sampling/process_shards.py), and who writes files (`is_main_process`).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import pickle
 from typing import Any, Sequence
@@ -55,6 +57,11 @@ def validate_distributed_config(config: ml_collections.ConfigDict,
     invalid(f"{prefix}.coordinator_address", "", f"needs 'host:port' for "
             f"distributed.num_processes={config.num_processes} when no cluster manager "
             "(SLURM, Open MPI, TPU pod, Kubernetes) is detected")
+  if config.coordinator_address and not cluster_detected():
+    for field, unset in (("num_processes", 0), ("process_id", -1)):
+      if config[field] == unset:
+        invalid(f"{prefix}.{field}", unset, f"must be set with distributed.coordinator_address"
+                f"={config.coordinator_address!r} when no cluster manager is detected")
   if config.coordinator_address and ":" not in config.coordinator_address:
     invalid(f"{prefix}.coordinator_address", config.coordinator_address, "must be 'host:port'")
   if not isinstance(config.local_device_count, int) or config.local_device_count < 0:
@@ -118,16 +125,20 @@ def process_share(count: int, index: int | None = None, processes: int | None = 
   return slice(start, start + base + (1 if index < extra else 0))
 
 
+_EXCHANGES = itertools.count()
+
+
 class HostExchange:
   """All-gathers picklable host values between the processes of a job through
   `jax.distributed`'s key-value store (no device memory, no collective program).
 
-  Every process calls `all_gather` the same number of times in the same order; the
-  n-th call of each process meets the n-th of the others.
+  Every process creates its exchanges in the same order and calls `all_gather` the same
+  number of times in the same order; the n-th call of each process meets the n-th of the
+  others. Each exchange has keys of its own (a second one never meets the first's).
   """
 
   def __init__(self, name: str):
-    self.name = name
+    self.name = f"{name}{next(_EXCHANGES)}"
     self.calls = 0
 
   def all_gather(self, value: Any) -> list[Any]:
@@ -150,14 +161,20 @@ class HostExchange:
     return values
 
 
+@functools.lru_cache(maxsize=None)
+def _replicate(sharding: jax.sharding.Sharding):
+  """A jitted identity whose output is `sharding` (one compile per shape, not per call)."""
+  return jax.jit(lambda value: value, out_shardings=sharding)
+
+
 def fully_replicated_host_value(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   """The whole value of every (possibly cross-process) array of `tree` on this host:
-  replicated over `mesh` by one jitted copy, then read from a local device.
+  replicated over `mesh` by a jitted copy, leaf by leaf (one leaf's copy at a time on
+  each device), then read from a local device.
 
   Every process must call it (the copy is a collective program)."""
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  tree = jax.jit(lambda t: t, out_shardings=replicated)(tree)
-  return jax.tree.map(lambda x: x.addressable_data(0), tree)
+  replicate = _replicate(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  return jax.tree.map(lambda x: replicate(x).addressable_data(0), tree)
 
 
 def host_values(tree: Any) -> Any:
@@ -169,7 +186,7 @@ def host_values(tree: Any) -> Any:
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       whole = jax.sharding.NamedSharding(x.sharding.mesh, jax.sharding.PartitionSpec())
-      return np.asarray(jax.jit(lambda v: v, out_shardings=whole)(x).addressable_data(0))
+      return np.asarray(_replicate(whole)(x).addressable_data(0))
     return jax.device_get(x)
   return jax.tree.map(one, tree)
 

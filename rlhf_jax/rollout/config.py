@@ -78,6 +78,10 @@ def validate_rollout_config(r: ml_collections.ConfigDict, *, prompt_length: int,
   check_range("rollout.windows.window_tokens", r.windows.window_tokens, low=1)
   if not isinstance(r.max_staleness, int) or r.max_staleness < 0:
     invalid("rollout.max_staleness", r.max_staleness, "must be an int >= 0 (0: synchronous)")
+  if r.max_staleness and r.dynamic.keep_surplus and r.dynamic.max_age <= r.max_staleness:
+    invalid("rollout.dynamic.max_age", r.dynamic.max_age, f"must be > rollout.max_staleness="
+            f"{r.max_staleness} with keep_surplus (a kept group is then at least "
+            f"{r.max_staleness + 1} versions old when used)")
   if r.max_staleness and r.mode not in ("groups", "dynamic"):
     invalid("rollout.max_staleness", r.max_staleness, f"must be 0 for rollout.mode="
             f"{r.mode!r} (generation ahead of the learner: modes groups, dynamic)")

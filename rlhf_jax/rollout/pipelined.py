@@ -27,14 +27,17 @@ from typing import Any
 import numpy as np
 
 from rlhf_jax.algorithms.batch import RolloutBatch
+from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rollout.generation import Rollouts
 
 
 @dataclasses.dataclass
 class _Job:
-  """A finished job: its rollouts (scorer metrics included) and its task mix."""
+  """A finished job: its rollouts (scorer metrics included), its task mix, and the inner
+  rollout's state right after it (what a checkpoint taken after this job restores)."""
   rollouts: Rollouts
   mix: dict[str, int]
+  inner_state: dict[str, Any] | None = None
 
 
 class PipelinedRollout:
@@ -46,15 +49,20 @@ class PipelinedRollout:
       max_staleness is 0).
     scorer: the inner rollout's scorer, whose metrics each job takes.
     max_staleness: k ≥ 0.
+    last_step: no job is submitted for this step or later (`train.steps`).
   """
 
-  def __init__(self, inner, sampler, scorer, *, max_staleness: int = 0):
+  def __init__(self, inner, sampler, scorer, *, max_staleness: int = 0,
+               last_step: int | None = None):
     if max_staleness and sampler is None:
       raise ValueError("max_staleness > 0 needs a VersionedSampler.")
     self.inner, self.sampler, self.scorer = inner, sampler, scorer
     self.max_staleness = max_staleness
+    self.last_step = last_step
     self.step = 0
     self.next_job = 0
+    # The inner state after the last job whose batch `collect` returned.
+    self.consumed_state: dict[str, Any] | None = None
     self.pending: dict[int, concurrent.futures.Future] = {}
     self.mix: dict[str, int] = {}
     self.executor = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
@@ -69,11 +77,18 @@ class PipelinedRollout:
     if not self.max_staleness:
       job = self._run(self.step, None)
     else:
-      while self.next_job <= self.step + self.max_staleness:
+      if self.consumed_state is None:  # before the first job: the starting state
+        self.consumed_state = self.inner.state()
+      self.next_job = max(self.next_job, self.step)
+      last = self.step + self.max_staleness
+      if self.last_step is not None:
+        last = min(last, max(self.last_step - 1, self.step))
+      while self.next_job <= last:
         self.pending[self.next_job] = self.executor.submit(self._run, self.next_job,
                                                            self.sampler.latest)
         self.next_job += 1
       job = self.pending.pop(self.step).result()
+      self.consumed_state = job.inner_state
     self.mix = job.mix
     return job.rollouts
 
@@ -85,7 +100,8 @@ class PipelinedRollout:
       with self.sampler.pinned(version):
         rollouts = self.inner.collect()
     rollouts.metrics.update(self.scorer.pop_metrics())  # per task: accuracy, failures, time
-    return _Job(rollouts, self.inner.pop_mix())
+    return _Job(rollouts, self.inner.pop_mix(),
+                self.inner.state() if self.max_staleness else None)
 
   def pop_mix(self) -> dict[str, int]:
     """Examples drawn per task for the batch last returned."""
@@ -98,20 +114,40 @@ class PipelinedRollout:
       future.exception()
 
   def state(self) -> dict[str, Any]:
-    """The inner rollout's state after every submitted job, and the finished batches not
-    yet trained on (synchronous: the inner state alone, as before pipelining)."""
+    """The finished batches not yet trained on and the inner rollout's state after the
+    last of them (synchronous: the inner state alone, as before pipelining). A job that
+    failed ends the list: a resumed run generates it again (the error itself surfaces
+    when `collect` reaches it)."""
     if not self.max_staleness:
       return self.inner.state()
-    done = {step: future.result() for step, future in sorted(self.pending.items())}
-    return {"inner": self.inner.state(), "next_job": self.next_job,
-            "pending": {str(step): encode_job(job) for step, job in done.items()}}
+    kept, inner_state = {}, self.consumed_state
+    next_job = self.next_job
+    for step, future in sorted(self.pending.items()):
+      if future.exception() is not None:
+        next_job = step
+        break
+      kept[step] = future.result()
+      inner_state = kept[step].inner_state
+    if inner_state is None:  # nothing submitted yet
+      inner_state = self.inner.state()
+    return {"inner": inner_state, "next_job": next_job,
+            "pending": {str(step): encode_job(job) for step, job in kept.items()}}
 
   def restore(self, state: dict[str, Any]) -> None:
-    """Restores `state()`: the finished batches come back as done jobs."""
+    """Restores `state()`: the finished batches come back as done jobs. A synchronous
+    run's checkpoint continues with generation ahead; the reverse would drop the stored
+    batches, so it is refused."""
     if not self.max_staleness:
+      if "pending" in state:
+        raise ConfigError("config.rollout.max_staleness: invalid value 0: the checkpoint "
+                          f"holds {len(state['pending'])} batches generated ahead; resume "
+                          "with the run's rollout.max_staleness > 0")
       self.inner.restore(state)
       return
+    if "pending" not in state:  # a synchronous run's checkpoint
+      state = {"inner": state, "next_job": 0, "pending": {}}
     self.inner.restore(state["inner"])
+    self.consumed_state = state["inner"]
     self.next_job = int(state["next_job"])
     self.pending = {}
     for step, job in state["pending"].items():

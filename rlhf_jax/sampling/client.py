@@ -119,7 +119,8 @@ class SamplerClient:
                            for s in response.samples])
       except grpc.FutureCancelledError:
         result.set_result([])
-      except grpc.RpcError as error:
+      except BaseException as error:  # pylint: disable=broad-except
+        # grpc swallows a callback's exception: the caller would wait forever.
         result.set_exception(error)
     call.add_done_callback(finish)
     return result

@@ -140,46 +140,88 @@ class SamplerFleet:
   def generate(self, prompts: Sequence[Sequence[int]],
                sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams()
                ) -> list[list[Completion]]:
-    """Per prompt its completions, each prompt on the least-loaded live server."""
+    """Per prompt its completions, each prompt on the least-loaded live server. A prompt
+    is tried on at most `len(addresses) + 1` servers; on any error the batch's other
+    requests are cancelled before it is raised."""
     samplings = per_prompt(prompts, sampling)
     self.probe()
     batch_id = uuid.uuid4().hex[:12]
     out: list[list[Completion] | None] = [None] * len(prompts)
     waiting = list(range(len(prompts)))[::-1]
+    attempts = [0] * len(prompts)
     running: dict[concurrent.futures.Future, tuple[int, str]] = {}
-    while waiting or running:
-      while waiting and self._has_room():
-        index = waiting.pop()
-        address = self._least_loaded()
-        request_id = f"{batch_id}-{index}"
-        with self.lock:
-          self.in_flight[address] += 1
-          self.open[request_id] = address
-        future = self.clients[address].submit(prompts[index], samplings[index],
-                                              request_id=request_id)
-        running[future] = (index, address)
-      if not running:  # prompts left and no live server
-        self.probe(force=True)
-        if not self.live:
-          raise FleetUnavailableError("every sampler server is gone: "
-                                      f"{', '.join(self.addresses)}")
-        continue
-      done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
-      for future in done:
-        index, address = running.pop(future)
-        with self.lock:
-          self.in_flight[address] -= 1
-          self.open.pop(f"{batch_id}-{index}", None)
-        try:
-          out[index] = future.result()
-        except grpc.RpcError as error:
-          if error.code() not in _SERVER_LOST:
-            raise
-          self._lost(address, error)
+    try:
+      while waiting or running:
+        while waiting and self._has_room():
+          index = waiting.pop()
+          attempts[index] += 1
+          future, address = self._send(batch_id, index, prompts[index], samplings[index])
+          running[future] = (index, address)
+        if not running:  # prompts left and no live server
+          self.probe(force=True)
+          if not self.live:
+            raise FleetUnavailableError("every sampler server is gone: "
+                                        f"{', '.join(self.addresses)}")
+          continue
+        done, _ = concurrent.futures.wait(running,
+                                          return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in done:
+          index, address = running.pop(future)
+          self._finished(f"{batch_id}-{index}", address)
+          retry = self._outcome(future, address, index)
+          if retry is None:
+            out[index] = future.result()
+            continue
+          if attempts[index] > len(self.addresses):
+            raise FleetUnavailableError(f"prompt {index} failed on {attempts[index]} tries; "
+                                        f"last: {retry}")
           with self.lock:
             self.counters["resent_requests"] += 1
           waiting.append(index)
+    finally:
+      for future, (index, address) in running.items():  # an error: free their slots
+        self.clients[address].cancel(f"{batch_id}-{index}")
+        self._finished(f"{batch_id}-{index}", address)
     return out
+
+  def _send(self, batch_id: str, index: int, prompt, sampling
+            ) -> tuple[concurrent.futures.Future, str]:
+    address = self._least_loaded()
+    request_id = f"{batch_id}-{index}"
+    with self.lock:
+      self.in_flight[address] += 1
+      self.open[request_id] = address
+    return self.clients[address].submit(prompt, sampling, request_id=request_id), address
+
+  def _finished(self, request_id: str, address: str) -> None:
+    with self.lock:
+      if self.open.pop(request_id, None) is not None:
+        self.in_flight[address] -= 1
+
+  def _outcome(self, future: concurrent.futures.Future, address: str, index: int
+               ) -> str | None:
+    """None when the request's completions are good; else why it goes to another server
+    (the server is marked lost, or given the current weights again)."""
+    try:
+      completions = future.result()
+    except grpc.RpcError as error:
+      if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return _describe(error)  # a full queue: try again, elsewhere if possible
+      if error.code() not in _SERVER_LOST:
+        raise
+      self._lost(address, error)
+      return _describe(error)
+    version = None if self.weights is None else self.weights[1]
+    if version is not None and any(c.weights_version[0] != version for c in completions):
+      # It restarted between two calls (the channel reconnected): weights first, again.
+      self.log(f"sampler fleet: {address} sampled with weights version "
+               f"{completions[0].weights_version[0]}, not {version}: sending them again")
+      try:
+        self.clients[address].update_params(*self.weights)
+      except grpc.RpcError as error:
+        self._lost(address, error)
+      return f"{address} had lost its weights"
+    return None
 
   def _has_room(self) -> bool:
     return any(self.in_flight[a] < self.max_in_flight for a in self.live)

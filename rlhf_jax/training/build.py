@@ -50,12 +50,38 @@ class Policy:
 
 def trainer_mesh(c) -> jax.sharding.Mesh:
   """The (data, fsdp, tensor) mesh of `config.mesh` over the first devices it needs
-  (−1 takes the rest); the default 1×1×1 is one device."""
+  (−1 takes the rest); the default 1×1×1 is one device. A job of several processes is
+  checked first (`check_job`)."""
   sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "tensor": c.mesh.tensor}
   if -1 in sizes.values():
     sizes = parallel.resolve_axis_sizes(sizes, jax.device_count())
+  check_job(c, sizes)
   count = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
   return parallel.make_mesh(**sizes, devices=jax.devices()[:count])
+
+
+def check_job(c, sizes: dict[str, int]) -> None:
+  """What a job of several processes needs (ConfigError naming the field otherwise): a mesh
+  over every device, tensor groups within a process, the in-process sampler, and with
+  `rollout.max_staleness` > 0 rule rewards (a reward model's program on the worker thread
+  would interleave its collectives with the learner's in a different order per process)."""
+  processes = jax.process_count()
+  if processes == 1:
+    return
+  count = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+  if count != jax.device_count():
+    raise ConfigError(f"config.mesh: invalid value {sizes}: a job of {processes} processes "
+                      f"needs a mesh over all {jax.device_count()} devices (set one axis "
+                      "to -1)")
+  if jax.local_device_count() % sizes["tensor"]:
+    raise ConfigError(f"config.mesh.tensor: invalid value {sizes['tensor']}: must divide "
+                      f"the {jax.local_device_count()} devices of each process")
+  if remote_sampler(c):
+    raise ConfigError("config.sampler.address / addresses: must be empty in a job of "
+                      f"{processes} processes (each samples its share on its own devices)")
+  if c.rollout.max_staleness and reward_build.uses_models(c):
+    raise ConfigError(f"config.rollout.max_staleness: invalid value {c.rollout.max_staleness}"
+                      f": must be 0 with a reward model in a job of {processes} processes")
 
 
 def check_deterministic(c) -> None:
@@ -204,7 +230,7 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
     stream = PromptStream(examples, seed=c.seed, shuffle=c.data.shuffle)
   return PipelinedRollout(rollout_config_lib.build_rollout(c.rollout, generator, stream),
                           sampler if c.rollout.max_staleness else None, scorer,
-                          max_staleness=c.rollout.max_staleness)
+                          max_staleness=c.rollout.max_staleness, last_step=c.train.steps)
 
 
 def build_learner(c, policy: Policy, mesh) -> Learner:

@@ -204,10 +204,12 @@ class Trainer:
       raise
     finally:
       progress.close()
+      if hasattr(self.rollout, "close"):  # a worker thread generating ahead
+        self.rollout.close()
       self.checkpointer.close()
       self.metrics.close()
     policy = os.path.join(self.workdir, "policy")
-    params = parallel.fully_replicated_host_value(self.learner.policy_params, self.mesh)
+    params = parallel.host_values(self.learner.policy_params)  # leaf by leaf
     if parallel.is_main_process():
       models.save_policy(policy, self.policy.model, params, self.policy.tokenizer,
                          self.policy.prefix_tokens)

@@ -20,11 +20,15 @@ def config(**fields):
     ({"num_processes": 2, "process_id": 2, "coordinator_address": "h:1"},
      "distributed.process_id"),
     ({"num_processes": 2, "process_id": 0}, "distributed.coordinator_address"),
-    ({"coordinator_address": "nohost"}, "distributed.coordinator_address"),
+    ({"coordinator_address": "nohost", "num_processes": 2, "process_id": 0},
+     "distributed.coordinator_address"),
+    ({"coordinator_address": "h:1"}, "distributed.num_processes"),
+    ({"coordinator_address": "h:1", "num_processes": 2}, "distributed.process_id"),
     ({"local_device_count": -1}, "distributed.local_device_count"),
     ({"initialization_timeout_s": 0}, "distributed.initialization_timeout_s"),
 ])
-def test_bad_fields_are_named(fields, field):
+def test_bad_fields_are_named(fields, field, monkeypatch):
+  monkeypatch.setattr(distributed, "cluster_detected", lambda: False)
   with pytest.raises(ConfigError, match=f"config.{field}"):
     parallel.validate_distributed_config(config(**fields))
 

@@ -108,6 +108,16 @@ def test_a_server_killed_mid_step_loses_nothing_and_a_returning_one_gets_the_wei
   assert back.service.metrics()["requests_completed"] >= 1
 
 
+def test_a_server_restarted_between_two_calls_samples_with_the_fleet_weights(fleet):
+  fleet, servers, logs = fleet
+  fleet.update_params(NEW_PARAMS, version=4)
+  victim = servers[0]
+  victim.kill()
+  servers.append(Server(port=victim.port))  # fresh: version 0, until the fleet notices
+  assert tokens(fleet.generate(PROMPTS, SAMPLING)) == expected(NEW_PARAMS, 4)
+  assert any("sending them again" in line or "joined" in line for line in logs), logs
+
+
 def test_a_fleet_with_no_server_left_says_so(fleet):
   fleet, servers, _ = fleet
   for s in servers:

@@ -192,7 +192,11 @@ def test_an_async_run_resumes_exactly(tmp_path):
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
   whole = async_trainer(straight, steps=4)
   whole.run()
-  async_trainer(resumed, steps=2).run()  # checkpoint at step 2 with batch 2 in flight
+  first = async_trainer(resumed, steps=4)
+  for _ in range(2):
+    first.metrics.write(first.train_step())
+  first.save()  # step 2, with batch 2 (sampled by version 1) generated ahead
+  first.rollout.close()  # the process ends here
   again = async_trainer(resumed, steps=4)
   assert again.step == 2 and sorted(again.rollout.pending) == [2]
   again.run()
@@ -200,6 +204,49 @@ def test_an_async_run_resumes_exactly(tmp_path):
           "staleness/mean_version_lag")
   assert ([[r[k] for k in keys] for r in training_records(resumed)]
           == [[r[k] for k in keys] for r in training_records(straight)])
+  # The last step submits nothing beyond train.steps: nothing is left in flight.
+  assert again.rollout.pending == {} and again.rollout.next_job == 4
   for a, b in zip(jax.tree.leaves(again.learner.policy_params),
                   jax.tree.leaves(whole.learner.policy_params)):
     assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+class FailingRollout(StepRollout):
+  def __init__(self, sampler, scorer, fail_at):
+    super().__init__(sampler, scorer)
+    self.fail_at = fail_at
+
+  def collect(self):
+    if self.step == self.fail_at:
+      raise RuntimeError("no group with a learning signal")
+    return super().collect()
+
+
+def test_a_failed_job_ends_the_checkpointed_batches_and_surfaces_at_its_step():
+  inner_sampler, scorer = RecordingSampler(), CountingScorer()
+  sampler = VersionedSampler(inner_sampler, {"w": jnp.zeros(2)}, keep=3)
+  rollout = PipelinedRollout(FailingRollout(sampler, scorer, fail_at=3), sampler, scorer,
+                             max_staleness=2)
+  for step in range(2):  # submits jobs 0-3; job 3 fails on the worker thread
+    rollout.set_step(step)
+    rollout.collect()
+    sampler.update_params({"w": jnp.ones(2)}, version=step + 1)
+  state = rollout.state()  # the checkpoint is still written
+  assert sorted(state["pending"]) == ["2"] and state["next_job"] == 3
+  assert state["inner"] == {"position": 3}  # after job 2: job 3 is generated again
+  rollout.set_step(2)
+  rollout.collect()
+  rollout.set_step(3)
+  with pytest.raises(RuntimeError, match="learning signal"):
+    rollout.collect()
+  rollout.close()
+
+
+def test_checkpoints_go_from_synchronous_to_ahead_but_not_back():
+  from rlhf_jax.config_errors import ConfigError
+  _, synchronous, _ = pipeline(0, 2)
+  versions, _, _ = pipeline(1, 2, start=2, state=synchronous.state())
+  assert versions == [2, 2]  # nothing was ahead: batch 2 is sampled at step 2
+  _, ahead, _ = pipeline(1, 2)
+  with pytest.raises(ConfigError, match="rollout.max_staleness.*1 batches generated ahead"):
+    pipeline(0, 1, start=2, state=ahead.state())
