@@ -211,6 +211,11 @@ class SamplerClient:
     either sampler."""
     self.update_weights(params, version)
 
+  def prepare_params(self, params):
+    """Host copies of `params` (what a `VersionedSampler` keeps per version: no device
+    memory for weights that only travel to the server)."""
+    return jax.device_get(params)
+
   def health(self) -> sampler_pb2.HealthResponse:
     """Liveness and the weight version being served."""
     return self._stub.Health(sampler_pb2.HealthRequest(), timeout=self.timeout_s)

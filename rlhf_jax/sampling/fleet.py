@@ -37,6 +37,9 @@ _SERVER_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 
 
+_MAX_REJECTIONS = 1200  # a prompt refused for a full queue this often (~1 min): give up
+
+
 class FleetUnavailableError(RuntimeError):
   """No server of the fleet answers."""
 
@@ -137,6 +140,10 @@ class SamplerFleet:
       except grpc.RpcError as error:
         self._lost(address, error)
 
+  def prepare_params(self, params: Any) -> Any:
+    """Host copies of `params` (what a `VersionedSampler` keeps per version)."""
+    return jax.device_get(params)
+
   def generate(self, prompts: Sequence[Sequence[int]],
                sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams()
                ) -> list[list[Completion]]:
@@ -148,7 +155,7 @@ class SamplerFleet:
     batch_id = uuid.uuid4().hex[:12]
     out: list[list[Completion] | None] = [None] * len(prompts)
     waiting = list(range(len(prompts)))[::-1]
-    attempts = [0] * len(prompts)
+    attempts, rejected = [0] * len(prompts), [0] * len(prompts)
     running: dict[concurrent.futures.Future, tuple[int, str]] = {}
     try:
       while waiting or running:
@@ -172,7 +179,11 @@ class SamplerFleet:
           if retry is None:
             out[index] = future.result()
             continue
-          if attempts[index] > len(self.addresses):
+          if retry.startswith("RESOURCE_EXHAUSTED") and rejected[index] < _MAX_REJECTIONS:
+            attempts[index] -= 1  # back-pressure (a full queue), not a failure: wait a little
+            rejected[index] += 1
+            time.sleep(0.05)
+          elif attempts[index] > len(self.addresses) or rejected[index] >= _MAX_REJECTIONS:
             raise FleetUnavailableError(f"prompt {index} failed on {attempts[index]} tries; "
                                         f"last: {retry}")
           with self.lock:

@@ -42,7 +42,8 @@ class VersionedSampler:
       raise ValueError(f"keep={keep} must be >= 1.")
     self.inner = inner
     self.keep = keep
-    self.lock = threading.RLock()
+    self.lock = threading.RLock()  # one user of the wrapped sampler at a time
+    self.versions_lock = threading.Lock()  # the stored versions: never waits for sampling
     self.versions: dict[int, Any] = {version: params}
     self.latest = self.loaded = version
     self._pin = threading.local()
@@ -53,7 +54,7 @@ class VersionedSampler:
     `prepare_params` (ProcessShardedSampler) prepares them here, on the caller's thread."""
     prepare = getattr(self.inner, "prepare_params", None)
     params = prepare(params) if prepare else jax.tree.map(jnp.copy, params)
-    with self.lock:
+    with self.versions_lock:
       self.versions[version] = params
       self.latest = max(self.latest, version)
       for old in sorted(self.versions)[:-self.keep]:
@@ -73,14 +74,16 @@ class VersionedSampler:
                ) -> list[list[Completion]]:
     """The wrapped sampler's `generate` with this thread's pinned version (else the newest)."""
     with self.lock:
-      version = getattr(self._pin, "version", None)
-      version = self.latest if version is None else version
-      if version not in self.versions:
-        raise KeyError(f"weights version {version} is no longer kept (kept: "
-                       f"{sorted(self.versions)}); raise `keep`.")
+      with self.versions_lock:
+        version = getattr(self._pin, "version", None)
+        version = self.latest if version is None else version
+        if version not in self.versions:
+          raise KeyError(f"weights version {version} is no longer kept (kept: "
+                         f"{sorted(self.versions)}); raise `keep`.")
+        params = self.versions[version]
       if version != self.loaded:
         load = getattr(self.inner, "load_prepared", None) or self.inner.update_params
-        load(self.versions[version], version)
+        load(params, version)
         self.loaded = version
       return self.inner.generate(prompts, sampling)
 

@@ -281,15 +281,18 @@ def test_metrics_also_go_to_tensorboard(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, servers", [("grpo", 1), ("tppo", 1), ("grpo", 2)])
-def test_training_against_sampling_servers(tmp_path, name, servers):
-  """One server (`sampler.address`) or a fleet of two (`sampler.addresses`)."""
+@pytest.mark.parametrize("name, servers, staleness", [("grpo", 1, 0), ("tppo", 1, 0),
+                                                       ("grpo", 2, 0), ("grpo", 2, 1)])
+def test_training_against_sampling_servers(tmp_path, name, servers, staleness):
+  """One server (`sampler.address`) or a fleet of two (`sampler.addresses`), also with
+  generation one version ahead (the servers get each job's pinned weights)."""
   from rlhf_jax.sampling import config as sampler_config_lib
   from rlhf_jax.sampling import server as server_lib
 
   config = shrink(preset(name))
   config.algorithm.kl.placement, config.algorithm.kl.coef = "none", 0.0
   config.data.num_eval = 12  # more prompts than server threads: the client windows them
+  config.rollout.max_staleness = staleness
   checkpoint = stages.ensure_arith_warm_start(config, str(tmp_path), log=lambda line: None)
   model, params = models.load_hf_checkpoint(checkpoint)
   # The servers start from other weights: the trainer must push its own before sampling.
@@ -303,13 +306,17 @@ def test_training_against_sampling_servers(tmp_path, name, servers):
     else:
       config.sampler.addresses = addresses
     trainer = make_trainer(config, tmp_path)
-    trainer.sampler.max_in_flight = 3  # below each server's 4 handler threads
+    fleet = getattr(trainer.sampler, "inner", trainer.sampler)  # under a VersionedSampler
+    fleet.max_in_flight = 3  # below each server's 4 handler threads
     summary = trainer.run()
     assert summary["steps"] == 2
     # The servers sampled with the trainer's weights: ratio 1 in every step (for T-PPO
     # also in step 2, whose windows continue step 1's responses).
     for record in records(tmp_path)[1:]:
-      assert record["logprob_mismatch_max"] < 1e-5
+      if staleness:  # step 2 trains on tokens of version 1: stale, corrected
+        assert record["staleness/mean_version_lag"] == (record["step"] > 1)
+      else:
+        assert record["logprob_mismatch_max"] < 1e-5
     for _, _, service in started:
       assert service.scheduler.weights_version == 2
       assert service.metrics()["requests_completed"] > 0
