@@ -5,6 +5,7 @@
     rollout.pop_mix()                 tasks drawn since the last call (for metrics)
     rollout.state() / restore(state)  JSON-able: data position, buffers, samples in flight
     rollout.settle()                  finish generation running ahead (rollout/pipelined.py)
+    rollout.close()                   stop it at the end of a run
 
 Modes: plain groups, DAPO's dynamic sampling, T-PPO's windows, offline data
 (rollout/config.py builds one from `rollout.mode`). The data position and the
@@ -40,6 +41,9 @@ class Rollout(Protocol):
   def settle(self) -> None:
     """Returns once no generation runs in the background (before evaluation)."""
 
+  def close(self) -> None:
+    """Stops what runs in the background (the end of a run)."""
+
 
 class StreamRollout:
   """`set_step` and `pop_mix` of a rollout that draws from `self.stream` (a
@@ -57,3 +61,6 @@ class StreamRollout:
 
   def settle(self) -> None:
     """Nothing runs in the background: generation happens inside `collect`."""
+
+  def close(self) -> None:
+    """Nothing runs in the background."""

@@ -204,8 +204,7 @@ class Trainer:
       raise
     finally:
       progress.close()
-      if hasattr(self.rollout, "close"):  # a worker thread generating ahead
-        self.rollout.close()
+      self.rollout.close()  # a worker thread generating ahead stops
       self.checkpointer.close()
       self.metrics.close()
     policy = os.path.join(self.workdir, "policy")

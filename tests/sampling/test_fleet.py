@@ -6,7 +6,6 @@ import threading
 import time
 
 import jax
-import numpy as np
 import pytest
 
 from rlhf_jax import models
