@@ -71,7 +71,7 @@ class Trainer:
     self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
     self.sampler = build.build_sampler(c, self.policy, self.mesh)
     self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
-                                       self.train_examples, workdir=workdir, log=log)
+                                       self.train_examples, workdir=workdir, log=self.log)
     self.learner = build.build_learner(c, self.policy, self.mesh)
     self.step = 0
     self.metrics = metrics_lib.MetricsWriter(workdir, tensorboard=c.train.tensorboard,
