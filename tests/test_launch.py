@@ -1,6 +1,7 @@
 """The launchers run as a user runs them: in a fresh process, with --config flags."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -14,7 +15,9 @@ def run_demo(*overrides: str) -> subprocess.CompletedProcess:
   return subprocess.run(
       [sys.executable, "launch/demo.py", "--config=configs/kernel_demo.py", *overrides],
       cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+      env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin",
+           # where the packages live when they are not installed (the GPU check's image)
+           **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}})
 
 
 @pytest.mark.slow

@@ -72,9 +72,15 @@ def validate_distributed_config(config: ml_collections.ConfigDict,
 
 
 def cluster_detected() -> bool:
-  """Whether `jax.distributed.initialize()` would find a cluster manager by itself."""
+  """Whether `jax.distributed.initialize()` would find a cluster manager by itself.
+
+  Mirrors jax's own auto-detection, which skips opt-in methods: an installed `mpi4py`
+  is "present" everywhere, yet jax uses it only when asked, so counting it would start
+  a job with no coordinator on any machine that has mpi4py.
+  """
   from jax._src import clusters  # pylint: disable=import-outside-toplevel
-  return any(cluster.is_env_present() for cluster in clusters.ClusterEnv._cluster_types)  # pylint: disable=protected-access
+  return any(not cluster.opt_in_only_method and cluster.is_env_present()
+             for cluster in clusters.ClusterEnv._cluster_types)  # pylint: disable=protected-access
 
 
 def initialize(config: ml_collections.ConfigDict, *, platform: str | None = None) -> bool:

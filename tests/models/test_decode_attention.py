@@ -134,8 +134,9 @@ def test_decoder_decode_steps_agree_across_kernels(monkeypatch):
   from rlhf_jax import models
   from rlhf_jax.models import decoder
 
+  # head_dim 16: the smallest the Triton tiles take (on a GPU this runs the real kernel)
   config = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
-                                num_kv_heads=2, head_dim=8, intermediate_size=48)
+                                num_kv_heads=2, head_dim=16, intermediate_size=48)
   model, params = models.init_model(config, seed=5)
   rng = np.random.default_rng(6)
   prompt = jnp.asarray(rng.integers(0, 64, (3, 7)), jnp.int32)

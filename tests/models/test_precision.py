@@ -18,6 +18,14 @@ HIGHEST = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 BACKEND_DEFAULT = (None, (jax.lax.Precision.DEFAULT, jax.lax.Precision.DEFAULT))
 
 
+@pytest.fixture(autouse=True)
+def _no_process_wide_precision():
+  """These tests read the precision the model writes into its jaxprs; a process-wide
+  `JAX_DEFAULT_MATMUL_PRECISION` (the GPU check sets `highest`) would be written there too."""
+  with jax.default_matmul_precision(None):
+    yield
+
+
 def tiny_config(**changes) -> DecoderConfig:
   config = DecoderConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
                          num_kv_heads=2, head_dim=8, intermediate_size=48,
@@ -191,6 +199,8 @@ def test_float32_default_is_backend_default():
     assert set(precisions(jaxpr)) <= set(BACKEND_DEFAULT)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="a GPU's default float32 matmul is TF32: the values differ there")
 def test_highest_does_not_change_cpu_values():
   """On CPU every precision is true float32: the same logits."""
   tokens, mask = tokens_and_mask()

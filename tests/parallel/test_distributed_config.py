@@ -40,6 +40,26 @@ def test_defaults_are_one_process_without_a_cluster(monkeypatch):
   assert not parallel.initialize(config(num_processes=1))
 
 
+def test_opt_in_cluster_methods_are_not_a_cluster(monkeypatch):
+  """jax skips opt-in methods (mpi4py, present wherever it is installed) unless asked:
+  a machine with mpi4py and nothing else is one process, as jax would see it."""
+  from jax._src import clusters
+
+  class OptIn(clusters.ClusterEnv):
+    opt_in_only_method = True
+
+    @classmethod
+    def is_env_present(cls):
+      return True
+
+  clusters.ClusterEnv._cluster_types.remove(OptIn)  # registered by __init_subclass__
+  monkeypatch.setattr(clusters.ClusterEnv, "_cluster_types",
+                      [OptIn] + [c for c in clusters.ClusterEnv._cluster_types
+                                 if c.opt_in_only_method])
+  assert not distributed.cluster_detected()
+  assert not parallel.initialize(config())
+
+
 @pytest.mark.parametrize("count, processes", [(8, 2), (7, 3), (2, 4), (0, 2), (33, 8)])
 def test_process_shares_cover_every_item_once_in_order(count, processes):
   shares = [parallel.process_share(count, p, processes) for p in range(processes)]
