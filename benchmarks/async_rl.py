@@ -8,6 +8,7 @@ against steps and wall time; the ratio of samples/s against k = 0 of the same se
 
   python benchmarks/async_rl.py [--steps 30] [--seeds 0,1,2] [--staleness 0,1,2]
       [--workdir /tmp/async_rl] [--sampler-cpus 0] [--trainer-cpus 1] [--plot FILE]
+      [--set KEY=VALUE ...] (trainer config overrides, every run)
       [--summarise]   (recompute the figures of the runs already in --workdir)
 
 Prints one JSON line per run, then one per k (`"summary": true`).
@@ -81,7 +82,7 @@ def run_one(args, checkpoint: str, seed: int, k: int) -> dict:
             f"--config.rollout.max_staleness={k}", f"--config.sampler.address=localhost:{port}",
             f"--config.train.steps={args.steps}", f"--config.train.eval_every={args.eval_every}",
             "--config.train.tensorboard=False", f"--config.train.checkpoint_every={args.steps}",
-            "--config.train.eval_samples=0"],
+            "--config.train.eval_samples=0"] + [f"--config.{item}" for item in args.set],
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=open(
             os.path.join(workdir, "train.log"), "w"))
     wall = time.perf_counter() - start
@@ -162,6 +163,9 @@ def main() -> int:
   parser.add_argument("--trainer-cpus", default="1")
   parser.add_argument("--prompts-per-step", type=int, default=16)  # the arith preset's
   parser.add_argument("--group-size", type=int, default=8)
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="one more trainer config override for every run, e.g. "
+                      "train.packing=True (repeatable)")
   parser.add_argument("--plot", default="")
   parser.add_argument("--summarise", action="store_true",
                       help="recompute the figures from the runs already in --workdir")

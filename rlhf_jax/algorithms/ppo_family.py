@@ -171,12 +171,21 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
 def staleness_metrics(lag: jax.Array, sampled: jax.Array, stale_mask: jax.Array,
                       stale: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """staleness/*: the fraction of sampled tokens that are stale, their version lag (mean
-  over all sampled tokens, fresh ones at 0; max), |log π_prox − log π_behav| over stale
+  over all sampled tokens, fresh ones at 0; max), the fraction of rows whose tokens span
+  versions (partial rollouts), |log π_prox − log π_behav| over stale
   tokens (mean, max), and the behaviour weights' range and clip / mask rates (`stale`:
   the metrics of `kernels.rollout_correction` over the stale tokens)."""
   count = jnp.maximum(jnp.sum(sampled), 1.0)
+  # A row whose sampled tokens span versions was a partial rollout (weights swapped
+  # mid-sample).
+  row_lag_max = jnp.max(jnp.where(sampled > 0, lag, jnp.iinfo(jnp.int32).min), axis=-1)
+  row_lag_min = jnp.min(jnp.where(sampled > 0, lag, jnp.iinfo(jnp.int32).max), axis=-1)
+  rows = jnp.any(sampled > 0, axis=-1)
+  mixed = rows & (row_lag_max != row_lag_min)
   return {
       "staleness/stale_token_fraction": jnp.sum(stale_mask) / count,
+      "staleness/mixed_version_row_fraction":
+          jnp.sum(mixed) / jnp.maximum(jnp.sum(rows), 1),
       "staleness/mean_version_lag": jnp.sum(lag * sampled) / count,
       "staleness/max_version_lag": jnp.max(jnp.where(sampled > 0, lag, 0)).astype(jnp.float32),
       "staleness/stale_logprob_gap": stale["logprob_mismatch_mean"],

@@ -52,6 +52,12 @@ def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collecti
   # Generation runs up to this many policy versions ahead of the learner (rollout/pipelined.py;
   # decoupled PPO corrects the stale tokens). 0: generate, then learn, in turn.
   r.max_staleness = 0
+  # Partial rollouts (max_staleness > 0): new weights reach the samples in flight at the
+  # sampler's next decode step (interruptible generation; sampler.update_policy
+  # 'swap_now'), each token keeping the version that sampled it. The swap point follows
+  # the threads' timing, so such a run is not bit-reproducible. False: a batch samples
+  # with the one version it was given.
+  r.partial_rollouts = False
   r.windows = ml_collections.ConfigDict()  # mode 'windows'
   r.windows.window_tokens = 32  # W: new tokens per response per step (paper: a third of R).
   return r
@@ -82,6 +88,9 @@ def validate_rollout_config(r: ml_collections.ConfigDict, *, prompt_length: int,
     invalid("rollout.dynamic.max_age", r.dynamic.max_age, f"must be > rollout.max_staleness="
             f"{r.max_staleness} with keep_surplus (a kept group is then at least "
             f"{r.max_staleness + 1} versions old when used)")
+  if r.partial_rollouts and not r.max_staleness:
+    invalid("rollout.partial_rollouts", True, "needs rollout.max_staleness >= 1 (weights "
+            "change under samples in flight only when generation runs ahead)")
   if r.max_staleness and r.mode not in ("groups", "dynamic"):
     invalid("rollout.max_staleness", r.max_staleness, f"must be 0 for rollout.mode="
             f"{r.mode!r} (generation ahead of the learner: modes groups, dynamic)")

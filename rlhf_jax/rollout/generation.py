@@ -34,9 +34,9 @@ class Group:
   failures: list[str]
   # Per sample its process rewards as (response column, reward) pairs (a PRM), or None.
   step_rewards: list[list[tuple[int, float]]] | None = None
-  # Per sample the policy version that sampled it (`sample_version`); None: version 0,
-  # the starting policy (offline data, checkpoints from before versions were kept).
-  versions: list[int] | None = None
+  # Per sample, per token the policy version that sampled it (`token_versions`); None:
+  # version 0, the starting policy (offline data, checkpoints from before versions).
+  versions: list[list[int]] | None = None
 
   @property
   def task(self) -> str:
@@ -45,13 +45,18 @@ class Group:
 
   @property
   def version(self) -> int:
-    """The oldest policy version among the samples (its age decides staleness)."""
-    return min(self.versions) if self.versions else 0
+    """The oldest policy version among the tokens (its age decides staleness)."""
+    return min((min(v) for v in self.versions or () if v), default=0)
 
   @staticmethod
   def from_json(data: dict) -> "Group":
-    """Inverse of `dataclasses.asdict` (checkpoints)."""
-    return Group(**{**data, "example": Example(**data["example"])})
+    """Inverse of `dataclasses.asdict` (checkpoints; one version per sample, as
+    checkpoints from before per-token versions kept them, counts for all its tokens)."""
+    versions = data.get("versions")
+    if versions is not None:
+      versions = [[int(v)] * len(r) if isinstance(v, int) else list(v)
+                  for v, r in zip(versions, data["responses"])]
+    return Group(**{**data, "versions": versions, "example": Example(**data["example"])})
 
 
 @dataclasses.dataclass
@@ -70,14 +75,18 @@ class Rollouts:
   metrics: dict[str, float]
 
 
-def sample_version(completion) -> int:
-  """The policy version a Completion counts as sampled by: the first of its
-  (first, last) `weights_version`. A sample whose weights changed mid-generation (the
-  scheduler's 'swap_now') has tokens of both, but the scheduler does not report where
-  the swap fell; labelling every token with the older version can only turn a fresh
-  token's weight from exactly 1 into π_prox/π_behav ≈ 1, while labelling with the newer
-  one would hide a stale token from the correction."""
-  return int(completion.weights_version[0])
+def token_versions(completion) -> list[int]:
+  """Per token of a Completion, the policy version that sampled it: the sampler's record
+  (a partial rollout, whose weights were swapped mid-sample, has tokens of both), or,
+  from a sampler that records none, its first version for every token (labelling a
+  token older than it is only turns a weight of exactly 1 into π_prox/π_behav ≈ 1,
+  while labelling it newer would hide a stale token from the correction)."""
+  if completion.token_versions:
+    if len(completion.token_versions) != len(completion.token_ids):
+      raise ValueError(f"a completion has {len(completion.token_versions)} token versions "
+                       f"for {len(completion.token_ids)} tokens.")
+    return [int(v) for v in completion.token_versions]
+  return [int(completion.weights_version[0])] * len(completion.token_ids)
 
 
 class GroupGenerator:
@@ -141,7 +150,7 @@ class GroupGenerator:
                           truncated=[s.finish_reason == "length" for s in samples],
                           failures=scored.failures[part],
                           step_rewards=None if steps is None else steps[part],
-                          versions=[sample_version(s) for s in samples]))
+                          versions=[token_versions(s) for s in samples]))
       index += len(samples)
     return groups
 
@@ -169,13 +178,13 @@ class GroupGenerator:
 def pack_groups(groups: Sequence[Group], *, prompt_length: int, response_length: int,
                 pad_id: int) -> Rollouts:
   """The Rollouts of whole responses: one row per sample, rows of a group adjacent;
-  every token of a sample carries the sample's policy version."""
-  rows = [(g.prompt_ids, response, lps, score, trunc, gid, steps, [version] * len(response))
+  every token carries the policy version that sampled it."""
+  rows = [(g.prompt_ids, response, lps, score, trunc, gid, steps, versions)
           for gid, g in enumerate(groups)
-          for response, lps, score, trunc, steps, version in zip(
+          for response, lps, score, trunc, steps, versions in zip(
               g.responses, g.logprobs, g.scores, g.truncated,
               g.step_rewards or [()] * len(g.responses),
-              g.versions or [0] * len(g.responses))]
+              g.versions or [[0] * len(r) for r in g.responses])]
   prompts, responses, logprobs, scores, truncated, group_ids, steps, versions = (
       list(x) for x in zip(*rows))
   batch = build_rollout_batch(prompts, responses, logprobs, scores, truncated, group_ids,

@@ -71,7 +71,7 @@ def encode_groups(labelled: Sequence[LabelledGroup], tokenizer, *, prefix: Seque
                         scores=list(item.scores), correct=list(item.correct),
                         truncated=truncated, failures=[""] * group_size,
                         # The data's behaviour policy is the starting policy: version 0.
-                        versions=[0] * group_size))
+                        versions=[[0] * len(r) for r in responses]))
   if not groups:
     raise ValueError("no offline group has a preference between its responses (all "
                      "scores tie in every group).")

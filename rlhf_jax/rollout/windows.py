@@ -29,12 +29,14 @@ import collections
 import dataclasses
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts
-from rlhf_jax.rollout.generation import sample_version
+from rlhf_jax.rollout.generation import token_versions
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.rollout.base import StreamRollout
 
@@ -143,10 +145,10 @@ class WindowPool:
     return out
 
   def advance(self, windows: Sequence[tuple[Sequence[int], Sequence[float]]],
-              versions: Sequence[int] | None = None) -> list[Segment]:
+              versions: Sequence[int | Sequence[int]] | None = None) -> list[Segment]:
     """Appends each response's new (tokens, log-probs), sampled by policy version
-    `versions[i]` (default 0), retires the finished ones, and returns the step's
-    segments (one per response that was in flight)."""
+    `versions[i]` (one for all its new tokens, or one per token; default 0), retires the
+    finished ones, and returns the step's segments (one per response in flight)."""
     if len(windows) != len(self.in_flight):
       raise ValueError(f"got {len(windows)} windows for {len(self.in_flight)} responses.")
     versions = [0] * len(windows) if versions is None else list(versions)
@@ -157,7 +159,11 @@ class WindowPool:
       start = len(trajectory.tokens)
       trajectory.tokens.extend(int(t) for t in tokens)
       trajectory.logprobs.extend(float(x) for x in logprobs)
-      trajectory.versions.extend([int(version)] * len(tokens))
+      per_token = ([int(version)] * len(tokens) if np.ndim(version) == 0
+                   else [int(v) for v in version])
+      if len(per_token) != len(tokens):
+        raise ValueError(f"got {len(per_token)} versions for {len(tokens)} new tokens.")
+      trajectory.versions.extend(per_token)
       trajectory.windows += 1
       stopped = bool(tokens) and int(tokens[-1]) in self.stop_token_ids
       capped = len(trajectory.tokens) >= self.max_new_tokens
@@ -224,7 +230,7 @@ class WindowRollout(StreamRollout):
     out = generator.sampler.generate([prompt for prompt, _ in requests],
                                      [sampling for _, sampling in requests])
     segments = pool.advance([(o[0].token_ids, o[0].model_logprobs) for o in out],
-                            versions=[sample_version(o[0]) for o in out])
+                            versions=[token_versions(o[0]) for o in out])
     done = [i for i, segment in enumerate(segments) if segment.finished]
     scored = generator.score([segments[i].trajectory.example for i in done],
                              [segments[i].trajectory.tokens for i in done])

@@ -49,7 +49,8 @@ def completion_from_proto(request_id: str, prompt_ids: Sequence[int],
       model_logprobs=list(sample.model_logprobs), finish_reason=sample.finish_reason,
       seed=sample.seed,
       weights_version=(sample.first_weights_version, sample.last_weights_version),
-      error=sample.error, candidate_logprobs=list(sample.candidate_logprobs))
+      error=sample.error, candidate_logprobs=list(sample.candidate_logprobs),
+      token_versions=list(sample.token_versions))
 
 
 class SamplerClient:
@@ -206,10 +207,10 @@ class SamplerClient:
                                         data=data[offset:offset + chunk_bytes])
     return self._stub.UpdateWeights(chunks(), timeout=self.timeout_s)
 
-  def update_params(self, params, version: int) -> None:
+  def update_params(self, params, version: int) -> sampler_pb2.UpdateWeightsResponse:
     """`update_weights` under the in-process Scheduler's name, so the trainer can hold
-    either sampler."""
-    self.update_weights(params, version)
+    either sampler; the server's reply (its update policy) is returned."""
+    return self.update_weights(params, version)
 
   def prepare_params(self, params):
     """Host copies of `params` (what a `VersionedSampler` keeps per version: no device

@@ -28,6 +28,9 @@ class Completion:
       "cancelled", or "error" (see `error`).
     seed: the seed used (drawn by the scheduler when the request gave none).
     weights_version: (first, last) weight versions the sample was generated with.
+    token_versions: per token, the weights version that sampled it (they differ only
+      when the weights were swapped mid-sample: update_policy "swap_now"); empty from
+      a sampler that records none.
     error: the failure message when finish_reason == "error".
     candidate_logprobs: log π (T=1) of `sampling.candidate_token_ids` at the first
       generated position (empty when none were asked for).
@@ -43,6 +46,7 @@ class Completion:
   weights_version: tuple[int, int]
   error: str = ""
   candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
+  token_versions: list[int] = dataclasses.field(default_factory=list)
 
 
 TokenCallback = Callable[[str, int, int, float, float], None]
@@ -60,6 +64,7 @@ class RequestState:
   waiting: collections.deque  # sample indices not yet in a slot
   prefix: Prefix | None = None
   prefix_row: int = 0
+  prefix_version: int = 0  # the weights version that computed `prefix`
   candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
   outstanding: int = 0  # samples not yet completed
   cancelled: bool = False
@@ -75,3 +80,4 @@ class SampleState:
   tokens: list[int] = dataclasses.field(default_factory=list)
   sampled: list[float] = dataclasses.field(default_factory=list)
   model: list[float] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)  # per token

@@ -280,6 +280,9 @@ class Scheduler:
     request = sample.request
     for t in np.nonzero(results.emitted[:, slot])[0]:
       token = int(results.tokens[t, slot])
+      # The first token is drawn from the prefill's logits, the others from this
+      # dispatch's weights (swaps happen between dispatches only).
+      sample.versions.append(sample.version if not sample.tokens else self.weights_version)
       sample.tokens.append(token)
       sample.sampled.append(float(results.sampled_logprobs[t, slot]))
       sample.model.append(float(results.model_logprobs[t, slot]))
@@ -308,7 +311,8 @@ class Scheduler:
                       sampled_logprobs=sample.sampled, model_logprobs=sample.model,
                       finish_reason=reason, seed=request.seed,
                       weights_version=(sample.version, self.weights_version), error=error,
-                      candidate_logprobs=request.candidate_logprobs)
+                      candidate_logprobs=request.candidate_logprobs,
+                      token_versions=sample.versions)
 
   def _reap_cancelled(self) -> list[Completion]:
     completions = []
@@ -365,7 +369,8 @@ class Scheduler:
       sampling = self.engine.slot_sampling(request.sampling, index, seed=request.seed)
       self._state = self.engine.insert(request.prefix, self._state, slot,
                                        row=request.prefix_row, sampling=sampling)
-      self._slots[slot] = SampleState(request=request, index=index, version=self.weights_version)
+      self._slots[slot] = SampleState(request=request, index=index,
+                                      version=request.prefix_version)
     for request, _ in admitted:
       if not request.waiting:
         request.prefix = None  # every sample is in a slot: free the prefix
@@ -388,6 +393,7 @@ class Scheduler:
       prefix = self.engine.prefill(self.params, tokens, lengths)
       for row, request in enumerate(group):
         request.prefix, request.prefix_row = prefix, row
+        request.prefix_version = self.weights_version
         if request.sampling.candidate_token_ids:
           # The first token is drawn from these logits: its T=1 log-probs are exact.
           logits = np.asarray(prefix.logits[row], np.float64)

@@ -10,6 +10,12 @@ Which version a batch samples with is fixed when its job is submitted, never by
 thread timing, so an asynchronous run is as reproducible as a synchronous one. Calls
 from any thread are serialised by one lock; a call with no pinned version (evaluation)
 samples with the newest weights.
+
+Partial rollouts (`partial=True`, rollout.partial_rollouts): `update_params` hands each
+new version to the wrapped sampler at once, from the trainer's thread, while generation
+runs; a sampler whose update policy is 'swap_now' switches the samples in flight at its
+next decode step and records each token's version (Completion.token_versions). Where
+the switch falls follows the threads' timing.
 """
 
 from __future__ import annotations
@@ -35,9 +41,11 @@ class VersionedSampler:
     version: their version.
     keep: how many of the newest versions to keep (max_staleness + 1 covers every job
       in flight).
+    partial: hand new versions to the samples in flight (see the module docstring).
   """
 
-  def __init__(self, inner, params: Any, *, version: int = 0, keep: int = 2):
+  def __init__(self, inner, params: Any, *, version: int = 0, keep: int = 2,
+               partial: bool = False):
     if keep < 1:
       raise ValueError(f"keep={keep} must be >= 1.")
     self.inner = inner
@@ -46,6 +54,7 @@ class VersionedSampler:
     self.versions_lock = threading.Lock()  # the stored versions: never waits for sampling
     self.versions: dict[int, Any] = {version: params}
     self.latest = self.loaded = version
+    self.partial = partial
     self._pin = threading.local()
 
   def update_params(self, params: Any, version: int) -> None:
@@ -59,6 +68,17 @@ class VersionedSampler:
       self.latest = max(self.latest, version)
       for old in sorted(self.versions)[:-self.keep]:
         del self.versions[old]
+    if self.partial:
+      self._load(params, version)
+
+  def _load(self, params: Any, version: int) -> None:
+    load = getattr(self.inner, "load_prepared", None) or self.inner.update_params
+    reply = load(params, version)
+    policy = getattr(reply, "update_policy", "swap_now")  # a server says which it applies
+    if self.partial and policy != "swap_now":
+      raise ValueError(f"rollout.partial_rollouts needs a sampling server started with "
+                       f"sampler.update_policy='swap_now'; this one applies {policy!r}.")
+    self.loaded = version
 
   @contextlib.contextmanager
   def pinned(self, version: int) -> Iterator[None]:
@@ -73,6 +93,9 @@ class VersionedSampler:
                sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams()
                ) -> list[list[Completion]]:
     """The wrapped sampler's `generate` with this thread's pinned version (else the newest)."""
+    if self.partial:  # the newest weights, swapped in under the samples as they come
+      with self.lock:
+        return self.inner.generate(prompts, sampling)
     with self.lock:
       with self.versions_lock:
         version = getattr(self._pin, "version", None)
@@ -82,9 +105,7 @@ class VersionedSampler:
                          f"{sorted(self.versions)}); raise `keep`.")
         params = self.versions[version]
       if version != self.loaded:
-        load = getattr(self.inner, "load_prepared", None) or self.inner.update_params
-        load(params, version)
-        self.loaded = version
+        self._load(params, version)
       return self.inner.generate(prompts, sampling)
 
   def cancel(self, request_id: str, sample_index: int | None = None) -> None:

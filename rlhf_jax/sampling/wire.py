@@ -68,7 +68,8 @@ def sample_to_proto(completion: Completion, text: str = "") -> sampler_pb2.Sampl
       sampled_logprobs=completion.sampled_logprobs, model_logprobs=completion.model_logprobs,
       finish_reason=completion.finish_reason, seed=completion.seed,
       first_weights_version=first, last_weights_version=last, text=text,
-      error=completion.error, candidate_logprobs=completion.candidate_logprobs)
+      error=completion.error, candidate_logprobs=completion.candidate_logprobs,
+      token_versions=completion.token_versions)
 
 
 def param_names(params) -> list[tuple[str, jax.Array]]:

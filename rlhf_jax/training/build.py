@@ -156,7 +156,8 @@ def build_sampler(c, policy: Policy, mesh):
   fleet of `sampler.addresses`) that is sent the initial weights before the first rollout.
   In a job of several processes each process samples its share of the prompts on its own
   devices (`ProcessShardedSampler`); with `rollout.max_staleness` > 0 the sampler keeps
-  the last weight versions (`VersionedSampler`)."""
+  the last weight versions (`VersionedSampler`), or, with `rollout.partial_rollouts`,
+  hands each new version to the samples in flight."""
   sampler = _sampler(c, policy, mesh)
   if not c.rollout.max_staleness:
     return sampler
@@ -165,7 +166,8 @@ def build_sampler(c, policy: Policy, mesh):
   initial = generation_params(c, policy, policy.params, mesh)
   if hasattr(sampler, "prepare_params"):  # a job of several processes: local copies
     initial = sampler.prepare_params(initial)
-  return VersionedSampler(sampler, initial, keep=c.rollout.max_staleness + 1)
+  return VersionedSampler(sampler, initial, keep=c.rollout.max_staleness + 1,
+                          partial=c.rollout.partial_rollouts)
 
 
 def remote_sampler(c) -> bool:

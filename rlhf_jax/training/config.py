@@ -234,6 +234,10 @@ def _validate_across_sections(c) -> None:
     invalid("rollout.max_staleness", c.rollout.max_staleness, "must be 0 for algorithm."
             f"learner={c.algorithm.learner!r} (stale samples are corrected by decoupled PPO)")
   r = c.rollout
+  remote = c.sampler.address or c.sampler.addresses
+  if r.partial_rollouts and not remote and c.sampler.update_policy != "swap_now":
+    invalid("sampler.update_policy", c.sampler.update_policy, "must be 'swap_now' with "
+            "rollout.partial_rollouts=True (samples in flight take the new weights)")
   if c.data.prompt_length > max(c.sampler.prompt_buckets):
     invalid("data.prompt_length", c.data.prompt_length, "must be <= the largest "
             f"sampler.prompt_buckets={max(c.sampler.prompt_buckets)}")

@@ -223,12 +223,17 @@ def test_weight_update_policies(policy):
                                                                temperature=0))
   by_id = {c.request_id: c for c in sched.run()}
   assert by_id[second].weights_version == (1, 1)
+  assert by_id[second].token_versions == [1] * 4
   if policy == "finish_old":
     assert by_id[first].weights_version == (0, 0)
+    assert by_id[first].token_versions == [0] * 12
     assert by_id[first].token_ids == scheduler().generate(
         prompts(1), sampling.SamplingParams(max_new_tokens=12, temperature=0))[0][0].token_ids
   else:
     assert by_id[first].weights_version == (0, 1)
+    # The one dispatch before the update (2 steps) sampled with version 0, the rest
+    # with version 1: where the swap fell, token by token (partial rollouts).
+    assert by_id[first].token_versions == [0] * 2 + [1] * 10
 
 
 def test_bad_requests_name_the_field():

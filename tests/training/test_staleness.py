@@ -225,14 +225,18 @@ class FakeScorer:
 
 
 class VersionedSampler:
-  """Returns n completions of 1 to 3 tokens, each generated with `weights_version`."""
+  """Returns n completions of 1 to 3 tokens, each generated with `weights_version`
+  (and, when given, the per-token record `token_versions(length)`)."""
 
-  def __init__(self, weights_version):
+  def __init__(self, weights_version, token_versions=None):
     self.weights_version = weights_version
+    self.token_versions = token_versions
 
   def generate(self, prompts, sampling):
     return [[Completion("r", i, list(p), [5] * (i % 3 + 1), [-0.5] * (i % 3 + 1),
-                        [-0.5] * (i % 3 + 1), "stop", 0, self.weights_version)
+                        [-0.5] * (i % 3 + 1), "stop", 0, self.weights_version,
+                        token_versions=(self.token_versions(i % 3 + 1)
+                                        if self.token_versions else []))
              for i in range(sampling.n)] for p in prompts]
 
 
@@ -240,8 +244,10 @@ def test_groups_and_their_rows_carry_the_sampling_version():
   generator = GroupGenerator(VersionedSampler((7, 8)), FakeScorer(), FakeTokenizer(),
                              sampling=SamplingParams(n=3), prefix=[], prompt_length=8, seed=0)
   groups = generator.generate_groups([Example("ab", "1", "arith"), Example("c", "1", "arith")])
-  # A sample whose weights changed mid-generation counts as its first (older) version.
-  assert [g.versions for g in groups] == [[7, 7, 7]] * 2 and groups[0].version == 7
+  # With no per-token record, a sample whose weights changed mid-generation counts as
+  # its first (older) version.
+  assert [g.versions for g in groups] == [[[7], [7, 7], [7, 7, 7]]] * 2
+  assert groups[0].version == 7
   batch = pack_groups(groups, prompt_length=8, response_length=4, pad_id=0).batch
   mask = np.asarray(batch.response_mask) > 0
   assert np.all(batch.token_versions[mask] == 7) and np.all(batch.token_versions[~mask] == 0)
@@ -252,6 +258,30 @@ def test_groups_and_their_rows_carry_the_sampling_version():
   assert old.versions is None and old.version == 0
   packed = pack_groups([old], prompt_length=8, response_length=4, pad_id=0).batch
   assert np.all(packed.token_versions == 0)
+  # Checkpoints from before per-token versions: one version per sample, for every token.
+  data = json.loads(json.dumps(dataclasses.asdict(groups[0])))
+  data["versions"] = [5, 6, 7]
+  assert Group.from_json(data).versions == [[5], [6, 6], [7, 7, 7]]
+
+
+def test_partial_rollout_tokens_keep_the_version_that_sampled_them():
+  """A sample whose weights were swapped mid-generation (partial rollouts): the first
+  token by version 7, the rest by 8, row by row into the batch."""
+  sampler = VersionedSampler((7, 8), token_versions=lambda n: [7] + [8] * (n - 1))
+  generator = GroupGenerator(sampler, FakeScorer(), FakeTokenizer(),
+                             sampling=SamplingParams(n=3), prefix=[], prompt_length=8, seed=0)
+  groups = generator.generate_groups([Example("ab", "1", "arith")])
+  assert groups[0].versions == [[7], [7, 8], [7, 8, 8]] and groups[0].version == 7
+  batch = pack_groups(groups, prompt_length=8, response_length=4, pad_id=0).batch
+  mask = np.asarray(batch.response_mask) > 0
+  expected = np.zeros_like(np.asarray(batch.token_versions))
+  for row, versions in enumerate(groups[0].versions):
+    expected[row, np.nonzero(mask[row])[0]] = versions
+  np.testing.assert_array_equal(batch.token_versions, expected)
+  broken = VersionedSampler((7, 8), token_versions=lambda n: [7] * (n + 1))
+  generator.sampler = broken
+  with pytest.raises(ValueError, match="token versions for"):
+    generator.generate_groups([Example("ab", "1", "arith")])
 
 
 def test_window_rows_carry_one_version_per_window():
@@ -272,6 +302,11 @@ def test_window_rows_carry_one_version_per_window():
   assert [t.versions for t in copy.in_flight] == [[0] * 4, [0] * 3]
   with pytest.raises(ValueError, match="got 1 versions for 2 windows"):
     pool.advance([([1], [0.0]), ([1], [0.0])], versions=[1])
+  # Per token (a window whose weights were swapped mid-window)
+  segments = pool.advance([([5, 0], [-1.0, -1.0]), ([6], [-1.0])], versions=[[4, 5], [5]])
+  assert [s.trajectory.versions for s in segments] == [[3, 3, 4, 4, 4, 5], [3, 3, 4, 5]]
+  with pytest.raises(ValueError, match="got 1 versions for 2 new tokens"):
+    pool.advance([([1, 2], [0.0, 0.0])], versions=[[6]])
 
 
 # ------------------------------------------------------------------ dynamic sampling
@@ -285,7 +320,7 @@ def group(correct, version=0):
   n = len(correct)
   return Group(Example(f"q{next(PROMPTS)}", "1", "arith"), [1], [[2]] * n, [[0.0]] * n,
                [1.0 if c else -1.0 for c in correct], list(correct), [False] * n, [""] * n,
-               versions=[version] * n)
+               versions=[[version]] * n)
 
 
 MIXED, SOLVED = [True, False], [True, True]
@@ -367,7 +402,7 @@ def test_buffer_state_keeps_the_versions():
   state = json.loads(json.dumps(rollout.state()))
   restored = dynamic([], keep_surplus=True, max_age=2)
   restored.restore(state)
-  assert [g.versions for g in restored.buffer] == [[3, 3], [3, 3]]
+  assert [g.versions for g in restored.buffer] == [[[3], [3]], [[3], [3]]]
   assert json.loads(json.dumps(restored.state())) == state
   restored.set_step(5)  # two versions later: still within max_age
   kept, metrics = restored.next_groups()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&rlhf_jax/sampling/protos/sampler.proto\x12\x11rlhf_jax.sampling\"\xe0\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x0e\n\x01n\x18\x07 \x01(\x05H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\rH\x06\x88\x01\x01\x12*\n\x04\x66ire\x18\t \x01(\x0b\x32\x17.rlhf_jax.sampling.FireH\x07\x88\x01\x01\x12\x1b\n\x13\x63\x61ndidate_token_ids\x18\n \x03(\x05\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x11\n\x0f_max_new_tokensB\x04\n\x02_nB\x07\n\x05_seedB\x07\n\x05_fire\"b\n\x04\x46ire\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\nevery_line\x18\x03 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_k\"\xae\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\nprompt_ids\x18\x02 \x01(\x0b\x32\x1b.rlhf_jax.sampling.TokenIdsH\x00\x12\x15\n\x0bprompt_text\x18\x03 \x01(\tH\x00\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.rlhf_jax.sampling.SamplingParamsB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xfe\x01\n\x06Sample\x12\x14\n\x0csample_index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x18\n\x10sampled_logprobs\x18\x03 \x03(\x02\x12\x16\n\x0emodel_logprobs\x18\x04 \x03(\x02\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\r\x12\x1d\n\x15\x66irst_weights_version\x18\x07 \x01(\x03\x12\x1c\n\x14last_weights_version\x18\x08 \x01(\x03\x12\x0c\n\x04text\x18\t \x01(\t\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x1a\n\x12\x63\x61ndidate_logprobs\x18\x0b \x03(\x02\"R\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x07samples\x18\x02 \x03(\x0b\x32\x19.rlhf_jax.sampling.Sample\"g\n\nTokenChunk\x12\x14\n\x0csample_index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x18\n\x10sampled_logprobs\x18\x03 \x03(\x02\x12\x16\n\x0emodel_logprobs\x18\x04 \x03(\x02\"\x95\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x06tokens\x18\x02 \x01(\x0b\x32\x1d.rlhf_jax.sampling.TokenChunkH\x00\x12-\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x19.rlhf_jax.sampling.SampleH\x00\x42\x07\n\x05\x65vent\"h\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"P\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07tensors\x18\x02 \x01(\x05\x12\x15\n\rupdate_policy\x18\x03 \x01(\t\"\x0f\n\rHealthRequest\"O\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x0csample_index\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\x0f\n\r_sample_index\"\x10\n\x0e\x43\x61ncelResponse\":\n\x0eHealthResponse\x12\x0f\n\x07is_live\x18\x01 \x01(\x08\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\"\x10\n\x0eMetricsRequest\"\x80\x01\n\x0fMetricsResponse\x12>\n\x06values\x18\x01 \x03(\x0b\x32..rlhf_jax.sampling.MetricsResponse.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x9a\x04\n\x07Sampler\x12U\n\x08Generate\x12\".rlhf_jax.sampling.GenerateRequest\x1a#.rlhf_jax.sampling.GenerateResponse\"\x00\x12\x63\n\x0eGenerateStream\x12\".rlhf_jax.sampling.GenerateRequest\x1a).rlhf_jax.sampling.GenerateStreamResponse\"\x00\x30\x01\x12]\n\rUpdateWeights\x12\x1e.rlhf_jax.sampling.WeightChunk\x1a(.rlhf_jax.sampling.UpdateWeightsResponse\"\x00(\x01\x12O\n\x06\x43\x61ncel\x12 .rlhf_jax.sampling.CancelRequest\x1a!.rlhf_jax.sampling.CancelResponse\"\x00\x12O\n\x06Health\x12 .rlhf_jax.sampling.HealthRequest\x1a!.rlhf_jax.sampling.HealthResponse\"\x00\x12R\n\x07Metrics\x12!.rlhf_jax.sampling.MetricsRequest\x1a\".rlhf_jax.sampling.MetricsResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&rlhf_jax/sampling/protos/sampler.proto\x12\x11rlhf_jax.sampling\"\xe0\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x0e\n\x01n\x18\x07 \x01(\x05H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\rH\x06\x88\x01\x01\x12*\n\x04\x66ire\x18\t \x01(\x0b\x32\x17.rlhf_jax.sampling.FireH\x07\x88\x01\x01\x12\x1b\n\x13\x63\x61ndidate_token_ids\x18\n \x03(\x05\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x11\n\x0f_max_new_tokensB\x04\n\x02_nB\x07\n\x05_seedB\x07\n\x05_fire\"b\n\x04\x46ire\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\nevery_line\x18\x03 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_k\"\xae\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\nprompt_ids\x18\x02 \x01(\x0b\x32\x1b.rlhf_jax.sampling.TokenIdsH\x00\x12\x15\n\x0bprompt_text\x18\x03 \x01(\tH\x00\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.rlhf_jax.sampling.SamplingParamsB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x96\x02\n\x06Sample\x12\x14\n\x0csample_index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x18\n\x10sampled_logprobs\x18\x03 \x03(\x02\x12\x16\n\x0emodel_logprobs\x18\x04 \x03(\x02\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\r\x12\x1d\n\x15\x66irst_weights_version\x18\x07 \x01(\x03\x12\x1c\n\x14last_weights_version\x18\x08 \x01(\x03\x12\x0c\n\x04text\x18\t \x01(\t\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x1a\n\x12\x63\x61ndidate_logprobs\x18\x0b \x03(\x02\x12\x16\n\x0etoken_versions\x18\x0c \x03(\x03\"R\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x07samples\x18\x02 \x03(\x0b\x32\x19.rlhf_jax.sampling.Sample\"g\n\nTokenChunk\x12\x14\n\x0csample_index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x18\n\x10sampled_logprobs\x18\x03 \x03(\x02\x12\x16\n\x0emodel_logprobs\x18\x04 \x03(\x02\"\x95\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x06tokens\x18\x02 \x01(\x0b\x32\x1d.rlhf_jax.sampling.TokenChunkH\x00\x12-\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x19.rlhf_jax.sampling.SampleH\x00\x42\x07\n\x05\x65vent\"h\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"P\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07tensors\x18\x02 \x01(\x05\x12\x15\n\rupdate_policy\x18\x03 \x01(\t\"\x0f\n\rHealthRequest\"O\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x0csample_index\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\x0f\n\r_sample_index\"\x10\n\x0e\x43\x61ncelResponse\":\n\x0eHealthResponse\x12\x0f\n\x07is_live\x18\x01 \x01(\x08\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\"\x10\n\x0eMetricsRequest\"\x80\x01\n\x0fMetricsResponse\x12>\n\x06values\x18\x01 \x03(\x0b\x32..rlhf_jax.sampling.MetricsResponse.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x9a\x04\n\x07Sampler\x12U\n\x08Generate\x12\".rlhf_jax.sampling.GenerateRequest\x1a#.rlhf_jax.sampling.GenerateResponse\"\x00\x12\x63\n\x0eGenerateStream\x12\".rlhf_jax.sampling.GenerateRequest\x1a).rlhf_jax.sampling.GenerateStreamResponse\"\x00\x30\x01\x12]\n\rUpdateWeights\x12\x1e.rlhf_jax.sampling.WeightChunk\x1a(.rlhf_jax.sampling.UpdateWeightsResponse\"\x00(\x01\x12O\n\x06\x43\x61ncel\x12 .rlhf_jax.sampling.CancelRequest\x1a!.rlhf_jax.sampling.CancelResponse\"\x00\x12O\n\x06Health\x12 .rlhf_jax.sampling.HealthRequest\x1a!.rlhf_jax.sampling.HealthResponse\"\x00\x12R\n\x07Metrics\x12!.rlhf_jax.sampling.MetricsRequest\x1a\".rlhf_jax.sampling.MetricsResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,31 +42,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=693
   _globals['_TOKENIDS']._serialized_end=716
   _globals['_SAMPLE']._serialized_start=719
-  _globals['_SAMPLE']._serialized_end=973
-  _globals['_GENERATERESPONSE']._serialized_start=975
-  _globals['_GENERATERESPONSE']._serialized_end=1057
-  _globals['_TOKENCHUNK']._serialized_start=1059
-  _globals['_TOKENCHUNK']._serialized_end=1162
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1165
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1314
-  _globals['_WEIGHTCHUNK']._serialized_start=1316
-  _globals['_WEIGHTCHUNK']._serialized_end=1420
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1422
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1502
-  _globals['_HEALTHREQUEST']._serialized_start=1504
-  _globals['_HEALTHREQUEST']._serialized_end=1519
-  _globals['_CANCELREQUEST']._serialized_start=1521
-  _globals['_CANCELREQUEST']._serialized_end=1600
-  _globals['_CANCELRESPONSE']._serialized_start=1602
-  _globals['_CANCELRESPONSE']._serialized_end=1618
-  _globals['_HEALTHRESPONSE']._serialized_start=1620
-  _globals['_HEALTHRESPONSE']._serialized_end=1678
-  _globals['_METRICSREQUEST']._serialized_start=1680
-  _globals['_METRICSREQUEST']._serialized_end=1696
-  _globals['_METRICSRESPONSE']._serialized_start=1699
-  _globals['_METRICSRESPONSE']._serialized_end=1827
-  _globals['_METRICSRESPONSE_VALUESENTRY']._serialized_start=1782
-  _globals['_METRICSRESPONSE_VALUESENTRY']._serialized_end=1827
-  _globals['_SAMPLER']._serialized_start=1830
-  _globals['_SAMPLER']._serialized_end=2368
+  _globals['_SAMPLE']._serialized_end=997
+  _globals['_GENERATERESPONSE']._serialized_start=999
+  _globals['_GENERATERESPONSE']._serialized_end=1081
+  _globals['_TOKENCHUNK']._serialized_start=1083
+  _globals['_TOKENCHUNK']._serialized_end=1186
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1189
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1338
+  _globals['_WEIGHTCHUNK']._serialized_start=1340
+  _globals['_WEIGHTCHUNK']._serialized_end=1444
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1446
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1526
+  _globals['_HEALTHREQUEST']._serialized_start=1528
+  _globals['_HEALTHREQUEST']._serialized_end=1543
+  _globals['_CANCELREQUEST']._serialized_start=1545
+  _globals['_CANCELREQUEST']._serialized_end=1624
+  _globals['_CANCELRESPONSE']._serialized_start=1626
+  _globals['_CANCELRESPONSE']._serialized_end=1642
+  _globals['_HEALTHRESPONSE']._serialized_start=1644
+  _globals['_HEALTHRESPONSE']._serialized_end=1702
+  _globals['_METRICSREQUEST']._serialized_start=1704
+  _globals['_METRICSREQUEST']._serialized_end=1720
+  _globals['_METRICSRESPONSE']._serialized_start=1723
+  _globals['_METRICSRESPONSE']._serialized_end=1851
+  _globals['_METRICSRESPONSE_VALUESENTRY']._serialized_start=1806
+  _globals['_METRICSRESPONSE_VALUESENTRY']._serialized_end=1851
+  _globals['_SAMPLER']._serialized_start=1854
+  _globals['_SAMPLER']._serialized_end=2392
 # @@protoc_insertion_point(module_scope)
