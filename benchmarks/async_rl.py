@@ -9,6 +9,7 @@ against steps and wall time; the ratio of samples/s against k = 0 of the same se
   python benchmarks/async_rl.py [--steps 30] [--seeds 0,1,2] [--staleness 0,1,2]
       [--workdir /tmp/async_rl] [--sampler-cpus 0] [--trainer-cpus 1] [--plot FILE]
       [--set KEY=VALUE ...] (trainer config overrides, every run)
+      [--partial]     (k > 0 with rollout.partial_rollouts; the server swaps mid-sample)
       [--summarise]   (recompute the figures of the runs already in --workdir)
 
 Prints one JSON line per run, then one per k (`"summary": true`).
@@ -51,14 +52,16 @@ def warm_start(workdir: str) -> str:
   return sft
 
 
-def start_server(checkpoint: str, port: int, cpus: str, log_path: str) -> subprocess.Popen:
+def start_server(checkpoint: str, port: int, cpus: str, log_path: str,
+                 update_policy: str = "finish_old") -> subprocess.Popen:
   """launch/serve.py with the arith trainer's sampler settings; waits until it listens."""
   log = open(log_path, "w")
   server = subprocess.Popen(
       pinned(cpus) + [sys.executable, "launch/serve.py", "--config=configs/serve.py:hf",
                       f"--config.model.checkpoint={checkpoint}", f"--config.server.port={port}",
                       "--config.server.max_workers=32", "--config.sampler.num_slots=64",
-                      "--config.sampler.cache_length=128", "--config.sampler.prompt_buckets=64"],
+                      "--config.sampler.cache_length=128", "--config.sampler.prompt_buckets=64",
+                      f"--config.sampler.update_policy={update_policy}"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
   for line in server.stdout:
     if '"serving"' in line:
@@ -72,7 +75,8 @@ def run_one(args, checkpoint: str, seed: int, k: int) -> dict:
   shutil.rmtree(workdir, ignore_errors=True)
   os.makedirs(workdir)
   port = free_port()
-  server = start_server(checkpoint, port, args.sampler_cpus, os.path.join(workdir, "server.log"))
+  server = start_server(checkpoint, port, args.sampler_cpus, os.path.join(workdir, "server.log"),
+                        "swap_now" if args.partial else "finish_old")
   try:
     start = time.perf_counter()
     subprocess.run(
@@ -82,7 +86,8 @@ def run_one(args, checkpoint: str, seed: int, k: int) -> dict:
             f"--config.rollout.max_staleness={k}", f"--config.sampler.address=localhost:{port}",
             f"--config.train.steps={args.steps}", f"--config.train.eval_every={args.eval_every}",
             "--config.train.tensorboard=False", f"--config.train.checkpoint_every={args.steps}",
-            "--config.train.eval_samples=0"] + [f"--config.{item}" for item in args.set],
+            "--config.train.eval_samples=0"] + [f"--config.{item}" for item in args.set]
+        + ([f"--config.rollout.partial_rollouts={bool(k and args.partial)}"]),
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=open(
             os.path.join(workdir, "train.log"), "w"))
     wall = time.perf_counter() - start
@@ -111,6 +116,8 @@ def figures(args, workdir: str, seed: int, k: int, wall: float | None) -> dict:
           "time_update_mean": statistics.mean(r["time_update"] for r in steps[1:]),
           "stale_token_fraction_mean": statistics.mean(
               r.get("staleness/stale_token_fraction", 0.0) for r in steps[1:]),
+          "mixed_version_row_fraction_mean": statistics.mean(
+              r.get("staleness/mixed_version_row_fraction", 0.0) for r in steps[1:]),
           "eval_accuracy": evals, "final_eval_accuracy": evals[-1][2]}
 
 
@@ -163,6 +170,9 @@ def main() -> int:
   parser.add_argument("--trainer-cpus", default="1")
   parser.add_argument("--prompts-per-step", type=int, default=16)  # the arith preset's
   parser.add_argument("--group-size", type=int, default=8)
+  parser.add_argument("--partial", action="store_true",
+                      help="partial rollouts for k > 0 (the server swaps weights under the "
+                      "samples in flight: sampler.update_policy=swap_now)")
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="one more trainer config override for every run, e.g. "
                       "train.packing=True (repeatable)")

@@ -156,14 +156,15 @@ class SamplerFleet:
     out: list[list[Completion] | None] = [None] * len(prompts)
     waiting = list(range(len(prompts)))[::-1]
     attempts, rejected = [0] * len(prompts), [0] * len(prompts)
-    running: dict[concurrent.futures.Future, tuple[int, str]] = {}
+    # per request: its prompt, server, and the weights version it was sent under
+    running: dict[concurrent.futures.Future, tuple[int, str, int | None]] = {}
     try:
       while waiting or running:
         while waiting and self._has_room():
           index = waiting.pop()
           attempts[index] += 1
           future, address = self._send(batch_id, index, prompts[index], samplings[index])
-          running[future] = (index, address)
+          running[future] = (index, address, None if self.weights is None else self.weights[1])
         if not running:  # prompts left and no live server
           self.probe(force=True)
           if not self.live:
@@ -173,9 +174,9 @@ class SamplerFleet:
         done, _ = concurrent.futures.wait(running,
                                           return_when=concurrent.futures.FIRST_COMPLETED)
         for future in done:
-          index, address = running.pop(future)
+          index, address, sent_version = running.pop(future)
           self._finished(f"{batch_id}-{index}", address)
-          retry = self._outcome(future, address, index)
+          retry = self._outcome(future, address, sent_version)
           if retry is None:
             out[index] = future.result()
             continue
@@ -190,7 +191,7 @@ class SamplerFleet:
             self.counters["resent_requests"] += 1
           waiting.append(index)
     finally:
-      for future, (index, address) in running.items():  # an error: free their slots
+      for future, (index, address, _) in running.items():  # an error: free their slots
         self.clients[address].cancel(f"{batch_id}-{index}")
         self._finished(f"{batch_id}-{index}", address)
     return out
@@ -209,10 +210,12 @@ class SamplerFleet:
       if self.open.pop(request_id, None) is not None:
         self.in_flight[address] -= 1
 
-  def _outcome(self, future: concurrent.futures.Future, address: str, index: int
-               ) -> str | None:
+  def _outcome(self, future: concurrent.futures.Future, address: str,
+               sent_version: int | None) -> str | None:
     """None when the request's completions are good; else why it goes to another server
-    (the server is marked lost, or given the current weights again)."""
+    (the server is marked lost, or given the current weights again). A sample that
+    started on weights older than those it was sent under was served by a restarted
+    server; newer ones are a swap under a sample in flight (partial rollouts)."""
     try:
       completions = future.result()
     except grpc.RpcError as error:
@@ -222,11 +225,12 @@ class SamplerFleet:
         raise
       self._lost(address, error)
       return _describe(error)
-    version = None if self.weights is None else self.weights[1]
-    if version is not None and any(c.weights_version[0] != version for c in completions):
+    if sent_version is not None and any(c.weights_version[0] < sent_version
+                                        for c in completions):
       # It restarted between two calls (the channel reconnected): weights first, again.
       self.log(f"sampler fleet: {address} sampled with weights version "
-               f"{completions[0].weights_version[0]}, not {version}: sending them again")
+               f"{completions[0].weights_version[0]}, not {sent_version}: sending them "
+               "again")
       try:
         self.clients[address].update_params(*self.weights)
       except grpc.RpcError as error:

@@ -37,7 +37,8 @@ def in_process(prompt, params, model_params=PARAMS):
 def served(request):
   options = getattr(request, "param", {})
   scheduler = Scheduler(ENGINE, PARAMS, prompt_buckets=BUCKETS,
-                        max_queue=options.get("max_queue", 64), steps_per_sync=2)
+                        max_queue=options.get("max_queue", 64), steps_per_sync=2,
+                        update_policy=options.get("update_policy", "finish_old"))
   server, port, service = server_lib.start_server(scheduler, port=0, max_workers=8)
   client = SamplerClient(f"localhost:{port}", timeout_s=60)
   client.wait_ready()
@@ -210,6 +211,29 @@ def test_weight_update_changes_the_served_model(served):
   assert completion.weights_version == (3, 3)
   assert completion.token_ids == in_process(PROMPT, params, new_params)[0].token_ids
   assert client.metrics()["weights_version"] == 3
+
+
+@pytest.mark.parametrize("served", [{"update_policy": "swap_now"}], indirect=True)
+def test_a_swap_under_a_running_sample_reports_each_tokens_version(served, monkeypatch):
+  """Partial rollouts over gRPC: new weights reach a sample in flight, and the sample
+  says which tokens each version drew."""
+  client, service, _ = served
+  original = ENGINE.generate_steps
+
+  def slow(*args):  # room to push while the sample runs
+    time.sleep(0.02)
+    return original(*args)
+
+  monkeypatch.setattr(ENGINE, "generate_steps", slow)
+  params = sampling.SamplingParams(max_new_tokens=40, seed=3, stop_token_ids=())
+  future = client.submit(PROMPT, params, request_id="partial")
+  assert wait_for(lambda: service.metrics()["slots_busy"] > 0)
+  _, new_params = models.init_model(CONFIG, seed=7)
+  assert client.update_params(new_params, version=1).update_policy == "swap_now"
+  (sample,) = future.result(timeout=60)
+  versions = sample.token_versions
+  assert len(versions) == 40 and sample.weights_version == (0, 1)
+  assert versions == sorted(versions) and versions[0] == 0 and versions[-1] == 1
 
 
 def test_weight_update_with_a_wrong_tensor_is_rejected(served):
