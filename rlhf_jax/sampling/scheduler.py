@@ -280,8 +280,7 @@ class Scheduler:
     request = sample.request
     for t in np.nonzero(results.emitted[:, slot])[0]:
       token = int(results.tokens[t, slot])
-      # The first token is drawn from the prefill's logits, the others from this
-      # dispatch's weights (swaps happen between dispatches only).
+      # token 0: the prefill's weights; later ones: this dispatch's (swaps fall between)
       sample.versions.append(sample.version if not sample.tokens else self.weights_version)
       sample.tokens.append(token)
       sample.sampled.append(float(results.sampled_logprobs[t, slot]))
@@ -369,8 +368,7 @@ class Scheduler:
       sampling = self.engine.slot_sampling(request.sampling, index, seed=request.seed)
       self._state = self.engine.insert(request.prefix, self._state, slot,
                                        row=request.prefix_row, sampling=sampling)
-      self._slots[slot] = SampleState(request=request, index=index,
-                                      version=request.prefix_version)
+      self._slots[slot] = SampleState(request=request, index=index, version=request.prefix_version)
     for request, _ in admitted:
       if not request.waiting:
         request.prefix = None  # every sample is in a slot: free the prefix
