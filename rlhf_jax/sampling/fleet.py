@@ -73,6 +73,9 @@ class SamplerFleet:
     self.in_flight = {a: 0 for a in self.addresses}
     self.last_probe = {a: -float("inf") for a in self.addresses}
     self.weights: tuple[Any, int] | None = None  # (host params, version) to give joiners
+    # per server, the newest version it acknowledged: what a request sent now samples
+    # with at least (a push may still be on its way while generation runs)
+    self.acked: dict[str, int] = {}
     self.lock = threading.Lock()
     self.open: dict[str, str] = {}  # request id → address serving it
     self.counters = {"resent_requests": 0, "server_deaths": 0, "server_joins": 0}
@@ -95,6 +98,7 @@ class SamplerFleet:
         client.health()
         if self.weights is not None:
           client.update_params(*self.weights)
+          self.acked[address] = self.weights[1]
       except grpc.RpcError:
         continue
       with self.lock:
@@ -127,18 +131,22 @@ class SamplerFleet:
 
   # ------------------------------------------------------------------ the Sampler interface
 
-  def update_params(self, params: Any, version: int) -> None:
-    """Sends `params` as `version` to every live server at once; kept for joiners."""
+  def update_params(self, params: Any, version: int) -> list[Any]:
+    """Sends `params` as `version` to every live server at once; kept for joiners.
+    Returns the replies of the servers that took them (each names its update policy)."""
     host = jax.device_get(params)
     self.weights = (host, version)
     live = sorted(self.live)
     futures = {a: self.executor.submit(self.clients[a].update_params, host, version)
                for a in live}
+    replies = []
     for address, future in futures.items():
       try:
-        future.result()
+        replies.append(future.result())
+        self.acked[address] = version  # a pinned job may load an older one: exactly this
       except grpc.RpcError as error:
         self._lost(address, error)
+    return replies
 
   def prepare_params(self, params: Any) -> Any:
     """Host copies of `params` (what a `VersionedSampler` keeps per version)."""
@@ -164,7 +172,7 @@ class SamplerFleet:
           index = waiting.pop()
           attempts[index] += 1
           future, address = self._send(batch_id, index, prompts[index], samplings[index])
-          running[future] = (index, address, None if self.weights is None else self.weights[1])
+          running[future] = (index, address, self.acked.get(address))
         if not running:  # prompts left and no live server
           self.probe(force=True)
           if not self.live:
@@ -233,16 +241,19 @@ class SamplerFleet:
                "again")
       try:
         self.clients[address].update_params(*self.weights)
+        self.acked[address] = self.weights[1]
       except grpc.RpcError as error:
         self._lost(address, error)
       return f"{address} had lost its weights"
     return None
 
   def _has_room(self) -> bool:
-    return any(self.in_flight[a] < self.max_in_flight for a in self.live)
+    with self.lock:  # the trainer's thread may drop a server meanwhile (partial rollouts)
+      return any(self.in_flight[a] < self.max_in_flight for a in self.live)
 
   def _least_loaded(self) -> str:
-    return min(sorted(self.live), key=lambda a: self.in_flight[a])
+    with self.lock:
+      return min(sorted(self.live), key=lambda a: self.in_flight[a])
 
   def cancel(self, request_id: str, sample_index: int | None = None) -> None:
     """Cancels a request, or one of its samples, on the server serving it (ids are

@@ -81,3 +81,8 @@ class SampleState:
   sampled: list[float] = dataclasses.field(default_factory=list)
   model: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)  # per token
+  logits_version: int = -1  # the weights of the forward that made the next token's logits
+
+  def __post_init__(self):
+    if self.logits_version < 0:
+      self.logits_version = self.version  # the prefill's

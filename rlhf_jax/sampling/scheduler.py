@@ -258,8 +258,7 @@ class Scheduler:
     """Admits waiting samples into free slots, runs up to `steps_per_sync`
     decode steps, and returns the samples that finished."""
     completions = self._reap_cancelled()
-    self._maybe_swap_params()
-    self._admit()
+    self._admit()  # swaps the weights first when due
     active = [i for i, s in enumerate(self._slots) if s is not None]
     if not active:
       self._drop_finished_requests()
@@ -280,8 +279,10 @@ class Scheduler:
     request = sample.request
     for t in np.nonzero(results.emitted[:, slot])[0]:
       token = int(results.tokens[t, slot])
-      # token 0: the prefill's weights; later ones: this dispatch's (swaps fall between)
-      sample.versions.append(sample.version if not sample.tokens else self.weights_version)
+      # Drawn from the logits of the forward before it (token 0: the prefill's), whose
+      # weights may predate a swap; the forward after it runs this dispatch's weights.
+      sample.versions.append(sample.logits_version)
+      sample.logits_version = self.weights_version
       sample.tokens.append(token)
       sample.sampled.append(float(results.sampled_logprobs[t, slot]))
       sample.model.append(float(results.model_logprobs[t, slot]))
@@ -336,20 +337,19 @@ class Scheduler:
         self._stats["requests_completed"] += 1
       self._queue = collections.deque(r for r in self._queue if r.waiting)
 
-  def _maybe_swap_params(self) -> None:
-    with self._lock:
-      pending = self._pending_params
-      if pending is None:
-        return
-      busy = any(s is not None for s in self._slots)
-      if self.update_policy == "finish_old" and busy:
-        return
-      self.params, self.weights_version = pending
-      self._pending_params = None
-      self._stats["weight_updates"] += 1
+  def _swap_params_if_due(self) -> None:  # under self._lock
+    pending = self._pending_params
+    if pending is None or (self.update_policy == "finish_old"
+                           and any(s is not None for s in self._slots)):
+      return
+    self.params, self.weights_version = pending
+    self._pending_params = None
+    self._stats["weight_updates"] += 1
 
   def _admit(self) -> None:
     with self._lock:
+      # with the queue's lock: a request sent after update_params gets the new weights
+      self._swap_params_if_due()
       if self._pending_params is not None and self.update_policy == "finish_old":
         return  # new samples start on the new weights
       free = [i for i, s in enumerate(self._slots) if s is None]

@@ -73,11 +73,12 @@ class VersionedSampler:
 
   def _load(self, params: Any, version: int) -> None:
     load = getattr(self.inner, "load_prepared", None) or self.inner.update_params
-    reply = load(params, version)
-    policy = getattr(reply, "update_policy", "swap_now")  # a server says which it applies
-    if self.partial and policy != "swap_now":
-      raise ValueError(f"rollout.partial_rollouts needs a sampling server started with "
-                       f"sampler.update_policy='swap_now'; this one applies {policy!r}.")
+    replies = load(params, version)  # a server's reply names its update policy; a fleet's
+    replies = replies if isinstance(replies, list) else [replies]  # one per server
+    policies = {r.update_policy for r in replies if r is not None} - {"swap_now"}
+    if self.partial and policies:
+      raise ValueError(f"rollout.partial_rollouts needs sampling servers started with "
+                       f"sampler.update_policy='swap_now'; found {sorted(policies)}.")
     self.loaded = version
 
   @contextlib.contextmanager

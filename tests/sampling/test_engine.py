@@ -231,9 +231,10 @@ def test_weight_update_policies(policy):
         prompts(1), sampling.SamplingParams(max_new_tokens=12, temperature=0))[0][0].token_ids
   else:
     assert by_id[first].weights_version == (0, 1)
-    # The one dispatch before the update (2 steps) sampled with version 0, the rest
-    # with version 1: where the swap fell, token by token (partial rollouts).
-    assert by_id[first].token_versions == [0] * 2 + [1] * 10
+    # Each token is drawn from the logits of the forward before it: the prefill's and
+    # the first dispatch's two forwards (version 0) drew tokens 0-2, the forwards after
+    # the swap (version 1) the rest (partial rollouts, token by token).
+    assert by_id[first].token_versions == [0] * 3 + [1] * 9
 
 
 def test_bad_requests_name_the_field():

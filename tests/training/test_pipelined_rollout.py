@@ -187,6 +187,14 @@ def test_partial_rollouts_refuse_a_server_that_finishes_old_samples_first():
   sampler = VersionedSampler(inner, {"w": jnp.zeros(2)}, keep=2, partial=True)
   with pytest.raises(ValueError, match="sampler.update_policy='swap_now'.*'finish_old'"):
     sampler.update_params({"w": jnp.ones(2)}, version=1)
+  # a fleet answers for each of its servers
+  inner.reply = [types.SimpleNamespace(update_policy="swap_now"),
+                 types.SimpleNamespace(update_policy="finish_old")]
+  with pytest.raises(ValueError, match=r"found \['finish_old'\]"):
+    sampler.update_params({"w": jnp.ones(2)}, version=2)
+  inner.reply = [types.SimpleNamespace(update_policy="swap_now")] * 2
+  sampler.update_params({"w": jnp.ones(2)}, version=3)
+  assert sampler.loaded == 3
 
 
 @pytest.mark.parametrize("changes, field", [
