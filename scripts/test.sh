@@ -12,8 +12,11 @@ run_pytest() {  # pytest's exit 5 (nothing selected) is fine only when the calle
   return "$rc"
 }
 FILTERED=$(( $# > 0 ))
-# 1) everything that runs on one device
-run_pytest "$VENV/bin/python" -m pytest "$@"
+# 1) everything that runs on one device; RLHF_JAX_TEST_WORKERS=N spreads it over N
+#    pytest-xdist workers (the quick subset on 2 cores: N=2), this part only
+WORKERS=()
+if [ -n "${RLHF_JAX_TEST_WORKERS:-}" ]; then WORKERS=(-n "$RLHF_JAX_TEST_WORKERS"); fi
+run_pytest "$VENV/bin/python" -m pytest "${WORKERS[@]}" "$@"
 # 2) the mesh tests, in their own process with 8 emulated CPU devices (the device
 #    count is fixed when JAX starts, so it cannot share the process above)
 RLHF_JAX_MULTIDEVICE=1 XLA_FLAGS="--xla_force_host_platform_device_count=8 ${XLA_FLAGS:-}" \

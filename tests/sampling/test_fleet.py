@@ -72,6 +72,7 @@ def test_a_fleet_gives_the_one_scheduler_samples_and_spreads_the_load(fleet):
   assert sum(served) == len(PROMPTS) and min(served) >= 2, served
 
 
+@pytest.mark.slow
 def test_new_weights_reach_every_server_with_their_version(fleet):
   fleet, servers, _ = fleet
   fleet.update_params(NEW_PARAMS, version=5)
@@ -79,6 +80,7 @@ def test_new_weights_reach_every_server_with_their_version(fleet):
   assert tokens(fleet.generate(PROMPTS, SAMPLING)) == expected(NEW_PARAMS, 5)
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_step_loses_nothing_and_a_returning_one_gets_the_weights(fleet):
   fleet, servers, logs = fleet
   fleet.update_params(NEW_PARAMS, version=3)
@@ -107,6 +109,7 @@ def test_a_server_killed_mid_step_loses_nothing_and_a_returning_one_gets_the_wei
   assert back.service.metrics()["requests_completed"] >= 1
 
 
+@pytest.mark.slow
 def test_a_server_restarted_between_two_calls_samples_with_the_fleet_weights(fleet):
   fleet, servers, logs = fleet
   fleet.update_params(NEW_PARAMS, version=4)
