@@ -153,15 +153,20 @@ def test_a_disconnecting_client_frees_its_slot(served):
   assert wait_for(lambda: not service.scheduler.has_work())
 
 
-def test_cancel_over_grpc_ends_one_sample_and_the_rest_finish(served, monkeypatch):
-  client, service, _ = served
+@pytest.fixture()
+def slow_engine(monkeypatch):
+  """Each decode dispatch takes 20 ms longer: room to act while samples run."""
   original = ENGINE.generate_steps
 
-  def slow(*args):  # room to cancel while the samples run
+  def slow(*args):
     time.sleep(0.02)
     return original(*args)
 
   monkeypatch.setattr(ENGINE, "generate_steps", slow)
+
+
+def test_cancel_over_grpc_ends_one_sample_and_the_rest_finish(served, slow_engine):
+  client, service, _ = served
   params = sampling.SamplingParams(max_new_tokens=40, seed=3, n=3, stop_token_ids=())
   future = client.submit(PROMPT, params, request_id="r1")
   assert wait_for(lambda: service.metrics()["slots_busy"] > 0)
@@ -214,17 +219,10 @@ def test_weight_update_changes_the_served_model(served):
 
 
 @pytest.mark.parametrize("served", [{"update_policy": "swap_now"}], indirect=True)
-def test_a_swap_under_a_running_sample_reports_each_tokens_version(served, monkeypatch):
+def test_a_swap_under_a_running_sample_reports_each_tokens_version(served, slow_engine):
   """Partial rollouts over gRPC: new weights reach a sample in flight, and the sample
   says which tokens each version drew."""
   client, service, _ = served
-  original = ENGINE.generate_steps
-
-  def slow(*args):  # room to push while the sample runs
-    time.sleep(0.02)
-    return original(*args)
-
-  monkeypatch.setattr(ENGINE, "generate_steps", slow)
   params = sampling.SamplingParams(max_new_tokens=40, seed=3, stop_token_ids=())
   future = client.submit(PROMPT, params, request_id="partial")
   assert wait_for(lambda: service.metrics()["slots_busy"] > 0)
