@@ -10,6 +10,8 @@ against steps and wall time; the ratio of samples/s against k = 0 of the same se
       [--workdir /tmp/async_rl] [--sampler-cpus 0] [--trainer-cpus 1] [--plot FILE]
       [--set KEY=VALUE ...] (trainer config overrides, every run)
       [--partial]     (k > 0 with rollout.partial_rollouts; the server swaps mid-sample)
+      [--reference sampler|trainer]  (who computes the KL term's reference log-probs,
+                      rollout.reference_logprobs; default: the server, off the trainer's core)
       [--summarise]   (recompute the figures of the runs already in --workdir)
 
 Prints one JSON line per run, then one per k (`"summary": true`).
@@ -86,7 +88,9 @@ def run_one(args, checkpoint: str, seed: int, k: int) -> dict:
             f"--config.rollout.max_staleness={k}", f"--config.sampler.address=localhost:{port}",
             f"--config.train.steps={args.steps}", f"--config.train.eval_every={args.eval_every}",
             "--config.train.tensorboard=False", f"--config.train.checkpoint_every={args.steps}",
-            "--config.train.eval_samples=0"] + [f"--config.{item}" for item in args.set]
+            "--config.train.eval_samples=0",
+            f"--config.rollout.reference_logprobs={args.reference}"]
+        + [f"--config.{item}" for item in args.set]
         + ([f"--config.rollout.partial_rollouts={bool(k and args.partial)}"]),
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=open(
             os.path.join(workdir, "train.log"), "w"))
@@ -173,6 +177,9 @@ def main() -> int:
   parser.add_argument("--partial", action="store_true",
                       help="partial rollouts for k > 0 (the server swaps weights under the "
                       "samples in flight: sampler.update_policy=swap_now)")
+  parser.add_argument("--reference", choices=("sampler", "trainer"), default="sampler",
+                      help="rollout.reference_logprobs of every run: the server computes "
+                      "the reference log-probs (sampler) or the trainer does")
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="one more trainer config override for every run, e.g. "
                       "train.packing=True (repeatable)")

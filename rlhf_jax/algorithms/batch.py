@@ -215,13 +215,8 @@ def response_logprobs(model, params, batch: RolloutBatch, *, with_entropy: bool 
     logprobs [B, R] (and entropy [B, R] when `with_entropy`), float32, 0 where
     the response mask is 0.
   """
-  tokens, attention, _ = response_logits_inputs(batch)
-  layout = {} if packed is not None else {"attention_mask": attention}
-  out = model.apply(params, tokens, method=lm_head.token_logprobs,
-                    targets=batch.response_tokens, chunk=model.config.logprob_chunk,
-                    with_entropy=with_entropy, packed=packed, **layout)
-  mask = batch.response_mask
-  return tuple(x * mask for x in out) if with_entropy else out * mask
+  return lm_head.rows_logprobs(model, params, batch.tokens, batch.attention_mask,
+                               batch.response_mask, with_entropy=with_entropy, packed=packed)
 
 
 def response_values(critic, params, batch: RolloutBatch, *,

@@ -129,6 +129,12 @@ def uses_reference(algorithm) -> bool:
   return algorithm.kl.placement != "none"
 
 
+def trainer_holds_reference(c) -> bool:
+  """Whether the trainer keeps a frozen reference copy: a KL term whose log π_ref the
+  sampling servers do not bring with the batch (`rollout.reference_logprobs`)."""
+  return uses_reference(c.algorithm) and c.rollout.reference_logprobs != "sampler"
+
+
 def reuses_sampler_logprobs(algorithm, train, correction: str) -> bool:
   """Whether π_old may be the sampler's log-probs when every token is fresh: one
   optimizer step per batch (its first forward is the current policy's) and no

@@ -67,7 +67,8 @@ class PPOLearner(LearnerBase):
     algorithm: the `algorithm` config section.
     actor: the policy role.
     critic: the value role, or None.
-    reference: the reference policy, or None.
+    reference: the reference policy, or None (no KL term, or log π_ref comes with the
+      batch from the sampling servers: rollout.reference_logprobs).
     correction: the rollout-correction mode in force (ppo_config.correction_mode).
     group_size: G.
     seed: seeds the mini-batch shuffles (folded with the step: resume-safe).
@@ -96,8 +97,9 @@ class PPOLearner(LearnerBase):
     with estimator 'gae' (or a value head), a reference with a KL term."""
     a = c.algorithm
     actor_optimizer, critic_optimizer = rl_optimizers(c)
-    # The reference first: FrozenRole copies, and the actor's update donates its tree.
-    reference = FrozenRole(model, params) if ppo_config.uses_reference(a) else None
+    # The reference first: FrozenRole copies, and the actor's update donates its tree. With
+    # rollout.reference_logprobs='sampler' the servers hold it and the batch brings log π_ref.
+    reference = FrozenRole(model, params) if ppo_config.trainer_holds_reference(c) else None
     critic = None
     if ppo_config.uses_critic(a):
       critic_parts = with_adapters(*initial_critic(c, model, params, mesh), critic_optimizer,

@@ -102,3 +102,25 @@ def token_values(module, tokens: jax.Array, *, num_last: int,
   `num_last` positions, padded or packed (`token_logprobs`'s arguments)."""
   return module.project(response_hidden(module, tokens, num_last=num_last, packed=packed,
                                         **forward))
+
+
+def rows_logprobs(model, params, tokens: jax.Array, attention_mask: jax.Array,
+                  response_mask: jax.Array, *, with_entropy: bool = False,
+                  packed: PackedRows | None = None):
+  """log π(y_t | x, y_<t) of the response tokens of rows laid out as the rollout batch
+  (`algorithms.batch`): tokens and attention_mask [B, P+R], prompt left-padded, response
+  right-padded in the last R = response_mask.shape[1] columns. The last token is dropped
+  from the input (it predicts nothing scored). With `packed`, from the rows packed into
+  buffers. Used by the trainer's forwards and by a sampling server's reference
+  (sampling/reference.py).
+
+  Returns:
+    logprobs [B, R] (and entropy [B, R] when `with_entropy`), float32, 0 where
+    `response_mask` is 0.
+  """
+  response_length = response_mask.shape[1]
+  layout = {} if packed is not None else {"attention_mask": attention_mask[:, :-1]}
+  out = model.apply(params, tokens[:, :-1], method=token_logprobs,
+                    targets=tokens[:, -response_length:], chunk=model.config.logprob_chunk,
+                    with_entropy=with_entropy, packed=packed, **layout)
+  return tuple(x * response_mask for x in out) if with_entropy else out * response_mask

@@ -71,7 +71,8 @@ class _Worker:
       state = (f"exited with code {exitcode}" if exitcode is not None
                else f"did not start within {timeout_s:.0f} s")
       raise WorkerStartError(
-          f"a verifier worker process {state}. Workers are started with multiprocessing "
+          f"a worker process (of the verifiers or environments) {state}. Workers are "
+          "started with multiprocessing "
           "'spawn', which imports the main module again in each worker: a script must "
           "run its work under `if __name__ == \"__main__\":`.")
     self.ready = True

@@ -58,6 +58,10 @@ def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collecti
   # the threads' timing, so such a run is not bit-reproducible. False: a batch samples
   # with the one version it was given.
   r.partial_rollouts = False
+  # Who computes the reference log-probs of the KL term: 'trainer' (a frozen copy on the
+  # trainer's devices) or 'sampler' (the sampling servers, which keep the reference
+  # weights and score each batch on the generation thread: rollout/reference.py).
+  r.reference_logprobs = "trainer"
   r.windows = ml_collections.ConfigDict()  # mode 'windows'
   r.windows.window_tokens = 32  # W: new tokens per response per step (paper: a third of R).
   return r

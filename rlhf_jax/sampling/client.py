@@ -25,6 +25,8 @@ from rlhf_jax.sampling.protos import sampler_pb2
 from rlhf_jax.sampling.protos import sampler_pb2_grpc
 from rlhf_jax.sampling.scheduler import Completion
 from rlhf_jax.sampling.wire import MAX_MESSAGE_BYTES
+from rlhf_jax.sampling.wire import array_from_proto
+from rlhf_jax.sampling.wire import array_to_proto
 from rlhf_jax.sampling.wire import param_names
 from rlhf_jax.sampling.wire import sampling_to_proto
 
@@ -51,6 +53,17 @@ def completion_from_proto(request_id: str, prompt_ids: Sequence[int],
       weights_version=(sample.first_weights_version, sample.last_weights_version),
       error=sample.error, candidate_logprobs=list(sample.candidate_logprobs),
       token_versions=list(sample.token_versions))
+
+
+def _weight_chunks(params, version: int, chunk_bytes: int) -> Iterator[sampler_pb2.WeightChunk]:
+  """The UpdateWeights / UpdateReference stream of `params`: tensor by tensor, in chunks."""
+  for name, leaf in param_names(params):
+    array = np.ascontiguousarray(jax.device_get(leaf))
+    data = array.tobytes()
+    for offset in range(0, max(len(data), 1), chunk_bytes):
+      yield sampler_pb2.WeightChunk(version=version, name=name, dtype=str(array.dtype),
+                                    shape=array.shape, offset=offset,
+                                    data=data[offset:offset + chunk_bytes])
 
 
 class SamplerClient:
@@ -197,15 +210,25 @@ class SamplerClient:
   def update_weights(self, params, version: int,
                      chunk_bytes: int = WEIGHT_CHUNK_BYTES) -> sampler_pb2.UpdateWeightsResponse:
     """Sends new parameters (tensor by tensor, in chunks) tagged with `version`."""
-    def chunks():
-      for name, leaf in param_names(params):
-        array = np.ascontiguousarray(jax.device_get(leaf))
-        data = array.tobytes()
-        for offset in range(0, max(len(data), 1), chunk_bytes):
-          yield sampler_pb2.WeightChunk(version=version, name=name, dtype=str(array.dtype),
-                                        shape=array.shape, offset=offset,
-                                        data=data[offset:offset + chunk_bytes])
-    return self._stub.UpdateWeights(chunks(), timeout=self.timeout_s)
+    return self._stub.UpdateWeights(_weight_chunks(params, version, chunk_bytes),
+                                    timeout=self.timeout_s)
+
+  def update_reference(self, params) -> sampler_pb2.UpdateWeightsResponse:
+    """Sends the reference policy's weights, which the server keeps beside the served
+    ones for `reference_logprobs`; the reply names its compute dtype."""
+    return self._stub.UpdateReference(_weight_chunks(params, 0, WEIGHT_CHUNK_BYTES),
+                                      timeout=self.timeout_s)
+
+  def reference_logprobs(self, tokens, attention_mask, response_mask) -> np.ndarray:
+    """log π_ref [B, R] float32 of the response tokens of rows in the rollout batch's
+    layout (tokens, attention_mask [B, P+R] int32; response_mask [B, R] float32), under
+    the weights of `update_reference` (FAILED_PRECONDITION before)."""
+    request = sampler_pb2.ReferenceLogprobsRequest(
+        tokens=array_to_proto(np.asarray(tokens, np.int32)),
+        attention_mask=array_to_proto(np.asarray(attention_mask, np.int32)),
+        response_mask=array_to_proto(np.asarray(response_mask, np.float32)))
+    response = self._stub.ReferenceLogprobs(request, timeout=self.timeout_s)
+    return array_from_proto(response.logprobs, "logprobs")
 
   def update_params(self, params, version: int) -> sampler_pb2.UpdateWeightsResponse:
     """`update_weights` under the in-process Scheduler's name, so the trainer can hold

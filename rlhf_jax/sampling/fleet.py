@@ -14,6 +14,9 @@
   (at most every `probe_interval_s`); it gets the current weights before its first
   request.
 - **No server left**: `generate` raises `FleetUnavailableError`, naming every address.
+- **The reference** (`update_reference`, `reference_logprobs`): every server keeps the
+  trainer's reference weights; a batch's reference log-probs are computed on the
+  least-loaded server, with the same failover.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class SamplerFleet:
     self.in_flight = {a: 0 for a in self.addresses}
     self.last_probe = {a: -float("inf") for a in self.addresses}
     self.weights: tuple[Any, int] | None = None  # (host params, version) to give joiners
+    self.reference: Any = None  # host reference weights (update_reference), for joiners
     # per server, the newest version it acknowledged: what a request sent now samples
     # with at least (a push may still be on its way while generation runs)
     self.acked: dict[str, int] = {}
@@ -99,6 +103,8 @@ class SamplerFleet:
         if self.weights is not None:
           client.update_params(*self.weights)
           self.acked[address] = self.weights[1]
+        if self.reference is not None:
+          client.update_reference(self.reference)
       except grpc.RpcError:
         continue
       with self.lock:
@@ -147,6 +153,53 @@ class SamplerFleet:
       except grpc.RpcError as error:
         self._lost(address, error)
     return replies
+
+  def update_reference(self, params: Any) -> list[Any]:
+    """Sends the reference weights to every live server at once; kept for joiners and
+    servers that restart. Returns the replies (each names its compute dtype)."""
+    self.reference = jax.device_get(params)
+    futures = {a: self.executor.submit(self.clients[a].update_reference, self.reference)
+               for a in sorted(self.live)}
+    replies = []
+    for address, future in futures.items():
+      try:
+        replies.append(future.result())
+      except grpc.RpcError as error:
+        self._lost(address, error)
+    return replies
+
+  def reference_logprobs(self, tokens, attention_mask, response_mask):
+    """`SamplerClient.reference_logprobs` on the least-loaded live server; a server that
+    fails is marked lost and the rows go to another, one that restarted (no reference)
+    gets the reference again first."""
+    self.probe()
+    for _ in range(len(self.addresses) + 1):
+      if not self.live:
+        self.probe(force=True)
+        if not self.live:
+          break
+      address = self._least_loaded()
+      with self.lock:
+        self.in_flight[address] += 1
+      try:
+        return self.clients[address].reference_logprobs(tokens, attention_mask, response_mask)
+      except grpc.RpcError as error:
+        if error.code() == grpc.StatusCode.FAILED_PRECONDITION and self.reference is not None:
+          self.log(f"sampler fleet: {address} had lost the reference weights: sending them "
+                   "again")
+          try:
+            self.clients[address].update_reference(self.reference)
+          except grpc.RpcError as again:
+            self._lost(address, again)
+        elif error.code() in _SERVER_LOST:
+          self._lost(address, error)
+        else:
+          raise
+      finally:
+        with self.lock:
+          self.in_flight[address] -= 1
+    raise FleetUnavailableError("no sampler server computed the reference log-probs: "
+                                f"{', '.join(self.addresses)}")
 
   def prepare_params(self, params: Any) -> Any:
     """Host copies of `params` (what a `VersionedSampler` keeps per version)."""

@@ -16,6 +16,7 @@ import uuid
 
 from rlhf_jax.models.functional import Params
 from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.reference import ReferencePolicy
 from rlhf_jax.sampling.requests import Completion
 from rlhf_jax.sampling.scheduler import Scheduler
 
@@ -35,6 +36,8 @@ class SamplerService:
   def __init__(self, scheduler: Scheduler, tokenizer=None):
     self.scheduler = scheduler
     self.tokenizer = tokenizer
+    # The trainer's reference weights, once sent (UpdateReference).
+    self.reference = ReferencePolicy(scheduler.engine.model)
     self._sinks: dict[str, queue.Queue] = {}
     self._lock = threading.Lock()
     self._wake = threading.Event()

@@ -2,7 +2,8 @@
 
   rlhf_jax.sampling.Sampler     Generate (unary), GenerateStream, UpdateWeights
                                 (client stream of tensors), Health, Metrics — with
-                                sampling parameters and per-token log-probs;
+                                sampling parameters and per-token log-probs; the
+                                trainer's reference (UpdateReference, ReferenceLogprobs);
   jetstream_proto.Orchestrator  Decode (server stream) and HealthCheck, the wire
                                 shape of JetStream's service, so its clients work.
 
@@ -24,6 +25,7 @@ from rlhf_jax.sampling.protos import jetstream_pb2
 from rlhf_jax.sampling.protos import jetstream_pb2_grpc
 from rlhf_jax.sampling.protos import sampler_pb2
 from rlhf_jax.sampling.protos import sampler_pb2_grpc
+from rlhf_jax.sampling.reference import NoReferenceError
 from rlhf_jax.sampling.scheduler import QueueFull
 from rlhf_jax.sampling.service import POLL_S
 from rlhf_jax.sampling.service import SamplerService
@@ -129,7 +131,32 @@ class SamplerServicer(sampler_pb2_grpc.SamplerServicer):
       context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UpdateWeights: {error}")
     self.service.update_params(params, version)
     return sampler_pb2.UpdateWeightsResponse(version=version, tensors=tensors,
-                                             update_policy=scheduler.update_policy)
+                                             update_policy=scheduler.update_policy,
+                                             compute_dtype=self._compute_dtype())
+
+  def _compute_dtype(self) -> str:
+    return str(self.service.scheduler.engine.model.config.dtype)
+
+  def UpdateReference(self, request_iterator, context):
+    try:  # the reference has the served weights' tree, shapes and placement
+      params, version, tensors = wire.params_from_chunks(request_iterator,
+                                                         self.service.scheduler.params)
+    except ValueError as error:
+      context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UpdateReference: {error}")
+    self.service.reference.load(params)
+    return sampler_pb2.UpdateWeightsResponse(version=version or 0, tensors=tensors,
+                                             compute_dtype=self._compute_dtype())
+
+  def ReferenceLogprobs(self, request, context):
+    try:
+      rows = [wire.array_from_proto(getattr(request, field), field)
+              for field in ("tokens", "attention_mask", "response_mask")]
+      logprobs = self.service.reference.logprobs(*rows)
+    except ValueError as error:
+      context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReferenceLogprobs: {error}")
+    except NoReferenceError as error:
+      context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ReferenceLogprobs: {error}")
+    return sampler_pb2.ReferenceLogprobsResponse(logprobs=wire.array_to_proto(logprobs))
 
   def Cancel(self, request, context):
     if request.HasField("sample_index") and request.sample_index < 0:

@@ -72,6 +72,29 @@ def sample_to_proto(completion: Completion, text: str = "") -> sampler_pb2.Sampl
       token_versions=completion.token_versions)
 
 
+def array_to_proto(array) -> sampler_pb2.Array:
+  """A dense array's proto (dtype name, shape, C-order bytes)."""
+  array = np.ascontiguousarray(np.asarray(array))
+  return sampler_pb2.Array(dtype=str(array.dtype), shape=array.shape, data=array.tobytes())
+
+
+def array_from_proto(message: sampler_pb2.Array, field: str) -> np.ndarray:
+  """The array of an Array message (a copy).
+
+  Raises:
+    ValueError naming `field`: an unknown dtype, or bytes that do not fill the shape.
+  """
+  try:
+    dtype = np.dtype(message.dtype)
+  except TypeError:
+    raise ValueError(f"{field}: unknown dtype {message.dtype!r}.") from None
+  shape = tuple(int(d) for d in message.shape)
+  if any(d < 0 for d in shape) or len(message.data) != int(np.prod(shape)) * dtype.itemsize:
+    raise ValueError(f"{field}: {len(message.data)} bytes do not hold {message.dtype}"
+                     f"{list(shape)}.")
+  return np.frombuffer(message.data, dtype).reshape(shape).copy()
+
+
 def param_names(params) -> list[tuple[str, jax.Array]]:
   """(path, leaf) of every parameter, paths like "layers/0/mlp/up_proj"."""
   flat, _ = jax.tree_util.tree_flatten_with_path(params)

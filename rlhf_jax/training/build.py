@@ -31,6 +31,7 @@ from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout.base import Rollout
 from rlhf_jax.rollout.offline import offline_rollout
+from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
@@ -183,6 +184,8 @@ def _sampler(c, policy: Policy, mesh):
     fleet = SamplerFleet(tuple(c.sampler.addresses))
     fleet.wait_ready()
     fleet.update_params(policy.params, version=0)
+    if reference_lib.from_sampler(c):  # the initial policy is the frozen reference
+      reference_lib.send_reference(fleet, policy.params, c.model.dtype)
     return fleet
   if c.sampler.address:
     # grpc is the `serve` extra's: imported only when a sampler server is configured.
@@ -190,6 +193,8 @@ def _sampler(c, policy: Policy, mesh):
     sampler = SamplerClient(c.sampler.address)
     sampler.wait_ready()
     sampler.update_params(policy.params, version=0)
+    if reference_lib.from_sampler(c):
+      reference_lib.send_reference(sampler, policy.params, c.model.dtype)
     return sampler
   return sampler_config_lib.build_scheduler(
       c.sampler, policy.model, generation_params(c, policy, policy.params, mesh),
@@ -230,8 +235,10 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
                               shuffle=c.data.shuffle)
   else:
     stream = PromptStream(examples, seed=c.seed, shuffle=c.data.shuffle)
-  return PipelinedRollout(rollout_config_lib.build_rollout(c.rollout, generator, stream),
-                          sampler if c.rollout.max_staleness else None, scorer,
+  inner = rollout_config_lib.build_rollout(c.rollout, generator, stream)
+  if reference_lib.from_sampler(c):
+    inner = reference_lib.SamplerReferenceRollout(inner, sampler)
+  return PipelinedRollout(inner, sampler if c.rollout.max_staleness else None, scorer,
                           max_staleness=c.rollout.max_staleness, last_step=c.train.steps)
 
 

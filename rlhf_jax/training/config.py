@@ -34,6 +34,7 @@ from rlhf_jax.models.run_config import validate_model_config
 from rlhf_jax.optim.optimizer import validate_optimizer
 from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
+from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks.arith import LEVELS as ARITH_LEVELS
 
@@ -235,6 +236,8 @@ def _validate_across_sections(c) -> None:
             f"learner={c.algorithm.learner!r} (stale samples are corrected by decoupled PPO)")
   r = c.rollout
   remote = c.sampler.address or c.sampler.addresses
+  reference_lib.check_config(c, uses_reference=ppo_config.uses_reference(c.algorithm),
+                             remote=bool(remote))
   if r.partial_rollouts and not remote and c.sampler.update_policy != "swap_now":
     invalid("sampler.update_policy", c.sampler.update_policy, "must be 'swap_now' with "
             "rollout.partial_rollouts=True (samples in flight take the new weights)")

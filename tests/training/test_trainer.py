@@ -285,12 +285,17 @@ def test_metrics_also_go_to_tensorboard(tmp_path):
                                                        ("grpo", 2, 0), ("grpo", 2, 1)])
 def test_training_against_sampling_servers(tmp_path, name, servers, staleness):
   """One server (`sampler.address`) or a fleet of two (`sampler.addresses`), also with
-  generation one version ahead (the servers get each job's pinned weights)."""
+  generation one version ahead (the servers get each job's pinned weights) and the
+  servers scoring the reference log-probs of the KL term."""
   from rlhf_jax.sampling import config as sampler_config_lib
   from rlhf_jax.sampling import server as server_lib
 
   config = shrink(preset(name))
-  config.algorithm.kl.placement, config.algorithm.kl.coef = "none", 0.0
+  from_sampler = staleness > 0  # the KL term's reference on the servers
+  if from_sampler:
+    config.rollout.reference_logprobs = "sampler"
+  else:
+    config.algorithm.kl.placement, config.algorithm.kl.coef = "none", 0.0
   config.data.num_eval = 12  # more prompts than server threads: the client windows them
   config.rollout.max_staleness = staleness
   checkpoint = stages.ensure_arith_warm_start(config, str(tmp_path), log=lambda line: None)
@@ -310,6 +315,11 @@ def test_training_against_sampling_servers(tmp_path, name, servers, staleness):
     fleet.max_in_flight = 3  # below each server's 4 handler threads
     summary = trainer.run()
     assert summary["steps"] == 2
+    if from_sampler:  # no copy on the trainer; the servers' reference is the warm start
+      assert trainer.learner.reference is None
+      first = next(r for r in records(tmp_path) if r["step"] == 1 and "kl_loss" in r)
+      assert first["kl_loss"] < 1e-4  # the policy is the reference (other weights: nats)
+      assert first["time_reference"] > 0
     # The servers sampled with the trainer's weights: ratio 1 in every step (for T-PPO
     # also in step 2, whose windows continue step 1's responses).
     for record in records(tmp_path)[1:]:

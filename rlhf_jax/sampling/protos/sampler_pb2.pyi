@@ -133,14 +133,42 @@ class WeightChunk(_message.Message):
     def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("version", "tensors", "update_policy")
+    __slots__ = ("version", "tensors", "update_policy", "compute_dtype")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     UPDATE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     version: int
     tensors: int
     update_policy: str
-    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[int] = ..., update_policy: _Optional[str] = ...) -> None: ...
+    compute_dtype: str
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[int] = ..., update_policy: _Optional[str] = ..., compute_dtype: _Optional[str] = ...) -> None: ...
+
+class Array(_message.Message):
+    __slots__ = ("dtype", "shape", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ReferenceLogprobsRequest(_message.Message):
+    __slots__ = ("tokens", "attention_mask", "response_mask")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_MASK_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_MASK_FIELD_NUMBER: _ClassVar[int]
+    tokens: Array
+    attention_mask: Array
+    response_mask: Array
+    def __init__(self, tokens: _Optional[_Union[Array, _Mapping]] = ..., attention_mask: _Optional[_Union[Array, _Mapping]] = ..., response_mask: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
+
+class ReferenceLogprobsResponse(_message.Message):
+    __slots__ = ("logprobs",)
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprobs: Array
+    def __init__(self, logprobs: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

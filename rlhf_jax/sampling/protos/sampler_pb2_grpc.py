@@ -54,6 +54,16 @@ class SamplerStub:
                 request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelRequest.SerializeToString,
                 response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelResponse.FromString,
                 _registered_method=True)
+        self.UpdateReference = channel.stream_unary(
+                '/rlhf_jax.sampling.Sampler/UpdateReference',
+                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
+                _registered_method=True)
+        self.ReferenceLogprobs = channel.unary_unary(
+                '/rlhf_jax.sampling.Sampler/ReferenceLogprobs',
+                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsResponse.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/rlhf_jax.sampling.Sampler/Health',
                 request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.HealthRequest.SerializeToString,
@@ -98,6 +108,23 @@ class SamplerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateReference(self, request_iterator, context):
+        """The reference policy's weights (the trainer's frozen reference), kept beside the
+        served ones; replaces any earlier reference.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReferenceLogprobs(self, request, context):
+        """Per-token log-probs of given responses under the reference weights (KL to the
+        reference, computed where the weights already are). FAILED_PRECONDITION before
+        UpdateReference.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Health(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -132,6 +159,16 @@ def add_SamplerServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelRequest.FromString,
                     response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelResponse.SerializeToString,
+            ),
+            'UpdateReference': grpc.stream_unary_rpc_method_handler(
+                    servicer.UpdateReference,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'ReferenceLogprobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReferenceLogprobs,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
@@ -252,6 +289,60 @@ class Sampler:
             '/rlhf_jax.sampling.Sampler/Cancel',
             rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelRequest.SerializeToString,
             rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateReference(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/rlhf_jax.sampling.Sampler/UpdateReference',
+            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
+            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReferenceLogprobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlhf_jax.sampling.Sampler/ReferenceLogprobs',
+            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsResponse.FromString,
             options,
             channel_credentials,
             insecure,
