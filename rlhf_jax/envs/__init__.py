@@ -1,0 +1,13 @@
+"""rlhf_jax.envs: environments for multi-turn rollouts (`rollout.mode='multi_turn'`).
+
+base.py holds the seam (`Environment`, `StepResult`, `load_factory`); runner.py runs
+environments in killable worker processes with a per-call timeout.
+"""
+
+from rlhf_jax.envs.base import Environment
+from rlhf_jax.envs.base import StepResult
+from rlhf_jax.envs.base import load_factory
+from rlhf_jax.envs.runner import EnvironmentRunner
+from rlhf_jax.envs.runner import Outcome
+
+__all__ = ["Environment", "EnvironmentRunner", "Outcome", "StepResult", "load_factory"]

@@ -1,0 +1,71 @@
+"""The `Environment` seam of multi-turn rollouts (`rollout.mode='multi_turn'`).
+
+    env = factory()                       one new environment per sample (episode)
+    observation = env.reset(example)      text appended after the prompt ("" for none)
+    result = env.step(action)             action: the decoded text of the model's turn
+                                          → StepResult(observation, reward, done)
+
+The rollout keeps the episode's tokens itself (token-in/token-out): the model's tokens as
+sampled, each observation tokenised once and appended; the environment sees text only.
+Environments run in killable worker processes (envs/runner.py), so they must be picklable:
+their state travels with each call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from rlhf_jax.config_errors import invalid
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+  """What an environment returns for one model turn.
+
+  Attributes:
+    observation: text appended after the model's turn (a tool's output, a user's reply);
+      "" for none.
+    reward: this step's reward (summed into the episode's, or placed at the end of the
+      model's turn: `env.reward_placement`).
+    done: the episode ends here.
+    info: anything JSON-able to log with the rollout (e.g. the tool calls made).
+  """
+  observation: str = ""
+  reward: float = 0.0
+  done: bool = False
+  info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+  """What a multi-turn rollout needs of an environment (see the module docstring)."""
+
+  def reset(self, example) -> str:
+    """The first observation for `example` (a `rlhf_jax.data.Example`), appended after the
+    prompt; may be ""."""
+
+  def step(self, action: str) -> StepResult:
+    """Takes the decoded text of the model's turn; returns the next observation, this
+    step's reward and whether the episode ends."""
+
+
+def load_factory(path: str, field: str = "env.factory") -> Callable[[], Environment]:
+  """The callable named by "package.module:callable".
+
+  Raises:
+    ConfigError: naming `field`, for a malformed path, a module that does not import, or a
+    missing or non-callable attribute.
+  """
+  module_name, _, attribute = path.partition(":")
+  if not module_name or not attribute:
+    invalid(field, path, "must be 'package.module:callable'")
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as error:  # pylint: disable=broad-except
+    invalid(field, path, f"its module does not import: {type(error).__name__}: {error}")
+  factory = getattr(module, attribute, None)
+  if not callable(factory):
+    invalid(field, path, f"module {module_name!r} has no callable {attribute!r}")
+  return factory
