@@ -16,16 +16,20 @@ GENERATED = ("protos",)
 # kernels → models → sampling → rewards → rollout → algorithms' learners → training.
 FORBIDDEN = {
     "kernels": {"models", "sampling", "rewards", "rollout", "algorithms", "optim", "training",
-                "search", "analysis", "data", "tasks", "parallel"},
-    "models": {"sampling", "rewards", "rollout", "algorithms", "optim", "training", "search"},
+                "search", "analysis", "data", "tasks", "parallel", "envs"},
+    "models": {"sampling", "rewards", "rollout", "algorithms", "optim", "training", "search",
+               "envs"},
     "parallel": {"models", "sampling", "rewards", "rollout", "algorithms", "optim", "training",
-                 "search"},
-    "optim": {"models", "sampling", "rewards", "rollout", "algorithms", "training", "search"},
-    "sampling": {"rewards", "rollout", "algorithms", "optim", "training", "search"},
-    "rewards": {"rollout", "training", "search"},
+                 "search", "envs"},
+    "optim": {"models", "sampling", "rewards", "rollout", "algorithms", "training", "search",
+              "envs"},
+    "sampling": {"rewards", "rollout", "algorithms", "optim", "training", "search", "envs"},
+    "rewards": {"rollout", "training", "search", "envs"},
+    "envs": {"models", "sampling", "rollout", "algorithms", "optim", "training", "search"},
     "rollout": {"training", "search"},
-    "algorithms": {"rollout", "training", "search"},
-    "data": {"sampling", "rewards", "rollout", "algorithms", "optim", "training", "search"},
+    "algorithms": {"rollout", "training", "search", "envs"},
+    "data": {"sampling", "rewards", "rollout", "algorithms", "optim", "training", "search",
+             "envs"},
     "training": {"search", "analysis"},
 }
 

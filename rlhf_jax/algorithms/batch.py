@@ -120,12 +120,15 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                         window_starts: Sequence[int] | None = None,
                         finished: Sequence[bool] | None = None,
                         step_rewards: Sequence[Sequence[tuple[int, float]]] | None = None,
-                        token_versions: Sequence[Sequence[int]] | None = None
+                        token_versions: Sequence[Sequence[int]] | None = None,
+                        loss_masks: Sequence[Sequence[int]] | None = None
                         ) -> RolloutBatch:
   """Packs host-side rollouts into a RolloutBatch of NumPy arrays (`window_starts`
   default 0, `finished` default True: whole responses; `step_rewards` per row a list of
   (response column, process reward) pairs, default none; `token_versions` per row the
-  policy version of each response token, default 0: the starting policy).
+  policy version of each response token, default 0: the starting policy; `loss_masks`
+  per row 0/1 per response token, default 1: multi-turn rows put 0 on the environment's
+  tokens, which are context but not the policy's actions).
 
   Raises:
     ValueError: naming the row if a prompt or response does not fit, or if its
@@ -147,9 +150,12 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
     tokens[row, prompt_length - len(prompt):prompt_length] = prompt
     attention[row, prompt_length - len(prompt):prompt_length] = 1
     n = len(response)
+    if loss_masks is not None and len(loss_masks[row]) != n:
+      raise ValueError(f"row {row}: a loss mask of {len(loss_masks[row])} for a response of "
+                       f"{n} tokens (one per token).")
     tokens[row, prompt_length:prompt_length + n] = response
     attention[row, prompt_length:prompt_length + n] = 1
-    response_mask[row, :n] = 1.0
+    response_mask[row, :n] = 1.0 if loss_masks is None else loss_masks[row]
     logprobs[row, :n] = lps
     lengths[row] = n
   zeros = lambda: np.zeros((batch, response_length), np.float32)

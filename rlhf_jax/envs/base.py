@@ -55,8 +55,8 @@ def load_factory(path: str, field: str = "env.factory") -> Callable[[], Environm
   """The callable named by "package.module:callable".
 
   Raises:
-    ConfigError: naming `field`, for a malformed path, a module that does not import, or a
-    missing or non-callable attribute.
+    ConfigError: naming `field`, for a malformed path, a module that does not import, or
+      a missing or non-callable attribute.
   """
   module_name, _, attribute = path.partition(":")
   if not module_name or not attribute:

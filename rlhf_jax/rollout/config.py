@@ -2,8 +2,9 @@
 
 Modes: "groups" (G samples of each of `prompts_per_step` prompts), "dynamic"
 (DAPO's dynamic sampling over groups), "windows" (T-PPO's in-flight responses, W
-tokens per step) and "offline" (labelled groups from a file: rollout/offline.py,
-built by training/build.py since it reads no sampler).
+tokens per step), "multi_turn" (G episodes with an environment per prompt:
+rollout/multi_turn.py, configured by the `env` section) and "offline" (labelled groups
+from a file: rollout/offline.py, built by training/build.py since it reads no sampler).
 """
 
 from __future__ import annotations
@@ -15,26 +16,32 @@ from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 from rlhf_jax.data import PromptStream
+from rlhf_jax.envs import EnvironmentRunner
+from rlhf_jax.envs.config import turn_end_id
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.groups import DynamicSamplingRollout
 from rlhf_jax.rollout.groups import GroupRollout
+from rlhf_jax.rollout.multi_turn import MultiTurnRollout
 from rlhf_jax.rollout.windows import WindowRollout
 from rlhf_jax.rollout.windows import longest_request_prompt
 from rlhf_jax.sampling import FireSchedule
 from rlhf_jax.sampling import SamplingParams
 
-MODES = ("groups", "dynamic", "windows", "offline")
+MODES = ("groups", "dynamic", "windows", "multi_turn", "offline")
 
 
 def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collections.ConfigDict:
   """The `rollout` section with its defaults (one comment per field)."""
   r = ml_collections.ConfigDict()
-  # 'groups', 'dynamic' (DAPO dynamic sampling), 'windows' (T-PPO) or 'offline'
-  # (data.offline_file's labelled groups: DPO, DQO).
+  # 'groups', 'dynamic' (DAPO dynamic sampling), 'windows' (T-PPO), 'multi_turn' (episodes
+  # with the `env` section's environment) or 'offline' (data.offline_file's labelled
+  # groups: DPO, DQO).
   r.mode = "groups"
   r.prompts_per_step = prompts_per_step  # Prompts (groups) per training step.
   r.group_size = 8  # G: samples per prompt.
-  r.max_new_tokens = max_new_tokens  # R: response cap (tokens).
+  # R: response cap (tokens); with mode 'multi_turn' the cap of one model turn (the row's
+  # budget is env.max_tokens).
+  r.max_new_tokens = max_new_tokens
   r.stop_at_eos = True  # End a response at the EOS token (False: always max_new_tokens).
   r.temperature = 1.0  # Sampling temperature during training (RL: 1.0).
   r.top_p = 1.0  # Nucleus sampling during training.
@@ -120,10 +127,26 @@ def sampling_params(r: ml_collections.ConfigDict, stop_token_ids: tuple[int, ...
                         n=r.group_size, fire=fire)
 
 
+def response_length(c: ml_collections.ConfigDict) -> int:
+  """R, the batch's response columns: `rollout.max_new_tokens`, or with mode 'multi_turn'
+  the row's budget after the prompt, `env.max_tokens`."""
+  return c.env.max_tokens if c.rollout.mode == "multi_turn" else c.rollout.max_new_tokens
+
+
 def build_rollout(r: ml_collections.ConfigDict, generator: GroupGenerator,
-                  stream: PromptStream):
+                  stream: PromptStream, *, env: ml_collections.ConfigDict | None = None,
+                  failure_score: float = -1.0):
   """The rollout of `r.mode` (an object with `collect() -> Rollouts`, `state()`,
-  `restore(state)`)."""
+  `restore(state)`); mode 'multi_turn' needs the `env` section and scores an episode
+  whose environment failed `failure_score`."""
+  if r.mode == "multi_turn":
+    return MultiTurnRollout(
+        generator, stream, EnvironmentRunner(env.factory, workers=env.workers,
+                                             timeout_s=env.timeout_s),
+        prompts_per_step=r.prompts_per_step, group_size=r.group_size,
+        max_turns=env.max_turns, max_tokens=env.max_tokens,
+        reward_placement=env.reward_placement, verifier=env.verifier,
+        turn_end_id=turn_end_id(env, generator.tokenizer), failure_score=failure_score)
   if r.mode == "windows":
     return WindowRollout(generator, stream, prompts_per_step=r.prompts_per_step,
                          group_size=r.group_size, window_tokens=r.windows.window_tokens,

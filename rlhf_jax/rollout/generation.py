@@ -68,11 +68,15 @@ class Rollouts:
     correct: per finished response, the scorer's verdict.
     failures: the scorer's failure reasons (non-empty ones only).
     metrics: the rollout mode's own metrics (e.g. dynamic sampling's kept ratio).
+    transcripts: per row its turns in order ({"role": "assistant" | "environment",
+      "text", "token_ids"}), from modes with more than one turn; None: one assistant
+      turn per row, the response.
   """
   batch: RolloutBatch
   correct: list[bool]
   failures: list[str]
   metrics: dict[str, float]
+  transcripts: list[list[dict[str, Any]]] | None = None
 
 
 def token_versions(completion) -> list[int]:

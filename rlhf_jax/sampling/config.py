@@ -40,6 +40,10 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
   config.max_queue = 4096  # Most requests queued or running; beyond: rejected.
   config.update_policy = "finish_old"  # Weight updates: 'finish_old' or 'swap_now'.
   config.max_stop_tokens = 4  # Room for stop token ids per request.
+  # Finished samples' KV cache rows kept for their next turn (multi-turn rollouts prefill
+  # only the new tokens: sampling/prefix_cache.py); each holds one slot's cache. -1:
+  # num_slots; 0: off.
+  config.parked_rows = -1
   # The sampler's compute dtype (float32, bfloat16): bf16 rollouts with a float32 trainer
   # are the common GPU setup (the trainer then corrects the mismatch, algorithm.correction).
   config.dtype = "float32"
@@ -57,6 +61,9 @@ def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sa
   for field in ("num_slots", "cache_length", "max_stop_tokens"):  # the Engine's
     if not isinstance(config[field], int) or config[field] < 1:
       invalid(f"{prefix}.{field}", config[field], "must be an int >= 1")
+  if not isinstance(config.parked_rows, int) or config.parked_rows < -1:
+    invalid(f"{prefix}.parked_rows", config.parked_rows, "must be an int >= -1 (-1: "
+            "num_slots, 0: off)")
   try:
     validate_scheduler_options(
         prompt_buckets=tuple(config.prompt_buckets), cache_length=config.cache_length,
@@ -102,7 +109,8 @@ def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokeniz
   scheduler = Scheduler(engine, params, prompt_buckets=tuple(config.prompt_buckets),
                    steps_per_sync=config.steps_per_sync, continuous=config.continuous,
                    max_queue=config.max_queue, update_policy=config.update_policy, seed=seed,
-                   max_prefill_batch=config.max_prefill_batch)
+                   max_prefill_batch=config.max_prefill_batch,
+                   parked_rows=None if config.parked_rows == -1 else config.parked_rows)
   if config.warmup:
     scheduler.warmup()
   return scheduler

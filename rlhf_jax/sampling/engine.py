@@ -28,7 +28,6 @@ import collections
 import dataclasses
 from typing import Any, Callable, Sequence
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,89 +35,14 @@ import numpy as np
 from rlhf_jax.models.decoder import KVCache
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
+from rlhf_jax.sampling.engine_state import DecodeState
+from rlhf_jax.sampling.engine_state import GuidedParams  # pylint: disable=unused-import
+from rlhf_jax.sampling.engine_state import ParkedRow
+from rlhf_jax.sampling.engine_state import Prefix
+from rlhf_jax.sampling.engine_state import SlotSampling
+from rlhf_jax.sampling.engine_state import StepResult
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.token_sampling import sample_tokens
-
-
-@flax.struct.dataclass
-class Prefix:
-  """The result of prefilling P prompts padded to one bucket length L.
-
-  Attributes:
-    keys, values: the prefill's KVCache keys / values (per layer [P, K, D, L] keys and
-      [P, K, L, D] values; one [layers, P, ...] array each when the model's
-      `scan_layers` is on).
-    logits: [P, V] float32 next-token logits after each prompt.
-    true_length: [P] int32 real prompt lengths (tokens at 0..true_length-1).
-  """
-  keys: tuple[jax.Array, ...]
-  values: tuple[jax.Array, ...]
-  logits: jax.Array
-  true_length: jax.Array
-
-
-@flax.struct.dataclass
-class GuidedParams:
-  """The params of an engine with a logits hook: the model's and the guide's (any pytree;
-  `update_params` may replace either)."""
-  model: Any
-  guide: Any
-
-
-@flax.struct.dataclass
-class SlotSampling:
-  """One sample's sampling parameters as fixed-dtype scalars (see `Engine.slot_sampling`)."""
-  key: jax.Array  # [2] uint32 key data of fold_in(key(seed), sample_index)
-  temperature: jax.Array
-  top_k: jax.Array
-  top_p: jax.Array
-  min_p: jax.Array
-  max_new_tokens: jax.Array
-  stop_token_ids: jax.Array  # [max_stop_tokens] int32, -1 = unused
-  fire: jax.Array  # bool: FIRE on
-  fire_every_line: jax.Array
-  fire_temperature: jax.Array
-  fire_top_k: jax.Array
-
-
-@flax.struct.dataclass
-class DecodeState:
-  """Everything the decode loop carries, one row per slot (S = num_slots).
-
-  Attributes:
-    cache: the KV cache, [S, cache_length].
-    logits: [S, V] float32 logits for each slot's next token.
-    last_token: [S] int32 the slot's last emitted token (-1 before the first).
-    generated: [S] int32 tokens emitted for the slot's current sample.
-    active: [S] bool, the slot holds a sample that is still generating.
-    sampling: SlotSampling with a leading [S] axis.
-  """
-  cache: KVCache
-  logits: jax.Array
-  last_token: jax.Array
-  generated: jax.Array
-  active: jax.Array
-  sampling: SlotSampling
-
-
-@flax.struct.dataclass
-class StepResult:
-  """What one `generate` step produced, per slot ([S] each).
-
-  Attributes:
-    tokens: the drawn token (meaningful where `emitted`).
-    sampled_logprobs: log-probability under the distribution it was drawn from.
-    model_logprobs: log-probability under the model at temperature 1.
-    emitted: the slot was active and produced a token this step.
-    finished: that token ended the sample (a stop token or max_new_tokens).
-    stopped: it ended because the token is a stop token.
-  """
-  tokens: jax.Array
-  sampled_logprobs: jax.Array
-  model_logprobs: jax.Array
-  emitted: jax.Array
-  finished: jax.Array
-  stopped: jax.Array
 
 
 @dataclasses.dataclass
@@ -163,6 +87,8 @@ class Engine:
     self._prefill = jax.jit(self._prefill_impl)
     self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._generate = jax.jit(self._generate_impl, static_argnums=(2,), donate_argnums=(1,))
+    self._park = jax.jit(self._park_impl, donate_argnums=(0,))
+    self._resume = jax.jit(self._resume_impl, donate_argnums=(2,))
 
   # ---------------------------------------------------------------- public API
 
@@ -216,7 +142,8 @@ class Engine:
         fire=np.bool_(fire is not None),
         fire_every_line=np.bool_(fire is not None and fire.every_line),
         fire_temperature=np.float32(1.0 if fire is None else fire.temperature),
-        fire_top_k=np.int32(0 if fire is None else fire.top_k))
+        fire_top_k=np.int32(0 if fire is None else fire.top_k),
+        keep_cache=np.bool_(params.keep_cache))
 
   def prefill(self, params: Params, tokens, true_length) -> Prefix:
     """Runs P prompts through the model and keeps their KV and next-token logits.
@@ -252,6 +179,39 @@ class Engine:
       raise ValueError(f"row={row} is outside the prefix's {prefix.logits.shape[0]} rows.")
     return self._insert(prefix, decode_state, np.int32(slot), np.int32(row), sampling)
 
+  def park(self, decode_state: DecodeState, slot: int) -> tuple[DecodeState, ParkedRow]:
+    """Takes the cache row of slot `slot`, whose sample finished with `keep_cache`, out
+    of the decode state (a copy on the device) and frees the slot; the input state is
+    donated. The row holds the prompt and every emitted token, the last one included."""
+    if not 0 <= slot < self.num_slots:
+      raise ValueError(f"slot={slot} is outside [0, {self.num_slots}).")
+    return self._park(decode_state, np.int32(slot))
+
+  def resume(self, params: Params, parked: ParkedRow, decode_state: DecodeState, slot: int,
+             tokens, true_length: int, *, sampling: SlotSampling) -> DecodeState:
+    """Puts a parked row into slot `slot` and prefills only the new tokens after it: the
+    slot then continues the conversation as if its whole prompt had been prefilled.
+
+    Args:
+      params: model parameters (the weights the parked row was computed with).
+      parked: from `park`, holding H tokens.
+      decode_state: donated; use the returned one.
+      slot: a free slot.
+      tokens: [1, L] int32 new tokens, right-padded to a bucket length L (H + L must fit
+        `cache_length`).
+      true_length: the real new tokens, 1 ≤ true_length ≤ L.
+      sampling: the continuation's SlotSampling.
+    """
+    tokens = np.asarray(tokens, np.int32)
+    if tokens.ndim != 2 or tokens.shape[0] != 1:
+      raise ValueError(f"tokens must be [1, L]; got {tokens.shape}.")
+    if not 1 <= true_length <= tokens.shape[1]:
+      raise ValueError(f"true_length={true_length} must be in [1, {tokens.shape[1]}].")
+    if not 0 <= slot < self.num_slots:
+      raise ValueError(f"slot={slot} is outside [0, {self.num_slots}).")
+    return self._resume(params, parked, decode_state, np.int32(slot), tokens,
+                        np.int32(true_length), sampling)
+
   def generate(self, params: Params, decode_state: DecodeState
                ) -> tuple[DecodeState, StepResult]:
     """One decode step for every slot; the input state is donated."""
@@ -286,6 +246,13 @@ class Engine:
   def _insert_impl(self, prefix, state, slot, row, sampling):
     self._traces["insert"] += 1
     length = prefix.true_length[row]
+    valid_row = jnp.arange(self.cache_length) < length
+    return self._start_slot(state, slot, row, prefix.keys, prefix.values, valid_row, length,
+                            length, prefix.logits, sampling)
+
+  def _start_slot(self, state, slot, row, keys, values, valid_row, end, length, logits,
+                  sampling):
+    """Row `row` of (keys, values, logits) into slot `slot`, which starts sampling."""
 
     def put(buffer, rows, axis=0):  # rows[row] → buffer[slot] along the batch axis
       update = jax.lax.dynamic_index_in_dim(rows, row, axis).astype(buffer.dtype)
@@ -294,22 +261,45 @@ class Engine:
       return jax.lax.dynamic_update_slice(buffer, update, start)
 
     cache = state.cache
-    valid_row = jnp.arange(self.cache_length) < length
     put_kv = lambda c, p: put(c, p, 1 if cache.stacked else 0)  # stacked: [layers, B, ...]
     cache = KVCache(
-        keys=jax.tree.map(put_kv, cache.keys, prefix.keys),
-        values=jax.tree.map(put_kv, cache.values, prefix.values),
+        keys=jax.tree.map(put_kv, cache.keys, keys),
+        values=jax.tree.map(put_kv, cache.values, values),
         valid=cache.valid.at[slot].set(valid_row),
-        end=cache.end.at[slot].set(length),
+        end=cache.end.at[slot].set(end),
         length=cache.length.at[slot].set(length))
     return DecodeState(
         cache=cache,
-        logits=put(state.logits, prefix.logits),
+        logits=put(state.logits, logits),
         last_token=state.last_token.at[slot].set(-1),
         generated=state.generated.at[slot].set(0),
         active=state.active.at[slot].set(True),
         sampling=jax.tree.map(lambda all_slots, one: all_slots.at[slot].set(one),
                               state.sampling, sampling))
+
+  def _park_impl(self, state, slot):
+    self._traces["park"] += 1
+    cache = state.cache
+    take = lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, 1 if cache.stacked else 0)
+    parked = ParkedRow(keys=jax.tree.map(take, cache.keys),
+                       values=jax.tree.map(take, cache.values),
+                       valid=jax.lax.dynamic_slice_in_dim(cache.valid, slot, 1),
+                       end=jax.lax.dynamic_slice_in_dim(cache.end, slot, 1),
+                       length=jax.lax.dynamic_slice_in_dim(cache.length, slot, 1))
+    # A free slot writes at position 0 again (see _generate_impl).
+    cache = cache.replace(end=cache.end.at[slot].set(0), length=cache.length.at[slot].set(0))
+    sampling = state.sampling.replace(keep_cache=state.sampling.keep_cache.at[slot].set(False))
+    return state.replace(cache=cache, sampling=sampling), parked
+
+  def _resume_impl(self, params, parked, state, slot, tokens, true_length, sampling):
+    self._traces["resume"] += 1
+    mask = jnp.arange(tokens.shape[1])[None, :] < true_length
+    logits, cache = self._logits(params, tokens, attention_mask=mask, cache=parked.cache(),
+                                 head_positions=(true_length - 1)[None])
+    # The next token goes right after the real new ones (padding positions are invalid).
+    end = parked.end[0] + true_length
+    return self._start_slot(state, slot, 0, cache.keys, cache.values, cache.valid[0], end,
+                            cache.length[0], logits, sampling)
 
   def _generate_impl(self, params, state, num_steps):
     self._traces[f"generate[{num_steps}]"] += 1
@@ -337,9 +327,14 @@ class Engine:
                                    head_positions=jnp.zeros_like(tokens))
       active = state.active & ~finished
       # Free slots write their (ignored) token at slot 0, so they never widen the span of
-      # cache that decode attention reads (`cached_attention`'s num_used).
-      cache = cache.replace(end=jnp.where(active, cache.end, 0),
-                            length=jnp.where(active, cache.length, 0))
+      # cache that decode attention reads (`cached_attention`'s num_used). A finished
+      # sample that keeps its cache (until `park`) holds its end instead: its ignored
+      # writes land one past its tokens, which a continuation overwrites.
+      held = s.keep_cache & ~active
+      keep = lambda new, old: jnp.where(active | (held & emitted), new,
+                                        jnp.where(held, old, 0))
+      cache = cache.replace(end=keep(cache.end, state.cache.end),
+                            length=keep(cache.length, state.cache.length))
       new_state = DecodeState(cache=cache, logits=logits.astype(jnp.float32),
                               last_token=jnp.where(emitted, tokens, state.last_token),
                               generated=generated, active=active, sampling=s)

@@ -66,6 +66,10 @@ class SamplingParams:
       (under the model at temperature 1, read from the prefill logits) each sample
       reports in `Completion.candidate_logprobs`: a generative judge's verdict
       probabilities without parsing its text (rewards/genrm.py).
+    keep_cache: keep each finished sample's KV cache (the scheduler's `PrefixCache`), so
+      that a later request whose prompt extends the sample's prompt and tokens prefills
+      only the new tokens: the next turn of a multi-turn episode. The tokens drawn are
+      the same either way.
   """
   temperature: float = 1.0
   top_k: int = 0
@@ -77,6 +81,7 @@ class SamplingParams:
   seed: int | None = None
   fire: FireSchedule | None = None
   candidate_token_ids: Sequence[int] = ()
+  keep_cache: bool = False
 
   def __post_init__(self):
     _check_number("temperature", self.temperature, low=0.0)
@@ -100,6 +105,8 @@ class SamplingParams:
                        "of non-negative token ids.")
     object.__setattr__(self, "candidate_token_ids",
                        tuple(int(t) for t in self.candidate_token_ids))
+    if not isinstance(self.keep_cache, bool):
+      raise ValueError(f"keep_cache={self.keep_cache!r} must be a bool.")
     if self.fire is not None and not isinstance(self.fire, FireSchedule):
       raise ValueError(f"fire={self.fire!r} must be a FireSchedule or None.")
 

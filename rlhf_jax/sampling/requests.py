@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 from rlhf_jax.sampling.engine import Prefix
 from rlhf_jax.sampling.params import SamplingParams
@@ -64,7 +64,8 @@ class RequestState:
   waiting: collections.deque  # sample indices not yet in a slot
   prefix: Prefix | None = None
   prefix_row: int = 0
-  prefix_version: int = 0  # the weights version that computed `prefix`
+  prefix_version: int = 0  # the weights version that computed `prefix` (or `parked`)
+  parked: Any = None  # a PrefixCache `Parked` row this request continues, or None
   candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
   outstanding: int = 0  # samples not yet completed
   cancelled: bool = False

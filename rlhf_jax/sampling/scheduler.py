@@ -24,13 +24,16 @@ import jax
 import numpy as np
 
 from rlhf_jax.models.functional import Params
+from rlhf_jax.sampling import programs
 from rlhf_jax.sampling.engine import Engine
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
+from rlhf_jax.sampling.prefix_cache import PrefixCache
 from rlhf_jax.sampling.requests import Completion
 from rlhf_jax.sampling.requests import RequestState
 from rlhf_jax.sampling.requests import SampleState
 from rlhf_jax.sampling.requests import TokenCallback
+from rlhf_jax.sampling.scheduler_options import validate_request
 from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
 
 
@@ -64,13 +67,15 @@ class Scheduler:
     weights_version: the version number of `params`.
     max_prefill_batch: most prompts per prefill call (a power of two); prefill
       batches are padded to powers of two up to it, one compile each.
+    parked_rows: most finished samples' cache rows kept for continuations (requests
+      with `keep_cache`: sampling/prefix_cache.py); None: `num_slots`.
   """
 
   def __init__(self, engine: Engine, params: Params, *,
                prompt_buckets: Sequence[int] | None = None, steps_per_sync: int = 8,
                continuous: bool = True, max_queue: int = 4096,
                update_policy: str = "finish_old", seed: int = 0, weights_version: int = 0,
-               max_prefill_batch: int = 8):
+               max_prefill_batch: int = 8, parked_rows: int | None = None):
     buckets = tuple(default_prompt_buckets(engine.cache_length) if prompt_buckets is None
                     else prompt_buckets)
     validate_scheduler_options(
@@ -95,6 +100,8 @@ class Scheduler:
     self._slots: list[SampleState | None] = [None] * engine.num_slots
     self._pending_params: tuple[Params, int] | None = None
     self._state = engine.init_decode_state()
+    self.prefix_cache = PrefixCache(engine, engine.num_slots if parked_rows is None
+                                    else parked_rows, prompt_buckets=buckets)
     self._stats = collections.Counter()
     self._started = time.perf_counter()
 
@@ -114,24 +121,8 @@ class Scheduler:
     Raises:
       ValueError naming the bad field; QueueFull when the queue is full.
     """
-    if not isinstance(sampling, SamplingParams):
-      raise ValueError(f"sampling must be a SamplingParams; got {type(sampling).__name__}.")
     prompt_ids = [int(t) for t in prompt_ids]
-    vocab = self.engine.vocab_size
-    if not prompt_ids:
-      raise ValueError("prompt_ids is empty; a prompt needs at least one token.")
-    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-      raise ValueError(f"prompt_ids has token ids outside [0, {vocab}).")
-    bucket = next((b for b in self.prompt_buckets if b >= len(prompt_ids)), None)
-    if bucket is None:
-      raise ValueError(f"prompt_ids has {len(prompt_ids)} tokens; the largest prompt bucket "
-                       f"is {self.prompt_buckets[-1]}.")
-    room = self.engine.cache_length - len(prompt_ids)
-    if sampling.max_new_tokens > room:
-      raise ValueError(f"max_new_tokens={sampling.max_new_tokens} does not fit: the prompt has "
-                       f"{len(prompt_ids)} tokens and cache_length is "
-                       f"{self.engine.cache_length} (room for {room}).")
-    sampling.check_against(vocab_size=vocab, max_stop_tokens=self.engine.max_stop_tokens)
+    bucket = validate_request(prompt_ids, sampling, self.engine, self.prompt_buckets)
     with self._lock:
       if len(self._requests) >= self.max_queue:
         raise QueueFull(f"{len(self._requests)} requests queued or running "
@@ -189,6 +180,8 @@ class Scheduler:
         "generated_tokens": float(stats.get("emitted_tokens", 0)),
         "requests_completed": float(stats.get("requests_completed", 0)),
         "tokens_per_second": stats.get("emitted_tokens", 0) / elapsed,
+        "prefilled_tokens": float(stats.get("prefilled_tokens", 0)),
+        "reused_tokens": float(self.prefix_cache.stats["reused_tokens"]),
         "weights_version": float(self.weights_version),
     }
 
@@ -207,30 +200,15 @@ class Scheduler:
     return [done[rid] for rid in ids]
 
   def step_counts(self) -> list[int]:
-    """Decode steps per dispatch this scheduler uses: powers of two below
-    `steps_per_sync`, and `steps_per_sync` (one generate program each)."""
-    counts = [2 ** i for i in range(int(math.log2(self.steps_per_sync)) + 1)]
-    return sorted(set(c for c in counts if c < self.steps_per_sync) | {self.steps_per_sync})
-
-  def prefill_batch_sizes(self) -> list[int]:
-    """Padded prefill batch sizes: powers of two up to `max_prefill_batch`."""
-    return [2 ** i for i in range(int(math.log2(self.max_prefill_batch)) + 1)]
+    """Decode steps per dispatch (sampling/programs.py)."""
+    return programs.step_counts(self.steps_per_sync)
 
   def warmup(self) -> dict[str, int]:
-    """Compiles every program the scheduler can dispatch (each prompt bucket ×
-    prefill batch size, insert, each decode step count) on dummy inputs, so no
+    """Compiles every program the scheduler can dispatch (sampling/programs.py), so no
     request pays for compilation. Returns `engine.compilations()`."""
-    state = self.engine.init_decode_state()
-    sampling = self.engine.slot_sampling(SamplingParams(max_new_tokens=1), 0, seed=0)
-    for bucket in self.prompt_buckets:
-      for batch in self.prefill_batch_sizes():
-        prefix = self.engine.prefill(self.params, np.zeros((batch, bucket), np.int32),
-                                     np.ones((batch,), np.int32))
-        state = self.engine.insert(prefix, state, 0, row=0, sampling=sampling)
-    for steps in self.step_counts():
-      state, _ = self.engine.generate_steps(self.params, state, steps)
-    jax.block_until_ready(state)
-    return self.engine.compilations()
+    return programs.warmup(self.engine, self.params, self.prompt_buckets,
+                           max_prefill_batch=self.max_prefill_batch,
+                           steps_per_sync=self.steps_per_sync)
 
   def fail_all(self, reason: str) -> list[Completion]:
     """Ends every queued and running request with finish_reason "error" and starts
@@ -306,6 +284,10 @@ class Scheduler:
       if reason == "error":
         request.cancelled = True
     self._stats["samples_completed"] += 1
+    if request.sampling.keep_cache and reason in ("stop", "length"):
+      version = sample.version if set(sample.versions) == {sample.version} else -1
+      self._state = self.prefix_cache.park(self._state, slot,
+                                           request.prompt_ids + sample.tokens, version)
     return Completion(request_id=request.request_id, sample_index=sample.index,
                       prompt_ids=request.prompt_ids, token_ids=sample.tokens,
                       sampled_logprobs=sample.sampled, model_logprobs=sample.model,
@@ -344,6 +326,7 @@ class Scheduler:
       return
     self.params, self.weights_version = pending
     self._pending_params = None
+    self.prefix_cache.drop_stale(self.weights_version)
     self._stats["weight_updates"] += 1
 
   def _admit(self) -> None:
@@ -363,15 +346,26 @@ class Scheduler:
           break
     if not admitted:
       return
-    self._prefill([r for r in dict.fromkeys(r for r, _ in admitted) if r.prefix is None])
+    starting = [r for r in dict.fromkeys(r for r, _ in admitted)
+                if r.prefix is None and r.parked is None]
+    for request in starting:
+      if not request.sampling.candidate_token_ids:  # those read the prefill's logits
+        request.parked = self.prefix_cache.take(request.prompt_ids, self.weights_version)
+        request.prefix_version = self.weights_version
+    self._prefill([r for r in starting if r.parked is None])
     for (request, index), slot in zip(admitted, free):
       sampling = self.engine.slot_sampling(request.sampling, index, seed=request.seed)
-      self._state = self.engine.insert(request.prefix, self._state, slot,
-                                       row=request.prefix_row, sampling=sampling)
+      if request.parked is not None:  # prefill only the tokens after the parked ones
+        self._state, prefilled = self.prefix_cache.resume(
+            self.params, self._state, slot, request.parked, request.prompt_ids, sampling)
+        self._stats["prefilled_tokens"] += prefilled
+      else:
+        self._state = self.engine.insert(request.prefix, self._state, slot,
+                                         row=request.prefix_row, sampling=sampling)
       self._slots[slot] = SampleState(request=request, index=index, version=request.prefix_version)
     for request, _ in admitted:
       if not request.waiting:
-        request.prefix = None  # every sample is in a slot: free the prefix
+        request.prefix = request.parked = None  # every sample is in a slot: free them
 
   def _prefill(self, requests: list[RequestState]) -> None:
     by_bucket = collections.defaultdict(list)
@@ -388,6 +382,7 @@ class Scheduler:
       for row, request in enumerate(group):
         tokens[row, :len(request.prompt_ids)] = request.prompt_ids
         lengths[row] = len(request.prompt_ids)
+        self._stats["prefilled_tokens"] += len(request.prompt_ids)
       prefix = self.engine.prefill(self.params, tokens, lengths)
       for row, request in enumerate(group):
         request.prefix, request.prefix_row = prefix, row

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from rlhf_jax.sampling.params import SamplingParams
+
 UPDATE_POLICIES = ("finish_old", "swap_now")
 
 
@@ -49,3 +51,27 @@ def validate_scheduler_options(*, prompt_buckets: Sequence[int], cache_length: i
   if not buckets or not all(_is_positive_int(b) and b < cache_length for b in buckets):
     fail("prompt_buckets", buckets, f"must be a non-empty tuple of integers in [1, "
          f"cache_length={cache_length}) (room for new tokens)")
+
+
+def validate_request(prompt_ids: Sequence[int], sampling, engine, prompt_buckets: Sequence[int]
+                     ) -> int:
+  """Checks one request against the engine (`Scheduler.submit`); returns its prompt's
+  bucket. Raises ValueError naming the bad field."""
+  if not isinstance(sampling, SamplingParams):
+    raise ValueError(f"sampling must be a SamplingParams; got {type(sampling).__name__}.")
+  vocab = engine.vocab_size
+  if not prompt_ids:
+    raise ValueError("prompt_ids is empty; a prompt needs at least one token.")
+  if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+    raise ValueError(f"prompt_ids has token ids outside [0, {vocab}).")
+  bucket = next((b for b in sorted(prompt_buckets) if b >= len(prompt_ids)), None)
+  if bucket is None:
+    raise ValueError(f"prompt_ids has {len(prompt_ids)} tokens; the largest prompt bucket "
+                     f"is {max(prompt_buckets)}.")
+  room = engine.cache_length - len(prompt_ids)
+  if sampling.max_new_tokens > room:
+    raise ValueError(f"max_new_tokens={sampling.max_new_tokens} does not fit: the prompt has "
+                     f"{len(prompt_ids)} tokens and cache_length is "
+                     f"{engine.cache_length} (room for {room}).")
+  sampling.check_against(vocab_size=vocab, max_stop_tokens=engine.max_stop_tokens)
+  return bucket

@@ -34,6 +34,7 @@ def sampling_from_proto(message: sampler_pb2.SamplingParams) -> SamplingParams:
       fields[name] = getattr(message, name)
   fields["stop_token_ids"] = tuple(message.stop_token_ids)
   fields["candidate_token_ids"] = tuple(message.candidate_token_ids)
+  fields["keep_cache"] = message.keep_cache
   if message.HasField("fire"):
     fire = {name: getattr(message.fire, name) for name in ("temperature", "top_k")
             if message.fire.HasField(name)}
@@ -50,7 +51,7 @@ def sampling_to_proto(params: SamplingParams) -> sampler_pb2.SamplingParams:
       temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
       min_p=params.min_p, max_new_tokens=params.max_new_tokens,
       stop_token_ids=list(params.stop_token_ids), n=params.n,
-      candidate_token_ids=list(params.candidate_token_ids))
+      candidate_token_ids=list(params.candidate_token_ids), keep_cache=params.keep_cache)
   if params.seed is not None:
     message.seed = params.seed
   if params.fire is not None:

@@ -235,7 +235,8 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
                               shuffle=c.data.shuffle)
   else:
     stream = PromptStream(examples, seed=c.seed, shuffle=c.data.shuffle)
-  inner = rollout_config_lib.build_rollout(c.rollout, generator, stream)
+  inner = rollout_config_lib.build_rollout(c.rollout, generator, stream, env=c.env,
+                                          failure_score=c.reward.failure_score)
   if reference_lib.from_sampler(c):
     inner = reference_lib.SamplerReferenceRollout(inner, sampler)
   return PipelinedRollout(inner, sampler if c.rollout.max_staleness else None, scorer,

@@ -29,6 +29,7 @@ from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 from rlhf_jax.data.curriculum import parse_curriculum
 from rlhf_jax.data.sources import parse_columns
+from rlhf_jax.envs import config as env_config_lib
 from rlhf_jax.models.run_config import model_config
 from rlhf_jax.models.run_config import validate_model_config
 from rlhf_jax.optim.optimizer import validate_optimizer
@@ -101,6 +102,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
 
   c.rollout = rollout_config_lib.rollout_config(prompts_per_step=16 if arith else 128,
                                                 max_new_tokens=64 if arith else 1024)
+  c.env = env_config_lib.env_config()  # rollout.mode 'multi_turn': envs/config.py
   c.sampler = sampler_config_lib.sampler_config(
       num_slots=64 if arith else 256, cache_length=(64 + 64) if arith else 1536,
       prompt_buckets=(64,) if arith else (512,))
@@ -165,6 +167,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.train.eval_samples = 4 if arith else 0
   c.train.checkpoint_every = 20  # Save a checkpoint every N steps (and at the end).
   c.train.log_every = 1  # Console progress line every N steps.
+  c.train.log_rollouts = 0  # Samples per step written to <workdir>/rollouts.jsonl (0: none).
   c.train.tensorboard = True  # Also write TensorBoard event files (needs the tensorboard extra).
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # Mesh axis sizes (product ≤ devices; -1 takes the rest).
@@ -202,7 +205,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   rows = r.prompts_per_step * r.group_size
   sampler_config_lib.validate_sampler_config(c.sampler)
   ppo_config.validate_algorithm_config(a, group_size=r.group_size,
-                                       response_length=r.max_new_tokens)
+                                       response_length=rollout_config_lib.response_length(c))
   if r.mode == "windows" and not ppo_config.uses_critic(a):
     invalid("rollout.mode", r.mode, "T-PPO's windows need a critic for Extended GAE "
             "(algorithm.advantage.estimator 'gae')")
@@ -214,6 +217,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   dqo.validate_dqo_fields(a.dqo)
   rollout_config_lib.validate_rollout_config(r, prompt_length=c.data.prompt_length,
                                              prompt_buckets=tuple(c.sampler.prompt_buckets))
+  env_config_lib.validate_env_config(c)
   validate_model_config(c.model, c.variant)
   validate_data(c)
   validate_sft(c.sft)
@@ -361,6 +365,7 @@ def validate_train(c, *, rows: int) -> None:
   at_least(c.train, "train", ("steps", "epochs", "minibatches", "micro_batches", "eval_every",
                               "checkpoint_every", "log_every"))
   check_range("train.eval_samples", c.train.eval_samples, low=0, note="(0: no sampled eval)")
+  check_range("train.log_rollouts", c.train.log_rollouts, low=0, note="(0: none)")
   if rows % c.train.minibatches:
     invalid("train.minibatches", c.train.minibatches, f"must divide the {rows} rollouts per "
             "step (rollout.prompts_per_step × rollout.group_size)")

@@ -76,11 +76,14 @@ class Trainer:
     self.step = 0
     self.metrics = metrics_lib.MetricsWriter(workdir, tensorboard=c.train.tensorboard,
                                              enabled=main)
+    self.rollout_log = metrics_lib.RolloutLog(workdir, c.train.log_rollouts,
+                                              self.policy.tokenizer, enabled=main)
     self.checkpointer = Checkpointer(workdir)
     if self.checkpointer.latest_step() is not None:
       self.restore(self.checkpointer.latest_step())
     else:  # a run that died before its first checkpoint starts over: so do its records
       self.metrics.truncate_after(-1)
+      self.rollout_log.truncate_after(-1)
 
   # ------------------------------------------------------------------ one step
 
@@ -95,6 +98,7 @@ class Trainer:
         rollouts.batch)
     out = self.learner.learn(batch, self.step)
     self.step += 1
+    self.rollout_log.write(self.step, rollouts)
     self.push_weights()
     out = parallel.host_values(out)  # the step's one read of device values
     updated = time.perf_counter()
@@ -166,6 +170,7 @@ class Trainer:
       self.log(f"resuming with changed config fields: {', '.join(changed)}")
     self.push_weights()
     self.metrics.truncate_after(self.step)
+    self.rollout_log.truncate_after(self.step)
     self.log(f"resumed from step {self.step}")
 
   # ------------------------------------------------------------------ the loop

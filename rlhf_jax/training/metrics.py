@@ -1,5 +1,16 @@
 """Step metrics: reduced from device once per step, written to metrics.jsonl and
-TensorBoard, and shown as a tqdm progress bar."""
+TensorBoard, and shown as a tqdm progress bar; and samples of what was trained on, written
+to rollouts.jsonl (`train.log_rollouts` = N per step; analysis/rollouts.py reads them).
+
+rollouts.jsonl has one JSON line per sample:
+    step       the training step it was trained in (metrics.jsonl's `step`)
+    reward     its score
+    token_ids  the whole sequence the trainer trains on, prompt included, without padding
+    loss_mask  same length, 1 where the token is trained on (0 on the prompt and on the
+               environment's tokens of a multi-turn episode)
+    turns      in order, {"role": "assistant" | "environment", "text", "token_ids"}; a
+               single-turn run has one assistant turn, the response
+"""
 
 from __future__ import annotations
 
@@ -155,3 +166,54 @@ class Progress:
 
   def close(self) -> None:
     self.bar.close()
+
+
+def rollout_records(step: int, rollouts, tokenizer, count: int) -> list[dict[str, Any]]:
+  """Up to `count` rows of `rollouts` (spread evenly over the batch, so over its groups)
+  as rollouts.jsonl records."""
+  batch = rollouts.batch
+  total = int(np.shape(batch.lengths)[0])
+  rows = sorted(set(np.linspace(0, total - 1, min(count, total)).round().astype(int).tolist()))
+  prompt_width = int(np.shape(batch.tokens)[1]) - int(np.shape(batch.response_mask)[1])
+  out = []
+  for row in rows:
+    tokens = np.asarray(batch.tokens[row])
+    attention = np.asarray(batch.attention_mask[row]).astype(bool)
+    n = int(batch.lengths[row])
+    prompt = tokens[:prompt_width][attention[:prompt_width]].tolist()
+    response = tokens[prompt_width:prompt_width + n].tolist()
+    mask = np.asarray(batch.response_mask[row][:n]).astype(int).tolist()
+    turns = (rollouts.transcripts[row] if rollouts.transcripts is not None else
+             [{"role": "assistant", "text": tokenizer.decode(response), "token_ids": response}])
+    out.append({"step": step, "reward": float(batch.scores[row]),
+                "token_ids": prompt + response, "loss_mask": [0] * len(prompt) + mask,
+                "turns": turns})
+  return out
+
+
+class RolloutLog:
+  """Appends `count` samples per step to <workdir>/rollouts.jsonl (nothing with count 0 or
+  `enabled` False: every process of a job but the first)."""
+
+  def __init__(self, workdir: str, count: int, tokenizer, *, enabled: bool = True):
+    self.path = os.path.join(workdir, "rollouts.jsonl")
+    self.count = count
+    self.tokenizer = tokenizer
+    self.enabled = enabled and count > 0
+
+  def write(self, step: int, rollouts) -> None:
+    """Appends the step's samples."""
+    if not self.enabled:
+      return
+    with open(self.path, "a", encoding="utf-8") as f:
+      for record in rollout_records(step, rollouts, self.tokenizer, self.count):
+        f.write(json.dumps(record) + "\n")
+
+  def truncate_after(self, step: int) -> None:
+    """Drops the samples of steps after `step` (a resumed run writes them again)."""
+    if not self.enabled or not os.path.exists(self.path):
+      return
+    with open(self.path, encoding="utf-8") as f:
+      kept = [line for line in f if json.loads(line)["step"] <= step]
+    with open(self.path, "w", encoding="utf-8") as f:
+      f.writelines(kept)

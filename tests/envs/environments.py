@@ -43,3 +43,40 @@ class NaNReward(Countdown):
 
 
 NOT_CALLABLE = 3
+
+
+class Echo:
+  """Answers each model turn with " ok<n>" (n: the action's length in characters), reward
+  n % 5, done after three turns. A prompt with "boom" raises at the second step, one with
+  "hang" sleeps there: the other episodes of the step must not notice."""
+
+  def __init__(self):
+    self.turn, self.prompt = 0, ""
+
+  def reset(self, example):
+    self.prompt = example.prompt
+    return " go"
+
+  def step(self, action):
+    self.turn += 1
+    if self.turn == 2 and "boom" in self.prompt:
+      raise RuntimeError("boom at turn 2")
+    if self.turn == 2 and "hang" in self.prompt:
+      time.sleep(600)
+    return StepResult(observation=f" ok{len(action)}", reward=float(len(action) % 5),
+                      done=self.turn >= 3)
+
+
+class Recheck:
+  """Asks the model to check its answer once (arith's alphabet): two model turns, the
+  environment's reward 0 (the verifier scores the last turn)."""
+
+  def __init__(self):
+    self.turn = 0
+
+  def reset(self, example):
+    return ""
+
+  def step(self, action):
+    self.turn += 1
+    return StepResult(observation="\nCheck again:\n", reward=0.0, done=self.turn >= 2)

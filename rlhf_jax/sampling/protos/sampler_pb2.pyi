@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "max_new_tokens", "stop_token_ids", "n", "seed", "fire", "candidate_token_ids")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "max_new_tokens", "stop_token_ids", "n", "seed", "fire", "candidate_token_ids", "keep_cache")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class SamplingParams(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     FIRE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CACHE_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -28,7 +29,8 @@ class SamplingParams(_message.Message):
     seed: int
     fire: Fire
     candidate_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., fire: _Optional[_Union[Fire, _Mapping]] = ..., candidate_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    keep_cache: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., fire: _Optional[_Union[Fire, _Mapping]] = ..., candidate_token_ids: _Optional[_Iterable[int]] = ..., keep_cache: _Optional[bool] = ...) -> None: ...
 
 class Fire(_message.Message):
     __slots__ = ("temperature", "top_k", "every_line")

@@ -1,0 +1,95 @@
+"""The `env` config section: the environment of multi-turn rollouts (`rollout.mode=
+'multi_turn'`, rollout/multi_turn.py).
+
+An episode is the prompt, then model turns and the environment's observations in turn,
+until the environment says done, the model ends with EOS, `max_turns` model turns or
+`max_tokens` tokens. `max_tokens` is the row's budget after the prompt (model and
+observation tokens together: the batch's response columns R); `rollout.max_new_tokens`
+caps one model turn.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
+from rlhf_jax.envs.base import load_factory
+
+# 'sum': the episode's score is the sum of its step rewards (plus the verifier's); 'turn':
+# each step's reward sits on the last token of the model turn it answers (needs a per-token
+# advantage estimator: gae, reinforce_pp).
+REWARD_PLACEMENTS = ("sum", "turn")
+PER_TOKEN_ESTIMATORS = ("gae", "reinforce_pp")
+
+
+def env_config() -> ml_collections.ConfigDict:
+  """The `env` section with its defaults (one comment per field)."""
+  e = ml_collections.ConfigDict()
+  # "package.module:callable" returning a new environment (rlhf_jax.envs.Environment), one
+  # per episode; rollout.mode 'multi_turn' needs it.
+  e.factory = ""
+  e.max_turns = 4  # Most model turns per episode.
+  # The row's budget after the prompt: model and observation tokens (the response columns).
+  e.max_tokens = 256
+  e.timeout_s = 10.0  # Limit of one reset or step call (a worker is killed beyond it).
+  e.workers = 2  # Environment worker processes.
+  e.reward_placement = "sum"  # 'sum' or 'turn' (see REWARD_PLACEMENTS).
+  # Add the task's verifier score of the last model turn to the episode's reward (and take
+  # its verdict as the episode's correctness).
+  e.verifier = True
+  # Text that ends a model turn without ending the episode (one token of the tokenizer, e.g.
+  # '<|im_end|>'); '' = a turn ends only at EOS (and the episode then ends) or the turn cap.
+  e.turn_end = ""
+  return e
+
+
+def validate_env_config(c: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the `env.*` field of an impossible setting; the factory is
+  imported (named by `env.factory`) only when `rollout.mode` is 'multi_turn'."""
+  e, r = c.env, c.rollout
+  for name in ("max_turns", "max_tokens", "workers"):
+    value = e[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      invalid(f"env.{name}", value, "must be an int >= 1")
+  check_range("env.timeout_s", e.timeout_s, low=0, low_open=True)
+  one_of("env.reward_placement", e.reward_placement, REWARD_PLACEMENTS)
+  if r.mode != "multi_turn":
+    return
+  if not e.factory:
+    invalid("env.factory", e.factory, "rollout.mode='multi_turn' needs an environment: "
+            "'package.module:callable'")
+  load_factory(e.factory)
+  if r.max_new_tokens > e.max_tokens:
+    invalid("rollout.max_new_tokens", r.max_new_tokens, f"must be <= env.max_tokens="
+            f"{e.max_tokens} (a model turn fits in the row's budget)")
+  estimator = c.algorithm.advantage.estimator
+  if e.reward_placement == "turn" and estimator not in PER_TOKEN_ESTIMATORS:
+    invalid("env.reward_placement", "turn", f"needs a per-token advantage estimator "
+            f"({', '.join(PER_TOKEN_ESTIMATORS)}); algorithm.advantage.estimator="
+            f"{estimator!r} reads the episode's score only (use 'sum')")
+  if e.reward_placement == "turn" and c.algorithm.process_reward.shaping != "none":
+    invalid("algorithm.process_reward.shaping", c.algorithm.process_reward.shaping,
+            "must be 'none' with env.reward_placement='turn' (turn rewards ride the "
+            "step-reward channel and are not a PRM's scores to refine)")
+  row = c.data.prompt_length + e.max_tokens
+  if row > c.sampler.cache_length:
+    invalid("sampler.cache_length", c.sampler.cache_length, "must be >= data.prompt_length "
+            f"+ env.max_tokens = {row}")
+  # A later turn is sent as the conversation so far (prompt, turns, observations).
+  if row - 1 > max(c.sampler.prompt_buckets):
+    invalid("sampler.prompt_buckets", tuple(c.sampler.prompt_buckets), f"must reach {row - 1}"
+            " tokens with rollout.mode='multi_turn' (a later turn's prompt is the "
+            "conversation so far: data.prompt_length + env.max_tokens - 1)")
+
+
+def turn_end_id(e: ml_collections.ConfigDict, tokenizer) -> int | None:
+  """The token id of `env.turn_end` (None when empty); ConfigError unless it is one token."""
+  if not e.turn_end:
+    return None
+  ids = tokenizer.encode(e.turn_end)
+  if len(ids) != 1:
+    invalid("env.turn_end", e.turn_end, f"must be one token of the policy's tokenizer; it "
+            f"encodes to {len(ids)} ids {ids}")
+  return ids[0]

@@ -1,0 +1,286 @@
+"""Multi-turn episodes, token-in/token-out (rollout.mode = "multi_turn").
+
+An episode is a prompt, then model turns and the environment's observations in turn:
+
+    prompt | model turn 1 | observation 1 | model turn 2 | ... | model turn n
+
+A model turn ends at EOS (which also ends the episode), at `env.turn_end` or at the turn
+cap (`rollout.max_new_tokens`); the environment (`rlhf_jax.envs.Environment`, in killable
+workers) gets its decoded text and answers with an observation, a reward and `done`. The
+episode ends at `done`, EOS, `env.max_turns` model turns, a failing environment, or when
+the row's budget (`env.max_tokens` after the prompt) has no room for another turn.
+
+Token-in/token-out: the row is exactly the tokens the sampler drew, each observation
+tokenised once and appended as tokens. Model text is never encoded again (decoding a turn
+and encoding the conversation again can merge tokens across a turn boundary, so the loss
+would see other tokens than the sampler drew). The loss mask is 1 on model tokens only;
+the sampler's log-probs and versions are those of model tokens; GAE skips the observation
+tokens (masked positions carry V and A across, `kernels.gae`).
+
+Episodes run in lockstep: every live episode's turn t is one `Sampler.generate` call (each
+episode one request, sent as the conversation so far), then one batch of environment
+steps in the workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+from rlhf_jax.algorithms.batch import build_rollout_batch
+from rlhf_jax.data import Example
+from rlhf_jax.envs import EnvironmentRunner
+from rlhf_jax.rollout.base import StreamRollout
+from rlhf_jax.rollout.generation import GroupGenerator
+from rlhf_jax.rollout.generation import Rollouts
+from rlhf_jax.rollout.generation import token_versions
+
+
+@dataclasses.dataclass
+class Episode:
+  """One episode's row as it grows (`tokens` and the lists beside it: after the prompt)."""
+  example: Example
+  prompt_ids: list[int]
+  index: int = 0  # its place in the step (its sampling seeds derive from it)
+  env: Any = None
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  loss_mask: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)
+  # In order: {"role": "assistant" | "environment", "text": ..., "token_ids": [...]}.
+  turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+  # Per environment step: (column of the model turn's last token, its reward).
+  step_rewards: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+  failure: str = ""
+  truncated: bool = False
+  over: bool = False
+
+  def append(self, role: str, ids: Sequence[int], text: str, logprobs: Sequence[float],
+             versions: Sequence[int]) -> None:
+    """Appends one turn's tokens (trained on when the role is the assistant's)."""
+    ids = [int(t) for t in ids]
+    self.tokens += ids
+    self.loss_mask += [int(role == "assistant")] * len(ids)
+    self.logprobs += [float(x) for x in logprobs]
+    self.versions += [int(v) for v in versions]
+    self.turns.append({"role": role, "text": text, "token_ids": ids})
+
+  def last_action(self) -> list[int]:
+    """The token ids of the last model turn."""
+    return next(t["token_ids"] for t in reversed(self.turns) if t["role"] == "assistant")
+
+  def end(self, failure: str = "") -> None:
+    """Ends the episode (with a failure reason when one is given)."""
+    self.over = True
+    self.failure = self.failure or failure
+
+
+class MultiTurnRollout(StreamRollout):
+  """`prompts_per_step` groups of G episodes per step (see the module docstring).
+
+  Args:
+    generator: its sampler, scorer (the task's verifier), tokenizer, training sampling
+      parameters (temperature, ...; `max_new_tokens`: the turn cap) and seeds.
+    stream: the resumable prompt stream.
+    runner: the environments' workers.
+    prompts_per_step: groups per step.
+    group_size: G, episodes per prompt.
+    max_turns: most model turns per episode.
+    max_tokens: the row's budget after the prompt (the batch's response columns).
+    reward_placement: "sum" (the env's rewards summed into the episode's score) or "turn"
+      (each at the last token of the model turn it answers, as step rewards).
+    verifier: add the verifier's score of the last model turn (and take its verdict as
+      the episode's correctness; without it, correct means a positive env reward).
+    turn_end_id: a token that ends a model turn without ending the episode, or None.
+    failure_score: the score of an episode whose environment failed.
+  """
+
+  def __init__(self, generator: GroupGenerator, stream, runner: EnvironmentRunner, *,
+               prompts_per_step: int, group_size: int, max_turns: int, max_tokens: int,
+               reward_placement: str = "sum", verifier: bool = True,
+               turn_end_id: int | None = None, failure_score: float = -1.0):
+    self.generator = generator
+    self.stream = stream
+    self.runner = runner
+    self.prompts_per_step = prompts_per_step
+    self.group_size = group_size
+    self.max_turns = max_turns
+    self.max_tokens = max_tokens
+    self.reward_placement = reward_placement
+    self.verifier = verifier
+    self.failure_score = failure_score
+    eos = generator.tokenizer.eos_id
+    self.stop_ids = (eos,) if turn_end_id is None else (eos, turn_end_id)
+
+  # ------------------------------------------------------------------ episodes
+
+  def run_episodes(self, examples: Sequence[Example]) -> list[Episode]:
+    """G episodes per example (adjacent), run to their end."""
+    episodes = [Episode(example=e, prompt_ids=self.generator.encode(e), index=i)
+                for i, e in enumerate(e for e in examples for _ in range(self.group_size))]
+    for episode, outcome in zip(episodes, self.runner.start([e.example for e in episodes])):
+      if outcome.failure:
+        episode.end(f"env reset: {outcome.failure}")
+      else:
+        episode.env = outcome.env
+        self.observe(episode, outcome.result)
+    seed = self.generator.next_seed()
+    for turn in range(self.max_turns):
+      live = [e for e in episodes if not e.over]
+      if not live:
+        break
+      self.model_turn(live, seed, turn)
+      stepping = [e for e in live if not e.failure]
+      outcomes = self.runner.step([e.env for e in stepping],
+                                  [e.turns[-1]["text"] for e in stepping])
+      for episode, outcome in zip(stepping, outcomes):
+        self.after_step(episode, outcome, last_turn=turn == self.max_turns - 1)
+    return episodes
+
+  def model_turn(self, live: list[Episode], seed: int, turn: int) -> None:
+    """Samples every live episode's next model turn (one request each, sent as the
+    conversation so far) and appends its tokens as sampled."""
+    base = self.generator.sampling
+    # A turn that may be continued keeps its KV cache: the next turn prefills only the
+    # observation (sampling/prefix_cache.py); the tokens are the same either way.
+    params = [dataclasses.replace(
+        base, n=1, stop_token_ids=self.stop_ids, keep_cache=turn < self.max_turns - 1,
+        seed=(seed + 1_000_003 * e.index + 7919 * turn) % 2**31,
+        max_new_tokens=min(base.max_new_tokens, self.max_tokens - len(e.tokens)))
+        for e in live]
+    out = self.generator.sampler.generate([e.prompt_ids + e.tokens for e in live], params)
+    tokenizer = self.generator.tokenizer
+    for episode, (completion,) in zip(live, out):
+      ids = list(completion.token_ids)
+      episode.append("assistant", ids, tokenizer.decode(ids), completion.model_logprobs,
+                     token_versions(completion))
+      if completion.finish_reason not in ("stop", "length"):
+        episode.end(f"sampler: {completion.finish_reason} {completion.error}".strip())
+      elif ids and ids[-1] == tokenizer.eos_id:
+        episode.over = True  # the model ended the conversation (the env still scores it)
+      elif len(episode.tokens) >= self.max_tokens:
+        episode.truncated = episode.over = True
+
+  def after_step(self, episode: Episode, outcome, *, last_turn: bool) -> None:
+    """Records the env's answer to the last model turn; appends its observation unless
+    the episode ends here."""
+    if outcome.failure:
+      episode.env = None
+      episode.end(f"env step: {outcome.failure}")
+      return
+    episode.env = outcome.env
+    episode.step_rewards.append((len(episode.tokens) - 1, outcome.result.reward))
+    if outcome.result.done or last_turn:
+      episode.over = True
+    if not episode.over:
+      self.observe(episode, outcome.result.observation)
+
+  def observe(self, episode: Episode, text: str) -> None:
+    """Appends an observation, tokenised once; an observation that leaves no room for a
+    model token ends the episode as truncated, without it."""
+    if not text:
+      return
+    ids = self.generator.tokenizer.encode(text)
+    if len(episode.tokens) + len(ids) >= self.max_tokens:
+      episode.truncated = True
+      episode.end()
+      return
+    version = episode.versions[-1] if episode.versions else 0
+    episode.append("environment", ids, text, [0.0] * len(ids), [version] * len(ids))
+
+  # ------------------------------------------------------------------ the step's batch
+
+  def collect(self) -> Rollouts:
+    """Runs one step's episodes, scores them and packs their rows."""
+    started, before = time.perf_counter(), self.prefill_counts()
+    episodes = self.run_episodes(self.stream.take(self.prompts_per_step))
+    scores, correct, failures = self.score(episodes)
+    rollouts = pack_episodes(episodes, scores, prompt_length=self.generator.prompt_length,
+                             response_length=self.max_tokens,
+                             pad_id=self.generator.tokenizer.pad_id,
+                             group_size=self.group_size,
+                             turn_rewards=self.reward_placement == "turn")
+    rollouts.correct, rollouts.failures = correct, failures
+    rollouts.metrics.update(episode_metrics(episodes, time.perf_counter() - started))
+    after = self.prefill_counts()
+    if before and after:  # the sampler reports them (an in-process scheduler)
+      rollouts.metrics.update({f"env/{k}": after[k] - before[k] for k in after})
+    return rollouts
+
+  def prefill_counts(self) -> dict[str, float]:
+    """The sampler's prompt tokens prefilled and taken from kept caches so far ({} from
+    a sampler that does not count them)."""
+    metrics = getattr(self.generator.sampler, "metrics", None)
+    counts = metrics() if callable(metrics) else {}
+    return {k: counts[k] for k in ("prefilled_tokens", "reused_tokens") if k in counts}
+
+  def score(self, episodes: list[Episode]) -> tuple[list[float], list[bool], list[str]]:
+    """Per episode: its score (the verifier's of the last model turn, plus the env's
+    rewards with placement 'sum'), correctness and failure reason."""
+    env_sums = [sum(r for _, r in e.step_rewards) for e in episodes]
+    if self.verifier:
+      scored = self.generator.score([e.example for e in episodes],
+                                    [e.last_action() for e in episodes])
+      verdicts, base, reasons = scored.correct, scored.scores, scored.failures
+    else:
+      verdicts, base, reasons = [s > 0 for s in env_sums], [0.0] * len(episodes), [""] * len(
+          episodes)
+    scores, correct, failures = [], [], []
+    for episode, env_sum, verdict, score, reason in zip(episodes, env_sums, verdicts, base,
+                                                        reasons):
+      if episode.failure:
+        scores.append(self.failure_score)
+        correct.append(False)
+        failures.append(episode.failure)
+        continue
+      scores.append(score + (env_sum if self.reward_placement == "sum" else 0.0))
+      correct.append(bool(verdict))
+      if reason:
+        failures.append(reason)
+    return scores, correct, failures
+
+  def state(self) -> dict[str, Any]:
+    """JSON-able state for checkpoints."""
+    return {"stream": self.stream.state(), "generator": self.generator.state()}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    """Restores `state()`."""
+    self.stream.restore(state["stream"])
+    self.generator.restore(state["generator"])
+
+  def close(self) -> None:
+    """Stops the environments' workers."""
+    self.runner.close()
+
+
+def pack_episodes(episodes: Sequence[Episode], scores: Sequence[float], *, prompt_length: int,
+                  response_length: int, pad_id: int, group_size: int,
+                  turn_rewards: bool) -> Rollouts:
+  """The Rollouts of episodes: one row each (the G of a prompt adjacent), the loss mask 1
+  on model tokens only; with `turn_rewards` each env reward is a step reward at the last
+  token of the model turn it answers. `Rollouts.transcripts` holds each row's turns."""
+  batch = build_rollout_batch(
+      [e.prompt_ids for e in episodes], [e.tokens for e in episodes],
+      [e.logprobs for e in episodes], scores, [e.truncated for e in episodes],
+      [i // group_size for i in range(len(episodes))], prompt_length=prompt_length,
+      response_length=response_length, pad_id=pad_id,
+      step_rewards=[e.step_rewards for e in episodes] if turn_rewards else None,
+      token_versions=[e.versions for e in episodes],
+      loss_masks=[e.loss_mask for e in episodes])
+  return Rollouts(batch=batch, correct=[], failures=[], metrics={},
+                  transcripts=[e.turns for e in episodes])
+
+
+def episode_metrics(episodes: Sequence[Episode], seconds: float) -> dict[str, float]:
+  """Host metrics of a step's episodes (`env/...`)."""
+  count = len(episodes)
+  model_turns = [sum(t["role"] == "assistant" for t in e.turns) for e in episodes]
+  observed = [sum(len(t["token_ids"]) for t in e.turns if t["role"] == "environment")
+              for e in episodes]
+  return {"env/turns_mean": sum(model_turns) / count,
+          "env/observation_tokens_mean": sum(observed) / count,
+          "env/failed_fraction": sum(bool(e.failure) for e in episodes) / count,
+          "env/truncated_fraction": sum(e.truncated for e in episodes) / count,
+          "env/reward_mean": sum(r for e in episodes for _, r in e.step_rewards) / count,
+          "time_episodes": seconds}

@@ -1,0 +1,106 @@
+"""Finished samples' KV cache rows, kept for their continuations (multi-turn KV reuse).
+
+A request with `SamplingParams.keep_cache` leaves each finished sample's cache row here
+(`Engine.park`: a device copy, then the slot is free), keyed by the tokens it holds: the
+prompt and every emitted token. A later request whose prompt extends those tokens (the
+conversation so far, plus the environment's observation) takes the row back into a slot
+and prefills only the new tokens (`Engine.resume`). The tokens drawn are the same as with
+a full prefill; only the prefill work differs. A row is used once, only by the weights
+version that computed it, and the least recently parked rows are dropped beyond
+`capacity` (each holds one slot's worth of cache).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from rlhf_jax.sampling.engine import Engine
+from rlhf_jax.sampling.engine_state import DecodeState
+from rlhf_jax.sampling.engine_state import ParkedRow
+from rlhf_jax.sampling.engine_state import SlotSampling
+
+
+@dataclasses.dataclass
+class Parked:
+  """A parked row, the tokens it holds and the weights version that computed them
+  (-1: several, never reused)."""
+  row: ParkedRow
+  tokens: tuple[int, ...]
+  version: int
+
+
+class PrefixCache:
+  """Parked rows by the tokens they hold, least recently parked first.
+
+  Args:
+    engine: the Engine whose slots the rows come from and go back to.
+    capacity: most rows kept (0: a finished row is dropped at once).
+    prompt_buckets: the scheduler's padded prompt lengths; the new tokens of a
+      continuation are padded to one of them (one resume program each).
+  """
+
+  def __init__(self, engine: Engine, capacity: int, *, prompt_buckets: Sequence[int]):
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
+      raise ValueError(f"parked_rows={capacity!r} must be an int >= 0.")
+    self.engine = engine
+    self.capacity = capacity
+    self.prompt_buckets = tuple(sorted(prompt_buckets))
+    self._rows: collections.OrderedDict[tuple[int, ...], Parked] = collections.OrderedDict()
+    self.stats = collections.Counter()
+
+  def __len__(self) -> int:
+    return len(self._rows)
+
+  def park(self, state: DecodeState, slot: int, tokens: Sequence[int], version: int
+           ) -> DecodeState:
+    """Takes slot `slot`'s row out of `state` (donated; use the returned state) and keeps
+    it under `tokens`, dropping the oldest rows beyond `capacity`."""
+    state, row = self.engine.park(state, slot)
+    key = tuple(int(t) for t in tokens)
+    self._rows[key] = Parked(row=row, tokens=key, version=version)
+    self._rows.move_to_end(key)
+    while len(self._rows) > self.capacity:
+      self._rows.popitem(last=False)
+      self.stats["parked_rows_dropped"] += 1
+    return state
+
+  def take(self, prompt: Sequence[int], version: int) -> Parked | None:
+    """Removes and returns the row holding the longest proper prefix of `prompt` that
+    `version` computed and after which the new tokens, padded to their bucket, fit the
+    cache; None if there is none."""
+    prompt = tuple(int(t) for t in prompt)
+    lengths = sorted({len(k) for k in self._rows if len(k) < len(prompt)}, reverse=True)
+    for held in lengths:
+      parked = self._rows.get(prompt[:held])
+      if parked is not None and parked.version == version and self._fits(held, len(prompt)):
+        del self._rows[parked.tokens]
+        self.stats["reused_tokens"] += held
+        return parked
+    return None
+
+  def resume(self, params: Any, state: DecodeState, slot: int, parked: Parked,
+             prompt: Sequence[int], sampling: SlotSampling) -> tuple[DecodeState, int]:
+    """Slot `slot` continues `parked` with the rest of `prompt` (`Engine.resume`; `state`
+    donated). Returns the new state and the tokens prefilled."""
+    new = list(prompt[len(parked.tokens):])
+    tokens = np.zeros((1, self._bucket(len(new))), np.int32)
+    tokens[0, :len(new)] = new
+    return self.engine.resume(params, parked.row, state, slot, tokens, len(new),
+                              sampling=sampling), len(new)
+
+  def _bucket(self, length: int) -> int | None:
+    return next((b for b in self.prompt_buckets if b >= length), None)
+
+  def _fits(self, held: int, total: int) -> bool:
+    bucket = self._bucket(total - held)
+    return bucket is not None and held + bucket <= self.engine.cache_length
+
+  def drop_stale(self, version: int) -> None:
+    """Drops the rows other weights computed (after a weight swap)."""
+    for key in [k for k, p in self._rows.items() if p.version != version]:
+      del self._rows[key]
+      self.stats["parked_rows_dropped"] += 1

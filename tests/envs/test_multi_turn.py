@@ -1,0 +1,170 @@
+"""Multi-turn rollouts, token-in/token-out (rollout/multi_turn.py): the trained row is the
+prompt and the turns' tokens as drawn and encoded once, with a BPE tokenizer under which
+decoding and encoding the conversation again gives other tokens; the loss mask is the
+model's tokens; the sampler's log-probs of those tokens are a full forward's over the row;
+rewards go where `env.reward_placement` says; a raising or hanging environment ends only
+its own episode."""
+
+import numpy as np
+import pytest
+
+from rlhf_jax import models
+from rlhf_jax import sampling
+from rlhf_jax.data import Example
+from rlhf_jax.envs import EnvironmentRunner
+from rlhf_jax.rewards import Scores
+from rlhf_jax.rollout.generation import GroupGenerator
+from rlhf_jax.rollout.multi_turn import MultiTurnRollout
+from rlhf_jax.sampling.scheduler import Scheduler
+
+CORPUS = ["the cat sat on the mat", "ok go then", "a tool said ok", "count the tokens",
+          "multi turn agents call tools"] * 20
+TOKENIZER = models.train_bpe_tokenizer(CORPUS, vocab_size=160)
+CONFIG = models.DecoderConfig(vocab_size=TOKENIZER.vocab_size, hidden_size=32, num_layers=2,
+                              num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48)
+MODEL, PARAMS = models.init_model(CONFIG, seed=0)
+PROMPT_LENGTH, MAX_TOKENS, TURN_CAP, G = 12, 40, 6, 2
+
+
+class LengthScorer:
+  """The 'verifier': score = characters of the last turn / 10, correct above 1."""
+
+  def score(self, examples, responses):
+    scores = [len(r) / 10 for r in responses]
+    return Scores(scores=scores, correct=[s > 1 for s in scores], failures=[""] * len(scores))
+
+
+class ListStream:
+  """The prompts, in order."""
+
+  def __init__(self, examples):
+    self.examples = examples
+
+  def take(self, n):
+    return self.examples[:n]
+
+
+def rollout(prompts, *, placement="sum", factory="Echo", timeout_s=5.0):
+  scheduler = Scheduler(sampling.Engine(MODEL, num_slots=4, cache_length=64), PARAMS,
+                        prompt_buckets=(16, 32, 63))
+  generator = GroupGenerator(
+      scheduler, LengthScorer(), TOKENIZER,
+      sampling=sampling.SamplingParams(temperature=1.0, max_new_tokens=TURN_CAP, n=G),
+      prefix=[], prompt_length=PROMPT_LENGTH, seed=3)
+  runner = EnvironmentRunner(f"tests.envs.environments:{factory}", workers=2,
+                             timeout_s=timeout_s)
+  examples = [Example(prompt=p, answer="", task="test") for p in prompts]
+  return MultiTurnRollout(generator, ListStream(examples), runner,
+                          prompts_per_step=len(prompts), group_size=G, max_turns=3,
+                          max_tokens=MAX_TOKENS, reward_placement=placement,
+                          failure_score=-7.0)
+
+
+def full_forward_logprobs(tokens):
+  """log π(x_t | x_<t) of every token after the first, by a plain forward, float64."""
+  logits, _ = MODEL.apply(PARAMS, np.asarray([tokens], np.int32))
+  logits = np.asarray(logits[0], np.float64)
+  logits -= logits.max(axis=-1, keepdims=True)
+  log_softmax = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+  return np.array([log_softmax[t - 1, tokens[t]] for t in range(1, len(tokens))])
+
+
+@pytest.fixture(scope="module")
+def collected():
+  mode = rollout(["the cat sat", "ok go"])
+  try:
+    episodes = mode.run_episodes(mode.stream.take(2))
+    yield mode, episodes, mode.collect()
+  finally:
+    mode.close()
+
+
+def test_the_row_is_the_tokens_as_drawn_and_encoded_once(collected):
+  mode, _, rollouts = collected
+  batch, merged = rollouts.batch, 0
+  for row, turns in enumerate(rollouts.transcripts):
+    prompt = TOKENIZER.encode(["the cat sat", "ok go"][row // G])
+    n = int(batch.lengths[row])
+    real = np.asarray(batch.tokens[row])[PROMPT_LENGTH - len(prompt):PROMPT_LENGTH + n]
+    assert real.tolist() == prompt + [t for turn in turns for t in turn["token_ids"]]
+    assert np.asarray(batch.attention_mask[row]).sum() == len(prompt) + n
+    expected_mask = [float(turn["role"] == "assistant")
+                     for turn in turns for _ in turn["token_ids"]]
+    assert np.asarray(batch.response_mask[row]).tolist() == expected_mask + [0.0] * (
+        MAX_TOKENS - n)
+    assert [t["role"] for t in turns][:2] == ["environment", "assistant"]
+    for turn in turns:
+      if turn["role"] == "environment":
+        assert turn["token_ids"] == TOKENIZER.encode(turn["text"])  # encoded once, as is
+      else:
+        assert turn["text"] == TOKENIZER.decode(turn["token_ids"])
+    merged += TOKENIZER.encode(TOKENIZER.decode(real.tolist())) != real.tolist()
+  # Re-tokenising the conversation would have trained on other tokens than were drawn.
+  assert merged > 0
+
+
+def test_model_token_logprobs_equal_a_full_forward_over_the_row(collected):
+  _, _, rollouts = collected
+  batch = rollouts.batch
+  for row in range(batch.tokens.shape[0]):
+    n = int(batch.lengths[row])
+    start = PROMPT_LENGTH - int(np.asarray(batch.attention_mask[row][:PROMPT_LENGTH]).sum())
+    tokens = np.asarray(batch.tokens[row])[start:PROMPT_LENGTH + n].tolist()
+    reference = full_forward_logprobs(tokens)[-n:]
+    mask = np.asarray(batch.response_mask[row][:n]) > 0
+    assert mask.any()
+    np.testing.assert_allclose(np.asarray(batch.sampler_logprobs[row][:n])[mask],
+                               reference[mask], atol=2e-4)
+
+
+def test_episode_scores_add_the_verifier_and_the_environment_rewards(collected):
+  _, episodes, rollouts = collected
+  batch = rollouts.batch
+  for row, turns in enumerate(rollouts.transcripts):
+    actions = [t["text"] for t in turns if t["role"] == "assistant"]
+    env_rewards = [len(a) % 5 for a in actions]  # Echo answers every model turn
+    assert float(batch.scores[row]) == pytest.approx(len(actions[-1]) / 10 + sum(env_rewards))
+    ended_by_model = turns[-1]["token_ids"][-1:] == [TOKENIZER.eos_id]
+    assert len(actions) == 3 or ended_by_model or bool(batch.truncated[row])
+  assert {"env/turns_mean", "env/failed_fraction", "time_episodes"} <= set(rollouts.metrics)
+  # Later turns continued their kept KV cache rows: only the new tokens were prefilled.
+  assert rollouts.metrics["env/reused_tokens"] > rollouts.metrics["env/prefilled_tokens"] > 0
+  assert len(episodes) == 2 * G
+
+
+def test_turn_placement_puts_each_reward_on_its_turns_last_token():
+  mode = rollout(["the cat sat"], placement="turn")
+  try:
+    rollouts = mode.collect()
+  finally:
+    mode.close()
+  batch = rollouts.batch
+  for row, turns in enumerate(rollouts.transcripts):
+    column, expected = 0, np.zeros(MAX_TOKENS)
+    for turn in turns:
+      column += len(turn["token_ids"])
+      if turn["role"] == "assistant":
+        expected[column - 1] = len(turn["text"]) % 5
+    np.testing.assert_allclose(np.asarray(batch.step_rewards[row]), expected)
+    assert float(batch.scores[row]) == pytest.approx(
+        len([t for t in turns if t["role"] == "assistant"][-1]["text"]) / 10)
+
+
+@pytest.mark.parametrize("prompt, reason", [("boom", "env step: RuntimeError: boom at turn 2"),
+                                            ("hang", "env step: timeout after 1 s")])
+def test_a_failing_environment_ends_only_its_episodes(prompt, reason):
+  mode = rollout([prompt, "ok go"], timeout_s=1.0)
+  try:
+    rollouts = mode.collect()
+  finally:
+    mode.close()
+  failed = [row for row in range(2 * G) if row < G]
+  eos_first = [t["token_ids"][-1:] == [TOKENIZER.eos_id]
+               for t in (turns[1] for turns in rollouts.transcripts)]
+  for row in failed:
+    if not eos_first[row]:  # an episode the model ended at turn 1 never reached step 2
+      assert float(rollouts.batch.scores[row]) == -7.0
+      assert reason in rollouts.failures
+  assert rollouts.metrics["env/failed_fraction"] == pytest.approx(
+      sum(not eos_first[row] for row in failed) / (2 * G))
+  assert all(f == reason for f in rollouts.failures)

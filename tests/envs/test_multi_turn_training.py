@@ -1,0 +1,75 @@
+"""rollout.mode='multi_turn' in the Trainer (GRPO on a shrunken arith config) and the
+`env` section's refusals."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rlhf_jax.analysis.rollouts import read_rollouts
+from rlhf_jax.analysis.rollouts import rollouts_table
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.training.config import validate_config
+from tests.training.test_config_and_rollout import preset
+from tests.training.test_trainer import make_trainer
+from tests.training.test_trainer import records
+from tests.training.test_trainer import shrink
+
+
+def multi_turn(name="grpo"):
+  config = shrink(preset(name))
+  config.rollout.mode, config.env.factory = "multi_turn", "tests.envs.environments:Recheck"
+  config.rollout.max_new_tokens, config.env.max_tokens = 64, 96
+  config.sampler.prompt_buckets = (64, 159)
+  config.env.workers = 1
+  return config
+
+
+@pytest.mark.slow
+def test_grpo_trains_on_multi_turn_episodes(tmp_path):
+  config = multi_turn()
+  config.train.log_rollouts = 3
+  summary = make_trainer(config, tmp_path).run()
+  assert summary["steps"] == 2
+  logged = read_rollouts(str(tmp_path / "rollouts.jsonl"))
+  assert [r["step"] for r in logged] == [1, 1, 1, 2, 2, 2]
+  for record in logged:
+    assert set(record) == {"step", "reward", "token_ids", "loss_mask", "turns"}
+    assert len(record["loss_mask"]) == len(record["token_ids"])
+    turn_ids = [t for turn in record["turns"] for t in turn["token_ids"]]
+    assert record["token_ids"][-len(turn_ids):] == turn_ids
+    assert record["loss_mask"] == [0] * (len(record["token_ids"]) - len(turn_ids)) + [
+        int(turn["role"] == "assistant") for turn in record["turns"] for _ in turn["token_ids"]]
+    assert record["turns"][0]["role"] == "assistant"
+    json.dumps(record)
+  assert any(len(r["turns"]) == 3 for r in logged)  # assistant, environment, assistant
+  assert rollouts_table(logged).count("\n") == 2 + len(logged)
+  shown = subprocess.run([sys.executable, "launch/rollouts.py", f"--workdir={tmp_path}",
+                          "--step=2"], capture_output=True, text=True, check=True).stdout
+  assert shown == rollouts_table(logged[3:])
+  for record in records(tmp_path)[1:]:
+    assert 1 <= record["env/turns_mean"] <= 2 and record["env/failed_fraction"] == 0
+    # The sampler's log-probs of the model's tokens are the trainer's over the whole row.
+    assert record["logprob_mismatch_max"] < 1e-5
+    assert np.isfinite(record["reward_mean"]) and np.isfinite(record["grad_norm"])
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"env.factory": ""}, "env.factory"),
+    ({"env.factory": "tests.envs.environments:Absent"}, "env.factory"),
+    ({"env.reward_placement": "turn"}, "env.reward_placement"),
+    ({"env.max_turns": 0}, "env.max_turns"),
+    ({"rollout.max_new_tokens": 97}, "rollout.max_new_tokens"),
+    ({"sampler.prompt_buckets": (64, 128)}, "sampler.prompt_buckets"),
+    ({"sampler.cache_length": 150, "sampler.prompt_buckets": (64, 149)}, "sampler.cache_length"),
+])
+def test_the_env_section_refuses_what_cannot_run(change, field):
+  config = multi_turn()
+  validate_config(config)
+  for key, value in change.items():
+    section, name = key.split(".")
+    config[section][name] = value
+  with pytest.raises(ConfigError, match=f"config.{field}"):
+    validate_config(config)

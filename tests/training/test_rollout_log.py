@@ -1,0 +1,49 @@
+"""rollouts.jsonl (training/rollout_log.py): a single-turn row is its prompt and response
+without padding, trained on where the response is; resumed runs drop later steps."""
+
+import json
+
+from rlhf_jax import models
+from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax.analysis.rollouts import read_rollouts
+from rlhf_jax.analysis.rollouts import rollouts_table
+from rlhf_jax.rollout.generation import Rollouts
+from rlhf_jax.training.metrics import RolloutLog
+
+TOKENIZER = models.build_character_tokenizer("abcdef |\n")
+
+
+def rollouts():
+  prompts = [TOKENIZER.encode("ab"), TOKENIZER.encode("abc|d")]
+  responses = [TOKENIZER.encode("cd\nef"), TOKENIZER.encode("e")]
+  batch = batch_lib.build_rollout_batch(
+      prompts, responses, [[0.0] * len(r) for r in responses], [0.5, -1.0], [False] * 2,
+      [0, 1], prompt_length=6, response_length=7, pad_id=TOKENIZER.pad_id)
+  return Rollouts(batch=batch, correct=[True, False], failures=[], metrics={})
+
+
+def test_single_turn_records_are_the_rows_without_padding(tmp_path):
+  log = RolloutLog(str(tmp_path), 5, TOKENIZER)
+  log.write(1, rollouts())
+  log.write(2, rollouts())
+  records = read_rollouts(str(tmp_path / "rollouts.jsonl"))
+  assert [r["step"] for r in records] == [1, 1, 2, 2]
+  first, second = records[:2]
+  assert first["token_ids"] == TOKENIZER.encode("abcd\nef")
+  assert first["loss_mask"] == [0, 0, 1, 1, 1, 1, 1]
+  assert first["turns"] == [{"role": "assistant", "text": "cd\nef",
+                             "token_ids": TOKENIZER.encode("cd\nef")}]
+  assert (first["reward"], second["reward"]) == (0.5, -1.0)
+  assert second["token_ids"] == TOKENIZER.encode("abc|de")
+  table = rollouts_table(records[:2])
+  assert "cd⏎ef" in table and "abc\\|" not in table and "| 1 | 0.5 | 5 / 7 |" in table
+  log.truncate_after(1)
+  assert [r["step"] for r in read_rollouts(str(tmp_path / "rollouts.jsonl"))] == [1, 1]
+
+
+def test_count_zero_writes_nothing_and_count_one_writes_one(tmp_path):
+  RolloutLog(str(tmp_path), 0, TOKENIZER).write(1, rollouts())
+  assert not (tmp_path / "rollouts.jsonl").exists()
+  RolloutLog(str(tmp_path), 1, TOKENIZER).write(1, rollouts())
+  lines = (tmp_path / "rollouts.jsonl").read_text().splitlines()
+  assert len(lines) == 1 and json.loads(lines[0])["reward"] == 0.5
