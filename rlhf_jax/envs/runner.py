@@ -42,8 +42,10 @@ def _step(env, action: str) -> tuple[Any, StepResult]:
   result = env.step(action)
   if not isinstance(result, StepResult):
     raise TypeError(f"step returned {type(result).__name__}, not rlhf_jax.envs.StepResult")
-  if not isinstance(result.observation, str):
-    raise TypeError(f"StepResult.observation is {type(result.observation).__name__}, not str")
+  for field in ("observation", "role"):
+    if not isinstance(getattr(result, field), str):
+      raise TypeError(f"StepResult.{field} is {type(getattr(result, field)).__name__}, "
+                      "not str")
   if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
     raise TypeError(f"StepResult.reward={result.reward!r} is not a finite number")
   return env, dataclasses.replace(result, reward=float(result.reward), done=bool(result.done))

@@ -13,6 +13,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from rlhf_jax.models.chat_template import render_chat
+from rlhf_jax.models.chat_template import turn_suffix
+
 CHATML_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # The Jinja form of `Tokenizer.apply_chat_template`, written to tokenizer_config.json so
 # transformers renders the same string.
@@ -29,11 +32,14 @@ class Tokenizer:
     backend: a `tokenizers.Tokenizer`.
     eos_token: the end-of-sequence token (must be in the vocabulary).
     pad_token: the padding token (default: the EOS token, as Qwen2 does).
+    chat_template: the Jinja chat template (tokenizer_config.json's), or None for the
+      built-in ChatML (`CHATML_JINJA`).
   """
 
   def __init__(self, backend, *, eos_token: str = "<|endoftext|>",
-               pad_token: str | None = None):
+               pad_token: str | None = None, chat_template: str | None = None):
     self.backend = backend
+    self.chat_template = chat_template
     self.eos_token = eos_token
     self.pad_token = eos_token if pad_token is None else pad_token
     self.eos_id = self._id_of(self.eos_token, "eos_token")
@@ -49,7 +55,8 @@ class Tokenizer:
 
   @classmethod
   def from_directory(cls, directory: str) -> "Tokenizer":
-    """Loads `tokenizer.json` (+ EOS/PAD from `tokenizer_config.json` when present)."""
+    """Loads `tokenizer.json` (+ EOS, PAD and the chat template from
+    `tokenizer_config.json` when present; of several named templates, "default")."""
     from tokenizers import Tokenizer as Backend  # the `hf` extra
 
     path = os.path.join(directory, "tokenizer.json")
@@ -63,7 +70,12 @@ class Tokenizer:
     token_text = lambda t: t.get("content") if isinstance(t, dict) else t
     eos = token_text(settings.get("eos_token")) or CHATML_SPECIAL_TOKENS[0]
     pad = token_text(settings.get("pad_token"))
-    return cls(Backend.from_file(path), eos_token=eos, pad_token=pad)
+    template = settings.get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+      named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+      template = named.get("default", next(iter(named.values()), None))
+    return cls(Backend.from_file(path), eos_token=eos, pad_token=pad,
+               chat_template=template if isinstance(template, str) else None)
 
   def save(self, directory: str) -> None:
     """Writes tokenizer.json and a tokenizer_config.json that transformers' AutoTokenizer reads."""
@@ -75,7 +87,9 @@ class Tokenizer:
               "additional_special_tokens": [t for t in specials
                                             if t not in (self.eos_token, self.pad_token)],
               "clean_up_tokenization_spaces": False, "model_max_length": 1 << 30}
-    if len(specials) == len(CHATML_SPECIAL_TOKENS):
+    if self.chat_template is not None:
+      config["chat_template"] = self.chat_template
+    elif len(specials) == len(CHATML_SPECIAL_TOKENS):
       config["chat_template"] = CHATML_JINJA
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
       json.dump(config, f, indent=2, sort_keys=True)
@@ -150,14 +164,20 @@ class Tokenizer:
 
   def apply_chat_template(self, messages: Sequence[dict[str, str]], *,
                           add_generation_prompt: bool = True) -> str:
-    """ChatML: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (Qwen2's format).
+    """The tokenizer's chat template rendered as transformers does
+    (`models.chat_template.render_chat`), or without one ChatML:
+    `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (Qwen2's format).
 
     Args:
       messages: [{"role": ..., "content": ...}, ...].
-      add_generation_prompt: end with `<|im_start|>assistant\\n`.
+      add_generation_prompt: end with the opening of an assistant turn.
     Returns:
       The prompt text (encode it with `encode`).
     """
+    if self.chat_template is not None:
+      return render_chat(self.chat_template, messages,
+                         add_generation_prompt=add_generation_prompt,
+                         special_tokens=self.special_tokens())
     for token in CHATML_SPECIAL_TOKENS[1:]:
       self._id_of(token, "chat template token")
     parts = []
@@ -169,6 +189,22 @@ class Tokenizer:
     if add_generation_prompt:
       parts.append("<|im_start|>assistant\n")
     return "".join(parts)
+
+  def special_tokens(self) -> dict[str, str | None]:
+    """The special tokens a chat template may read (bos_token, eos_token, pad_token)."""
+    return {"bos_token": None, "eos_token": self.eos_token, "pad_token": self.pad_token}
+
+  def turn_suffix(self, role: str, content: str, *, turn_end: str = "") -> str:
+    """The text that adds a `role` turn after a model turn ended by `turn_end` and opens
+    the next assistant turn, under the chat template (ChatML without one):
+    `models.chat_template.turn_suffix`."""
+    template = self.chat_template
+    if template is None:
+      for token in CHATML_SPECIAL_TOKENS[1:]:
+        self._id_of(token, "chat template token")
+      template = CHATML_JINJA
+    return turn_suffix(template, role, content, turn_end=turn_end,
+                       special_tokens=self.special_tokens())
 
 
 def build_character_tokenizer(characters: str, *,

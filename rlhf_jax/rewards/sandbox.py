@@ -7,10 +7,11 @@ writable place, also the working directory); the environment is emptied. Inside,
 the program runs as an unprivileged uid with no capabilities and `no_new_privs`
 (as root, `setpriv` drops to a uid of its own per job; otherwise a user namespace
 does), under resource limits it cannot raise: address space, CPU seconds, processes,
-file size, open files, no core dumps. The parent enforces the wall clock, caps
-stdout/stderr, and kills the whole namespace on timeout or overflow. The result comes
-back over an inherited pipe signed with a per-job nonce, so exit codes and printed
-text prove nothing. docs/sandbox.md has the threat model.
+file size, open files, no core dumps; a seccomp filter refuses the system calls a test
+program never needs (seccomp_filter.py: ptrace, mounts, namespaces, eBPF, io_uring, ...).
+The parent enforces the wall clock, caps stdout/stderr, and kills the whole namespace on
+timeout or overflow. The result comes back over an inherited pipe signed with a per-job
+nonce, so exit codes and printed text prove nothing. docs/sandbox.md has the threat model.
 
 `isolation="rlimits"` (for machines without user namespaces; chosen explicitly, never as
 a silent fallback) keeps the limits, the uid drop (as root), the process group, the
@@ -34,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from rlhf_jax.rewards import seccomp_filter
 
 ISOLATIONS = ("namespaces", "rlimits")
 _RUNNER = os.path.join(os.path.dirname(__file__), "sandbox_runner.py")
@@ -161,11 +164,24 @@ def _mounts(limits: Limits) -> list[str]:
                  "--chdir", "/tmp"]
 
 
-def _command(report_fd: int, limits: Limits, uid: int | None) -> list[str]:
+def _seccomp_fd() -> int:
+  """A read-only fd holding the seccomp program for bwrap (the caller closes it)."""
+  try:
+    return seccomp_filter.program_fd()
+  except seccomp_filter.SeccompUnavailable as error:
+    raise SandboxUnavailable(str(error)) from None
+
+
+def _command(report_fd: int, limits: Limits, uid: int | None,
+             seccomp_fd: int | None) -> list[str]:
   runner = ["-I", "-S", "-c", _runner_source(), str(report_fd)]
   if limits.isolation == "rlimits":
     return [_interpreter(), "-I", "-S", "-c", _AUDIT_GUARD + _runner_source(), str(report_fd)]
-  command = [_bwrap(), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+  if seccomp_fd is None:
+    raise ValueError("isolation='namespaces' needs the seccomp program's fd.")
+  # bwrap installs the filter just before it execs setpriv: setpriv and the runner inherit it.
+  command = [_bwrap(), "--seccomp", str(seccomp_fd),
+             "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
              "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
              "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
              "--setenv", "TMPDIR", "/tmp", "--hostname", "sandbox"]
@@ -198,16 +214,20 @@ def run_job(job: dict, limits: Limits) -> Outcome:
   root = os.geteuid() == 0
   with _UIDS.lease() as uid, tempfile.TemporaryDirectory(prefix="rlhf_jax_sandbox_") as work:
     report_r, report_w = os.pipe()
+    seccomp_fd = None
     try:
       popen_user = {}
       if root and limits.isolation == "rlimits":
         os.chmod(work, 0o777)
         popen_user = {"user": uid, "group": uid, "extra_groups": []}
+      if limits.isolation == "namespaces":
+        seccomp_fd = _seccomp_fd()
       start = time.monotonic()
       process = subprocess.Popen(
-          _command(report_w, limits, uid if root else None),
+          _command(report_w, limits, uid if root else None, seccomp_fd),
           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-          pass_fds=(report_w,), start_new_session=True, cwd=work,
+          pass_fds=(report_w,) + ((seccomp_fd,) if seccomp_fd is not None else ()),
+          start_new_session=True, cwd=work,
           env={"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work}, **popen_user)
     except PermissionError as error:
       os.close(report_r)
@@ -220,6 +240,8 @@ def run_job(job: dict, limits: Limits) -> Outcome:
       raise
     finally:
       os.close(report_w)
+      if seccomp_fd is not None:
+        os.close(seccomp_fd)
     try:
       streams, failure = _pump(process, payload, report_r, limits, start + limits.timeout_s)
     finally:

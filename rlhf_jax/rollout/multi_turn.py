@@ -112,6 +112,8 @@ class MultiTurnRollout(StreamRollout):
     self.failure_score = failure_score
     eos = generator.tokenizer.eos_id
     self.stop_ids = (eos,) if turn_end_id is None else (eos, turn_end_id)
+    self.turn_end = ("" if turn_end_id is None else
+                     generator.tokenizer.decode([turn_end_id], skip_special_tokens=False))
 
   # ------------------------------------------------------------------ episodes
 
@@ -174,14 +176,20 @@ class MultiTurnRollout(StreamRollout):
     if outcome.result.done or last_turn:
       episode.over = True
     if not episode.over:
-      self.observe(episode, outcome.result.observation)
+      self.observe(episode, outcome.result.observation, outcome.result.role)
 
-  def observe(self, episode: Episode, text: str) -> None:
-    """Appends an observation, tokenised once; an observation that leaves no room for a
-    model token ends the episode as truncated, without it."""
-    if not text:
+  def observe(self, episode: Episode, text: str, role: str = "") -> None:
+    """Appends an observation (rendered as a `role` turn by the chat template when a role
+    is given), tokenised once; an observation that leaves no room for a model token ends
+    the episode as truncated, without it."""
+    if not text and not role:
       return
-    ids = self.generator.tokenizer.encode(text)
+    tokenizer = self.generator.tokenizer
+    if role:
+      text = tokenizer.turn_suffix(role, text, turn_end=self.turn_end)
+      if self.turn_end and episode.tokens and episode.tokens[-1] != self.stop_ids[-1]:
+        text = self.turn_end + text  # the turn hit its cap: close it as the template does
+    ids = tokenizer.encode(text)
     if len(episode.tokens) + len(ids) >= self.max_tokens:
       episode.truncated = True
       episode.end()

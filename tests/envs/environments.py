@@ -80,3 +80,12 @@ class Recheck:
   def step(self, action):
     self.turn += 1
     return StepResult(observation="\nCheck again:\n", reward=0.0, done=self.turn >= 2)
+
+
+class ToolEcho(Echo):
+  """Echo's answers as tool turns (rendered by the chat template)."""
+
+  def step(self, action):
+    result = super().step(action)
+    return StepResult(observation=result.observation, reward=result.reward, done=result.done,
+                      role="tool")

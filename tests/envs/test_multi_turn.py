@@ -44,7 +44,7 @@ class ListStream:
     return self.examples[:n]
 
 
-def rollout(prompts, *, placement="sum", factory="Echo", timeout_s=5.0):
+def rollout(prompts, *, placement="sum", factory="Echo", timeout_s=5.0, turn_end_id=None):
   scheduler = Scheduler(sampling.Engine(MODEL, num_slots=4, cache_length=64), PARAMS,
                         prompt_buckets=(16, 32, 63))
   generator = GroupGenerator(
@@ -57,7 +57,7 @@ def rollout(prompts, *, placement="sum", factory="Echo", timeout_s=5.0):
   return MultiTurnRollout(generator, ListStream(examples), runner,
                           prompts_per_step=len(prompts), group_size=G, max_turns=3,
                           max_tokens=MAX_TOKENS, reward_placement=placement,
-                          failure_score=-7.0)
+                          failure_score=-7.0, turn_end_id=turn_end_id)
 
 
 def full_forward_logprobs(tokens):
@@ -168,3 +168,24 @@ def test_a_failing_environment_ends_only_its_episodes(prompt, reason):
   assert rollouts.metrics["env/failed_fraction"] == pytest.approx(
       sum(not eos_first[row] for row in failed) / (2 * G))
   assert all(f == reason for f in rollouts.failures)
+
+
+def test_a_tool_observation_is_a_tool_turn_of_the_chat_template():
+  im_end = TOKENIZER.backend.token_to_id("<|im_end|>")
+  mode = rollout(["the cat sat"], factory="ToolEcho", turn_end_id=im_end)
+  try:
+    rollouts = mode.collect()
+  finally:
+    mode.close()
+  checked = 0
+  for turns in rollouts.transcripts:
+    for before, turn in zip(turns, turns[1:]):
+      if turn["role"] != "environment" or before["role"] != "assistant":
+        continue
+      closed = before["token_ids"][-1:] == [im_end]
+      answer = f" ok{len(before['text'])}"
+      assert turn["text"] == ("" if closed else "<|im_end|>") + TOKENIZER.turn_suffix(
+          "tool", answer, turn_end="<|im_end|>")
+      assert turn["token_ids"] == TOKENIZER.encode(turn["text"])
+      checked += 1
+  assert checked > 0
