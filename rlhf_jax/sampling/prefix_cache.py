@@ -39,16 +39,19 @@ class PrefixCache:
   Args:
     engine: the Engine whose slots the rows come from and go back to.
     capacity: most rows kept (0: a finished row is dropped at once).
-    prompt_buckets: the scheduler's padded prompt lengths; the new tokens of a
-      continuation are padded to one of them (one resume program each).
+
+  The new tokens of a continuation are padded to a power of two of at least
+  `MIN_BUCKET` (one resume program each): an observation is short, and padding it to the
+  scheduler's prompt buckets, made for whole prompts, would often not fit after the row.
   """
 
-  def __init__(self, engine: Engine, capacity: int, *, prompt_buckets: Sequence[int]):
+  MIN_BUCKET = 8
+
+  def __init__(self, engine: Engine, capacity: int):
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
       raise ValueError(f"parked_rows={capacity!r} must be an int >= 0.")
     self.engine = engine
     self.capacity = capacity
-    self.prompt_buckets = tuple(sorted(prompt_buckets))
     self._rows: collections.OrderedDict[tuple[int, ...], Parked] = collections.OrderedDict()
     self.stats = collections.Counter()
 
@@ -92,12 +95,11 @@ class PrefixCache:
     return self.engine.resume(params, parked.row, state, slot, tokens, len(new),
                               sampling=sampling), len(new)
 
-  def _bucket(self, length: int) -> int | None:
-    return next((b for b in self.prompt_buckets if b >= length), None)
+  def _bucket(self, length: int) -> int:
+    return max(self.MIN_BUCKET, 1 << max(length - 1, 0).bit_length())
 
   def _fits(self, held: int, total: int) -> bool:
-    bucket = self._bucket(total - held)
-    return bucket is not None and held + bucket <= self.engine.cache_length
+    return held + self._bucket(total - held) <= self.engine.cache_length
 
   def drop_stale(self, version: int) -> None:
     """Drops the rows other weights computed (after a weight swap)."""

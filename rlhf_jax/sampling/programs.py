@@ -2,7 +2,7 @@
 
 Per prompt bucket × padded prefill batch size one prefill (and one insert), per decode
 step count one generate. A continuation of a parked cache row (`keep_cache`) compiles
-one resume per bucket when it first runs.
+one resume per padded length of new tokens (powers of two) when it first runs.
 """
 
 from __future__ import annotations

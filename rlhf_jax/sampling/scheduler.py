@@ -101,7 +101,7 @@ class Scheduler:
     self._pending_params: tuple[Params, int] | None = None
     self._state = engine.init_decode_state()
     self.prefix_cache = PrefixCache(engine, engine.num_slots if parked_rows is None
-                                    else parked_rows, prompt_buckets=buckets)
+                                    else parked_rows)
     self._stats = collections.Counter()
     self._started = time.perf_counter()
 

@@ -51,6 +51,8 @@ def test_grpo_trains_on_multi_turn_episodes(tmp_path):
   assert shown == rollouts_table(logged[3:])
   for record in records(tmp_path)[1:]:
     assert 1 <= record["env/turns_mean"] <= 2 and record["env/failed_fraction"] == 0
+    if record["env/turns_mean"] > 1:  # second turns continued their kept KV caches
+      assert record["env/reused_tokens"] > 0
     # The sampler's log-probs of the model's tokens are the trainer's over the whole row.
     assert record["logprob_mismatch_max"] < 1e-5
     assert np.isfinite(record["reward_mean"]) and np.isfinite(record["grad_norm"])
