@@ -232,8 +232,8 @@ class MultiTurnRollout(StreamRollout):
                                     [e.last_action() for e in episodes])
       verdicts, base, reasons = scored.correct, scored.scores, scored.failures
     else:
-      verdicts, base, reasons = [s > 0 for s in env_sums], [0.0] * len(episodes), [""] * len(
-          episodes)
+      count = len(episodes)
+      verdicts, base, reasons = [s > 0 for s in env_sums], [0.0] * count, [""] * count
     scores, correct, failures = [], [], []
     for episode, env_sum, verdict, score, reason in zip(episodes, env_sums, verdicts, base,
                                                         reasons):

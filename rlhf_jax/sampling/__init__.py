@@ -5,12 +5,12 @@ and a gRPC server and client for running the sampler in its own process.
 The server (`server`, `servicers`, `wire`) and `client` need the `serve` extra (grpcio,
 protobuf); they are not imported here, so the core needs neither."""
 
-from rlhf_jax.sampling.engine import DecodeState
 from rlhf_jax.sampling.engine import Engine
-from rlhf_jax.sampling.engine import GuidedParams
-from rlhf_jax.sampling.engine import Prefix
-from rlhf_jax.sampling.engine import SlotSampling
-from rlhf_jax.sampling.engine import StepResult
+from rlhf_jax.sampling.engine_state import DecodeState
+from rlhf_jax.sampling.engine_state import GuidedParams
+from rlhf_jax.sampling.engine_state import Prefix
+from rlhf_jax.sampling.engine_state import SlotSampling
+from rlhf_jax.sampling.engine_state import StepResult
 from rlhf_jax.sampling.params import FireSchedule
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import prompt_seed

@@ -36,7 +36,6 @@ from rlhf_jax.models.decoder import KVCache
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
 from rlhf_jax.sampling.engine_state import DecodeState
-from rlhf_jax.sampling.engine_state import GuidedParams  # pylint: disable=unused-import
 from rlhf_jax.sampling.engine_state import ParkedRow
 from rlhf_jax.sampling.engine_state import Prefix
 from rlhf_jax.sampling.engine_state import SlotSampling

@@ -7,7 +7,7 @@ import collections
 import dataclasses
 from typing import Any, Callable
 
-from rlhf_jax.sampling.engine import Prefix
+from rlhf_jax.sampling.engine_state import Prefix
 from rlhf_jax.sampling.params import SamplingParams
 
 __all__ = ["Completion", "RequestState", "SampleState", "TokenCallback"]

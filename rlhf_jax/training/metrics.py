@@ -121,12 +121,8 @@ class MetricsWriter:
 
   def truncate_after(self, step: int) -> None:
     """Drops records after `step` (a resumed run writes them again)."""
-    if not self.enabled or not os.path.exists(self.path):
-      return
-    with open(self.path, encoding="utf-8") as f:
-      kept = [line for line in f if json.loads(line)["step"] <= step]
-    with open(self.path, "w", encoding="utf-8") as f:
-      f.writelines(kept)
+    if self.enabled:
+      truncate_jsonl(self.path, step)
 
   def close(self) -> None:
     """Closes the TensorBoard writer."""
@@ -211,9 +207,15 @@ class RolloutLog:
 
   def truncate_after(self, step: int) -> None:
     """Drops the samples of steps after `step` (a resumed run writes them again)."""
-    if not self.enabled or not os.path.exists(self.path):
-      return
-    with open(self.path, encoding="utf-8") as f:
-      kept = [line for line in f if json.loads(line)["step"] <= step]
-    with open(self.path, "w", encoding="utf-8") as f:
-      f.writelines(kept)
+    if self.enabled:
+      truncate_jsonl(self.path, step)
+
+
+def truncate_jsonl(path: str, step: int) -> None:
+  """Drops the lines of a JSON-lines file whose `step` is after `step` (no file: nothing)."""
+  if not os.path.exists(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    kept = [line for line in f if json.loads(line)["step"] <= step]
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(kept)

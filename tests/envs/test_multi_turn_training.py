@@ -70,8 +70,6 @@ def test_grpo_trains_on_multi_turn_episodes(tmp_path):
 def test_the_env_section_refuses_what_cannot_run(change, field):
   config = multi_turn()
   validate_config(config)
-  for key, value in change.items():
-    section, name = key.split(".")
-    config[section][name] = value
+  config.update_from_flattened_dict(change)
   with pytest.raises(ConfigError, match=f"config.{field}"):
     validate_config(config)

@@ -183,12 +183,7 @@ def trainer_config(**changes):
   c = grpo.get_config("arith")
   c.sampler.address = "localhost:1"
   c.rollout.reference_logprobs = "sampler"
-  for key, value in changes.items():
-    *sections, field = key.split(".")
-    section = c
-    for name in sections:
-      section = section[name]
-    section[field] = value
+  c.update_from_flattened_dict(changes)
   return c
 
 

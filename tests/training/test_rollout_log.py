@@ -15,7 +15,7 @@ TOKENIZER = models.build_character_tokenizer("abcdef |\n")
 
 def rollouts():
   prompts = [TOKENIZER.encode("ab"), TOKENIZER.encode("abc|d")]
-  responses = [TOKENIZER.encode("cd\nef"), TOKENIZER.encode("e")]
+  responses = [TOKENIZER.encode("c|d\nef"), TOKENIZER.encode("e")]
   batch = batch_lib.build_rollout_batch(
       prompts, responses, [[0.0] * len(r) for r in responses], [0.5, -1.0], [False] * 2,
       [0, 1], prompt_length=6, response_length=7, pad_id=TOKENIZER.pad_id)
@@ -29,14 +29,15 @@ def test_single_turn_records_are_the_rows_without_padding(tmp_path):
   records = read_rollouts(str(tmp_path / "rollouts.jsonl"))
   assert [r["step"] for r in records] == [1, 1, 2, 2]
   first, second = records[:2]
-  assert first["token_ids"] == TOKENIZER.encode("abcd\nef")
-  assert first["loss_mask"] == [0, 0, 1, 1, 1, 1, 1]
-  assert first["turns"] == [{"role": "assistant", "text": "cd\nef",
-                             "token_ids": TOKENIZER.encode("cd\nef")}]
+  assert first["token_ids"] == TOKENIZER.encode("abc|d\nef")
+  assert first["loss_mask"] == [0, 0, 1, 1, 1, 1, 1, 1]
+  assert first["turns"] == [{"role": "assistant", "text": "c|d\nef",
+                             "token_ids": TOKENIZER.encode("c|d\nef")}]
   assert (first["reward"], second["reward"]) == (0.5, -1.0)
   assert second["token_ids"] == TOKENIZER.encode("abc|de")
   table = rollouts_table(records[:2])
-  assert "cd⏎ef" in table and "abc\\|" not in table and "| 1 | 0.5 | 5 / 7 |" in table
+  # Newlines shown as ⏎, a pipe escaped so the Markdown row keeps its columns.
+  assert "| 1 | 0.5 | 6 / 8 | ▶ c\\|d⏎ef |" in table
   log.truncate_after(1)
   assert [r["step"] for r in read_rollouts(str(tmp_path / "rollouts.jsonl"))] == [1, 1]
 
