@@ -31,10 +31,12 @@ from typing import Any, Sequence
 from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.envs import EnvironmentRunner
+from rlhf_jax.rewards import Scorer
 from rlhf_jax.rollout.base import StreamRollout
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.rollout.generation import token_versions
+from rlhf_jax.sampling import SamplingParams
 
 
 @dataclasses.dataclass
@@ -117,22 +119,29 @@ class MultiTurnRollout(StreamRollout):
 
   # ------------------------------------------------------------------ episodes
 
-  def run_episodes(self, examples: Sequence[Example]) -> list[Episode]:
-    """G episodes per example (adjacent), run to their end."""
+  def run_episodes(self, examples: Sequence[Example], *, group_size: int | None = None,
+                   sampling: SamplingParams | None = None,
+                   seed: int | None = None) -> list[Episode]:
+    """`group_size` (default G) episodes per example (adjacent), run to their end.
+
+    Training draws the next seed and samples with the training parameters; evaluation
+    passes its own (greedy, say) and a seed, leaving the training seeds untouched."""
+    group_size = self.group_size if group_size is None else group_size
+    sampling = self.generator.sampling if sampling is None else sampling
+    seed = self.generator.next_seed() if seed is None else seed
     episodes = [Episode(example=e, prompt_ids=self.generator.encode(e), index=i)
-                for i, e in enumerate(e for e in examples for _ in range(self.group_size))]
+                for i, e in enumerate(e for e in examples for _ in range(group_size))]
     for episode, outcome in zip(episodes, self.runner.start([e.example for e in episodes])):
       if outcome.failure:
         episode.end(f"env reset: {outcome.failure}")
       else:
         episode.env = outcome.env
         self.observe(episode, outcome.result)
-    seed = self.generator.next_seed()
     for turn in range(self.max_turns):
       live = [e for e in episodes if not e.over]
       if not live:
         break
-      self.model_turn(live, seed, turn)
+      self.model_turn(live, sampling, seed, turn)
       stepping = [e for e in live if not e.failure]
       outcomes = self.runner.step([e.env for e in stepping],
                                   [e.turns[-1]["text"] for e in stepping])
@@ -140,10 +149,10 @@ class MultiTurnRollout(StreamRollout):
         self.after_step(episode, outcome, last_turn=turn == self.max_turns - 1)
     return episodes
 
-  def model_turn(self, live: list[Episode], seed: int, turn: int) -> None:
-    """Samples every live episode's next model turn (one request each, sent as the
-    conversation so far) and appends its tokens as sampled."""
-    base = self.generator.sampling
+  def model_turn(self, live: list[Episode], base: SamplingParams, seed: int,
+                 turn: int) -> None:
+    """Samples every live episode's next model turn with `base` (one request each, sent
+    as the conversation so far) and appends its tokens as sampled."""
     # A turn that may be continued keeps its KV cache: the next turn prefills only the
     # observation (sampling/prefix_cache.py); the tokens are the same either way.
     params = [dataclasses.replace(
@@ -223,13 +232,17 @@ class MultiTurnRollout(StreamRollout):
     counts = metrics() if callable(metrics) else {}
     return {k: counts[k] for k in ("prefilled_tokens", "reused_tokens") if k in counts}
 
-  def score(self, episodes: list[Episode]) -> tuple[list[float], list[bool], list[str]]:
+  def score(self, episodes: list[Episode], scorer: Scorer | None = None
+            ) -> tuple[list[float], list[bool], list[str]]:
     """Per episode: its score (the verifier's of the last model turn, plus the env's
-    rewards with placement 'sum'), correctness and failure reason."""
+    rewards with placement 'sum'), correctness and failure reason. `scorer`: the
+    verifier (default: the training scorer; held-out evaluation passes its own)."""
     env_sums = [sum(r for _, r in e.step_rewards) for e in episodes]
     if self.verifier:
-      scored = self.generator.score([e.example for e in episodes],
-                                    [e.last_action() for e in episodes])
+      scorer = self.generator.scorer if scorer is None else scorer
+      decode = self.generator.tokenizer.decode
+      scored = scorer.score([e.example for e in episodes],
+                            [decode(e.last_action()) for e in episodes])
       verdicts, base, reasons = scored.correct, scored.scores, scored.failures
     else:
       count = len(episodes)

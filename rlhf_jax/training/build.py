@@ -7,6 +7,7 @@ rollout mode, algorithms/registry.py the learner).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable
 
@@ -30,12 +31,15 @@ from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout.base import Rollout
+from rlhf_jax.rollout.multi_turn import MultiTurnRollout
 from rlhf_jax.rollout.offline import offline_rollout
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import pycalc
+from rlhf_jax.training.evaluation import evaluate_episodes
+from rlhf_jax.training.evaluation import evaluate_policy
 
 
 @dataclasses.dataclass
@@ -246,3 +250,18 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
 def build_learner(c, policy: Policy, mesh) -> Learner:
   """The learner of `algorithm.learner` (algorithms/registry.py) for the policy."""
   return registry.build_learner(c, policy.model, policy.params, mesh)
+
+
+def build_evaluator(c, policy: Policy, sampler, rollout: Rollout, held_out: list[Example],
+                    scorer: Scorer) -> Callable[..., dict[str, float]]:
+  """The held-out evaluation, `evaluate(samples=, temperature=, seed=) -> figures`: one
+  response per sample (training/evaluation.py `evaluate_policy`), or with mode
+  'multi_turn' whole episodes with the run's environment and limits
+  (`evaluate_episodes`, over the rollout's own environment workers)."""
+  if c.rollout.mode == "multi_turn":
+    episodes = rollout
+    while not isinstance(episodes, MultiTurnRollout):  # unwrap the rollout's wrappers
+      episodes = episodes.inner
+    return functools.partial(evaluate_episodes, episodes, held_out, scorer)
+  return functools.partial(evaluate_policy, sampler, policy.tokenizer, held_out, scorer,
+                           prefix=policy.prefix, max_new_tokens=c.rollout.max_new_tokens)

@@ -34,7 +34,7 @@ def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], scorer, *,
                     max_new_tokens: int, seed: int = 0,
                     fire: FireSchedule | None = None) -> dict[str, float]:
   """avg@n accuracy (overall and per `example_group` as "accuracy/<group>"), pass@k for
-  k = 1, 2, 4, ... ≤ n, mean response length.
+  k = 1, 2, 4, ... ≤ n, mean response length (`summarize_accuracy`).
 
   Args:
     sampler: a `Sampler` (the in-process Scheduler or a SamplerClient).
@@ -56,11 +56,49 @@ def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], scorer, *,
   pairs = [(example, tokenizer.decode(c.token_ids)) for example, group in zip(examples, out)
            for c in group]
   scored = scorer.score([e for e, _ in pairs], [text for _, text in pairs])
-  correct = np.asarray(scored.correct).reshape(len(examples), samples)
+  return summarize_accuracy(examples, scored.correct, samples=samples,
+                            lengths=[len(c.token_ids) for g in out for c in g],
+                            failures=sum(bool(f) for f in scored.failures))
+
+
+def evaluate_episodes(rollout, examples: Sequence[Example], scorer, *, samples: int,
+                      temperature: float, seed: int = 0) -> dict[str, float]:
+  """`evaluate_policy` for multi-turn episodes (`rollout.multi_turn.MultiTurnRollout`):
+  n episodes per prompt with the environment, judged as in training (the verifier of the
+  last model turn, or a positive env reward without one) but by `scorer`; the response
+  length counts model tokens; "turns" is the mean number of model turns.
+
+  Args:
+    rollout: the run's MultiTurnRollout (its sampler, environments, limits).
+    examples: held-out prompts with answers and tasks.
+    scorer: the verifier.
+    samples: n episodes per prompt.
+    temperature: sampling temperature (0 = greedy).
+    seed: sampling seed (the training seeds are left alone).
+  """
+  base = rollout.generator.sampling
+  params = SamplingParams(temperature=temperature, max_new_tokens=base.max_new_tokens)
+  episodes = rollout.run_episodes(examples, group_size=samples, sampling=params, seed=seed)
+  _, correct, failures = rollout.score(episodes, scorer)
+  result = summarize_accuracy(examples, correct, samples=samples,
+                              lengths=[sum(e.loss_mask) for e in episodes],
+                              failures=len(failures))
+  result["turns"] = float(np.mean([sum(t["role"] == "assistant" for t in e.turns)
+                                   for e in episodes]))
+  return result
+
+
+def summarize_accuracy(examples: Sequence[Example], correct: Sequence[bool], *, samples: int,
+                       lengths: Sequence[int], failures: int) -> dict[str, float]:
+  """The evaluation's figures from per-sample verdicts (`correct[i * samples + j]`: sample
+  j of example i): "accuracy" (avg@n), "accuracy/<group>" when there are several groups,
+  "pass@k" for k = 1, 2, 4, ... ≤ n (Chen et al. 2021, Eq. 1), the mean response length
+  and the verifier's failures."""
+  correct = np.asarray(correct, bool).reshape(len(examples), samples)
   result = {"prompts": float(len(examples)), "samples_per_prompt": float(samples),
             "accuracy": float(correct.mean()),
-            "response_length": float(np.mean([len(c.token_ids) for g in out for c in g])),
-            "verifier_failures": float(sum(bool(f) for f in scored.failures))}
+            "response_length": float(np.mean(lengths)),
+            "verifier_failures": float(failures)}
   groups = np.asarray([example_group(e) for e in examples])
   if len(set(groups)) > 1:
     for group in sorted(set(groups)):

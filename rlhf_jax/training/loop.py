@@ -15,7 +15,6 @@ same for every preset.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -32,7 +31,6 @@ from rlhf_jax.training import build
 from rlhf_jax.training import metrics as metrics_lib
 from rlhf_jax.training.checkpoint import Checkpointer
 from rlhf_jax.training.config import validate_config
-from rlhf_jax.training.evaluation import evaluate_policy
 
 
 class Trainer:
@@ -72,6 +70,8 @@ class Trainer:
     self.sampler = build.build_sampler(c, self.policy, self.mesh)
     self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
                                        self.train_examples, workdir=workdir, log=self.log)
+    self.evaluator = build.build_evaluator(c, self.policy, self.sampler, self.rollout,
+                                           self.held_out, self.eval_scorer)
     self.learner = build.build_learner(c, self.policy, self.mesh)
     self.step = 0
     self.metrics = metrics_lib.MetricsWriter(workdir, tensorboard=c.train.tensorboard,
@@ -135,15 +135,15 @@ class Trainer:
       return {}
     self.rollout.settle()  # generation running ahead finishes first: one user of the sampler
     c = self.config
-    evaluate = functools.partial(evaluate_policy, self.sampler, self.policy.tokenizer,
-                                 self.held_out, self.eval_scorer, prefix=self.policy.prefix,
-                                 max_new_tokens=c.rollout.max_new_tokens)
-    greedy = evaluate(samples=1, temperature=0.0)
+    greedy = self.evaluator(samples=1, temperature=0.0)
     out = {f"eval_{k}": v for k, v in greedy.items() if k.startswith("accuracy")}
     out["eval_response_length"] = greedy["response_length"]
+    if "turns" in greedy:  # multi-turn episodes
+      out["eval_turns"] = greedy["turns"]
     if c.train.eval_samples:
-      sampled = evaluate(samples=c.train.eval_samples, temperature=c.rollout.temperature,
-                         seed=c.seed + 7919 * (self.step + 1))
+      sampled = self.evaluator(samples=c.train.eval_samples,
+                               temperature=c.rollout.temperature,
+                               seed=c.seed + 7919 * (self.step + 1))
       out.update({f"eval_sampled_{k}": v for k, v in sampled.items()
                   if k.startswith("accuracy")})
       out.update({f"eval_{k}": v for k, v in sampled.items() if k.startswith("pass@")})

@@ -16,6 +16,7 @@ from rlhf_jax.rewards import Scores
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.multi_turn import MultiTurnRollout
 from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.training.evaluation import evaluate_episodes
 
 CORPUS = ["the cat sat on the mat", "ok go then", "a tool said ok", "count the tokens",
           "multi turn agents call tools"] * 20
@@ -189,3 +190,23 @@ def test_a_tool_observation_is_a_tool_turn_of_the_chat_template():
       assert turn["token_ids"] == TOKENIZER.encode(turn["text"])
       checked += 1
   assert checked > 0
+
+
+def test_held_out_evaluation_runs_greedy_episodes_and_leaves_the_training_seeds(collected):
+  mode, _, _ = collected
+  examples = [Example(prompt=p, answer="", task="test") for p in ["the cat sat", "ok go"]]
+  seeds = mode.generator.state()
+  figures = evaluate_episodes(mode, examples, LengthScorer(), samples=2, temperature=0.0)
+  assert mode.generator.state() == seeds
+  assert evaluate_episodes(mode, examples, LengthScorer(), samples=2, temperature=0.0) == figures
+  # The verdicts, by hand: the last model turn of each greedy episode longer than 10 chars.
+  greedy = sampling.SamplingParams(temperature=0.0, max_new_tokens=TURN_CAP)
+  episodes = mode.run_episodes(examples, group_size=1, sampling=greedy, seed=0)
+  last = [[t["text"] for t in e.turns if t["role"] == "assistant"][-1] for e in episodes]
+  assert figures["accuracy"] == pytest.approx(np.mean([len(text) > 10 for text in last]))
+  assert figures["pass@1"] == figures["accuracy"] and figures["pass@2"] == figures["accuracy"]
+  turns = [sum(t["role"] == "assistant" for t in e.turns) for e in episodes]
+  assert figures["turns"] == pytest.approx(np.mean(turns))
+  assert figures["response_length"] == pytest.approx(np.mean(
+      [sum(len(t["token_ids"]) for t in e.turns if t["role"] == "assistant")
+       for e in episodes]))

@@ -49,6 +49,9 @@ def test_grpo_trains_on_multi_turn_episodes(tmp_path):
   shown = subprocess.run([sys.executable, "launch/rollouts.py", f"--workdir={tmp_path}",
                           "--step=2"], capture_output=True, text=True, check=True).stdout
   assert shown == rollouts_table(logged[3:])
+  start = records(tmp_path)[0]  # held-out accuracy of whole greedy episodes
+  assert start["step"] == 0 and 1 <= start["eval_turns"] <= 2
+  assert 0 <= start["eval_accuracy"] <= 1
   for record in records(tmp_path)[1:]:
     assert 1 <= record["env/turns_mean"] <= 2 and record["env/failed_fraction"] == 0
     if record["env/turns_mean"] > 1:  # second turns continued their kept KV caches
