@@ -3,7 +3,8 @@ r"""The arith warm start on its own: trains <workdir>/sft (or --config.model.che
   python launch/sft.py --config=configs/dapo.py:arith --workdir=/tmp/dapo [--config.sft.steps=450]
 
 train.py runs this itself when the SFT checkpoint is missing. Prints the held-out
-greedy accuracy of the result as JSON.
+greedy accuracy of the result as JSON (with rollout.mode 'multi_turn', configs/toolcalc.py:
+of whole episodes with the environment).
 """
 
 from __future__ import annotations
@@ -48,16 +49,27 @@ def main(argv) -> None:
     shutil.rmtree(directory)
   directory = stages.ensure_arith_warm_start(config, _WORKDIR.value,
                                              log=lambda line: print(line, flush=True))
-  model, params = models.load_hf_checkpoint(directory)
-  tokenizer = models.Tokenizer.from_directory(directory)
   _, held_out = build.load_examples(config)
-  sampler = sampler_config_lib.build_scheduler(config.sampler, model, params,
-                                               tokenizer=tokenizer, seed=config.seed)
   scorer = reward_build.verifiers(config, sorted({e.task for e in held_out}))
-  result = evaluate_policy(sampler, tokenizer, held_out, scorer,
-                           prefix=models.load_prompt_prefix(directory, tokenizer),
-                           samples=1, temperature=0.0,
-                           max_new_tokens=config.rollout.max_new_tokens)
+  if config.rollout.mode == "multi_turn":  # whole greedy episodes with the environment
+    mesh = build.trainer_mesh(config)
+    policy = build.load_policy(config, _WORKDIR.value, mesh)
+    sampler = build.build_sampler(config, policy, mesh)
+    rollout = build.build_rollout(config, policy, sampler, scorer, held_out)
+    try:
+      result = build.build_evaluator(config, policy, sampler, rollout, held_out,
+                                     scorer)(samples=1, temperature=0.0)
+    finally:
+      rollout.close()
+  else:
+    model, params = models.load_hf_checkpoint(directory)
+    tokenizer = models.Tokenizer.from_directory(directory)
+    sampler = sampler_config_lib.build_scheduler(config.sampler, model, params,
+                                                 tokenizer=tokenizer, seed=config.seed)
+    result = evaluate_policy(sampler, tokenizer, held_out, scorer,
+                             prefix=models.load_prompt_prefix(directory, tokenizer),
+                             samples=1, temperature=0.0,
+                             max_new_tokens=config.rollout.max_new_tokens)
   print(json.dumps({"checkpoint": directory, **result}), flush=True)
 
 

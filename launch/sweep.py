@@ -7,7 +7,8 @@ r"""An ablation sweep: every arm × seed as a launch/train.py run, then a table 
       --plot=docs/reproductions/dapo_clip_higher.png
 
 Each run lives in <root>/<arm>/seed<k> and starts from the SFT warm start of seed k
-(--warm_start; trained first with configs/dapo.py:arith when missing, the demo's own).
+(--warm_start; trained first with --warm_start_config when missing, by default
+configs/dapo.py:arith, the demo's own).
 A finished run (its done.json) is reused, so rows that share an arm share its runs, and
 an interrupted sweep resumes where it stopped (an unfinished run resumes from its
 checkpoint). Every arm's config is checked first (train.py --validate_only): a bad
@@ -43,9 +44,12 @@ _TABLE = flags.DEFINE_string("table", "", "Markdown path of the table.")
 _TITLE = flags.DEFINE_string("title", "", "Plot title.")
 _WARM_START = flags.DEFINE_string("warm_start", "runs/repro/arith_sft_seed{seed}",
                                   "SFT warm start directory per seed ({seed} is replaced).")
+_WARM_START_CONFIG = flags.DEFINE_string(
+    "warm_start_config", "configs/dapo.py:arith", "The preset the warm start is trained "
+    "with (launch/sft.py); configs/toolcalc.py for the toolcalc task.")
 _WARM_START_SET = flags.DEFINE_multi_string(
     "warm_start_set", [], "'key=value ...' overrides of the warm start's training "
-    "(configs/dapo.py:arith); the arms' overrides do not reach it, so rows share it.")
+    "(--warm_start_config); the arms' overrides do not reach it, so rows share it.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands, run nothing.")
 flags.mark_flags_as_required(["config", "root"])
 
@@ -76,7 +80,7 @@ def _ensure_warm_start(seed: int, directory: str, overrides: list[str]) -> None:
     return
   os.makedirs(directory, exist_ok=True)
   print(f"[sweep] seed {seed}: training the SFT warm start {directory}", flush=True)
-  _run([sys.executable, "launch/sft.py", "--config=configs/dapo.py:arith",
+  _run([sys.executable, "launch/sft.py", f"--config={_WARM_START_CONFIG.value}",
         f"--config.seed={seed}", f"--config.model.checkpoint={directory}",
         f"--workdir={os.path.dirname(directory) or '.'}", *overrides], directory + ".log")
 

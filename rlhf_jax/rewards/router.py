@@ -24,11 +24,13 @@ from rlhf_jax.rewards.scorer import gather_scores
 from rlhf_jax.rewards.scorer import guarded_score
 from rlhf_jax.rewards.workers import KillablePool
 from rlhf_jax.tasks import arith
+from rlhf_jax.tasks import toolcalc
 from rlhf_jax.rewards.scorer import ScorerBase
 
 Verifier = Callable[[str, str], "Judgement | bool | float"]
 
-BUILTIN_VERIFIERS: dict[str, Verifier] = {arith.TASK: arith.verify}
+BUILTIN_VERIFIERS: dict[str, Verifier] = {arith.TASK: arith.verify,
+                                          toolcalc.TASK: toolcalc.verify}
 CODE_TASKS = frozenset({"code", "pycalc"})  # scored by the sandbox (rewards/code.py)
 
 
@@ -187,7 +189,7 @@ def router_for_tasks(tasks: Sequence[str], *, correct_score: float = 1.0,
                      sandbox_timeout_s: float = 5.0, sandbox_memory_mb: int = 512,
                      sandbox_workers: int | None = None,
                      sandbox_isolation: str = "namespaces") -> RewardRouter:
-  """The router of the built-in scorers that `tasks` need: arith's and math's rule
+  """The router of the built-in scorers that `tasks` need: arith's, toolcalc's and math's rule
   verifiers (`math` needs math-verify) and the code sandbox for 'code' and 'pycalc'.
 
   Raises:
@@ -195,7 +197,7 @@ def router_for_tasks(tasks: Sequence[str], *, correct_score: float = 1.0,
     rewards.sandbox.SandboxUnavailable: a code task, and the sandbox cannot start here.
   """
   tasks = set(tasks)
-  verifiers: dict[str, Verifier] = {arith.TASK: arith.verify}
+  verifiers: dict[str, Verifier] = dict(BUILTIN_VERIFIERS)
   if "math" in tasks:
     from rlhf_jax.rewards import math as math_lib  # pylint: disable=import-outside-toplevel
     math_lib.check_extractor(math_extractor)

@@ -102,9 +102,10 @@ def validate_rollout_config(r: ml_collections.ConfigDict, *, prompt_length: int,
   if r.partial_rollouts and not r.max_staleness:
     invalid("rollout.partial_rollouts", True, "needs rollout.max_staleness >= 1 (weights "
             "change under samples in flight only when generation runs ahead)")
-  if r.max_staleness and r.mode not in ("groups", "dynamic"):
+  if r.max_staleness and r.mode not in ("groups", "dynamic", "multi_turn"):
     invalid("rollout.max_staleness", r.max_staleness, f"must be 0 for rollout.mode="
-            f"{r.mode!r} (generation ahead of the learner: modes groups, dynamic)")
+            f"{r.mode!r} (generation ahead of the learner: modes groups, dynamic, "
+            "multi_turn)")
   if r.mode == "dynamic" and r.group_size < 2:
     invalid("rollout.group_size", r.group_size, "must be >= 2 for rollout.mode='dynamic' (it "
             "keeps groups whose correctness varies)")

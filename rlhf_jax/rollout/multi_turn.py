@@ -193,12 +193,18 @@ class MultiTurnRollout(StreamRollout):
     the episode as truncated, without it."""
     if not text and not role:
       return
-    tokenizer = self.generator.tokenizer
+    tokenizer, observation = self.generator.tokenizer, text
     if role:
       text = tokenizer.turn_suffix(role, text, turn_end=self.turn_end)
       if self.turn_end and episode.tokens and episode.tokens[-1] != self.stop_ids[-1]:
         text = self.turn_end + text  # the turn hit its cap: close it as the template does
-    ids = tokenizer.encode(text)
+    try:
+      ids = tokenizer.encode(text)
+    except Exception as error:  # pylint: disable=broad-except
+      # A tool's output the tokenizer cannot encode (a character tokenizer has no UNK)
+      # ends this episode as failed, not the run.
+      episode.end(f"observation: the tokenizer cannot encode {observation[:40]!r}: {error}")
+      return
     if len(episode.tokens) + len(ids) >= self.max_tokens:
       episode.truncated = True
       episode.end()

@@ -44,7 +44,8 @@ class PipelinedRollout:
   """Runs a rollout mode's `collect` up to `max_staleness` steps ahead (module docstring).
 
   Args:
-    inner: the rollout mode (groups, dynamic sampling, windows when synchronous).
+    inner: the rollout mode (groups, dynamic sampling, multi-turn episodes; windows when
+      synchronous).
     sampler: the VersionedSampler the inner rollout samples through (None when
       max_staleness is 0).
     scorer: the inner rollout's scorer, whose metrics each job takes.
@@ -178,12 +179,14 @@ def encode_job(job: _Job) -> dict[str, Any]:
            for field in dataclasses.fields(RolloutBatch)}
   r = job.rollouts
   return {"batch": batch, "correct": [bool(c) for c in r.correct], "failures": list(r.failures),
-          "metrics": {k: float(v) for k, v in r.metrics.items()}, "mix": dict(job.mix)}
+          "metrics": {k: float(v) for k, v in r.metrics.items()}, "mix": dict(job.mix),
+          "transcripts": r.transcripts}
 
 
 def decode_job(data: dict[str, Any]) -> _Job:
   """Inverse of `encode_job`."""
   batch = RolloutBatch(**{name: _decode_array(a) for name, a in data["batch"].items()})
   rollouts = Rollouts(batch=batch, correct=list(data["correct"]),
-                      failures=list(data["failures"]), metrics=dict(data["metrics"]))
+                      failures=list(data["failures"]), metrics=dict(data["metrics"]),
+                      transcripts=data.get("transcripts"))
   return _Job(rollouts, {k: int(v) for k, v in data["mix"].items()})

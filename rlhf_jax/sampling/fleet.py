@@ -5,8 +5,11 @@
     fleet.generate(prompts, sampling)        each prompt to the least-loaded live server
 
 - **Routing.** A prompt's request goes to the live server with the fewest requests in
-  flight from this fleet. Each prompt carries its own seed (`per_prompt`), so its samples
-  are the same whichever server draws them.
+  flight from this fleet; a continuation (a prompt that starts with a sample drawn with
+  `keep_cache`, the next turn of an episode) goes to the server that keeps that sample's
+  KV cache while it has room (`sampling/affinity.py`), so it prefills only the new tokens.
+  Each prompt carries its own seed (`per_prompt`), so its samples are the same whichever
+  server draws them.
 - **A server that fails** a call (unavailable, reset, deadline) is marked dead, logged,
   and its unfinished requests are sent again to the others: nothing is lost, and the
   re-sent samples equal the lost ones (same seed, same weights version).
@@ -30,6 +33,7 @@ from typing import Any, Callable, Sequence
 import grpc
 import jax
 
+from rlhf_jax.sampling.affinity import CacheAffinity
 from rlhf_jax.sampling.client import SamplerClient
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
@@ -82,7 +86,9 @@ class SamplerFleet:
     self.acked: dict[str, int] = {}
     self.lock = threading.Lock()
     self.open: dict[str, str] = {}  # request id → address serving it
-    self.counters = {"resent_requests": 0, "server_deaths": 0, "server_joins": 0}
+    self.counters = {"resent_requests": 0, "server_deaths": 0, "server_joins": 0,
+                     "cache_routed": 0}
+    self.affinity = CacheAffinity()  # whose kept caches continuations can reuse
     self.executor = concurrent.futures.ThreadPoolExecutor(
         max_workers=max(1, max_in_flight * len(self.addresses)), thread_name_prefix="fleet")
 
@@ -132,6 +138,7 @@ class SamplerFleet:
       self.live.discard(address)
       self.last_probe[address] = time.monotonic()
       self.counters["server_deaths"] += 1
+      self.affinity.forget(address)
     self.log(f"sampler fleet: {address} lost ({_describe(error)}); its requests go to "
              f"{', '.join(sorted(self.live)) or 'no server'}")
 
@@ -240,6 +247,11 @@ class SamplerFleet:
           retry = self._outcome(future, address, sent_version)
           if retry is None:
             out[index] = future.result()
+            if samplings[index].keep_cache:
+              with self.lock:
+                for completion in out[index]:
+                  self.affinity.record(list(prompts[index]) + list(completion.token_ids),
+                                       address)
             continue
           if retry.startswith("RESOURCE_EXHAUSTED") and rejected[index] < _MAX_REJECTIONS:
             attempts[index] -= 1  # back-pressure (a full queue), not a failure: wait a little
@@ -259,7 +271,7 @@ class SamplerFleet:
 
   def _send(self, batch_id: str, index: int, prompt, sampling
             ) -> tuple[concurrent.futures.Future, str]:
-    address = self._least_loaded()
+    address = self._cache_owner(prompt) or self._least_loaded()
     request_id = f"{batch_id}-{index}"
     with self.lock:
       self.in_flight[address] += 1
@@ -303,6 +315,17 @@ class SamplerFleet:
   def _has_room(self) -> bool:
     with self.lock:  # the trainer's thread may drop a server meanwhile (partial rollouts)
       return any(self.in_flight[a] < self.max_in_flight for a in self.live)
+
+  def _cache_owner(self, prompt) -> str | None:
+    """The live server keeping the cache of the prompt's longest kept prefix, if it has
+    room for another request."""
+    with self.lock:
+      address = self.affinity.owner(prompt)
+      if (address is None or address not in self.live
+          or self.in_flight[address] >= self.max_in_flight):
+        return None
+      self.counters["cache_routed"] += 1
+      return address
 
   def _least_loaded(self) -> str:
     with self.lock:

@@ -38,6 +38,7 @@ from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import pycalc
+from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training.evaluation import evaluate_episodes
 from rlhf_jax.training.evaluation import evaluate_policy
 
@@ -127,7 +128,8 @@ def load_policy(c, workdir: str, mesh) -> Policy:
                 prefix_tokens=[tokenizer.backend.id_to_token(i) for i in prefix])
 
 
-GENERATED = {arith.TASK: arith.examples, pycalc.TASK: pycalc.examples}
+GENERATED = {arith.TASK: arith.examples, pycalc.TASK: pycalc.examples,
+             toolcalc.TASK: toolcalc.examples}
 
 
 def load_examples(c) -> tuple[list[Example], list[Example]]:

@@ -37,6 +37,7 @@ from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.sampling import config as sampler_config_lib
+from rlhf_jax.tasks import toolcalc
 from rlhf_jax.tasks.arith import LEVELS as ARITH_LEVELS
 
 __all__ = ["VARIANTS", "LEARNERS", "base_config", "sibling_preset", "validate_config",
@@ -68,8 +69,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   # Task schedule (data/curriculum.py), e.g. "math:1,code:1@50; math:1,code:1,arith:2":
   # per phase the tasks' shares of each step's prompts; empty: the file's mix, shuffled.
   c.data.curriculum = ""
-  # arith variant: the built-in task of the generated problems: 'arith' (worked
-  # solutions, verified by the answer line) or 'pycalc' (a program run in the sandbox).
+  # arith variant: the built-in task: 'arith' (worked solutions, verified by the answer
+  # line), 'pycalc' (a program run in the sandbox) or 'toolcalc' (products, a calculator).
   c.data.task = "arith"
   c.data.levels = (1, 2)  # arith difficulty levels of generated problems.
   c.data.level_weights = (1.0, 1.0)  # arith: sampling weight of each level.
@@ -128,8 +129,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
       c.reward, judge_prompt_buckets=(128, 256) if arith else (2048, 3072))
 
   c.algorithm = ppo_config.algorithm_config()
-  # The learner: 'ppo' (the PPO family, by the sections above), 'dpo' (algorithm.dpo) or
-  # 'dqo' (algorithm.dqo).
+  # The learner: 'ppo' (the PPO family, by the sections above), 'dpo' or 'dqo' (theirs).
   c.algorithm.learner = "ppo"
   c.algorithm.dpo = dpo.dpo_config()
   c.algorithm.dqo = dqo.dqo_config()
@@ -142,8 +142,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.learning_rate = 2e-4 if arith else 1e-6  # Actor peak learning rate.
   c.optimizer.warmup_steps = 5 if arith else 20  # Linear warmup in updates (DAPO: 20), then:
-  # 'constant' (DAPO §4.1) or 'cosine' (down to final_fraction × the rate at the last
-  # update of train.steps).
+  # 'constant' (DAPO §4.1) or 'cosine' (down to final_fraction × the rate at the end).
   c.optimizer.schedule = "constant"
   c.optimizer.final_fraction = 0.1
   c.optimizer.weight_decay = 0.0  # AdamW weight decay (DAPO script: 0.1).
@@ -161,8 +160,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   # XLA's deterministic GPU ops (--xla_gpu_deterministic_ops): exact resume on GPU, at the
   # cost of slower scatter / reduction kernels. CPU runs are deterministic either way.
   c.train.deterministic = False
-  c.train.eval_every = 10 if arith else 50  # Held-out greedy accuracy every N steps (and at
-  # start and end).
+  c.train.eval_every = 10 if arith else 50  # Held-out greedy accuracy every N steps, start, end.
   # Sampled held-out accuracy and pass@k at each evaluation: samples per prompt (0: off).
   c.train.eval_samples = 4 if arith else 0
   c.train.checkpoint_every = 20  # Save a checkpoint every N steps (and at the end).
@@ -306,7 +304,7 @@ def _validate_offline(c, *, labelling: bool) -> None:
 
 # ------------------------------------------------------------------ the trainer's sections
 
-GENERATED_TASKS = ("arith", "pycalc")  # data.task of the arith variant
+GENERATED_TASKS = ("arith", "pycalc", "toolcalc")  # data.task of the arith variant
 _SEED_MAX = 2**32 - 1  # numpy and the sampler take 32-bit seeds
 
 
@@ -329,6 +327,8 @@ def validate_data(c) -> None:
   _check_levels("data", d.levels, d.level_weights)
   at_least(d, "data", ("num_train", "num_eval", "prompt_length", "offline_prompts",
                        "offline_samples"))
+  if c.variant == "arith" and d.task == toolcalc.TASK:
+    toolcalc.validate_run(c)
   for field in ("train_file", "eval_file"):
     if d[field] and not os.path.isfile(d[field]):
       invalid(f"data.{field}", d[field], "must be an existing .jsonl/.parquet file (or empty: "

@@ -30,6 +30,7 @@ from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import pycalc
+from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import build
 
 
@@ -82,17 +83,22 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
     return directory
   log(f"no SFT checkpoint in {directory}: training the arith warm start from scratch "
       f"({c.sft.steps} steps)")
-  tokenizer = arith.tokenizer()
+  tokenizer = toolcalc.tokenizer() if c.data.task == toolcalc.TASK else arith.tokenizer()
   model, params = models.init_model(arith.model_config(
       vocab_size=tokenizer.vocab_size, hidden_size=c.model.hidden_size,
       num_layers=c.model.num_layers, num_heads=c.model.num_heads,
       max_positions=c.sampler.cache_length), seed=c.seed)
   prefix = [tokenizer.backend.token_to_id(token) for token in arith.PROMPT_PREFIX]
-  make_batch = sft_arith_batches(
-      tokenizer, seed=c.seed + 17, batch_size=c.sft.batch_size, levels=tuple(c.sft.levels),
-      weights=tuple(c.sft.level_weights), prompt_prefix=prefix,
-      prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
-      direct_fraction=c.sft.direct_fraction, slip_rate=c.sft.carry_slip, task=c.data.task)
+  common = dict(seed=c.seed + 17, batch_size=c.sft.batch_size, levels=tuple(c.sft.levels),
+                weights=tuple(c.sft.level_weights), prompt_prefix=prefix,
+                prompt_length=c.data.prompt_length,
+                response_length=rollout_config_lib.response_length(c),
+                direct_fraction=c.sft.direct_fraction)
+  if c.data.task == toolcalc.TASK:  # multi-turn demonstrations with the calculator
+    make_batch = toolcalc.sft_batches(tokenizer, **common)
+  else:
+    make_batch = sft_arith_batches(tokenizer, slip_rate=c.sft.carry_slip, task=c.data.task,
+                                   **common)
   bar = tqdm(total=c.sft.steps, desc="SFT warm start", unit="step", dynamic_ncols=True)
 
   def progress(step, loss):

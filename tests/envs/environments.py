@@ -89,3 +89,13 @@ class ToolEcho(Echo):
     result = super().step(action)
     return StepResult(observation=result.observation, reward=result.reward, done=result.done,
                       role="tool")
+
+
+class Accented:
+  """Answers with a character the toolcalc character tokenizer cannot encode."""
+
+  def reset(self, example):
+    return ""
+
+  def step(self, action):
+    return StepResult(observation="résultat", role="tool")

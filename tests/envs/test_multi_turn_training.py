@@ -76,3 +76,22 @@ def test_the_env_section_refuses_what_cannot_run(change, field):
   config.update_from_flattened_dict(change)
   with pytest.raises(ConfigError, match=f"config.{field}"):
     validate_config(config)
+
+
+@pytest.mark.slow
+def test_multi_turn_episodes_generated_one_step_ahead(tmp_path):
+  """rollout.max_staleness = 1: each step's episodes (every turn) are sampled by the
+  previous version while the learner updates; evaluation waits for them."""
+  config = multi_turn()
+  config.rollout.max_staleness, config.train.steps = 1, 3
+  summary = make_trainer(config, tmp_path).run()
+  assert summary["steps"] == 3
+  logged = records(tmp_path)
+  assert logged[0]["step"] == 0 and "eval_turns" in logged[0]
+  steps = [r for r in logged if "reward_mean" in r]
+  assert [r["step"] for r in steps] == [1, 2, 3]
+  assert steps[0]["staleness/stale_token_fraction"] == 0
+  for record in steps[1:]:
+    assert record["staleness/stale_token_fraction"] == 1
+    assert record["staleness/max_version_lag"] == 1
+    assert np.isfinite(record["loss"]) and record["env/failed_fraction"] == 0

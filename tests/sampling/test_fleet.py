@@ -141,3 +141,52 @@ def test_bad_fleet_addresses_are_named(fields, message):
   config.update(fields)
   with pytest.raises(ConfigError, match=f"config.sampler.addresses.*{message}"):
     validate_sampler_config(config)
+
+
+def test_a_continuation_goes_to_the_server_that_kept_its_cache():
+  """Turn 2 of each conversation lands on the server that parked turn 1's cache: the fleet
+  reuses as many tokens as one scheduler serving both turns, and draws the same tokens."""
+  def long_scheduler():
+    return Scheduler(sampling.Engine(MODEL, num_slots=8, cache_length=32), PARAMS,
+                     prompt_buckets=(8, 16), steps_per_sync=1)
+
+  servers = []
+  for _ in range(2):
+    server, port, service = server_lib.start_server(long_scheduler(), port=0, max_workers=16)
+    servers.append((server, port, service))
+  fleet = SamplerFleet([f"localhost:{port}" for _, port, _ in servers], timeout_s=60,
+                       max_in_flight=8, probe_interval_s=0.0, log=lambda line: None)
+  try:
+    fleet.wait_ready()
+    fleet.probe(force=True)
+    prompts = PROMPTS[:6]
+    first = sampling.SamplingParams(n=1, max_new_tokens=5, seed=3, keep_cache=True)
+    second = sampling.SamplingParams(n=1, max_new_tokens=5, seed=4)
+    turn1 = fleet.generate(prompts, first)
+    continued = [p + list(c[0].token_ids) + [5, 6] for p, c in zip(prompts, turn1)]
+    turn2 = fleet.generate(continued, second)
+    assert fleet.metrics()["fleet/cache_routed"] == len(prompts)
+    reused = sum(service.metrics()["reused_tokens"] for _, _, service in servers)
+    one = long_scheduler()
+    assert tokens(turn1) == tokens(one.generate(prompts, first))
+    assert tokens(turn2) == tokens(one.generate(continued, second))
+    assert reused == one.metrics()["reused_tokens"] > 0
+  finally:
+    fleet.close()
+    for server, _, service in servers:
+      server.stop(grace=None)
+      service.stop()
+
+
+def test_cache_affinity_finds_the_longest_kept_prefix_and_forgets_a_lost_server():
+  from rlhf_jax.sampling.affinity import CacheAffinity
+  affinity = CacheAffinity(capacity=2)
+  affinity.record([1, 2, 3], "a")
+  affinity.record([1, 2, 3, 4, 5], "b")
+  assert affinity.owner([1, 2, 3, 4, 5, 9]) == "b"
+  assert affinity.owner([1, 2, 3, 4]) == "a" and affinity.owner([1, 2, 3]) == "a"
+  assert affinity.owner([1, 2]) is None and affinity.owner([7, 1, 2, 3]) is None
+  affinity.record([8], "a")  # over capacity: the oldest, [1, 2, 3], is forgotten
+  assert affinity.owner([1, 2, 3, 4]) is None
+  affinity.forget("b")
+  assert affinity.owner([1, 2, 3, 4, 5, 9]) is None and affinity.owner([8, 0]) == "a"

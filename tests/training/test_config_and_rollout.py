@@ -16,7 +16,7 @@ from rlhf_jax.training.config import validate_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo", "tppo", "gspo", "cispo", "dpo",
-           "iterative_dpo", "dqo")
+           "iterative_dpo", "dqo", "toolcalc")
 
 
 def preset(name, variant="arith"):

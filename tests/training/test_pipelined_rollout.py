@@ -123,6 +123,8 @@ def test_job_encoding_is_bit_exact():
   rollouts.batch = rollouts.batch.replace(old_logprobs=np.float32(np.pi) * rollouts.batch.
                                           old_logprobs + np.float32(1e-7))
   rollouts.metrics["x"] = 0.125
+  rollouts.transcripts = [[{"role": "assistant", "text": "7", "token_ids": [5]},
+                           {"role": "environment", "text": "ok", "token_ids": [6, 7]}]]
   from rlhf_jax.rollout.pipelined import _Job
   back = decode_job(json.loads(json.dumps(encode_job(_Job(rollouts, {"arith": 2})))))
   for name in ("tokens", "old_logprobs", "token_versions", "finished", "scores"):
@@ -130,6 +132,7 @@ def test_job_encoding_is_bit_exact():
     assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
   assert back.rollouts.correct == rollouts.correct and back.mix == {"arith": 2}
   assert back.rollouts.metrics == {"x": 0.125}
+  assert back.rollouts.transcripts == rollouts.transcripts  # multi-turn rows' turns
 
 
 def test_versioned_sampler_keeps_copies_of_the_newest_versions():
