@@ -2,8 +2,8 @@
 
   python launch/train.py --config=configs/toolcalc.py --workdir=/tmp/toolcalc
 
-The problems are products of a 4–6 digit and a 2–3 digit number (tasks/toolcalc.py), which
-arith's tiny model cannot work out in its head. The warm start imitates two teachers: half
+The problems are products of a 3–4 digit and a 2 digit number (4–6 digit products,
+tasks/toolcalc.py), which arith's tiny model cannot work out in its head. The warm start imitates two teachers: half
 the demonstrations answer directly (right, but in a form the student cannot imitate), half
 call the calculator (`<tool_call>{...}</tool_call>`, the tool turn, then "Answer: N").
 RL (GRPO over whole episodes, rollout.mode 'multi_turn') learns to call the tool, and to

@@ -69,8 +69,10 @@ class Episode:
     self.turns.append({"role": role, "text": text, "token_ids": ids})
 
   def last_action(self) -> list[int]:
-    """The token ids of the last model turn."""
-    return next(t["token_ids"] for t in reversed(self.turns) if t["role"] == "assistant")
+    """The token ids of the last model turn ([] before the first: an episode that ended
+    at its reset)."""
+    return next((t["token_ids"] for t in reversed(self.turns) if t["role"] == "assistant"),
+                [])
 
   def end(self, failure: str = "") -> None:
     """Ends the episode (with a failure reason when one is given)."""

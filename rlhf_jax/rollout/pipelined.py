@@ -157,9 +157,11 @@ class PipelinedRollout:
       self.pending[int(step)] = future
 
   def close(self) -> None:
-    """Stops the worker thread after its current job."""
+    """Stops the worker thread after its current job, then the inner rollout (its
+    environment workers)."""
     if self.executor is not None:
       self.executor.shutdown(wait=True, cancel_futures=True)
+    self.inner.close()
 
 
 def _encode_array(array) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
     fleet = SamplerFleet(["host0:50051", "host1:50051"])
     fleet.update_params(params, version=3)   every live server, concurrently
-    fleet.generate(prompts, sampling)        each prompt to the least-loaded live server
+    fleet.generate(prompts, sampling)        each prompt to a live server (Routing, below)
 
 - **Routing.** A prompt's request goes to the live server with the fewest requests in
   flight from this fleet; a continuation (a prompt that starts with a sample drawn with
@@ -215,7 +215,8 @@ class SamplerFleet:
   def generate(self, prompts: Sequence[Sequence[int]],
                sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams()
                ) -> list[list[Completion]]:
-    """Per prompt its completions, each prompt on the least-loaded live server. A prompt
+    """Per prompt its completions, each prompt on a live server (a continuation on the one
+    keeping its cache, else the least loaded: the module docstring). A prompt
     is tried on at most `len(addresses) + 1` servers; on any error the batch's other
     requests are cancelled before it is raised."""
     samplings = per_prompt(prompts, sampling)

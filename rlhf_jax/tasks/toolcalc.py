@@ -120,7 +120,9 @@ def tokenizer():
 
 def validate_run(c) -> None:
   """The settings the task's demonstrations assume: multi-turn episodes whose calling turn
-  ends at `TURN_END`. Raises ConfigError naming the field."""
+  ends at `TURN_END`, a turn cap that fits the longest call and a row budget that fits the
+  longest demonstration (of `data.levels` and `sft.levels`). Raises ConfigError naming
+  the field."""
   from rlhf_jax.config_errors import invalid  # pylint: disable=import-outside-toplevel
   if c.rollout.mode != "multi_turn":
     invalid("rollout.mode", c.rollout.mode, "must be 'multi_turn' for data.task='toolcalc' "
@@ -128,3 +130,17 @@ def validate_run(c) -> None:
   if c.env.turn_end != TURN_END:
     invalid("env.turn_end", c.env.turn_end, f"must be {TURN_END!r} for data.task="
             "'toolcalc' (its demonstrations end the calling turn with it)")
+  levels = [level for level in (*c.data.levels, *c.sft.levels) if level in LEVELS]
+  if not levels:
+    return  # the levels' own check names them
+  digits_a, digits_b = LEVELS[max(levels)]
+  largest = arith.Problem(a=10 ** digits_a - 1, b=10 ** digits_b - 1, op="*", level=1)
+  tokens = tokenizer()
+  row, _ = demonstration(largest, tokens, direct=False)
+  call = len(tokens.encode(tool_call(largest) + TURN_END))
+  if c.rollout.max_new_tokens < call:
+    invalid("rollout.max_new_tokens", c.rollout.max_new_tokens, f"must be >= {call} for "
+            f"data.task='toolcalc' (the longest calculator call of level {max(levels)})")
+  if c.env.max_tokens < len(row):
+    invalid("env.max_tokens", c.env.max_tokens, f"must be >= {len(row)} for data.task="
+            f"'toolcalc' (the longest tool-using episode of level {max(levels)})")

@@ -66,7 +66,8 @@ def evaluate_episodes(rollout, examples: Sequence[Example], scorer, *, samples: 
   """`evaluate_policy` for multi-turn episodes (`rollout.multi_turn.MultiTurnRollout`):
   n episodes per prompt with the environment, judged as in training (the verifier of the
   last model turn, or a positive env reward without one) but by `scorer`; the response
-  length counts model tokens; "turns" is the mean number of model turns.
+  length counts model tokens; "turns" is the mean number of model turns, "env_failures" the
+  episodes whose environment failed.
 
   Args:
     rollout: the run's MultiTurnRollout (its sampler, environments, limits).
@@ -80,9 +81,11 @@ def evaluate_episodes(rollout, examples: Sequence[Example], scorer, *, samples: 
   params = SamplingParams(temperature=temperature, max_new_tokens=base.max_new_tokens)
   episodes = rollout.run_episodes(examples, group_size=samples, sampling=params, seed=seed)
   _, correct, failures = rollout.score(episodes, scorer)
+  env_failures = sum(bool(e.failure) for e in episodes)  # one reason each in `failures`
   result = summarize_accuracy(examples, correct, samples=samples,
                               lengths=[sum(e.loss_mask) for e in episodes],
-                              failures=len(failures))
+                              failures=len(failures) - env_failures)
+  result["env_failures"] = float(env_failures)
   result["turns"] = float(np.mean([sum(t["role"] == "assistant" for t in e.turns)
                                    for e in episodes]))
   return result

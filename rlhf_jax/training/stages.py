@@ -23,6 +23,7 @@ from tqdm import tqdm
 from rlhf_jax import models
 from rlhf_jax.algorithms.batch import encode_pairs
 from rlhf_jax.algorithms.sft import run_sft
+from rlhf_jax.config_errors import invalid
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import write_labelled
 from rlhf_jax.rewards import build as reward_build
@@ -79,6 +80,8 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   (a 3-layer decoder and the character tokenizer, created locally). Returns the directory."""
   directory = build.policy_checkpoint_dir(c, workdir)
   if os.path.exists(os.path.join(directory, "config.json")):
+    if c.data.task == toolcalc.TASK:
+      check_toolcalc_tokenizer(directory)
     log(f"SFT warm start: {directory} (delete it to train a new one)")
     return directory
   log(f"no SFT checkpoint in {directory}: training the arith warm start from scratch "
@@ -120,6 +123,18 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   log(f"SFT warm start saved to {directory} (final loss {result.losses[-1]:.4f}, "
       f"{result.seconds:.0f} s)")
   return directory
+
+
+def check_toolcalc_tokenizer(directory: str) -> None:
+  """Raises ConfigError (naming model.checkpoint) when the warm start in `directory` cannot
+  write a tool call: an arith warm start (no braces, quotes or tags) found where the
+  toolcalc one belongs."""
+  tokenizer = models.Tokenizer.from_directory(directory)
+  try:
+    tokenizer.encode(toolcalc.ALPHABET)
+  except Exception:  # pylint: disable=broad-except
+    invalid("model.checkpoint", directory, "holds a warm start whose tokenizer cannot write "
+            "toolcalc's tool calls (an arith one?); delete it to train the toolcalc warm start")
 
 
 def label_samples(c, policy, sampler, scorer, examples, *, chunk: int = 256,

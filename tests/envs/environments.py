@@ -91,6 +91,11 @@ class ToolEcho(Echo):
                       role="tool")
 
 
+class RaisingReset(Countdown):
+  def reset(self, example):
+    raise RuntimeError("no episode today")
+
+
 class Accented:
   """Answers with a character the toolcalc character tokenizer cannot encode."""
 

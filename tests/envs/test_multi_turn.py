@@ -210,3 +210,14 @@ def test_held_out_evaluation_runs_greedy_episodes_and_leaves_the_training_seeds(
   assert figures["response_length"] == pytest.approx(np.mean(
       [sum(len(t["token_ids"]) for t in e.turns if t["role"] == "assistant")
        for e in episodes]))
+
+
+def test_an_episode_whose_reset_fails_is_scored_as_failed():
+  mode = rollout(["the cat sat"], factory="RaisingReset")
+  try:
+    rollouts = mode.collect()
+  finally:
+    mode.close()
+  assert rollouts.batch.scores.tolist() == [-7.0] * G
+  assert rollouts.failures == ["env reset: RuntimeError: no episode today"] * G
+  assert rollouts.transcripts == [[]] * G and rollouts.batch.lengths.tolist() == [0] * G

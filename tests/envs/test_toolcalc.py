@@ -140,13 +140,27 @@ def test_an_observation_the_tokenizer_cannot_encode_fails_only_its_episode():
   assert rollouts.failures[0].startswith("observation: the tokenizer cannot encode 'r")
 
 
-@pytest.mark.parametrize("field, value", [("rollout.mode", "groups"), ("env.turn_end", "")])
+@pytest.mark.parametrize("field, value", [("rollout.mode", "groups"), ("env.turn_end", ""),
+                                          ("rollout.max_new_tokens", 60),
+                                          ("env.max_tokens", 120)])
 def test_the_task_refuses_runs_its_demonstrations_do_not_fit(field, value):
   config = preset("toolcalc")
   validate_config(config, num_devices=1)
   config.update_from_flattened_dict({field: value})
   with pytest.raises(ConfigError, match=f"config.{field}"):
     validate_config(config, num_devices=1)
+
+
+def test_an_arith_warm_start_is_not_taken_for_the_toolcalc_one(tmp_path):
+  from rlhf_jax import models
+  tokenizer = arith.tokenizer()
+  model, params = models.init_model(arith.model_config(
+      vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1, num_heads=2,
+      max_positions=64), seed=0)
+  models.save_policy(str(tmp_path / "sft"), model, params, tokenizer, list(arith.PROMPT_PREFIX))
+  config = preset("toolcalc")
+  with pytest.raises(ConfigError, match="config.model.checkpoint"):
+    stages.ensure_arith_warm_start(config, str(tmp_path), log=lambda line: None)
 
 
 @pytest.mark.slow

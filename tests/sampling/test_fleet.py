@@ -163,7 +163,8 @@ def test_a_continuation_goes_to_the_server_that_kept_its_cache():
     first = sampling.SamplingParams(n=1, max_new_tokens=5, seed=3, keep_cache=True)
     second = sampling.SamplingParams(n=1, max_new_tokens=5, seed=4)
     turn1 = fleet.generate(prompts, first)
-    continued = [p + list(c[0].token_ids) + [5, 6] for p, c in zip(prompts, turn1)]
+    # In reverse order: least-loaded routing alone would send each to the other server.
+    continued = [p + list(c[0].token_ids) + [5, 6] for p, c in zip(prompts, turn1)][::-1]
     turn2 = fleet.generate(continued, second)
     assert fleet.metrics()["fleet/cache_routed"] == len(prompts)
     reused = sum(service.metrics()["reused_tokens"] for _, _, service in servers)
