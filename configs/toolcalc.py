@@ -40,6 +40,9 @@ def get_config(variant: str = "arith"):
   c.env.max_tokens = 160  # a call (~80 tokens), the tool turn (~35) and the answer
   c.rollout.max_new_tokens = 96  # one model turn
   c.sampler.cache_length = c.data.prompt_length + c.env.max_tokens
+  # A slot per episode of a step (16 × 8): one decode batch, and every first turn's cache
+  # row is kept for its continuation (sampler.parked_rows defaults to num_slots).
+  c.sampler.num_slots = c.rollout.prompts_per_step * c.rollout.group_size
   # Whole prompts, and continuations (the conversation so far) up to the cache's length.
   c.sampler.prompt_buckets = (c.data.prompt_length, c.sampler.cache_length - 1)
   c.train.steps = 20

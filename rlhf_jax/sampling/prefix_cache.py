@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,7 +35,9 @@ class Parked:
 
 
 class PrefixCache:
-  """Parked rows by the tokens they hold, least recently parked first.
+  """Parked rows by the tokens they hold, least recently parked first. Several rows may
+  hold the same tokens (the G episodes of a prompt often sample the same turn), and each
+  serves one continuation.
 
   Args:
     engine: the Engine whose slots the rows come from and go back to.
@@ -52,22 +55,32 @@ class PrefixCache:
       raise ValueError(f"parked_rows={capacity!r} must be an int >= 0.")
     self.engine = engine
     self.capacity = capacity
-    self._rows: collections.OrderedDict[tuple[int, ...], Parked] = collections.OrderedDict()
+    self._rows: collections.OrderedDict[int, Parked] = collections.OrderedDict()  # by serial
+    self._by_tokens: dict[tuple[int, ...], list[int]] = {}  # tokens → serials, oldest first
+    self._serials = itertools.count()
     self.stats = collections.Counter()
 
   def __len__(self) -> int:
     return len(self._rows)
+
+  def _drop(self, serial: int) -> Parked:
+    parked = self._rows.pop(serial)
+    serials = self._by_tokens[parked.tokens]
+    serials.remove(serial)
+    if not serials:
+      del self._by_tokens[parked.tokens]
+    return parked
 
   def park(self, state: DecodeState, slot: int, tokens: Sequence[int], version: int
            ) -> DecodeState:
     """Takes slot `slot`'s row out of `state` (donated; use the returned state) and keeps
     it under `tokens`, dropping the oldest rows beyond `capacity`."""
     state, row = self.engine.park(state, slot)
-    key = tuple(int(t) for t in tokens)
-    self._rows[key] = Parked(row=row, tokens=key, version=version)
-    self._rows.move_to_end(key)
+    key, serial = tuple(int(t) for t in tokens), next(self._serials)
+    self._rows[serial] = Parked(row=row, tokens=key, version=version)
+    self._by_tokens.setdefault(key, []).append(serial)
     while len(self._rows) > self.capacity:
-      self._rows.popitem(last=False)
+      self._drop(next(iter(self._rows)))
       self.stats["parked_rows_dropped"] += 1
     return state
 
@@ -76,13 +89,14 @@ class PrefixCache:
     `version` computed and after which the new tokens, padded to their bucket, fit the
     cache; None if there is none."""
     prompt = tuple(int(t) for t in prompt)
-    lengths = sorted({len(k) for k in self._rows if len(k) < len(prompt)}, reverse=True)
+    lengths = sorted({len(k) for k in self._by_tokens if len(k) < len(prompt)}, reverse=True)
     for held in lengths:
-      parked = self._rows.get(prompt[:held])
-      if parked is not None and parked.version == version and self._fits(held, len(prompt)):
-        del self._rows[parked.tokens]
-        self.stats["reused_tokens"] += held
-        return parked
+      if not self._fits(held, len(prompt)):
+        continue
+      for serial in self._by_tokens.get(prompt[:held], ()):
+        if self._rows[serial].version == version:
+          self.stats["reused_tokens"] += held
+          return self._drop(serial)
     return None
 
   def resume(self, params: Any, state: DecodeState, slot: int, parked: Parked,
@@ -103,6 +117,6 @@ class PrefixCache:
 
   def drop_stale(self, version: int) -> None:
     """Drops the rows other weights computed (after a weight swap)."""
-    for key in [k for k, p in self._rows.items() if p.version != version]:
-      del self._rows[key]
+    for serial in [s for s, p in self._rows.items() if p.version != version]:
+      self._drop(serial)
       self.stats["parked_rows_dropped"] += 1

@@ -68,6 +68,18 @@ def test_rows_of_other_weights_are_not_used_and_capacity_is_kept():
   assert first[0][0].weights_version == (1, 1)
 
 
+def test_samples_with_the_same_tokens_each_keep_a_row_for_their_continuation():
+  """The G episodes of a prompt often draw the same turn: each keeps its own row."""
+  sched = scheduler(parked_rows=4)
+  greedy = sampling.SamplingParams(temperature=0.0, max_new_tokens=4, keep_cache=True)
+  first = sched.generate([PROMPTS[0]] * 3, greedy)
+  assert len({tuple(c.token_ids) for (c,) in first}) == 1 and len(sched.prefix_cache) == 3
+  continued = [PROMPTS[0] + list(c.token_ids) + [40 + i] for i, (c,) in enumerate(first)]
+  sched.generate(continued, sampling.SamplingParams(max_new_tokens=2, seed=1))
+  assert sched.metrics()["reused_tokens"] == 3 * (len(PROMPTS[0]) + 4)
+  assert len(sched.prefix_cache) == 0
+
+
 def test_without_keep_cache_nothing_is_parked():
   sched = scheduler()
   sched.generate(PROMPTS, sampling.SamplingParams(max_new_tokens=3, seed=0))
