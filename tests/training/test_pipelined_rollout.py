@@ -71,6 +71,9 @@ class StepRollout:
   def restore(self, state):
     self.position = state["position"]
 
+  def close(self):
+    self.closed = True
+
 
 def pipeline(k, steps, start=0, state=None):
   """Runs the loop's calls for `steps` steps; returns (versions per batch, rollout)."""
@@ -115,6 +118,15 @@ def test_a_restored_pipeline_continues_with_the_same_batches():
 def test_synchronous_state_is_the_inner_state():
   _, rollout, _ = pipeline(0, 2)
   assert rollout.state() == {"position": 2}
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_closing_the_pipeline_closes_the_inner_rollout(k):
+  """The inner rollout's workers (a multi-turn run's environments) stop with the run."""
+  _, rollout, _ = pipeline(k, 2)
+  assert not hasattr(rollout.inner, "closed")
+  rollout.close()
+  assert rollout.inner.closed
 
 
 def test_job_encoding_is_bit_exact():
