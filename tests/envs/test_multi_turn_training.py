@@ -103,3 +103,18 @@ def test_multi_turn_episodes_generated_one_step_ahead(tmp_path, partial):
       assert record["staleness/stale_token_fraction"] == 1
       assert record["staleness/max_version_lag"] == 1
     assert np.isfinite(record["loss"]) and record["env/failed_fraction"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ppo", "dapo"])
+def test_the_ppo_and_dapo_presets_train_on_multi_turn_episodes(tmp_path, name):
+  """PPO's critic and GAE run over the model's tokens only (observations masked); DAPO's
+  clip-higher, token-mean loss and overlong shaping take whole episodes."""
+  config = multi_turn(name)
+  summary = make_trainer(config, tmp_path).run()
+  assert summary["steps"] == 2
+  for record in records(tmp_path)[1:]:
+    assert np.isfinite(record["loss"]) and np.isfinite(record["grad_norm"])
+    assert record["logprob_mismatch_max"] < 1e-5 and record["env/failed_fraction"] == 0
+    if name == "ppo":
+      assert np.isfinite(record["critic_loss"])
