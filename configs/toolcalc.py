@@ -11,21 +11,12 @@ copy its operands and result exactly; held-out accuracy is that of greedy episod
 the calculator (docs/agents.md has the figures and the command).
 """
 
-from rlhf_jax.training.config import base_config
+from rlhf_jax.training.config import sibling_preset
 
 
 def get_config(variant: str = "arith"):
-  """GRPO (as configs/grpo.py) on toolcalc (arith variant only: the task is generated)."""
-  c = base_config(variant)
-  a = c.algorithm
-  a.name = "grpo"
-  a.advantage.estimator = "grpo"
-  c.rollout.group_size = 8
-  a.policy_loss.clip_low = a.policy_loss.clip_high = 0.2
-  a.policy_loss.agg = "seq-mean-token-mean"
-  a.kl.placement = "loss"
-  a.kl.coef = 0.04
-  a.kl.estimator = "k3"
+  """configs/grpo.py on toolcalc (arith variant only: the task is generated)."""
+  c = sibling_preset(__file__, "grpo", variant)
   c.data.task = "toolcalc"
   c.data.levels = c.sft.levels = (1, 2)  # a of 3 or 4 digits, b of 2: 4–6 digit products
   c.data.level_weights = c.sft.level_weights = (1.0, 1.0)

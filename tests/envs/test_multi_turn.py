@@ -61,6 +61,15 @@ def rollout(prompts, *, placement="sum", factory="Echo", timeout_s=5.0, turn_end
                           failure_score=-7.0, turn_end_id=turn_end_id)
 
 
+def collect_once(prompts, **options):
+  """One step's Rollouts of a fresh `rollout(prompts, **options)`, its workers stopped."""
+  mode = rollout(prompts, **options)
+  try:
+    return mode.collect()
+  finally:
+    mode.close()
+
+
 def full_forward_logprobs(tokens):
   """log π(x_t | x_<t) of every token after the first, by a plain forward, float64."""
   logits, _ = MODEL.apply(PARAMS, np.asarray([tokens], np.int32))
@@ -134,11 +143,7 @@ def test_episode_scores_add_the_verifier_and_the_environment_rewards(collected):
 
 
 def test_turn_placement_puts_each_reward_on_its_turns_last_token():
-  mode = rollout(["the cat sat"], placement="turn")
-  try:
-    rollouts = mode.collect()
-  finally:
-    mode.close()
+  rollouts = collect_once(["the cat sat"], placement="turn")
   batch = rollouts.batch
   for row, turns in enumerate(rollouts.transcripts):
     column, expected = 0, np.zeros(MAX_TOKENS)
@@ -154,11 +159,7 @@ def test_turn_placement_puts_each_reward_on_its_turns_last_token():
 @pytest.mark.parametrize("prompt, reason", [("boom", "env step: RuntimeError: boom at turn 2"),
                                             ("hang", "env step: timeout after 1 s")])
 def test_a_failing_environment_ends_only_its_episodes(prompt, reason):
-  mode = rollout([prompt, "ok go"], timeout_s=1.0)
-  try:
-    rollouts = mode.collect()
-  finally:
-    mode.close()
+  rollouts = collect_once([prompt, "ok go"], timeout_s=1.0)
   failed = [row for row in range(2 * G) if row < G]
   eos_first = [t["token_ids"][-1:] == [TOKENIZER.eos_id]
                for t in (turns[1] for turns in rollouts.transcripts)]
@@ -173,11 +174,7 @@ def test_a_failing_environment_ends_only_its_episodes(prompt, reason):
 
 def test_a_tool_observation_is_a_tool_turn_of_the_chat_template():
   im_end = TOKENIZER.backend.token_to_id("<|im_end|>")
-  mode = rollout(["the cat sat"], factory="ToolEcho", turn_end_id=im_end)
-  try:
-    rollouts = mode.collect()
-  finally:
-    mode.close()
+  rollouts = collect_once(["the cat sat"], factory="ToolEcho", turn_end_id=im_end)
   checked = 0
   for turns in rollouts.transcripts:
     for before, turn in zip(turns, turns[1:]):
@@ -213,11 +210,7 @@ def test_held_out_evaluation_runs_greedy_episodes_and_leaves_the_training_seeds(
 
 
 def test_an_episode_whose_reset_fails_is_scored_as_failed():
-  mode = rollout(["the cat sat"], factory="RaisingReset")
-  try:
-    rollouts = mode.collect()
-  finally:
-    mode.close()
+  rollouts = collect_once(["the cat sat"], factory="RaisingReset")
   assert rollouts.batch.scores.tolist() == [-7.0] * G
   assert rollouts.failures == ["env reset: RuntimeError: no episode today"] * G
   assert rollouts.transcripts == [[]] * G and rollouts.batch.lengths.tolist() == [0] * G
