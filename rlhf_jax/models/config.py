@@ -1,4 +1,4 @@
-"""Decoder configuration (Qwen2 / Llama families) and its mapping to HF `config.json`."""
+"""Decoder configuration (Qwen2, Llama, Qwen3 families) and its mapping to HF `config.json`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+# What each family fixes that config.json does not spell out (DecoderConfig fields).
+FAMILY_OPTIONS = {"qwen2": dict(qkv_bias=True), "llama": {}, "qwen3": dict(qk_norm="head")}
+QK_NORMS = ("none", "head")
+# Mixture-of-experts architectures (refused by name; any config with experts is refused too).
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM",
+                     "DeepseekV2ForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 DECODE_ATTENTION = ("xla", "pallas")
@@ -28,7 +36,8 @@ class DecoderConfig:
   """Shape and numerics of a decoder-only LM.
 
   Attributes:
-    architecture: "qwen2" (q/k/v bias) or "llama".
+    architecture: the HF family the checkpoint is written as: "qwen2" (q/k/v
+      bias), "llama", "qwen3" (q/k norms); see ARCHITECTURES.
     vocab_size: tokens in the vocabulary.
     hidden_size: the residual width.
     num_layers: decoder layers.
@@ -41,6 +50,8 @@ class DecoderConfig:
     rope_scaling: Llama 3 frequency scaling, or None.
     max_position_embeddings: longest supported position.
     qkv_bias: bias on the q/k/v projections (Qwen2: True).
+    qk_norm: RMSNorm of queries and keys before RoPE: "none"; "head" (Qwen3:
+      each head's [head_dim] vector, one weight of [head_dim] for q and one for k).
     tie_embeddings: the LM head reuses the input embedding.
     param_dtype: storage dtype of parameters.
     dtype: compute dtype of activations (RMSNorm, softmax and log-probs run
@@ -93,12 +104,13 @@ class DecoderConfig:
   num_kv_heads: int
   head_dim: int
   intermediate_size: int
-  architecture: Literal["qwen2", "llama"] = "qwen2"
+  architecture: Literal["qwen2", "llama", "qwen3"] = "qwen2"
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
   rope_scaling: RopeScaling | None = None
   max_position_embeddings: int = 2048
   qkv_bias: bool = True
+  qk_norm: str = "none"
   tie_embeddings: bool = False
   param_dtype: str = "float32"
   dtype: str = "float32"
@@ -123,6 +135,8 @@ class DecoderConfig:
     if self.architecture not in ARCHITECTURES:
       raise ValueError(f"DecoderConfig.architecture={self.architecture!r}; allowed: "
                        f"{', '.join(ARCHITECTURES)}.")
+    if self.qk_norm not in QK_NORMS:
+      raise ValueError(f"DecoderConfig.qk_norm={self.qk_norm!r}; allowed: {', '.join(QK_NORMS)}.")
     if not callable(getattr(jax.checkpoint_policies, self.remat_policy, None)):
       raise ValueError(f"DecoderConfig.remat_policy={self.remat_policy!r} is not a "
                        "jax.checkpoint_policies name (e.g. 'nothing_saveable', 'dots_saveable').")
@@ -175,6 +189,8 @@ class DecoderConfig:
     attention = e * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
     if self.qkv_bias:
       attention += self.head_dim * (self.num_heads + 2 * self.num_kv_heads)
+    if self.qk_norm == "head":
+      attention += 2 * self.head_dim
     per_layer = attention + 3 * e * f + 2 * e
     head = 0 if self.tie_embeddings else e * v
     return v * e + self.num_layers * per_layer + e + head
@@ -198,8 +214,29 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
                    "'default', 'llama3'.")
 
 
+def _architecture_from_hf(hf: dict[str, Any]) -> str:
+  """Our architecture name for a config.json; ValueError in one line for MoE and for
+  families we do not have."""
+  architectures = hf.get("architectures") or []
+  model_type = hf.get("model_type")
+  moe = [a for a in architectures if a in MOE_ARCHITECTURES or "moe" in a.lower()]
+  if moe or any(hf.get(key) for key in _EXPERT_KEYS):
+    name = moe[0] if moe else (architectures or [model_type])[0]
+    raise ValueError(f"config.json: {name} is a mixture-of-experts model; MoE is not "
+                     "supported yet.")
+  by_class = {cls: arch for arch, cls in ARCHITECTURES.items()}
+  known = [by_class[a] for a in architectures if a in by_class]
+  if known:
+    return known[0]
+  if model_type in ARCHITECTURES:
+    return model_type
+  raise ValueError(
+      f"config.json: architectures={architectures!r} (model_type={model_type!r}) is not "
+      f"supported; supported: {', '.join(ARCHITECTURES.values())}.")
+
+
 def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
-  """A DecoderConfig from a parsed HF `config.json` (Qwen2ForCausalLM / LlamaForCausalLM).
+  """A DecoderConfig from a parsed HF `config.json` (one of ARCHITECTURES).
 
   Args:
     hf: the parsed config.json.
@@ -208,21 +245,17 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
       (remat, matmul_precision, ...) otherwise keep their defaults.
   Returns:
     The DecoderConfig.
+  Raises:
+    ValueError in one line naming what is not supported (an architecture, MoE, a
+    rope type, sliding windows, biases, activations).
   """
-  architectures = hf.get("architectures") or []
-  by_class = {cls: arch for arch, cls in ARCHITECTURES.items()}
-  known = [by_class[a] for a in architectures if a in by_class]
-  if not known:
-    model_type = hf.get("model_type")
-    if model_type in ARCHITECTURES:
-      known = [model_type]
-    else:
-      raise ValueError(
-          f"config.json: architectures={architectures!r} (model_type={model_type!r}) is not "
-          f"supported; supported: {', '.join(ARCHITECTURES.values())}.")
-  architecture = known[0]
+  architecture = _architecture_from_hf(hf)
+  cls = ARCHITECTURES[architecture]
   if hf.get("mlp_bias"):
     raise ValueError("config.json: mlp_bias=true is not supported.")
+  if architecture == "qwen3" and hf.get("attention_bias"):
+    raise ValueError(f"config.json: attention_bias=true (q/k/v/o biases) is not supported "
+                     f"for {cls}.")
   if hf.get("use_sliding_window") and hf.get("sliding_window"):
     raise ValueError("config.json: use_sliding_window=true is not supported.")
   hidden_act = hf.get("hidden_act", "silu")
@@ -243,11 +276,26 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
       rope_theta=theta,
       rope_scaling=scaling,
       max_position_embeddings=hf.get("max_position_embeddings", 2048),
-      qkv_bias=True if architecture == "qwen2" else bool(hf.get("attention_bias", False)),
+      qkv_bias=bool(hf.get("attention_bias", False)),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
   )
+  fields.update(FAMILY_OPTIONS[architecture])
   fields.update(overrides)
   return DecoderConfig(**fields)
+
+
+def _check_family(config: DecoderConfig) -> None:
+  """ValueError when `config` differs from what its architecture's HF class computes."""
+  cls = ARCHITECTURES[config.architecture]
+  fixed = dict(FAMILY_OPTIONS[config.architecture])
+  if config.architecture == "qwen3":
+    fixed["qkv_bias"] = False
+  fixed.setdefault("qk_norm", "none")
+  for name, value in fixed.items():
+    if getattr(config, name) != value:
+      raise ValueError(f"{cls} checkpoints have {name}={value!r}; "
+                       f"{name}={getattr(config, name)!r} cannot be saved as "
+                       f"architecture={config.architecture!r}.")
 
 
 def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
@@ -255,7 +303,11 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
 
   Runtime numerics that are not part of the checkpoint (compute dtype, remat,
   matmul_precision, logprob_chunk) are not written.
+  Raises:
+    ValueError when the config is not one its architecture's HF class can hold
+    (e.g. Qwen2 without q/k/v bias).
   """
+  _check_family(config)
   rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
   if config.rope_scaling is not None:
     rope.update(rope_type="llama3", **dataclasses.asdict(config.rope_scaling))
@@ -280,10 +332,9 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
   }
   if config.rope_scaling is not None:
     hf["rope_scaling"] = dict(rope)
-  if config.architecture == "llama":
+  if config.architecture != "qwen2":
     hf["attention_bias"] = config.qkv_bias
     hf["mlp_bias"] = False
-  elif not config.qkv_bias:
-    raise ValueError("Qwen2 checkpoints always have q/k/v bias; qkv_bias=False cannot be "
-                     "saved as architecture='qwen2'.")
+  if config.architecture in ("qwen2", "qwen3"):
+    hf["use_sliding_window"] = False
   return hf

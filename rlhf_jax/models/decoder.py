@@ -1,7 +1,7 @@
-"""A Flax NNX decoder-only LM for the Qwen2 and Llama families, with a KV cache.
+"""A Flax NNX decoder-only LM for the Qwen2, Llama and Qwen3 families, with a KV cache.
 
 RMSNorm, RoPE (optionally Llama 3 scaled), grouped-query attention, SwiGLU MLP,
-optional q/k/v bias, tied or untied embeddings, and one of two heads: the LM
+optional q/k/v bias, optional q/k RMSNorm (`DecoderConfig.qk_norm`), tied or untied embeddings, and one of two heads: the LM
 head (logits) or a scalar head (critic values / reward-model scores at every
 position). Every parameter carries `logical_axes` metadata (e.g. ("embed",
 "mlp")); `rlhf_jax.parallel` maps those names onto mesh axes, so changing the
@@ -122,17 +122,23 @@ def _dense(x: jax.Array, kernel: jax.Array, precision: jax.lax.Precision | None)
 
 
 class RMSNorm(nnx.Module):
-  """y = x / sqrt(mean(x²) + eps) · w, computed in float32 (Zhang & Sennrich 2019)."""
+  """y = x / sqrt(mean(x²) + eps) · w over x's trailing axes of w's shape, computed in
+  float32 (Zhang & Sennrich 2019). Default w: [hidden_size]; a q/k norm passes its own
+  shape ([head_dim], or [heads, head_dim] to normalise a whole projection)."""
 
-  def __init__(self, config: DecoderConfig):
+  def __init__(self, config: DecoderConfig, shape: tuple[int, ...] | None = None,
+               axes: tuple[str, ...] = ("norm",)):
     self.eps = config.rms_norm_eps
-    self.weight = _param(None, (config.hidden_size,), ("norm",), config, init="ones")
+    shape = (config.hidden_size,) if shape is None else shape
+    self.weight = _param(None, shape, axes, config, init="ones")
 
   def __call__(self, x: jax.Array) -> jax.Array:
+    shape = self.weight.shape
+    reduced = tuple(range(x.ndim - len(shape), x.ndim))
     x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=reduced, keepdims=True) + self.eps)
     # HF casts back to the input dtype before the weight multiply.
-    weight = self.weight[...].astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+    weight = self.weight[...].astype(x.dtype).reshape((1,) * (x.ndim - len(shape)) + shape)
     return weight * normed.astype(x.dtype)
 
 
@@ -150,6 +156,9 @@ class Attention(nnx.Module):
       self.q_bias = _param(None, (h, d), ("heads", "head_dim"), config, init="zeros")
       self.k_bias = _param(None, (k, d), ("kv_heads", "head_dim"), config, init="zeros")
       self.v_bias = _param(None, (k, d), ("kv_heads", "head_dim"), config, init="zeros")
+    if config.qk_norm == "head":  # Qwen3: each head's vector, one [D] weight for all heads
+      self.q_norm = RMSNorm(config, (d,), ("head_dim",))
+      self.k_norm = RMSNorm(config, (d,), ("head_dim",))
 
   def _project(self, x, kernel, bias_name):
     dtype = self.config.jnp_dtype
@@ -166,8 +175,11 @@ class Attention(nnx.Module):
     query sees only keys of its segment); layer_cache None or (keys, values, valid, end,
     layer): this layer's keys [B,K,D,S] / values [B,K,S,D] with layer None, or the
     stacked [L,B,...] caches and this layer's `layer_scan.LayerSlot`."""
-    q = apply_rope(self._project(x, self.q_proj, "q_bias"), cos, sin)
-    k = apply_rope(self._project(x, self.k_proj, "k_bias"), cos, sin)
+    q = self._project(x, self.q_proj, "q_bias")
+    k = self._project(x, self.k_proj, "k_bias")
+    if self.config.qk_norm != "none":
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     v = self._project(x, self.v_proj, "v_bias")
     time = x.shape[1]
     if layer_cache is None:

@@ -67,6 +67,10 @@ def tensor_mappings(config: config_lib.DecoderConfig, head: str) -> list[TensorM
       if config.qkv_bias:
         mappings.append(TensorMapping(ours + ("attention", f"{name}_bias"),
                                       hf + f"self_attn.{name}_proj.bias", *in_bias(heads)))
+    if config.qk_norm != "none":
+      mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
+                                 hf + f"self_attn.{name}_norm.weight", same, same)
+                   for name in ("q", "k")]
     mappings += [
         TensorMapping(ours + ("attention", "o_proj"), hf + "self_attn.o_proj.weight",
                       lambda w: np.ascontiguousarray(w.T.reshape(h, d, e)),
@@ -206,7 +210,7 @@ def _check_unexpected(directory: str, available: set[str], mappings: list[Tensor
 def load_hf_checkpoint(directory: str, *, head: str = "lm", shardings: Params | None = None,
                        missing_head: str = "error", **config_overrides
                        ) -> tuple[FunctionalModel, Params]:
-  """Loads an HF Qwen2 / Llama checkpoint into our parameters.
+  """Loads an HF checkpoint of one of `config.ARCHITECTURES` into our parameters.
 
   Args:
     directory: holds config.json and model.safetensors (or a sharded

@@ -50,3 +50,36 @@ def hf_logits(model, input_ids, attention_mask=None, position_ids=None):
                 position_ids=None if position_ids is None else torch.as_tensor(
                     np.asarray(position_ids), dtype=torch.long))
   return out.logits.float().numpy()
+
+
+FAMILY_VOCAB = 100
+# Per family: (transformers config class, model class, options). Hidden 48 with 4 heads
+# of head_dim 16 (≠ 48 / 4) checks that head_dim is read, not derived.
+FAMILIES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(tie_word_embeddings=True, attention_bias=False, use_sliding_window=False)),
+}
+
+
+def save_family_model(directory, family: str, seed: int = 0, **changes):
+  """A 2-layer random transformers model of `family` with every tensor drawn from
+  N(0, 0.2²) (norm weights and biases too), saved as safetensors; returns the model."""
+  import torch
+  import transformers
+
+  config_name, model_name, options = FAMILIES[family]
+  fields = dict(vocab_size=FAMILY_VOCAB, hidden_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                intermediate_size=80, rms_norm_eps=1e-6, max_position_embeddings=256,
+                bos_token_id=None, eos_token_id=0, pad_token_id=0,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+  fields.update(options)
+  fields.update(changes)
+  config = getattr(transformers, config_name)(**fields)
+  torch.manual_seed(seed)
+  model = getattr(transformers, model_name)(config).to(torch.float32).eval()
+  with torch.no_grad():
+    for parameter in model.parameters():
+      torch.nn.init.normal_(parameter, std=0.2)
+  model.save_pretrained(str(directory), safe_serialization=True)
+  return model

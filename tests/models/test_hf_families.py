@@ -1,0 +1,160 @@
+"""Each HF family against transformers on tiny random float32 models: logits on
+left-padded rows, the export round trip, KV-cache decode, the layer scan and packed rows."""
+
+import json
+import typing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax import models
+from rlhf_jax.models import layer_scan
+from tests.models.hf_fixtures import FAMILIES
+from tests.models.hf_fixtures import FAMILY_VOCAB
+from tests.models.hf_fixtures import hf_logits
+from tests.models.hf_fixtures import save_family_model
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+TOLERANCE = 1e-4
+# What each family's tiny checkpoint must load as.
+EXPECTED = {
+    "qwen3": dict(architecture="qwen3", qk_norm="head", qkv_bias=False, head_dim=16,
+                  tie_embeddings=True),
+}
+
+
+class Family(typing.NamedTuple):
+  name: str
+  hf_model: typing.Any
+  model: typing.Any
+  params: typing.Any
+  apply: typing.Any
+
+
+@pytest.fixture(scope="module", params=tuple(FAMILIES))
+def family(request, tmp_path_factory):
+  directory = tmp_path_factory.mktemp(request.param)
+  hf_model = save_family_model(directory, request.param)
+  model, params = models.load_hf_checkpoint(str(directory))
+  apply = jax.jit(lambda p, t, m: model.apply(p, t, attention_mask=m)[0])
+  return Family(request.param, hf_model, model, params, apply)
+
+
+def left_padded(seed, lengths, width):
+  """(tokens, mask, positions) [len(lengths), width]: row r holds lengths[r] random
+  tokens at its right end, 0 before them."""
+  tokens = np.random.default_rng(seed).integers(3, FAMILY_VOCAB, (len(lengths), width))
+  mask = (np.arange(width)[None, :] >= width - np.asarray(lengths)[:, None]).astype(np.int32)
+  positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+  return np.where(mask == 1, tokens, 0).astype(np.int32), mask, positions
+
+
+def test_config_is_read(family):
+  for name, value in EXPECTED[family.name].items():
+    assert getattr(family.model.config, name) == value, name
+  config = family.model.config
+  assert sum(x.size for x in jax.tree.leaves(family.params)) == config.num_params()
+
+
+@pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"])
+def test_moe_is_refused_in_one_line(architecture):
+  hf = dict(architectures=[architecture], vocab_size=100, hidden_size=48,
+            num_hidden_layers=2, num_attention_heads=4, intermediate_size=80)
+  with pytest.raises(ValueError, match=f"^config.json: {architecture} is a "
+                     "mixture-of-experts model; MoE is not supported yet.$"):
+    models.config_from_hf(hf)
+
+
+def test_unsupported_family_options_are_refused():
+  hf = dict(architectures=["Qwen3ForCausalLM"], vocab_size=100, hidden_size=48,
+            num_hidden_layers=2, num_attention_heads=4, intermediate_size=80)
+  with pytest.raises(ValueError, match="attention_bias=true .* Qwen3ForCausalLM"):
+    models.config_from_hf({**hf, "attention_bias": True})
+  config = models.config_from_hf(hf)
+  with pytest.raises(ValueError, match="qk_norm='head'; qk_norm='none' cannot be saved"):
+    models.config_to_hf(config.replace(qk_norm="none"))
+
+
+def test_logits_on_left_padded_rows(family):
+  tokens, mask, positions = left_padded(0, [14, 9, 4], 14)
+  expected = hf_logits(family.hf_model, tokens, attention_mask=mask, position_ids=positions)
+  ours = np.asarray(family.apply(family.params, tokens, mask))
+  valid = mask == 1
+  delta = np.max(np.abs(ours[valid] - expected[valid]))
+  print(f"{family.name}: max |Δlogit| vs transformers = {delta:.2e}")
+  assert delta <= TOLERANCE
+
+
+def test_export_loads_in_transformers_with_the_same_logits(family, tmp_path):
+  import transformers
+
+  models.save_hf_checkpoint(str(tmp_path), family.model, family.params)
+  written = json.loads((tmp_path / "config.json").read_text())
+  cls = type(family.hf_model).__name__
+  assert written["architectures"] == [cls]
+  model2, params2 = models.load_hf_checkpoint(str(tmp_path))
+  assert model2.config == family.model.config
+  jax.tree.map(np.testing.assert_array_equal, family.params, params2)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+  assert type(reloaded).__name__ == cls
+  tokens, mask, positions = left_padded(1, [11, 6], 11)
+  valid = mask == 1
+  np.testing.assert_allclose(
+      hf_logits(reloaded, tokens, attention_mask=mask, position_ids=positions)[valid],
+      hf_logits(family.hf_model, tokens, attention_mask=mask, position_ids=positions)[valid],
+      atol=1e-6)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_kv_cache_prefill_and_decode_equal_the_full_forward(family, scan_layers):
+  model = family.model
+  params = family.params
+  if scan_layers:
+    model = models.init_model(model.config.replace(scan_layers=True), abstract=True)[0]
+    params = layer_scan.stack_layer_params(params)
+  prompt_len, steps = 6, 8
+  tokens, full_mask, _ = left_padded(2, [14, 12, 9], prompt_len + steps)
+  full = np.asarray(family.apply(family.params, tokens, full_mask))
+
+  @jax.jit
+  def step(params, cache, chunk, mask):
+    return model.apply(params, chunk, attention_mask=mask, cache=cache)
+
+  cache = models.KVCache.create(model.config, batch=3, slots=prompt_len + steps)
+  prompt_mask = full_mask[:, :prompt_len]
+  logits, cache = step(params, cache, tokens[:, :prompt_len], prompt_mask)
+  valid = prompt_mask == 1
+  np.testing.assert_allclose(np.asarray(logits)[valid], full[:, :prompt_len][valid],
+                             atol=TOLERANCE)
+  for t in range(prompt_len, prompt_len + steps):
+    logits, cache = step(params, cache, tokens[:, t:t + 1], np.ones((3, 1), np.int32))
+    np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=TOLERANCE)
+
+
+def test_layer_scan_and_packed_rows_equal_the_padded_forward(family):
+  scanned = models.init_model(family.model.config.replace(scan_layers=True), abstract=True)[0]
+  stacked = layer_scan.stack_layer_params(family.params)
+  tokens, mask, _ = left_padded(3, [13, 7], 13)
+  padded = np.asarray(family.apply(family.params, tokens, mask))
+  np.testing.assert_allclose(
+      jax.jit(lambda p: scanned.apply(p, tokens, attention_mask=mask)[0])(stacked), padded,
+      atol=1e-5)
+  # Both rows end to end in one buffer of 22 (2 of padding), positions restarting.
+  lengths = mask.sum(axis=1)
+  packed = np.zeros((1, 22), np.int32)
+  packed[0, :20] = np.concatenate([tokens[r][mask[r] == 1] for r in range(2)])
+  segments = np.zeros((1, 22), np.int32)
+  segments[0, :20] = np.repeat([1, 2], lengths)
+  positions = np.zeros((1, 22), np.int32)
+  positions[0, :20] = np.concatenate([np.arange(n) for n in lengths])
+  logits, _ = jax.jit(lambda p: family.model.apply(
+      p, jnp.asarray(packed), positions=jnp.asarray(positions),
+      segment_ids=jnp.asarray(segments), attention_mask=jnp.asarray(segments > 0)))(
+          family.params)
+  logits = np.asarray(logits)[0]
+  np.testing.assert_allclose(logits[:13], padded[0][mask[0] == 1], atol=1e-5)
+  np.testing.assert_allclose(logits[13:20], padded[1][mask[1] == 1], atol=1e-5)
