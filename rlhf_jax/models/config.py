@@ -1,4 +1,5 @@
-"""Decoder configuration (Qwen2, Llama, Qwen3 families) and its mapping to HF `config.json`."""
+"""Decoder configuration (Qwen2, Llama, Qwen3, OLMo 2 families) and its mapping to HF
+`config.json`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import jax
 import jax.numpy as jnp
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
 # What each family fixes that config.json does not spell out (DecoderConfig fields).
-FAMILY_OPTIONS = {"qwen2": dict(qkv_bias=True), "llama": {}, "qwen3": dict(qk_norm="head")}
-QK_NORMS = ("none", "head")
+FAMILY_OPTIONS = {"qwen2": dict(qkv_bias=True), "llama": {}, "qwen3": dict(qk_norm="head"),
+                  "olmo2": dict(qk_norm="projection", norm_placement="post")}
+QK_NORMS = ("none", "head", "projection")
+NORM_PLACEMENTS = ("pre", "post")
 # Mixture-of-experts architectures (refused by name; any config with experts is refused too).
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM",
                      "DeepseekV2ForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
@@ -37,7 +40,8 @@ class DecoderConfig:
 
   Attributes:
     architecture: the HF family the checkpoint is written as: "qwen2" (q/k/v
-      bias), "llama", "qwen3" (q/k norms); see ARCHITECTURES.
+      bias), "llama", "qwen3" (q/k norms per head), "olmo2" (post-norm blocks, q/k
+      norms over the projection); see ARCHITECTURES.
     vocab_size: tokens in the vocabulary.
     hidden_size: the residual width.
     num_layers: decoder layers.
@@ -51,7 +55,12 @@ class DecoderConfig:
     max_position_embeddings: longest supported position.
     qkv_bias: bias on the q/k/v projections (Qwen2: True).
     qk_norm: RMSNorm of queries and keys before RoPE: "none"; "head" (Qwen3:
-      each head's [head_dim] vector, one weight of [head_dim] for q and one for k).
+      each head's [head_dim] vector, one weight of [head_dim] for q and one for k);
+      "projection" (OLMo 2: the whole projected q [num_heads·head_dim] and k
+      [num_kv_heads·head_dim] of a token, weights [heads, head_dim]).
+    norm_placement: where a block's two RMSNorms sit: "pre" (Llama: x + attn(norm(x)),
+      then x + mlp(norm(x))) or "post" (OLMo 2: x + norm(attn(x)), then
+      x + norm(mlp(x)); no norm on a block's input).
     tie_embeddings: the LM head reuses the input embedding.
     param_dtype: storage dtype of parameters.
     dtype: compute dtype of activations (RMSNorm, softmax and log-probs run
@@ -104,13 +113,14 @@ class DecoderConfig:
   num_kv_heads: int
   head_dim: int
   intermediate_size: int
-  architecture: Literal["qwen2", "llama", "qwen3"] = "qwen2"
+  architecture: Literal["qwen2", "llama", "qwen3", "olmo2"] = "qwen2"
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
   rope_scaling: RopeScaling | None = None
   max_position_embeddings: int = 2048
   qkv_bias: bool = True
   qk_norm: str = "none"
+  norm_placement: str = "pre"
   tie_embeddings: bool = False
   param_dtype: str = "float32"
   dtype: str = "float32"
@@ -137,6 +147,9 @@ class DecoderConfig:
                        f"{', '.join(ARCHITECTURES)}.")
     if self.qk_norm not in QK_NORMS:
       raise ValueError(f"DecoderConfig.qk_norm={self.qk_norm!r}; allowed: {', '.join(QK_NORMS)}.")
+    if self.norm_placement not in NORM_PLACEMENTS:
+      raise ValueError(f"DecoderConfig.norm_placement={self.norm_placement!r}; allowed: "
+                       f"{', '.join(NORM_PLACEMENTS)}.")
     if not callable(getattr(jax.checkpoint_policies, self.remat_policy, None)):
       raise ValueError(f"DecoderConfig.remat_policy={self.remat_policy!r} is not a "
                        "jax.checkpoint_policies name (e.g. 'nothing_saveable', 'dots_saveable').")
@@ -191,6 +204,8 @@ class DecoderConfig:
       attention += self.head_dim * (self.num_heads + 2 * self.num_kv_heads)
     if self.qk_norm == "head":
       attention += 2 * self.head_dim
+    elif self.qk_norm == "projection":
+      attention += self.head_dim * (self.num_heads + self.num_kv_heads)
     per_layer = attention + 3 * e * f + 2 * e
     head = 0 if self.tie_embeddings else e * v
     return v * e + self.num_layers * per_layer + e + head
@@ -253,7 +268,7 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
   cls = ARCHITECTURES[architecture]
   if hf.get("mlp_bias"):
     raise ValueError("config.json: mlp_bias=true is not supported.")
-  if architecture == "qwen3" and hf.get("attention_bias"):
+  if architecture in ("qwen3", "olmo2") and hf.get("attention_bias"):
     raise ValueError(f"config.json: attention_bias=true (q/k/v/o biases) is not supported "
                      f"for {cls}.")
   if hf.get("use_sliding_window") and hf.get("sliding_window"):
@@ -288,9 +303,10 @@ def _check_family(config: DecoderConfig) -> None:
   """ValueError when `config` differs from what its architecture's HF class computes."""
   cls = ARCHITECTURES[config.architecture]
   fixed = dict(FAMILY_OPTIONS[config.architecture])
-  if config.architecture == "qwen3":
+  if config.architecture in ("qwen3", "olmo2"):
     fixed["qkv_bias"] = False
   fixed.setdefault("qk_norm", "none")
+  fixed.setdefault("norm_placement", "pre")
   for name, value in fixed.items():
     if getattr(config, name) != value:
       raise ValueError(f"{cls} checkpoints have {name}={value!r}; "

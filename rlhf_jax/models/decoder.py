@@ -1,13 +1,14 @@
-"""A Flax NNX decoder-only LM for the Qwen2, Llama and Qwen3 families, with a KV cache.
+"""A Flax NNX decoder-only LM for the HF families of `config.ARCHITECTURES`, with a KV cache.
 
 RMSNorm, RoPE (optionally Llama 3 scaled), grouped-query attention, SwiGLU MLP,
-optional q/k/v bias, optional q/k RMSNorm (`DecoderConfig.qk_norm`), tied or untied embeddings, and one of two heads: the LM
-head (logits) or a scalar head (critic values / reward-model scores at every
-position). Every parameter carries `logical_axes` metadata (e.g. ("embed",
-"mlp")); `rlhf_jax.parallel` maps those names onto mesh axes, so changing the
-parallelism never touches this file. With `DecoderConfig.scan_layers` the layers
-are one block with stacked [L, ...] parameters run by `lax.scan`
-(`rlhf_jax.models.layer_scan`).
+optional q/k/v bias, optional q/k RMSNorm (`DecoderConfig.qk_norm`), pre- or
+post-norm blocks (`DecoderConfig.norm_placement`), tied or untied embeddings, and
+one of two heads: the LM head (logits) or a scalar head (critic values /
+reward-model scores at every position). Every parameter carries `logical_axes`
+metadata (e.g. ("embed", "mlp")); `rlhf_jax.parallel` maps those names onto mesh
+axes, so changing the parallelism never touches this file. With
+`DecoderConfig.scan_layers` the layers are one block with stacked [L, ...]
+parameters run by `lax.scan` (`rlhf_jax.models.layer_scan`).
 
 Attention works on "slots": without a cache slot t is position t of the
 batch; with a cache, a row's tokens are written at slots end, end+1, ... and a
@@ -159,6 +160,9 @@ class Attention(nnx.Module):
     if config.qk_norm == "head":  # Qwen3: each head's vector, one [D] weight for all heads
       self.q_norm = RMSNorm(config, (d,), ("head_dim",))
       self.k_norm = RMSNorm(config, (d,), ("head_dim",))
+    elif config.qk_norm == "projection":  # OLMo 2: a token's whole projection, [H, D] weights
+      self.q_norm = RMSNorm(config, (h, d), ("heads", "head_dim"))
+      self.k_norm = RMSNorm(config, (k, d), ("kv_heads", "head_dim"))
 
   def _project(self, x, kernel, bias_name):
     dtype = self.config.jnp_dtype
@@ -235,15 +239,27 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-  """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """A transformer block. Pre-norm (`norm_placement="pre"`): x + attn(norm(x)), then
+  x + mlp(norm(x)). Post-norm ("post", OLMo 2): x + norm(attn(x)), then x + norm(mlp(x))."""
 
   def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
-    self.input_norm = RMSNorm(config)
+    self.pre_norm = config.norm_placement == "pre"
+    if self.pre_norm:
+      self.input_norm = RMSNorm(config)
     self.attention = Attention(config, rngs)
-    self.post_attention_norm = RMSNorm(config)
+    if self.pre_norm:
+      self.post_attention_norm = RMSNorm(config)
+    else:
+      self.attention_out_norm = RMSNorm(config)
     self.mlp = MLP(config, rngs)
+    if not self.pre_norm:
+      self.mlp_out_norm = RMSNorm(config)
 
   def __call__(self, x, cos, sin, token_mask, layer_cache, segment_ids=None):
+    if not self.pre_norm:
+      attended, new_cache = self.attention(x, cos, sin, token_mask, layer_cache, segment_ids)
+      x = x + self.attention_out_norm(attended)
+      return x + self.mlp_out_norm(self.mlp(x)), new_cache
     attended, new_cache = self.attention(self.input_norm(x), cos, sin, token_mask, layer_cache,
                                          segment_ids)
     x = x + attended

@@ -67,10 +67,23 @@ def tensor_mappings(config: config_lib.DecoderConfig, head: str) -> list[TensorM
       if config.qkv_bias:
         mappings.append(TensorMapping(ours + ("attention", f"{name}_bias"),
                                       hf + f"self_attn.{name}_proj.bias", *in_bias(heads)))
-    if config.qk_norm != "none":
+    if config.qk_norm == "head":
       mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
                                  hf + f"self_attn.{name}_norm.weight", same, same)
                    for name in ("q", "k")]
+    elif config.qk_norm == "projection":  # HF [heads*D] ↔ ours [heads, D]
+      mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
+                                 hf + f"self_attn.{name}_norm.weight",
+                                 lambda w, n=heads: w.reshape(n, d), lambda w: w.reshape(-1))
+                   for name, heads in (("q", h), ("k", k))]
+    if config.norm_placement == "pre":
+      norms = (("input_norm", "input_layernorm"), ("post_attention_norm",
+                                                   "post_attention_layernorm"))
+    else:  # OLMo 2 names the norms of the attention and MLP outputs
+      norms = (("attention_out_norm", "post_attention_layernorm"),
+               ("mlp_out_norm", "post_feedforward_layernorm"))
+    mappings += [TensorMapping(ours + (name, "weight"), hf + f"{hf_name}.weight", same, same)
+                 for name, hf_name in norms]
     mappings += [
         TensorMapping(ours + ("attention", "o_proj"), hf + "self_attn.o_proj.weight",
                       lambda w: np.ascontiguousarray(w.T.reshape(h, d, e)),
@@ -81,10 +94,6 @@ def tensor_mappings(config: config_lib.DecoderConfig, head: str) -> list[TensorM
                       _transpose),
         TensorMapping(ours + ("mlp", "down_proj"), hf + "mlp.down_proj.weight", _transpose,
                       _transpose),
-        TensorMapping(ours + ("input_norm", "weight"), hf + "input_layernorm.weight", same,
-                      same),
-        TensorMapping(ours + ("post_attention_norm", "weight"),
-                      hf + "post_attention_layernorm.weight", same, same),
     ]
   if head == "lm" and not config.tie_embeddings:
     mappings.append(TensorMapping(("lm_head",), "lm_head.weight", _transpose, _transpose))

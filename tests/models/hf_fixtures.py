@@ -58,6 +58,9 @@ FAMILY_VOCAB = 100
 FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
               dict(tie_word_embeddings=True, attention_bias=False, use_sliding_window=False)),
+    # Olmo2Config has no head_dim: transformers derives it (48 / 4).
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
+              dict(head_dim=12, tie_word_embeddings=False, attention_bias=False)),
 }
 
 

@@ -24,6 +24,8 @@ TOLERANCE = 1e-4
 EXPECTED = {
     "qwen3": dict(architecture="qwen3", qk_norm="head", qkv_bias=False, head_dim=16,
                   tie_embeddings=True),
+    "olmo2": dict(architecture="olmo2", qk_norm="projection", norm_placement="post",
+                  qkv_bias=False, head_dim=12, tie_embeddings=False),
 }
 
 
