@@ -64,13 +64,14 @@ def _fire_schedule(mode: str):
 def _evaluate(checkpoint: str, examples) -> dict[str, dict]:
   """evaluate_policy of one checkpoint under every --fire mode."""
   from rlhf_jax import models
+  from rlhf_jax.data.prompts import PromptFormat
   from rlhf_jax.rewards.router import router_for_tasks
   from rlhf_jax.sampling import config as sampler_config_lib
   from rlhf_jax.training.evaluation import evaluate_policy
   model, params = models.load_hf_checkpoint(checkpoint)
   tokenizer = models.Tokenizer.from_directory(checkpoint)
-  prefix = models.load_prompt_prefix(checkpoint, tokenizer)
-  longest = max(len(prefix) + len(tokenizer.encode(e.prompt)) for e in examples)
+  prompts = PromptFormat(tokenizer, models.load_prompt_prefix(checkpoint, tokenizer))
+  longest = max(len(ids) for ids in prompts.encode_all(examples))
   bucket = 1 << (longest - 1).bit_length()
   sampler_config = sampler_config_lib.sampler_config(
       num_slots=_NUM_SLOTS.value, cache_length=bucket + _MAX_NEW_TOKENS.value,
@@ -79,8 +80,7 @@ def _evaluate(checkpoint: str, examples) -> dict[str, dict]:
   sampler = sampler_config_lib.build_scheduler(sampler_config, model, params,
                                                tokenizer=tokenizer)
   scorer = router_for_tasks(sorted({e.task for e in examples}))
-  return {mode: evaluate_policy(sampler, tokenizer, examples, scorer, prefix=prefix,
-                                samples=_SAMPLES.value, temperature=_TEMPERATURE.value,
+  return {mode: evaluate_policy(sampler, prompts, examples, scorer, samples=_SAMPLES.value, temperature=_TEMPERATURE.value,
                                 max_new_tokens=_MAX_NEW_TOKENS.value, seed=_SEED.value,
                                 fire=_fire_schedule(mode))
           for mode in _FIRE.value}

@@ -55,7 +55,7 @@ def main(argv) -> None:
   role, tokenizer, prefix = reward_build.load_frozen(_RM.value, mesh, head="scalar")
   rm = RewardModelScorer(role, reward_build.scoring_layout(c, tokenizer, prefix), mesh=mesh)
   sampler = build.build_sampler(c, policy, mesh)
-  out = sampler.generate([policy.prefix + policy.tokenizer.encode(e.prompt) for e in examples],
+  out = sampler.generate(policy.prompts.encode_all(examples),
                          SamplingParams(temperature=c.rollout.temperature, n=_N.value,
                                         max_new_tokens=c.rollout.max_new_tokens,
                                         stop_token_ids=(policy.tokenizer.eos_id,), seed=c.seed))

@@ -61,14 +61,13 @@ def main(argv) -> None:
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples, _ = build.load_examples(c)
   examples = examples[:_LIMIT.value] if _LIMIT.value else examples
-  scorer = reward_build.training_scorer(c, sorted({e.task for e in examples}), mesh)
+  scorer = reward_build.training_scorer(c, sorted({e.task for e in examples}), mesh,
+                                        policy.prompts)
   sampler = build.build_sampler(c, policy, mesh)
   stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
   sampling = dataclasses.replace(rollout_config_lib.sampling_params(c.rollout, stop),
                                  n=_SAMPLES.value)
-  generator = GroupGenerator(sampler, scorer, policy.tokenizer, sampling=sampling,
-                             prefix=policy.prefix, prompt_length=c.data.prompt_length,
-                             seed=c.seed)
+  generator = GroupGenerator(sampler, scorer, policy.prompts, sampling=sampling, seed=c.seed)
   bar = tqdm(total=len(examples), desc="scoring prompts", unit="prompt", dynamic_ncols=True)
   try:
     selected = selection.select_prompts(

@@ -66,9 +66,9 @@ def main(argv) -> None:
     tokenizer = models.Tokenizer.from_directory(directory)
     sampler = sampler_config_lib.build_scheduler(config.sampler, model, params,
                                                  tokenizer=tokenizer, seed=config.seed)
-    result = evaluate_policy(sampler, tokenizer, held_out, scorer,
-                             prefix=models.load_prompt_prefix(directory, tokenizer),
-                             samples=1, temperature=0.0,
+    prompts = build.prompt_format(config, tokenizer,
+                                  models.load_prompt_prefix(directory, tokenizer))
+    result = evaluate_policy(sampler, prompts, held_out, scorer, samples=1, temperature=0.0,
                              max_new_tokens=config.rollout.max_new_tokens)
   print(json.dumps({"checkpoint": directory, **result}), flush=True)
 

@@ -11,7 +11,9 @@ warm start runs first when <workdir>/sft (or --config.model.checkpoint) does not
 exist, and for rollout.mode 'offline' (DPO, DQO) the labelled samples of the warm
 start are written to <workdir>/offline.jsonl when data.offline_file is empty. Metrics go to <workdir>/metrics.jsonl; a progress bar goes to the console;
 the last line is a JSON summary. --validate_only checks the config (and the overrides)
-and exits: "config ok", or the one-line error with exit status 2.
+and the data files (every row's schema, task and prompt length, with the policy's
+tokenizer when its checkpoint exists) and exits: "config ok", or the one-line error with
+exit status 2.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def main(argv) -> None:
   validate_config(config)
   parallel.initialize(config.distributed)
   validate_config(config, num_devices=jax.device_count())
+  from rlhf_jax.training import build
+  build.check_data(config, _WORKDIR.value)  # the data files, every row, before any work
   if _VALIDATE_ONLY.value:
     print("config ok", flush=True)
     return

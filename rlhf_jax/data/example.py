@@ -1,9 +1,11 @@
 """One prompt record (`Example`) and the rule that turns a file's record into one.
 
-Schema: `prompt` (str), `answer` (str; numbers are turned into strings), `task` (str),
-optional `metadata` (object) and `messages` (a chat list of {"role", "content"}). A column
-mapping (our field → a dotted path in the record) reads other layouts; a chat-list `prompt`
-becomes `messages`, and `prompt` its last user turn.
+Schema: `prompt` (str, or a chat list), `answer` (str; numbers are turned into strings),
+`task` (str), optional `metadata` (object) and `messages` (a chat list of {"role",
+"content"}). A column mapping (our field → a dotted path in the record) reads other
+layouts; a chat-list `prompt` becomes `messages`, and `prompt` its last user turn. The
+record's other columns (the mapped ones included) stay in `metadata` under their own
+names, where a reward function finds them (rewards/functions.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import json
 from typing import Any, Mapping
 
 FIELDS = ("prompt", "answer", "task", "metadata", "messages")
+# `data.answer_format`: how the reference is read from the answer column.
+ANSWER_FORMATS = ("as_is", "gsm8k", "boxed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,18 +76,55 @@ def _json_value(value: Any) -> tuple[bool, Any]:
     return False, None
 
 
+def _boxed(text: str) -> str | None:
+  """The content of the last \\boxed{...} of `text` (braces balanced), or None."""
+  start = text.rfind("\\boxed{")
+  if start < 0:
+    return None
+  depth, begin = 0, start + len("\\boxed{")
+  for i in range(begin, len(text)):
+    depth += {"{": 1, "}": -1}.get(text[i], 0)
+    if depth < 0:
+      return text[begin:i].strip()
+  return None
+
+
+def reference_of(answer: str, answer_format: str, where: str) -> str:
+  """The reference in an answer column: as it is, GSM8K's number after the last "####"
+  (commas dropped), or MATH's last \\boxed{} of a worked solution; an answer without
+  the marker is an error naming `where`."""
+  if answer_format == "as_is":
+    return answer
+  if answer_format == "gsm8k":
+    if "####" not in answer:
+      raise ValueError(f"{where}: field 'answer' has no '#### N' line (data.answer_format="
+                       f"'gsm8k'): {answer[-60:]!r}.")
+    return answer.rsplit("####", 1)[1].strip().replace(",", "")
+  if answer_format == "boxed":
+    boxed = _boxed(answer)
+    if boxed is None:
+      raise ValueError(f"{where}: field 'answer' has no \\boxed{{...}} (data.answer_format="
+                       f"'boxed'): {answer[-60:]!r}.")
+    return boxed
+  raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}.")
+
+
 def record_to_example(record: Any, where: str, columns: Mapping[str, str] | None = None,
                       default_task: str | None = None, *, strict: bool = False,
-                      numbers: bool = True) -> Example:
+                      numbers: bool = True, answer_format: str = "as_is",
+                      task_aliases: Mapping[str, str] | None = None) -> Example:
   """One record → Example; every error names `where` (file and row) and the field.
 
   Args:
     record: the file's record (a dict).
     where: "file:line" or "file: row N", the start of every error.
-    columns: our field → dotted path in the record (unmapped fields: their own name).
+    columns: our field → dotted path in the record (unmapped fields: their own name;
+      "answer" mapped to "" means no reference column: the answer is "").
     default_task: the task of a record without the task column.
     strict: fields other than ours are an error (else they go to `metadata`, where JSON).
     numbers: a number as `answer` becomes a string (else it is a type error).
+    answer_format: how the reference is read from the answer (`reference_of`).
+    task_aliases: task values read as another task (verl's `data_source` names).
   """
   if not isinstance(record, Mapping):
     raise ValueError(f"{where}: expected an object, got {type(record).__name__}.")
@@ -102,6 +143,9 @@ def record_to_example(record: Any, where: str, columns: Mapping[str, str] | None
     if field == "task" and default_task is not None and paths["task"] not in record:
       values["task"] = default_task
       continue
+    if field == "answer" and not paths["answer"]:
+      values["answer"] = ""
+      continue
     value = _lookup(record, paths[field], f"{where}: field {field!r}")
     if (field == "answer" and numbers and isinstance(value, (int, float))
         and not isinstance(value, bool)):
@@ -115,6 +159,8 @@ def record_to_example(record: Any, where: str, columns: Mapping[str, str] | None
     if not isinstance(value, str):
       raise ValueError(f"{where}: field {field!r} must be a string; got {value!r}"[:300] + ".")
     values[field] = value
+  values["answer"] = reference_of(values["answer"], answer_format, where)
+  values["task"] = (task_aliases or {}).get(values["task"], values["task"])
   metadata = record.get(paths["metadata"])
   if metadata is None:
     metadata = {}
@@ -133,7 +179,10 @@ def record_to_example(record: Any, where: str, columns: Mapping[str, str] | None
       raise ValueError(f"{where}: field 'messages' must be a list of "
                        "{'role': str, 'content': str} objects.")
     values["messages"] = _chat(messages)
-  used = {p.split(".")[0] for p in paths.values()}
+  # The record's columns stay under their own names, the answer's and task's sources too
+  # (a reward function written for another library reads them); not the prompt's.
+  used = {field for field, path in paths.items() if path == field}
+  used.update(paths[f].split(".")[0] for f in ("prompt", "messages", "metadata"))
   for key, value in record.items():  # the rest of the record, where it is JSON
     ok, value = _json_value(value)
     if key not in used and ok:

@@ -8,10 +8,11 @@ the record, e.g. verl's Parquet files
     columns = {"prompt": "prompt", "answer": "reward_model.ground_truth", "task": "data_source"}
 
 where verl's `prompt` is a chat list: a list-valued prompt becomes `messages`, and
-`prompt` its last user turn. Parquet records (and JSONL ones read with a mapping) put their
-other columns in `metadata` (the JSON-able ones); a JSONL file without a mapping is read
-strictly (other fields are an error). Every error names the file, the row (1-based line of
-a JSONL file, 0-based row of a Parquet file) and the field.
+`prompt` its last user turn. verl's `data_source` values map to our tasks through one table
+(`VERL_DATA_SOURCES`: GSM8K and the MATH family → 'math'). Every record keeps its other
+columns in `metadata` (the JSON-able ones, the mapped answer and task columns included),
+where reward functions read them. Every error names the file, the row (1-based line of a
+JSONL file, 0-based row of a Parquet file) and the field.
 """
 
 from __future__ import annotations
@@ -30,20 +31,34 @@ from rlhf_jax.data.example import to_record
 from rlhf_jax.data.jsonl import json_lines
 from rlhf_jax.data.jsonl import write_jsonl
 
-__all__ = ["FIELDS", "read_examples", "read_tfds", "record_to_example", "write_examples"]
+__all__ = ["FIELDS", "VERL_DATA_SOURCES", "located_examples", "read_examples", "read_tfds",
+           "record_to_example", "write_examples"]
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
+# verl's `data_source` values (its reward dispatch, `default_compute_score`) → our task:
+# a verl Parquet file read with `task=data_source` is scored by the matching verifier.
+VERL_DATA_SOURCES = {
+    **dict.fromkeys(("openai/gsm8k", "gsm8k", "lighteval/MATH", "DigitalLearningGmbH/MATH-"
+                     "lighteval", "HuggingFaceH4/MATH-500", "math_dapo", "math",
+                     "math_dapo_reasoning", "numina_aops_forum", "numina_synthetic_math",
+                     "numina_amc_aime", "numina_synthetic_amc", "numina_cn_k12",
+                     "numina_olympiads", "aime2024", "aime2025", "aime24", "aime25",
+                     "amc23"), "math"),
+}
+
+
 def parse_columns(text: str) -> dict[str, str]:
-  """`data.columns` ("answer=reward_model.ground_truth,task=data_source") as a mapping."""
+  """`data.columns` ("answer=reward_model.ground_truth,task=data_source") as a mapping;
+  "answer=" (nothing after it) reads rows without a reference (the answer is "")."""
   mapping = {}
   for item in filter(None, (part.strip() for part in text.split(","))):
-    field, _, path = item.partition("=")
-    if field.strip() not in FIELDS or not path.strip():
+    field, equals, path = (p.strip() for p in item.partition("="))
+    if field not in FIELDS or not equals or (not path and field != "answer"):
       invalid("data.columns", text, f"{item!r} must be field=column with field one of "
-              f"{', '.join(FIELDS)}")
-    mapping[field.strip()] = path.strip()
+              f"{', '.join(FIELDS)} ('answer=' alone: no reference column)")
+    mapping[field] = path
   return mapping
 
 
@@ -65,32 +80,36 @@ def _suffix(path: str) -> str:
 
 
 def read_examples(path: str, *, columns: Mapping[str, str] | None = None,
-                  default_task: str | None = None) -> list[Example]:
+                  default_task: str | None = None, answer_format: str = "as_is",
+                  task_aliases: Mapping[str, str] | None = None) -> list[Example]:
   """Examples of a .jsonl/.json (one object per line) or .parquet file (module docstring).
 
   Args:
     path: the file.
     columns: our field → dotted path in the record (e.g. "reward_model.ground_truth").
     default_task: the task of records without a task column.
+    answer_format: 'as_is', 'gsm8k' (the number after "####") or 'boxed' (the last
+      \\boxed{} of a worked solution): `data.answer_format`.
+    task_aliases: task values read as another task (default: `VERL_DATA_SOURCES`).
 
   Returns:
     The examples in file order.
   """
-  suffix = _suffix(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path}: no such file.")
-  if suffix != ".parquet":
-    examples = [record_to_example(record, f"{path}:{number}", columns, default_task,
-                                  strict=not columns)
-                for number, record in json_lines(path)]
-  else:
-    pa = _pyarrow()
-    try:
-      records = pa.parquet.read_table(path).to_pylist()
-    except (pa.ArrowException, OSError) as error:  # a corrupt or non-Parquet file
-      raise ValueError(f"{path}: not a readable Parquet file ({error}).") from None
-    examples = [record_to_example(record, f"{path}: row {row}", columns, default_task)
-                for row, record in enumerate(records)]
+  return [example for _, example in located_examples(
+      path, columns=columns, default_task=default_task, answer_format=answer_format,
+      task_aliases=task_aliases)]
+
+
+def located_examples(path: str, *, columns: Mapping[str, str] | None = None,
+                     default_task: str | None = None, answer_format: str = "as_is",
+                     task_aliases: Mapping[str, str] | None = None
+                     ) -> list[tuple[str, Example]]:
+  """`read_examples`, each example with where it is ("f.jsonl:3", "f.parquet: row 2"),
+  for checks that name the row."""
+  aliases = VERL_DATA_SOURCES if task_aliases is None else task_aliases
+  examples = [(where, record_to_example(record, where, columns, default_task,
+                                        answer_format=answer_format, task_aliases=aliases))
+              for where, record in read_records(path)]
   if not examples:
     raise ValueError(f"{path}: no examples (empty file).")
   return examples
@@ -162,8 +181,12 @@ def read_records(path: str) -> list[tuple[str, Any]]:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: no such file.")
   if suffix == ".parquet":
-    return [(f"{path}: row {i}", r)
-            for i, r in enumerate(_pyarrow().parquet.read_table(path).to_pylist())]
+    pa = _pyarrow()
+    try:
+      records = pa.parquet.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as error:  # a corrupt or non-Parquet file
+      raise ValueError(f"{path}: not a readable Parquet file ({error}).") from None
+    return [(f"{path}: row {i}", r) for i, r in enumerate(records)]
   return [(f"{path}:{n}", r) for n, r in json_lines(path)]
 
 

@@ -2,7 +2,7 @@
 scorer and the PRM's step ends, from rule verifiers, reward models, judges and the
 PRM (rewards/hybrid.py routes between them per sample).
 
-    training_scorer(c, tasks, mesh)          the reward the policy is trained on
+    training_scorer(c, tasks, mesh, prompts) the reward the policy is trained on
     evaluation_scorer(c, scorer, tasks)      held-out accuracy: always the verifiers'
     step_end_ids(c, tokenizer)               where the PRM's step rewards land (or None)
     prefix_value_scorer(directory, c, mesh)  a PRM that scores partial responses
@@ -22,6 +22,8 @@ from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import config as reward_config_lib
+from rlhf_jax.rewards.function_scorer import FunctionScorer
+from rlhf_jax.rewards.functions import parse_reward_config
 from rlhf_jax.rewards.genrm import GenRMScorer
 from rlhf_jax.rewards.hybrid import RoutedScorer
 from rlhf_jax.rewards.hybrid import hybrid_chooser
@@ -139,24 +141,34 @@ def verifiers(c, tasks: Sequence[str]) -> Scorer:
                       f"{error}") from None
 
 
+def scores_any_task(c) -> bool:
+  """Whether the reward scores samples of any task (a reward function or a model route),
+  not only the registered tasks' (tasks/registry.py)."""
+  return bool(c.reward.function) or c.reward.route != "verifier"
+
+
 def uses_models(c) -> bool:
   """Whether the reward needs a model (a route other than the verifiers, or a PRM)."""
   return c.reward.route != "verifier" or bool(c.reward.process.checkpoint)
 
 
-def training_scorer(c, tasks: Sequence[str], mesh) -> Scorer:
+def training_scorer(c, tasks: Sequence[str], mesh, prompts=None) -> Scorer:
   """The run's scorer (`reward.route`): the rule verifiers of `tasks` alone for route
-  'verifier', else a RoutedScorer over the model routes (and the verifiers for
-  'hybrid'), with a monitor of the rule verifiers; plus the PRM's step rewards when
-  `reward.process.checkpoint` is set. Models load onto `mesh`."""
+  'verifier' (or `reward.function`'s scorer when set), else a RoutedScorer over the model
+  routes (and the verifiers and the function for 'hybrid'), with a monitor of the rule
+  verifiers; plus the PRM's step rewards when `reward.process.checkpoint` is set. Models
+  load onto `mesh`; `prompts` (the run's PromptFormat) renders the prompts a reward
+  function is given."""
   r = c.reward
+  verifiable = [t for t in tasks if has_verifier(t)]
   if r.route == "verifier":
-    scorer = verifiers(c, tasks)
+    scorer = function_scorer(c, verifiable, prompts) if r.function else verifiers(c, tasks)
   else:
     routes = build_model_routes(c, mesh)
-    verifiable = [t for t in tasks if has_verifier(t)]
     if r.route == "hybrid" and verifiable:
       routes["verifier"] = verifiers(c, verifiable)
+    if r.route == "hybrid" and r.function:
+      routes["function"] = function_scorer(c, (), prompts)
     choose = (hybrid_chooser(routes, verifiable, reference_key=r.genrm.reference_key)
               if r.route == "hybrid" else (lambda example, route=r.route: route))
     monitor = verifiers(c, verifiable) if r.monitor and verifiable else None
@@ -172,11 +184,26 @@ def training_scorer(c, tasks: Sequence[str], mesh) -> Scorer:
   return scorer
 
 
+def function_scorer(c, monitor_tasks: Sequence[str], prompts) -> Scorer:
+  """`reward.function`'s scorer; the rule verifiers of `monitor_tasks` judge correctness
+  (the true accuracy) beside it. `prompts`: the run's PromptFormat."""
+  if prompts is None:
+    raise ValueError("reward.function needs the run's PromptFormat (training_scorer("
+                     "..., prompts=policy.prompts)).")
+  r = c.reward
+  monitor = verifiers(c, monitor_tasks) if monitor_tasks else None
+  return FunctionScorer(parse_reward_config(r), render_prompt=prompts.decoded,
+                        encode=prompts.tokenizer.encode, monitor=monitor,
+                        monitor_tasks=monitor_tasks, failure_score=r.failure_score,
+                        timeout_s=r.timeout_s, workers=r.workers)
+
+
 def evaluation_scorer(c, scorer: Scorer, tasks: Sequence[str]) -> Scorer:
   """The scorer of held-out accuracy: the rule verifiers of `tasks` (the true accuracy)
-  whenever the training reward is a model and every task has a verifier, else
-  `scorer` itself."""
-  if uses_models(c) and tasks and all(has_verifier(t) for t in tasks):
+  whenever the training reward is a model or a reward function and every task has a
+  verifier, else `scorer` itself."""
+  if ((uses_models(c) or c.reward.function) and tasks
+      and all(has_verifier(t) for t in tasks)):
     return verifiers(c, tasks)
   return scorer
 

@@ -20,6 +20,7 @@ from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 from rlhf_jax.config_errors import reword
+from rlhf_jax.rewards import functions
 from rlhf_jax.rewards import genrm
 from rlhf_jax.rewards import hybrid
 from rlhf_jax.rewards import pairwise
@@ -97,9 +98,12 @@ def validate_reward_models(c) -> None:
   r = c.reward
   one_of("reward.route", r.route, hybrid.ROUTE_MODES)
   routes = routes_needed(r)
-  if r.route == "hybrid" and not routes:
+  if r.route == "hybrid" and not routes and not r.function:
     invalid("reward.route", r.route, "needs at least one of reward.rm.checkpoint, "
-            "reward.genrm.checkpoint")
+            "reward.genrm.checkpoint, reward.function")
+  if r.function and r.route not in ("verifier", "hybrid"):
+    invalid("reward.function", r.function, f"must be empty with reward.route={r.route!r} "
+            "(a function is the reward with route 'verifier', or a route of 'hybrid')")
   served = (" (a served judge: its tokenizer and prompt format are read from here)"
             if r.judge_sampler.address else "")
   for route in routes:
@@ -176,6 +180,16 @@ def _validate_process_and_critic(c) -> None:
     if not ppo_config.uses_critic(c.algorithm):
       invalid("critic.init_from", c.critic.init_from, "must be empty without a critic "
               "(algorithm.advantage.estimator 'gae')")
+
+
+def validate_reward_functions(r) -> None:
+  """`reward.function` / `function_weights`: each function imports and fits TRL's or
+  verl's signature (rewards/functions.py), before any work."""
+  if r.function_weights and not r.function:
+    invalid("reward.function_weights", r.function_weights, "must be empty without "
+            "reward.function")
+  if r.function:
+    functions.parse_reward_config(r)
 
 
 def validate_rule_rewards(r) -> None:

@@ -5,6 +5,7 @@ arXiv:2503.22230 §3; ALGORITHMS.md §6).
 samples, mean score, failure rate). The config's `reward.route` picks a single route for
 all samples, or 'hybrid': per sample the first that applies of
   verifier         the task has a rule verifier (or the code sandbox)
+  function         `reward.function` is set (rewards/functions.py)
   genrm_gt         the example has a ground-truth answer (GenRM w/ GT)
   genrm_reference  the example has a reference response (GenRM w/ SFT-BoN)
   rm               the Bradley–Terry reward model
@@ -30,7 +31,7 @@ from rlhf_jax.rewards.scorer import ScorerBase
 
 ROUTES = ("verifier", "genrm_gt", "genrm_reference", "rm", "pairwise")
 ROUTE_MODES = ROUTES + ("hybrid",)
-HYBRID_ORDER = ("verifier", "genrm_gt", "genrm_reference", "rm")
+HYBRID_ORDER = ("verifier", "function", "genrm_gt", "genrm_reference", "rm")
 
 
 def hybrid_chooser(routes: Mapping[str, Scorer], verifier_tasks: Sequence[str], *,

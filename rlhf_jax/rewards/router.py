@@ -23,20 +23,23 @@ from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import gather_scores
 from rlhf_jax.rewards.scorer import guarded_score
 from rlhf_jax.rewards.workers import KillablePool
-from rlhf_jax.tasks import arith
-from rlhf_jax.tasks import toolcalc
+from rlhf_jax.tasks import registry
 from rlhf_jax.rewards.scorer import ScorerBase
 
 Verifier = Callable[[str, str], "Judgement | bool | float"]
 
-BUILTIN_VERIFIERS: dict[str, Verifier] = {arith.TASK: arith.verify,
-                                          toolcalc.TASK: toolcalc.verify}
-CODE_TASKS = frozenset({"code", "pycalc"})  # scored by the sandbox (rewards/code.py)
-
 
 def has_verifier(task: str) -> bool:
-  """Whether `router_for_tasks` has a rule scorer for `task` (a verifier or the sandbox)."""
-  return task in BUILTIN_VERIFIERS or task in CODE_TASKS or task == "math"
+  """Whether `router_for_tasks` has a rule scorer for `task` (a registered task:
+  tasks/registry.py)."""
+  return registry.is_known(task)
+
+
+def rule_verifiers(tasks=None) -> dict[str, Verifier]:
+  """task → verifier of the registered tasks scored by a plain rule (of `tasks`, or all)."""
+  return {name: task.verifier for name in registry.known_tasks()
+          if (task := registry.get_task(name)).scoring == "verifier"
+          and (tasks is None or name in tasks)}
 
 
 class VerifierScorer(ScorerBase):
@@ -121,7 +124,7 @@ class RewardRouter(ScorerBase):
                scorers: Mapping[str, Scorer] | None = None, correct_score: float = 1.0,
                wrong_score: float = 0.0, failure_score: float = 0.0, timeout_s: float = 5.0,
                max_workers: int = 2):
-    verifiers = dict(BUILTIN_VERIFIERS if verifiers is None else verifiers)
+    verifiers = dict(rule_verifiers() if verifiers is None else verifiers)
     self.failure_score = failure_score
     self.scorers: dict[str, Scorer] = {}
     if verifiers:
@@ -189,22 +192,27 @@ def router_for_tasks(tasks: Sequence[str], *, correct_score: float = 1.0,
                      sandbox_timeout_s: float = 5.0, sandbox_memory_mb: int = 512,
                      sandbox_workers: int | None = None,
                      sandbox_isolation: str = "namespaces") -> RewardRouter:
-  """The router of the built-in scorers that `tasks` need: arith's, toolcalc's and math's rule
-  verifiers (`math` needs math-verify) and the code sandbox for 'code' and 'pycalc'.
+  """The router of the rule scorers that `tasks` need, by the task table (tasks/registry.py):
+  the registered verifiers, math's equivalence (`math` needs math-verify) and the code
+  sandbox for the 'sandbox' tasks ('code', 'pycalc').
 
   Raises:
     ImportError: math-verify is missing for a 'math' task.
     rewards.sandbox.SandboxUnavailable: a code task, and the sandbox cannot start here.
   """
   tasks = set(tasks)
-  verifiers: dict[str, Verifier] = dict(BUILTIN_VERIFIERS)
-  if "math" in tasks:
+  verifiers = rule_verifiers()
+  math_tasks = [t for t in sorted(tasks)
+                if registry.is_known(t) and registry.get_task(t).scoring == "math"]
+  if math_tasks:
     from rlhf_jax.rewards import math as math_lib  # pylint: disable=import-outside-toplevel
     math_lib.check_extractor(math_extractor)
-    verifiers["math"] = functools.partial(math_lib.verify, extractor=math_extractor)
+    verifiers.update({t: functools.partial(math_lib.verify, extractor=math_extractor)
+                      for t in math_tasks})
   scores = dict(correct_score=correct_score, wrong_score=wrong_score)
   scorers = {}
-  code_tasks = sorted(tasks & CODE_TASKS)
+  code_tasks = sorted(t for t in tasks
+                      if registry.is_known(t) and registry.get_task(t).scoring == "sandbox")
   if code_tasks:
     from rlhf_jax.rewards import code  # pylint: disable=import-outside-toplevel
     from rlhf_jax.rewards import sandbox  # pylint: disable=import-outside-toplevel

@@ -15,6 +15,7 @@ import numpy as np
 from rlhf_jax.algorithms.batch import RolloutBatch
 from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
+from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import Scores
 from rlhf_jax.sampling import SamplingParams
@@ -99,34 +100,30 @@ class GroupGenerator:
   Args:
     sampler: the in-process scheduler or a server client.
     scorer: the reward (a RewardRouter, a reward model, ...).
-    tokenizer: the policy's tokenizer (`encode`, `decode`, `eos_id`, `pad_id`).
+    prompts: the run's `data.prompts.PromptFormat` (tokenizer, prefix, chat template,
+      prompt length P: a longer prompt is an error).
     sampling: the training SamplingParams (n = G); each call gets a fresh seed.
-    prefix: token ids put before every prompt.
-    prompt_length: P, the longest prompt in tokens (longer is an error).
     seed: seeds the per-call sampling seeds (its state is checkpointed).
     step_end_ids: the tokens that end a step (`prm.step_end_token_ids`) when the scorer
       returns step scores, which are then placed at those tokens; None: no PRM.
   """
 
-  def __init__(self, sampler: Sampler, scorer: Scorer, tokenizer, *, sampling: SamplingParams,
-               prefix: Sequence[int], prompt_length: int, seed: int,
+  def __init__(self, sampler: Sampler, scorer: Scorer, prompts: PromptFormat, *,
+               sampling: SamplingParams, seed: int,
                step_end_ids: frozenset[int] | None = None):
     self.sampler = sampler
     self.scorer = scorer
-    self.tokenizer = tokenizer
+    self.prompts = prompts
+    self.tokenizer = prompts.tokenizer
     self.sampling = sampling
-    self.prefix = list(prefix)
-    self.prompt_length = prompt_length
+    self.prompt_length = prompts.prompt_length
     self.rng = np.random.default_rng(seed)
     self.step_end_ids = step_end_ids
 
   def encode(self, example: Example) -> list[int]:
-    """Prompt token ids (prefix + text); a prompt longer than P is an error."""
-    ids = self.prefix + self.tokenizer.encode(example.prompt)
-    if len(ids) > self.prompt_length:
-      raise ValueError(f"a prompt has {len(ids)} tokens, more than data.prompt_length="
-                       f"{self.prompt_length}: {example.prompt[:60]!r}...")
-    return ids
+    """Prompt token ids (`PromptFormat.encode`: prefix + rendered text); a prompt longer
+    than P is an error."""
+    return self.prompts.encode(example)
 
   def next_seed(self) -> int:
     """A fresh sampling seed."""

@@ -22,17 +22,19 @@ from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import PromptStream
 from rlhf_jax.data import read_labelled
 from rlhf_jax.parallel import run_in_chunks
+from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.rollout.generation import Group
 from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.rollout.generation import pack_groups
 from rlhf_jax.rollout.base import StreamRollout
 
 
-def encode_groups(labelled: Sequence[LabelledGroup], tokenizer, *, prefix: Sequence[int],
-                  prompt_length: int, response_length: int, group_size: int,
+def encode_groups(labelled: Sequence[LabelledGroup], prompts: PromptFormat, *,
+                  response_length: int, group_size: int,
                   pairs: bool = False) -> tuple[list[Group], dict[str, int]]:
   """Token-level Groups of `group_size` responses (response + EOS) from labelled groups,
-  and counts: `dropped` groups, `truncated` responses.
+  and counts: `dropped` groups, `truncated` responses. Prompts are rendered by `prompts`
+  (the run's PromptFormat: prefix, chat template, prompt length).
 
   With group_size 2, groups are reduced to their best and worst responses (the first
   is the chosen one) and groups without a preference are dropped; otherwise every group must have exactly
@@ -54,15 +56,13 @@ def encode_groups(labelled: Sequence[LabelledGroup], tokenizer, *, prefix: Seque
       raise ValueError(f"offline group {index} has {len(item.responses)} responses; set "
                        f"rollout.group_size={len(item.responses)} (it is {group_size}): "
                        "every group of the file must have that many.")
+    tokenizer = prompts.tokenizer
+    prompt = prompts.encode(item.example, f"offline group {index}")
     try:
-      prompt = list(prefix) + tokenizer.encode(item.example.prompt)
       responses = [tokenizer.encode(text) + [tokenizer.eos_id] for text in item.responses]
     except Exception as error:  # pylint: disable=broad-except  # the tokenizers library's own
       raise ValueError(f"offline group {index}: the policy's tokenizer cannot encode it "
                        f"({error})") from None
-    if len(prompt) > prompt_length:
-      raise ValueError(f"offline group {index}: the prompt has {len(prompt)} tokens, more "
-                       f"than data.prompt_length={prompt_length}.")
     truncated = [len(r) > response_length for r in responses]
     counts["truncated"] += sum(truncated)
     responses = [r[:response_length] for r in responses]
@@ -133,8 +133,7 @@ def offline_rollout(c, policy, path: str, log: Callable[[str], None] = print
   `policy` (model, params, tokenizer, prefix), with the policy's log-probs of every
   response cached (one forward pass over the data) in the rows' `sampler_logprobs`."""
   try:
-    groups, counts = encode_groups(read_labelled(path), policy.tokenizer, prefix=policy.prefix,
-                                   prompt_length=c.data.prompt_length,
+    groups, counts = encode_groups(read_labelled(path), policy.prompts,
                                    response_length=c.rollout.max_new_tokens,
                                    group_size=c.rollout.group_size,
                                    pairs=c.algorithm.learner == "dpo")

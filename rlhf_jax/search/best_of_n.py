@@ -60,7 +60,7 @@ def run_method(name, scheduler, scorer, verifier, policy, examples, sampling, *,
   """One method over every prompt of `examples`; its summary row."""
   search = SpeculativeRejection(scheduler, scorer, policy.tokenizer, n_init=n,
                                 decision_tokens=decisions, rejection_rate=rate)
-  ids = [policy.prefix + policy.tokenizer.encode(e.prompt) for e in examples]
+  ids = policy.prompts.encode_all(examples)
   result = search.run(examples, ids, sampling)
   out = {"method": name, "n": n, "decision_tokens": list(decisions), "rejection_rate": rate,
          "prompts": len(examples), "reward_mean": float(np.mean(result.scores)),
@@ -84,7 +84,7 @@ def run_best_of_n(c, workdir: str, options: BestOfNOptions) -> Iterator[dict[str
     raise ConfigError("config.data.eval_file: best-of-n needs held-out prompts")
   tasks = sorted({e.task for e in examples})
   scorer = (reward_build.prefix_value_scorer(options.prm, c, mesh) if options.prm
-            else reward_build.training_scorer(c, tasks, mesh))
+            else reward_build.training_scorer(c, tasks, mesh, policy.prompts))
   verifier = (reward_build.verifiers(c, tasks) if all(has_verifier(t) for t in tasks)
               else None)
   scheduler = build.build_sampler(c, policy, mesh)

@@ -76,7 +76,7 @@ def evaluate(name, sampler, reference, policy, examples, verifier, c, *, samples
   """Accuracy and mean KL to π_ref (Σ_t log π/π_ref of the sampled tokens, per response)
   of `samples` T=1 samples per held-out prompt."""
   tok = policy.tokenizer
-  prompts = [policy.prefix + tok.encode(e.prompt) for e in examples]
+  prompts = policy.prompts.encode_all(examples)
   out = sampler.generate(prompts, SamplingParams(
       n=samples, max_new_tokens=c.rollout.max_new_tokens, stop_token_ids=(tok.eos_id,),
       seed=seed))
@@ -100,10 +100,10 @@ def best_of_n_rows(c, options: QSharpOptions, sampler, policy, held_out, verifie
   """Held-out accuracy of Best-of-N by the reward section's scorer, for each N."""
   if not options.bon_n:
     return
-  scorer = reward_build.training_scorer(c, tasks, mesh)
+  scorer = reward_build.training_scorer(c, tasks, mesh, policy.prompts)
   sampling = dataclasses.replace(
       rollout_config_lib.sampling_params(c.rollout, (policy.tokenizer.eos_id,)), seed=c.seed)
-  prompts = [policy.prefix + policy.tokenizer.encode(e.prompt) for e in held_out]
+  prompts = policy.prompts.encode_all(held_out)
   try:
     for n in map(int, options.bon_n):
       result = SpeculativeRejection(sampler, scorer, policy.tokenizer, n_init=n).run(
@@ -165,7 +165,7 @@ def _collect_round(c, options, policy, ref_sampler, guided, verifier, examples, 
   """One DAgger round: roll in (guided, after round 0) and out (π_ref), label by the
   verifier, and add the rows to `data`; returns (data, the round's labels)."""
   rows, responses, switches = qsharp_fit.rollouts(
-      ref_sampler, guided, [policy.prefix + policy.tokenizer.encode(e.prompt) for e in examples],
+      ref_sampler, guided, policy.prompts.encode_all(examples),
       samples=options.samples, max_new_tokens=c.rollout.max_new_tokens,
       stop=(policy.tokenizer.eos_id,), seed=seed)
   labelled = verifier.score([e for e in examples for _ in range(options.samples)],

@@ -22,8 +22,11 @@ from rlhf_jax.data import CurriculumStream
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
 from rlhf_jax.data import parse_curriculum
-from rlhf_jax.data import read_examples
-from rlhf_jax.data.sources import parse_columns
+from rlhf_jax.data import config as data_config_lib
+from rlhf_jax.data.prompts import PromptError
+from rlhf_jax.data.prompts import PromptFormat
+from rlhf_jax.data.prompts import check_prompts
+from rlhf_jax.data.sources import located_examples
 from rlhf_jax.models.run_config import model_layout
 from rlhf_jax.models.run_config import model_numerics
 from rlhf_jax.rewards import Scorer
@@ -36,9 +39,7 @@ from rlhf_jax.rollout.offline import offline_rollout
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.sampling import config as sampler_config_lib
-from rlhf_jax.tasks import arith
-from rlhf_jax.tasks import pycalc
-from rlhf_jax.tasks import toolcalc
+from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.training.evaluation import evaluate_episodes
 from rlhf_jax.training.evaluation import evaluate_policy
 
@@ -46,12 +47,21 @@ from rlhf_jax.training.evaluation import evaluate_policy
 @dataclasses.dataclass
 class Policy:
   """The initial policy as loaded: model (trainer numerics), params on the mesh,
-  tokenizer and prompt prefix."""
+  tokenizer, prompt prefix, and how the run's prompts become its tokens (`prompts`)."""
   model: Any
   params: Any
   tokenizer: Any
   prefix: list[int]
   prefix_tokens: list[str]
+  prompts: PromptFormat | None = None
+
+
+def prompt_format(c, tokenizer, prefix) -> PromptFormat:
+  """The run's prompt rendering (`data.chat_template`, `data.system_prompt`,
+  `data.prompt_length`) for a policy's tokenizer and prefix."""
+  return PromptFormat(tokenizer, tuple(prefix), chat_template=c.data.chat_template,
+                      system_prompt=c.data.system_prompt,
+                      prompt_length=c.data.prompt_length)
 
 
 def trainer_mesh(c) -> jax.sharding.Mesh:
@@ -125,28 +135,70 @@ def load_policy(c, workdir: str, mesh) -> Policy:
   tokenizer = models.Tokenizer.from_directory(directory)
   prefix = models.load_prompt_prefix(directory, tokenizer)
   return Policy(model=model, params=params, tokenizer=tokenizer, prefix=prefix,
-                prefix_tokens=[tokenizer.backend.id_to_token(i) for i in prefix])
+                prefix_tokens=[tokenizer.backend.id_to_token(i) for i in prefix],
+                prompts=prompt_format(c, tokenizer, prefix))
 
 
-GENERATED = {arith.TASK: arith.examples, pycalc.TASK: pycalc.examples,
-             toolcalc.TASK: toolcalc.examples}
-
-
-def load_examples(c) -> tuple[list[Example], list[Example]]:
-  """Training and held-out examples (JSONL files, or generated `data.task` problems)."""
+def load_examples(c, prompts: PromptFormat | None = None
+                  ) -> tuple[list[Example], list[Example]]:
+  """Training and held-out examples (`data.train_file` / `eval_file` read with the
+  section's row layout, or generated `data.task` problems), checked before any work:
+  every row's task has a scorer (`check_tasks`) and, with `prompts`, every prompt renders
+  and fits `data.prompt_length`. Errors are ConfigErrors naming the field, file and row."""
   levels, weights = tuple(c.data.levels), tuple(c.data.level_weights)
-  generate = GENERATED[c.data.task]
-  columns = parse_columns(c.data.columns)
-  if c.data.train_file:
-    train = read_examples(c.data.train_file, columns=columns)
-  else:  # generated arith problems; an hf run on offline data needs no prompts
-    train = generate(c.seed + 1, c.data.num_train, levels, weights) if c.variant == "arith" else []
-  if c.data.eval_file:
-    held_out = read_examples(c.data.eval_file, columns=columns)
-  else:
-    held_out = (generate(c.seed + 2, c.data.num_eval, levels, weights)
-                if c.variant == "arith" else [])
-  return train, held_out
+  generate = task_registry.get_task(c.data.task).generate
+  located = {}
+  for field in ("train_file", "eval_file"):
+    if c.data[field]:
+      located[field] = _read_located(c, field)
+    elif c.variant == "arith":  # generated problems (other seeds for the held-out ones)
+      seed, count = (1, c.data.num_train) if field == "train_file" else (2, c.data.num_eval)
+      located[field] = [(f"generated {c.data.task} problem {i}", e) for i, e in
+                        enumerate(generate(c.seed + seed, count, levels, weights))]
+    else:  # an hf run on offline data needs no prompts
+      located[field] = []
+  for field, rows in located.items():
+    check_tasks(c, field, rows)
+    if prompts is not None and c.data[field]:  # generated problems fit by construction
+      try:
+        check_prompts(prompts, rows)
+      except PromptError as error:
+        raise ConfigError(f"config.data.{field}: {error}") from None
+  return ([e for _, e in located["train_file"]], [e for _, e in located["eval_file"]])
+
+
+def _read_located(c, field: str) -> list[tuple[str, Example]]:
+  try:
+    return located_examples(c.data[field], **data_config_lib.read_options(c.data))
+  except (OSError, ValueError) as error:
+    raise ConfigError(f"config.data.{field}: {error}") from None
+
+
+def check_tasks(c, field: str, located: list[tuple[str, Example]]) -> None:
+  """Every row's task has a scorer: a registered task (tasks/registry.py), or any task
+  when `reward.function` or a model route scores the samples; else a ConfigError naming
+  the row, the task and the ways out."""
+  if reward_build.scores_any_task(c):
+    return
+  for where, example in located:
+    if not task_registry.is_known(example.task):
+      raise ConfigError(
+          f"config.data.{field}: {where}: no scorer for task {example.task!r} (known: "
+          f"{', '.join(task_registry.known_tasks())}); score it with reward.function="
+          "'module:fn', or give the rows a known task (data.default_task, or data.columns="
+          "'task=<column>', e.g. task=ability for verl files)")
+
+
+def check_data(c, workdir: str) -> None:
+  """`load_examples` with the policy's tokenizer when its checkpoint is there already
+  (`--validate_only`: the data files, their schema and every prompt's length, before
+  "config ok"; nothing loads onto a device)."""
+  directory = policy_checkpoint_dir(c, workdir)
+  prompts = None
+  if os.path.exists(os.path.join(directory, "tokenizer.json")):
+    tokenizer = models.Tokenizer.from_directory(directory)
+    prompts = prompt_format(c, tokenizer, models.load_prompt_prefix(directory, tokenizer))
+  load_examples(c, prompts)
 
 
 def generation_params(c, policy: Policy, params, mesh):
@@ -231,9 +283,8 @@ def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
   if c.rollout.mode == "offline":
     return offline_rollout(c, policy, offline_path(c, workdir), log=log)
   stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
-  generator = GroupGenerator(sampler, scorer, policy.tokenizer,
+  generator = GroupGenerator(sampler, scorer, policy.prompts,
                              sampling=rollout_config_lib.sampling_params(c.rollout, stop),
-                             prefix=policy.prefix, prompt_length=c.data.prompt_length,
                              seed=c.seed,
                              step_end_ids=reward_build.step_end_ids(c, policy.tokenizer))
   if c.data.curriculum:
@@ -265,5 +316,5 @@ def build_evaluator(c, policy: Policy, sampler, rollout: Rollout, held_out: list
     while not isinstance(episodes, MultiTurnRollout):  # unwrap the rollout's wrappers
       episodes = episodes.inner
     return functools.partial(evaluate_episodes, episodes, held_out, scorer)
-  return functools.partial(evaluate_policy, sampler, policy.tokenizer, held_out, scorer,
-                           prefix=policy.prefix, max_new_tokens=c.rollout.max_new_tokens)
+  return functools.partial(evaluate_policy, sampler, policy.prompts, held_out, scorer,
+                           max_new_tokens=c.rollout.max_new_tokens)

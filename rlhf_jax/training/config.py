@@ -27,7 +27,7 @@ from rlhf_jax.config_errors import at_least
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
-from rlhf_jax.data.curriculum import parse_curriculum
+from rlhf_jax.data import config as data_config_lib
 from rlhf_jax.data.sources import parse_columns
 from rlhf_jax.envs import config as env_config_lib
 from rlhf_jax.models.run_config import model_config
@@ -37,6 +37,7 @@ from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.sampling import config as sampler_config_lib
+from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
 from rlhf_jax.tasks.arith import LEVELS as ARITH_LEVELS
 
@@ -60,31 +61,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
 
   c.model = model_config(arith)
 
-  c.data = ml_collections.ConfigDict()
-  c.data.train_file = ""  # .jsonl/.parquet of prompts (prompt, answer, task); arith: empty = generated.
-  c.data.eval_file = ""  # Held-out prompts, same formats; arith: empty = generated (other seeds).
-  # Other schemas: our field = the file's dotted column, e.g. verl's Parquet layout
-  # "answer=reward_model.ground_truth,task=data_source" (a chat-list prompt becomes messages).
-  c.data.columns = ""
-  # Task schedule (data/curriculum.py), e.g. "math:1,code:1@50; math:1,code:1,arith:2":
-  # per phase the tasks' shares of each step's prompts; empty: the file's mix, shuffled.
-  c.data.curriculum = ""
-  # arith variant: the built-in task: 'arith' (worked solutions, verified by the answer
-  # line), 'pycalc' (a program run in the sandbox) or 'toolcalc' (products, a calculator).
-  c.data.task = "arith"
-  c.data.levels = (1, 2)  # arith difficulty levels of generated problems.
-  c.data.level_weights = (1.0, 1.0)  # arith: sampling weight of each level.
-  c.data.num_train = 20000  # arith: generated training prompts.
-  c.data.num_eval = 256  # arith: generated held-out prompts (eval every eval_every steps).
-  c.data.prompt_length = 64 if arith else 512  # P: prompt tokens (left-padded; longer = error).
-  c.data.shuffle = True  # Shuffle the prompts each epoch (False: file order).
-  # rollout.mode 'offline' (DPO, DQO): .jsonl/.parquet of labelled samples (prompt,
-  # responses, scores) or pairs (prompt, chosen, rejected); arith: empty = labelled
-  # samples of the warm start written to <workdir>/offline.jsonl first (the same as
-  # launch/label_samples.py).
-  c.data.offline_file = ""
-  c.data.offline_prompts = 2000  # Labelled samples: training prompts sampled ...
-  c.data.offline_samples = 8  # ... and responses per prompt (the SFT policy's, verified).
+  c.data = data_config_lib.data_config(arith)
 
   c.sft = ml_collections.ConfigDict()  # arith warm start (launch/sft.py, or train.py when missing)
   c.sft.steps = 450  # SFT steps.
@@ -118,6 +95,12 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   # (\boxed{}, else an "Answer:" line, else GSM8K's "#### N"), 'boxed', 'answer_line',
   # 'gsm8k', 'last_number', or 're:<regex with one group>'.
   c.reward.math_extractor = "auto"
+  # Reward functions of your own (rewards/functions.py): "package.module:fn" or
+  # "path/file.py:fn", several as "a:f,b:g"; TRL's fn(prompts, completions, **columns) or
+  # verl's compute_score(data_source, solution_str, ground_truth, extra_info). Set, they
+  # are the training reward of every sample (the verifiers still measure accuracy).
+  c.reward.function = ""
+  c.reward.function_weights = ""  # Their weights, "1.0,0.5" (empty: 1 each).
   c.reward.sandbox = ml_collections.ConfigDict()  # code tasks ('code', 'pycalc'): rewards/code.py
   c.reward.sandbox.timeout_s = 5.0  # Wall clock (and CPU seconds) per program.
   c.reward.sandbox.memory_mb = 512  # Address space per program.
@@ -220,6 +203,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   validate_data(c)
   validate_sft(c.sft)
   reward_config_lib.validate_rule_rewards(c.reward)
+  reward_config_lib.validate_reward_functions(c.reward)
   reward_config_lib.validate_reward_models(c)
   validate_optimizer(c.optimizer)
   validate_train(c, rows=rows)
@@ -304,7 +288,6 @@ def _validate_offline(c, *, labelling: bool) -> None:
 
 # ------------------------------------------------------------------ the trainer's sections
 
-GENERATED_TASKS = ("arith", "pycalc", "toolcalc")  # data.task of the arith variant
 _SEED_MAX = 2**32 - 1  # numpy and the sampler take 32-bit seeds
 
 
@@ -321,21 +304,13 @@ def check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
 
 
 def validate_data(c) -> None:
-  """`data.*`: the task, levels, counts, files and the column and curriculum texts."""
+  """`data.*`: the package's fields (data/config.py), then the task and levels."""
   d = c.data
-  one_of("data.task", d.task, GENERATED_TASKS)
+  data_config_lib.validate_data_fields(d)
+  one_of("data.task", d.task, task_registry.generated_tasks())
   _check_levels("data", d.levels, d.level_weights)
-  at_least(d, "data", ("num_train", "num_eval", "prompt_length", "offline_prompts",
-                       "offline_samples"))
   if c.variant == "arith" and d.task == toolcalc.TASK:
     toolcalc.validate_run(c)
-  for field in ("train_file", "eval_file"):
-    if d[field] and not os.path.isfile(d[field]):
-      invalid(f"data.{field}", d[field], "must be an existing .jsonl/.parquet file (or empty: "
-              "generated problems for arith)")
-  parse_columns(d.columns)
-  if d.curriculum:
-    parse_curriculum(d.curriculum)
 
 
 def validate_sft(sft) -> None:

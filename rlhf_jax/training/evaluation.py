@@ -29,19 +29,18 @@ def example_group(example: Example) -> str:
   return f"L{level}" if level is not None else example.task
 
 
-def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], scorer, *,
-                    prefix: Sequence[int], samples: int, temperature: float,
-                    max_new_tokens: int, seed: int = 0,
+def evaluate_policy(sampler, prompts, examples: Sequence[Example], scorer, *,
+                    samples: int, temperature: float, max_new_tokens: int, seed: int = 0,
                     fire: FireSchedule | None = None) -> dict[str, float]:
   """avg@n accuracy (overall and per `example_group` as "accuracy/<group>"), pass@k for
   k = 1, 2, 4, ... ≤ n, mean response length (`summarize_accuracy`).
 
   Args:
     sampler: a `Sampler` (the in-process Scheduler or a SamplerClient).
-    tokenizer: the policy's tokenizer.
+    prompts: the run's `data.prompts.PromptFormat` (the policy's tokenizer, prefix and
+      chat template).
     examples: prompts with answers and tasks.
     scorer: a `Scorer` (e.g. the RewardRouter of the training verifiers).
-    prefix: token ids before each prompt.
     samples: n samples per prompt (1 with temperature 0 = greedy accuracy).
     temperature: sampling temperature (0 = greedy).
     max_new_tokens: response cap.
@@ -49,10 +48,11 @@ def evaluate_policy(sampler, tokenizer, examples: Sequence[Example], scorer, *,
     fire: FIRE's hot first token (and, with `every_line`, hot line starts; Chen et al.
       arXiv:2410.21236), or None for regular sampling.
   """
-  prompts = [list(prefix) + tokenizer.encode(e.prompt) for e in examples]
+  tokenizer = prompts.tokenizer
+  prompt_ids = prompts.encode_all(examples)
   params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
                           stop_token_ids=(tokenizer.eos_id,), n=samples, seed=seed, fire=fire)
-  out = sampler.generate(prompts, params)
+  out = sampler.generate(prompt_ids, params)
   pairs = [(example, tokenizer.decode(c.token_ids)) for example, group in zip(examples, out)
            for c in group]
   scored = scorer.score([e for e, _ in pairs], [text for _, text in pairs])

@@ -59,10 +59,11 @@ class Trainer:
     os.makedirs(workdir, exist_ok=True)
     self.mesh = build.trainer_mesh(c)
     self.policy = build.load_policy(c, workdir, self.mesh)
-    self.train_examples, self.held_out = build.load_examples(c)
+    self.train_examples, self.held_out = build.load_examples(c, self.policy.prompts)
     tasks = sorted({e.task for e in self.train_examples + self.held_out})
     self.scorer = (scorer if scorer is not None else
-                   reward_build.training_scorer(c, tasks, self.mesh))
+                   reward_build.training_scorer(c, tasks, self.mesh,
+                                                 self.policy.prompts))
     # Held-out accuracy is the rule verifiers' (the true one) whatever the reward is.
     self.eval_scorer = (self.scorer if scorer is not None else reward_build.evaluation_scorer(
         c, self.scorer, sorted({e.task for e in self.held_out})))

@@ -143,8 +143,7 @@ def label_samples(c, policy, sampler, scorer, examples, *, chunk: int = 256,
   stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
   sampling = dataclasses.replace(rollout_config_lib.sampling_params(c.rollout, stop),
                                  n=c.data.offline_samples)
-  generator = GroupGenerator(sampler, scorer, policy.tokenizer, sampling=sampling,
-                             prefix=policy.prefix, prompt_length=c.data.prompt_length,
+  generator = GroupGenerator(sampler, scorer, policy.prompts, sampling=sampling,
                              seed=c.seed + 4049)
   out = []
   for start in range(0, len(examples), chunk):

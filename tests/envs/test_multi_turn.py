@@ -8,6 +8,7 @@ its own episode."""
 import numpy as np
 import pytest
 
+from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.data import Example
@@ -49,9 +50,9 @@ def rollout(prompts, *, placement="sum", factory="Echo", timeout_s=5.0, turn_end
   scheduler = Scheduler(sampling.Engine(MODEL, num_slots=4, cache_length=64), PARAMS,
                         prompt_buckets=(16, 32, 63))
   generator = GroupGenerator(
-      scheduler, LengthScorer(), TOKENIZER,
+      scheduler, LengthScorer(), PromptFormat(TOKENIZER, prompt_length=PROMPT_LENGTH),
       sampling=sampling.SamplingParams(temperature=1.0, max_new_tokens=TURN_CAP, n=G),
-      prefix=[], prompt_length=PROMPT_LENGTH, seed=3)
+      seed=3)
   runner = EnvironmentRunner(f"tests.envs.environments:{factory}", workers=2,
                              timeout_s=timeout_s)
   examples = [Example(prompt=p, answer="", task="test") for p in prompts]

@@ -5,6 +5,7 @@ preset's warm start and a few RL steps."""
 import numpy as np
 import pytest
 
+from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.rewards import Scores
@@ -94,9 +95,8 @@ class ArithVerifier:
 def teacher_rollout(examples, demos, factory="rlhf_jax.envs.tools:calculator_environment"):
   prompts = [PREFIX + TOKENIZER.encode(e.prompt) for e in examples]
   generator = GroupGenerator(Teacher([(p, ids) for p, (ids, _) in zip(prompts, demos)]),
-                             ArithVerifier(), TOKENIZER,
-                             sampling=SamplingParams(max_new_tokens=96), prefix=PREFIX,
-                             prompt_length=64, seed=0)
+                             ArithVerifier(), PromptFormat(TOKENIZER, PREFIX, prompt_length=64),
+                             sampling=SamplingParams(max_new_tokens=96), seed=0)
   runner = EnvironmentRunner(factory, workers=1, timeout_s=10.0)
   return MultiTurnRollout(generator, Stream(examples), runner,
                           prompts_per_step=len(examples), group_size=1, max_turns=2,

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.algorithms import batch as batch_lib
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
@@ -117,10 +118,10 @@ def make_rollout(mode: str, window: int = 0):
   examples = [Example(f"{a}+{b}=", str(a + b), "arith")
               for a, b in [(12, 3), (4, 55), (7, 7), (31, 2), (9, 40), (6, 13)]]
   generator = GroupGenerator(
-      PlannedSampler(CAP), ParityScorer(), tokenizer,
+      PlannedSampler(CAP), ParityScorer(), PromptFormat(tokenizer, prompt_length=8),
       sampling=SamplingParams(max_new_tokens=CAP, stop_token_ids=(tokenizer.eos_id,),
                               n=GROUP),
-      prefix=[], prompt_length=8, seed=7)
+      seed=7)
   stream = PromptStream(examples, seed=3)
   if mode == "groups":
     return GroupRollout(generator, stream, prompts_per_step=PROMPTS_PER_STEP,

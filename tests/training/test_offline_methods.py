@@ -19,6 +19,7 @@ from rlhf_jax.data import write_pairs
 from rlhf_jax.data.example import Example
 from rlhf_jax.rollout.offline import OfflineRollout
 from rlhf_jax.rollout.offline import cache_reference_logprobs
+from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.rollout.offline import encode_groups
 from rlhf_jax.tasks import arith
 from rlhf_jax.training.config import sibling_preset
@@ -165,17 +166,17 @@ def test_encode_groups_reduces_to_pairs_drops_ties_and_cuts_long_responses():
   labelled = [group("1+1?\n", ["7", "2", "2", "9"], [0.0, 1.0, 1.0, 0.0]),
               group("2+2?\n", ["4", "4"], [1.0, 1.0]),
               group("3+3?\n", ["6" * 20, "5"], [1.0, 0.0])]
-  groups, counts = encode_groups(labelled, TOKENIZER, prefix=(), prompt_length=8,
+  groups, counts = encode_groups(labelled, PromptFormat(TOKENIZER, prompt_length=8),
                                  response_length=6, group_size=2, pairs=True)
   assert counts == {"dropped": 1, "truncated": 1}
   assert [TOKENIZER.decode(r) for r in groups[0].responses] == ["2", "7"]  # best, worst
   assert groups[1].responses[0] == TOKENIZER.encode("6" * 6) and groups[1].truncated == [
       True, False]
   with pytest.raises(ValueError, match="offline group 0 has 4 responses; set rollout.group_size=4"):
-    encode_groups(labelled, TOKENIZER, prefix=(), prompt_length=8, response_length=6,
+    encode_groups(labelled, PromptFormat(TOKENIZER, prompt_length=8), response_length=6,
                   group_size=2)  # DQO keeps whole groups
   with pytest.raises(ValueError, match="offline group 0: the prompt has 5 tokens"):
-    encode_groups(labelled, TOKENIZER, prefix=(), prompt_length=4, response_length=6,
+    encode_groups(labelled, PromptFormat(TOKENIZER, prompt_length=4), response_length=6,
                   group_size=2, pairs=True)
 
 
@@ -185,8 +186,8 @@ def test_cached_reference_logprobs_are_the_reference_forward_and_the_stream_resu
       max_positions=32), seed=3)
   labelled = [group(f"{i}+1?\n", [str(i + 1), str(i)], [1.0, 0.0]) for i in range(5)]
   shapes = dict(prompt_length=8, response_length=6, pad_id=TOKENIZER.pad_id)
-  groups, _ = encode_groups(labelled, TOKENIZER, prefix=(), prompt_length=8, response_length=6,
-                            group_size=2)
+  groups, _ = encode_groups(labelled, PromptFormat(TOKENIZER, prompt_length=8),
+                            response_length=6, group_size=2)
   forward = jax.jit(lambda rows: response_logprobs(model, params, rows))
   cache_reference_logprobs(groups, forward, chunk=2, **shapes)
   rollout = OfflineRollout(groups, prompts_per_step=5, seed=0, shuffle=False, **shapes)

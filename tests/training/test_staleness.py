@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax import kernels
 from rlhf_jax.algorithms import batch as batch_lib
 from rlhf_jax.algorithms import ppo_family
@@ -241,8 +242,9 @@ class VersionedSampler:
 
 
 def test_groups_and_their_rows_carry_the_sampling_version():
-  generator = GroupGenerator(VersionedSampler((7, 8)), FakeScorer(), FakeTokenizer(),
-                             sampling=SamplingParams(n=3), prefix=[], prompt_length=8, seed=0)
+  generator = GroupGenerator(VersionedSampler((7, 8)), FakeScorer(),
+                             PromptFormat(FakeTokenizer(), prompt_length=8),
+                             sampling=SamplingParams(n=3), seed=0)
   groups = generator.generate_groups([Example("ab", "1", "arith"), Example("c", "1", "arith")])
   # With no per-token record, a sample whose weights changed mid-generation counts as
   # its first (older) version.
@@ -268,8 +270,8 @@ def test_partial_rollout_tokens_keep_the_version_that_sampled_them():
   """A sample whose weights were swapped mid-generation (partial rollouts): the first
   token by version 7, the rest by 8, row by row into the batch."""
   sampler = VersionedSampler((7, 8), token_versions=lambda n: [7] + [8] * (n - 1))
-  generator = GroupGenerator(sampler, FakeScorer(), FakeTokenizer(),
-                             sampling=SamplingParams(n=3), prefix=[], prompt_length=8, seed=0)
+  generator = GroupGenerator(sampler, FakeScorer(), PromptFormat(FakeTokenizer(), prompt_length=8),
+                             sampling=SamplingParams(n=3), seed=0)
   groups = generator.generate_groups([Example("ab", "1", "arith")])
   assert groups[0].versions == [[7], [7, 8], [7, 8, 8]] and groups[0].version == 7
   batch = pack_groups(groups, prompt_length=8, response_length=4, pad_id=0).batch

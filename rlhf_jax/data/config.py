@@ -1,0 +1,87 @@
+"""The `data` config section: where prompts come from and how rows become prompts.
+
+`data_config(arith)` builds the section with its defaults and comments;
+`validate_data_fields` checks the fields this package owns (files, the column mapping,
+the row layout, the chat template, the curriculum). training/config.py adds the checks
+that need the task table (`data.task`, the toolcalc run).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from rlhf_jax.config_errors import at_least
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
+from rlhf_jax.data.curriculum import parse_curriculum
+from rlhf_jax.data.example import ANSWER_FORMATS
+from rlhf_jax.data.prompts import CHAT_TEMPLATE_MODES
+from rlhf_jax.data.sources import parse_columns
+
+
+def data_config(arith: bool) -> ml_collections.ConfigDict:
+  """The `data` section with its defaults (`arith`: the built-in task's sizes)."""
+  d = ml_collections.ConfigDict()
+  d.train_file = ""  # .jsonl/.parquet of prompts (prompt, answer, task); arith: empty = generated.
+  d.eval_file = ""  # Held-out prompts, same formats; arith: empty = generated (other seeds).
+  # Other schemas: our field = the file's dotted column, e.g. verl's Parquet layout
+  # "answer=reward_model.ground_truth,task=data_source" (a chat-list prompt becomes
+  # messages); "answer=" alone: rows without a reference (a reward function that needs none).
+  d.columns = ""
+  # The task of rows without a task column (e.g. 'math' for a GSM8K or TRL file); empty:
+  # every row needs one. A task no verifier knows is scored by reward.function.
+  d.default_task = ""
+  # How the reference is read from the answer column: 'as_is', 'gsm8k' (the number after
+  # "####" of a worked solution) or 'boxed' (the last \boxed{} of a MATH solution).
+  d.answer_format = "as_is"
+  # Chat-list prompts (messages) rendered with the tokenizer's chat template, as
+  # transformers' apply_chat_template(..., add_generation_prompt=True): 'auto' (chat
+  # lists rendered, plain strings raw, as TRL does), 'always' (a plain string is one user
+  # turn), 'never' (raw text; a chat list gives its last user turn).
+  d.chat_template = "auto"
+  d.system_prompt = ""  # A system turn for rendered prompts that have none ("" = none).
+  # Task schedule (data/curriculum.py), e.g. "math:1,code:1@50; math:1,code:1,arith:2":
+  # per phase the tasks' shares of each step's prompts; empty: the file's mix, shuffled.
+  d.curriculum = ""
+  # arith variant: the built-in task: 'arith' (worked solutions, verified by the answer
+  # line), 'pycalc' (a program run in the sandbox) or 'toolcalc' (products, a calculator).
+  d.task = "arith"
+  d.levels = (1, 2)  # arith difficulty levels of generated problems.
+  d.level_weights = (1.0, 1.0)  # arith: sampling weight of each level.
+  d.num_train = 20000  # arith: generated training prompts.
+  d.num_eval = 256  # arith: generated held-out prompts (eval every eval_every steps).
+  d.prompt_length = 64 if arith else 512  # P: prompt tokens (left-padded; longer = error).
+  d.shuffle = True  # Shuffle the prompts each epoch (False: file order).
+  # rollout.mode 'offline' (DPO, DQO): .jsonl/.parquet of labelled samples (prompt,
+  # responses, scores) or pairs (prompt, chosen, rejected); arith: empty = labelled
+  # samples of the warm start written to <workdir>/offline.jsonl first (the same as
+  # launch/label_samples.py).
+  d.offline_file = ""
+  d.offline_prompts = 2000  # Labelled samples: training prompts sampled ...
+  d.offline_samples = 8  # ... and responses per prompt (the SFT policy's, verified).
+  return d
+
+
+def validate_data_fields(d) -> None:
+  """`data.*` fields of this package: counts, files, columns, row layout, template."""
+  at_least(d, "data", ("num_train", "num_eval", "prompt_length", "offline_prompts",
+                       "offline_samples"))
+  for field in ("train_file", "eval_file"):
+    if d[field] and not os.path.isfile(d[field]):
+      invalid(f"data.{field}", d[field], "must be an existing .jsonl/.parquet file (or empty: "
+              "generated problems for arith)")
+  parse_columns(d.columns)
+  one_of("data.answer_format", d.answer_format, ANSWER_FORMATS)
+  one_of("data.chat_template", d.chat_template, CHAT_TEMPLATE_MODES)
+  if d.default_task != d.default_task.strip() or "," in d.default_task:
+    invalid("data.default_task", d.default_task, "must be one task name (no spaces or commas)")
+  if d.curriculum:
+    parse_curriculum(d.curriculum)
+
+
+def read_options(d) -> dict:
+  """The keyword arguments of `sources.read_examples` that the `data` section sets."""
+  return {"columns": parse_columns(d.columns), "default_task": d.default_task or None,
+          "answer_format": d.answer_format}

@@ -1,0 +1,113 @@
+"""How an `Example` becomes the tokens the model is given: the one place every consumer
+(rollouts, multi-turn episodes, evaluation, best-of-n, Q♯, labelling, judges' prompts)
+turns a prompt into text and ids.
+
+`data.chat_template` decides when the tokenizer's chat template renders a prompt, as
+transformers' `apply_chat_template(messages, add_generation_prompt=True)` does:
+
+  'auto'    chat-list prompts (`messages`) are rendered; plain-string prompts stay raw
+            text (TRL's rule)
+  'always'  a plain-string prompt becomes one user turn and is rendered too
+  'never'   raw text: a chat-list row gives its last user turn (the arith tasks' format)
+
+`data.system_prompt` adds a system turn to rendered rows that have none. A chat-list
+prompt with a tokenizer that has no template is an error, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from rlhf_jax.data.example import Example
+
+CHAT_TEMPLATE_MODES = ("auto", "always", "never")
+
+
+class PromptError(ValueError):
+  """A prompt that cannot be rendered or is too long (the message names the row)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+  """Example → prompt text and token ids.
+
+  Attributes:
+    tokenizer: the policy's tokenizer (`encode`, `apply_chat_template`, `chat_template`).
+    prefix: token ids put before every prompt (a policy's prompt_format.json).
+    chat_template: 'auto', 'always' or 'never' (module docstring).
+    system_prompt: a system turn for rendered rows without one ("" = none).
+    prompt_length: P, the most prompt tokens (prefix included); 0 = no limit.
+  """
+  tokenizer: Any
+  prefix: tuple[int, ...] = ()
+  chat_template: str = "auto"
+  system_prompt: str = ""
+  prompt_length: int = 0
+
+  def __post_init__(self):
+    if self.chat_template not in CHAT_TEMPLATE_MODES:
+      raise ValueError(f"chat_template={self.chat_template!r}; allowed: "
+                       f"{', '.join(CHAT_TEMPLATE_MODES)}.")
+    object.__setattr__(self, "prefix", tuple(int(i) for i in self.prefix))
+
+  def messages(self, example: Example) -> list[dict[str, Any]] | None:
+    """The turns the chat template renders for `example`, or None for raw text."""
+    if self.chat_template == "never":
+      return None
+    if example.messages is not None:
+      turns = [dict(m) for m in example.messages]
+    elif self.chat_template == "always":
+      turns = [{"role": "user", "content": example.prompt}]
+    else:
+      return None
+    if self.system_prompt and not any(t.get("role") == "system" for t in turns):
+      turns.insert(0, {"role": "system", "content": self.system_prompt})
+    return turns
+
+  def text(self, example: Example, where: str = "a prompt") -> str:
+    """The prompt text as the model sees it after the prefix: the rendered chat, or the
+    raw prompt. `where` starts the error of a row that cannot be rendered."""
+    turns = self.messages(example)
+    if turns is None:
+      return example.prompt
+    if getattr(self.tokenizer, "chat_template", None) is None:
+      raise PromptError(f"{where}: a chat prompt, but the tokenizer has no chat template "
+                        "(add one to tokenizer_config.json or chat_template.jinja, or set "
+                        "data.chat_template='never' to give the model the last user turn)")
+    try:
+      return self.tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+    except ValueError as error:
+      raise PromptError(f"{where}: the chat template cannot render it: {error}") from None
+
+  def encode(self, example: Example, where: str = "a prompt") -> list[int]:
+    """The prompt's token ids (prefix + text); longer than `prompt_length`, a
+    character the tokenizer cannot encode, or a template error: PromptError."""
+    text = self.text(example, where)
+    try:
+      ids = list(self.prefix) + list(self.tokenizer.encode(text))
+    except Exception as error:  # tokenizers raises its own type (e.g. a missing [UNK])
+      raise PromptError(f"{where}: the tokenizer cannot encode the prompt ({error}): "
+                        f"{text[:60]!r}") from None
+    if self.prompt_length and len(ids) > self.prompt_length:
+      raise PromptError(f"{where}: the prompt has {len(ids)} tokens, more than "
+                        f"data.prompt_length={self.prompt_length}: {text[:60]!r}...")
+    return ids
+
+  def encode_all(self, examples: Sequence[Example]) -> list[list[int]]:
+    """`encode` of each example."""
+    return [self.encode(e) for e in examples]
+
+  def decoded(self, example: Example) -> str:
+    """The whole prompt as text, prefix tokens included (what a reward function is
+    given as the prompt the model saw)."""
+    prefix = self.tokenizer.decode(self.prefix, skip_special_tokens=False) if self.prefix else ""
+    return prefix + self.text(example)
+
+
+def check_prompts(prompt_format: PromptFormat,
+                  located: Sequence[tuple[str, Example]]) -> int:
+  """Encodes every (where, example) row; the first that fails raises PromptError naming
+  its file and row. Returns the longest prompt in tokens."""
+  return max((len(prompt_format.encode(example, where)) for where, example in located),
+             default=0)

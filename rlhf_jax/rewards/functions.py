@@ -1,0 +1,178 @@
+"""Reward functions of one's own: `reward.function = "package.module:fn"` (several as
+"a:f,b:g", weighted by `reward.function_weights`), in the signatures other libraries use.
+
+Two conventions, told apart by the function's parameter names:
+
+  TRL (also tunix, MaxText)   fn(prompts, completions, **columns) -> list[float | None]
+      called once per chunk of samples with keyword lists: `prompts` (the prompt text as
+      the model saw it, chat template applied), `completions` (the decoded responses),
+      `completion_ids` (their tokens), and every column of the rows under its own name:
+      ours (`answer`, `task`) and the file's own (`solution`, `data_source`, ...).
+  verl                        compute_score(data_source, solution_str, ground_truth,
+                                            extra_info=None) -> float | dict
+      called once per sample; a dict's "score" is the reward, its other numbers are logged.
+
+`async def` functions are awaited. A function runs in killable worker processes
+(rewards/workers.py), each call within `reward.timeout_s`: an exception, a hang, a wrong
+type or a wrong length fails those samples with a one-line reason (`reward_failures`),
+never the run. `None` means "not scored by this function"; a sample that no function
+scores is a failure. The reward is Σ weight × value over the functions that scored it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from rlhf_jax.config_errors import ConfigError
+
+VERL_PARAMETERS = ("data_source", "solution_str", "ground_truth")
+SAMPLES_PER_CALL = 16  # a TRL-style call's chunk: a hang costs at most this many samples
+
+
+class RewardFunctionError(ValueError):
+  """A `reward.function` entry that cannot be loaded or fits neither convention."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardFunction:
+  """One configured function.
+
+  Attributes:
+    spec: "package.module:callable" or "path/to/file.py:callable".
+    name: its metric name (the callable's name; a repeated one gets "_2", "_3").
+    convention: 'trl' or 'verl' (module docstring).
+    weight: its weight in the sum.
+  """
+  spec: str
+  name: str
+  convention: str
+  weight: float = 1.0
+
+
+def _import_module(module: str):
+  """The module of a spec: a file path (…/x.py), or a dotted name, tried from the
+  current directory too (as TRL and verl users run their scripts)."""
+  if module.endswith(".py"):
+    path = os.path.abspath(module)
+    if not os.path.isfile(path):
+      raise RewardFunctionError(f"no file {module!r}")
+    name = f"rlhf_jax_reward_{abs(hash(path))}"
+    if name not in sys.modules:
+      spec = importlib.util.spec_from_file_location(name, path)
+      loaded = importlib.util.module_from_spec(spec)
+      sys.modules[name] = loaded
+      spec.loader.exec_module(loaded)
+    return sys.modules[name]
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as error:
+    if error.name != module.split(".")[0] or os.getcwd() in sys.path:
+      raise
+    sys.path.append(os.getcwd())
+    return importlib.import_module(module)
+
+
+@functools.lru_cache(maxsize=None)
+def load_callable(spec: str) -> Callable:
+  """The callable of "module:name" (or "file.py:name"); RewardFunctionError naming what
+  is wrong: no colon, a module that does not import, a missing or non-callable name."""
+  module, colon, name = spec.rpartition(":")
+  if not colon or not module or not name:
+    raise RewardFunctionError(f"{spec!r} must be 'package.module:function' or "
+                              "'path/to/file.py:function'")
+  try:
+    loaded = _import_module(module)
+  except RewardFunctionError:
+    raise
+  except Exception as error:  # pylint: disable=broad-except  # user code: anything
+    raise RewardFunctionError(f"module {module!r} does not import ({type(error).__name__}: "
+                              f"{error})") from None
+  fn = getattr(loaded, name, None)
+  if fn is None:
+    raise RewardFunctionError(f"module {module!r} has no {name!r}")
+  if not callable(fn):
+    raise RewardFunctionError(f"{spec!r} is a {type(fn).__name__}, not a function")
+  return fn
+
+
+def convention_of(fn: Callable, spec: str) -> str:
+  """'verl' when the parameters name verl's (data_source, solution_str, ground_truth),
+  'trl' when it takes `completions` (or **kwargs); else RewardFunctionError."""
+  try:
+    parameters = inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    raise RewardFunctionError(f"{spec!r}: its signature cannot be read") from None
+  names = set(parameters)
+  if set(VERL_PARAMETERS) <= names:
+    return "verl"
+  keywords = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+  if "completions" in names or keywords:
+    return "trl"
+  raise RewardFunctionError(
+      f"{spec!r} takes ({', '.join(parameters)}): neither TRL's fn(prompts, completions, "
+      "**columns) nor verl's compute_score(data_source, solution_str, ground_truth, "
+      "extra_info=None)")
+
+
+def parse_functions(specs: str, weights: str = "") -> list[RewardFunction]:
+  """`reward.function` and `reward.function_weights` as RewardFunctions, each loaded and
+  its convention found (RewardFunctionError naming the entry otherwise)."""
+  entries = [s.strip() for s in specs.split(",") if s.strip()]
+  values = [w.strip() for w in weights.split(",") if w.strip()] if weights else []
+  if values and len(values) != len(entries):
+    raise RewardFunctionError(f"{len(values)} weights for {len(entries)} functions")
+  try:
+    numbers = [float(w) for w in values] or [1.0] * len(entries)
+  except ValueError:
+    raise RewardFunctionError(f"weights {weights!r} must be numbers") from None
+  if any(not math.isfinite(w) for w in numbers):
+    raise RewardFunctionError(f"weights {weights!r} must be finite")
+  out, seen = [], {}
+  for spec, weight in zip(entries, numbers):
+    fn = load_callable(spec)
+    base = getattr(fn, "__name__", spec.rpartition(":")[2])
+    seen[base] = seen.get(base, 0) + 1
+    name = base if seen[base] == 1 else f"{base}_{seen[base]}"
+    out.append(RewardFunction(spec, name, convention_of(fn, spec), weight))
+  return out
+
+
+def parse_reward_config(r) -> list[RewardFunction]:
+  """The `reward` section's `function` / `function_weights`, loaded; a ConfigError naming
+  the field otherwise."""
+  try:
+    return parse_functions(r.function, r.function_weights)
+  except RewardFunctionError as error:
+    field = "function_weights" if "weights" in str(error) else "function"
+    value = r.function_weights if field == "function_weights" else r.function
+    raise ConfigError(f"config.reward.{field}: invalid value {value!r}: {error}") from None
+
+
+def _resolved(value: Any) -> Any:
+  """`value`, awaited when a coroutine (an `async def` function's result)."""
+  if inspect.isawaitable(value):
+    async def wait():
+      return await value
+    return asyncio.run(wait())
+  return value
+
+
+def call_trl(spec: str, kwargs: dict[str, list]) -> list:
+  """Worker side: one TRL-style call over a chunk (lists of equal length); the result
+  as returned (checked by the scorer)."""
+  return _resolved(load_callable(spec)(**kwargs))
+
+
+def call_verl(spec: str, samples: Sequence[dict[str, Any]]) -> list:
+  """Worker side: verl's compute_score once per sample of the chunk."""
+  fn = load_callable(spec)
+  return [_resolved(fn(**sample)) for sample in samples]

@@ -1,0 +1,108 @@
+"""The tasks a run can score, in one table: each task's scoring rule and, for the built-in
+ones, its problem generator.
+
+    Task(name, scoring, verifier=None, generate=None, description="")
+    register_task(task)             a task of one's own, from Python
+    get_task(name) -> Task          KeyError naming the known tasks
+    known_tasks() -> tuple[str]
+
+`scoring` says which scorer judges a task: 'verifier' (a module-level
+`fn(response, answer) -> Judgement | bool | float` run in killable workers), 'math'
+(rewards/math.py's equivalence, with `reward.math_extractor`) or 'sandbox' (the code
+sandbox, rewards/code.py). rewards/router.py builds the scorers from this table;
+training/build.py generates the arith variant's problems from it; `data.task` is checked
+against it. A task that is in no table is scored only by `reward.function`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from rlhf_jax.tasks import arith
+from rlhf_jax.tasks import pycalc
+from rlhf_jax.tasks import toolcalc
+
+SCORINGS = ("verifier", "math", "sandbox")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One task: how its responses are scored and, optionally, how problems are made.
+
+  Attributes:
+    name: the `task` value of the data rows it scores.
+    scoring: 'verifier', 'math' or 'sandbox' (module docstring).
+    verifier: for 'verifier', the rule `fn(response_text, answer)`; module-level, so it
+      can be sent to a worker process.
+    generate: `fn(seed, count, levels, weights) -> list[Example]`, the problems of the
+      arith variant's `data.task`; None: the task needs a data file.
+    description: one line for error messages and docs.
+  """
+  name: str
+  scoring: str
+  verifier: Callable | None = None
+  generate: Callable | None = None
+  description: str = ""
+
+  def __post_init__(self):
+    if self.scoring not in SCORINGS:
+      raise ValueError(f"task {self.name!r}: scoring {self.scoring!r}; allowed: "
+                       f"{', '.join(SCORINGS)}.")
+    if (self.scoring == "verifier") != (self.verifier is not None):
+      raise ValueError(f"task {self.name!r}: a verifier is given exactly when scoring is "
+                       "'verifier'.")
+
+
+_TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task, *, replace: bool = False) -> Task:
+  """Adds `task` to the table (a task of one's own; call it before building the Trainer).
+  Registering a name twice is an error unless `replace`."""
+  if task.name in _TASKS and not replace:
+    raise ValueError(f"task {task.name!r} is registered already; pass replace=True.")
+  if task.verifier is not None:
+    import pickle  # pylint: disable=import-outside-toplevel
+    try:
+      pickle.dumps(task.verifier)
+    except Exception as error:  # lambdas and closures cannot reach a worker process
+      raise ValueError(f"task {task.name!r}: the verifier must be a module-level function "
+                       f"(or a functools.partial of one): {error}") from None
+  _TASKS[task.name] = task
+  return task
+
+
+def get_task(name: str) -> Task:
+  """The registered task `name`; KeyError naming the known ones."""
+  if name not in _TASKS:
+    raise KeyError(f"unknown task {name!r}; known: {', '.join(known_tasks())}")
+  return _TASKS[name]
+
+
+def is_known(name: str) -> bool:
+  """Whether `name` is a registered task (one the rule scorers can judge)."""
+  return name in _TASKS
+
+
+def known_tasks() -> tuple[str, ...]:
+  """The registered task names, sorted."""
+  return tuple(sorted(_TASKS))
+
+
+def generated_tasks() -> tuple[str, ...]:
+  """The tasks with a problem generator (the arith variant's `data.task` choices)."""
+  return tuple(sorted(name for name, t in _TASKS.items() if t.generate is not None))
+
+
+for _task in (
+    Task(arith.TASK, "verifier", verifier=arith.verify, generate=arith.examples,
+         description="worked arithmetic; the last 'Answer: N' line, as an integer"),
+    Task(toolcalc.TASK, "verifier", verifier=toolcalc.verify, generate=toolcalc.examples,
+         description="products with a calculator tool (multi-turn)"),
+    Task(pycalc.TASK, "sandbox", generate=pycalc.examples,
+         description="arithmetic as a Python program, run in the sandbox"),
+    Task("math", "math", description="math-verify equivalence of the final answer"),
+    Task("code", "sandbox", description="a Python program against unit tests, sandboxed"),
+):
+  register_task(_task)
