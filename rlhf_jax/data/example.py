@@ -146,6 +146,9 @@ def record_to_example(record: Any, where: str, columns: Mapping[str, str] | None
     if field == "answer" and not paths["answer"]:
       values["answer"] = ""
       continue
+    if field == "task" and "." not in paths["task"] and paths["task"] not in record:
+      raise ValueError(f"{where}: field 'task': no column {paths['task']!r}; give the rows "
+                       "one task with data.default_task (or data.columns='task=<column>').")
     value = _lookup(record, paths[field], f"{where}: field {field!r}")
     if (field == "answer" and numbers and isinstance(value, (int, float))
         and not isinstance(value, bool)):

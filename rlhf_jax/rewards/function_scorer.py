@@ -193,6 +193,12 @@ class FunctionScorer(ScorerBase):
       out.update(self.monitor.pop_metrics())
     return out
 
+  def __enter__(self) -> "FunctionScorer":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
   def close(self) -> None:
     """Stops the worker processes (and the monitor's)."""
     self._pool.close()

@@ -1,0 +1,62 @@
+"""Reward functions in other libraries' signatures, for tests/rewards/test_reward_functions.py
+(module-level: they run in worker processes)."""
+
+import asyncio
+import time
+
+
+def solution_match(prompts, completions, solution, **kwargs):
+  """TRL's signature, reading the file's own `solution` column (as TRL's examples do)."""
+  assert len(prompts) == len(completions) == len(solution) == len(kwargs["completion_ids"])
+  return [1.0 if c.strip() == s else 0.0 for c, s in zip(completions, solution)]
+
+
+def echo_columns(prompts, completions, **kwargs):
+  """Encodes what it was given in the reward: 1000 × len(prompt) + len(completion ids)."""
+  return [1000.0 * len(p) + len(ids) for p, ids in zip(prompts, kwargs["completion_ids"])]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+  """verl's signature; a dict with the score and another number to log."""
+  return {"score": float(solution_str.strip() == ground_truth), "length": len(solution_str),
+          "source_is_gsm8k": float(data_source == "openai/gsm8k"),
+          "index": float((extra_info or {}).get("index", -1))}
+
+
+async def async_length(prompts, completions, **kwargs):
+  """An `async def` function (awaited)."""
+  await asyncio.sleep(0)
+  return [float(len(c)) for c in completions]
+
+
+def only_short(prompts, completions, **kwargs):
+  """None for long completions: not scored by this function."""
+  return [1.0 if len(c) < 3 else None for c in completions]
+
+
+def raises(prompts, completions, **kwargs):
+  raise RuntimeError("boom")
+
+
+def hangs(prompts, completions, **kwargs):
+  time.sleep(60)
+  return [0.0] * len(completions)
+
+
+def wrong_length(prompts, completions, **kwargs):
+  return [0.0]
+
+
+def wrong_type(prompts, completions, **kwargs):
+  return ["high"] * len(completions)
+
+
+def not_a_list(prompts, completions, **kwargs):
+  return 1.0
+
+
+def no_convention(text):
+  return 0.0
+
+
+NOT_CALLABLE = 3

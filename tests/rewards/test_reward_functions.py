@@ -1,0 +1,169 @@
+"""reward.function: TRL's and verl's signatures, called as those libraries call them, in
+killable workers; failures cost their samples, never the run; loading errors name the
+field before any work."""
+
+import pytest
+
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.data import Example
+from rlhf_jax.rewards import functions
+from rlhf_jax.rewards.function_scorer import FunctionScorer
+from rlhf_jax.rewards.function_scorer import columns_of
+from rlhf_jax.training.config import base_config
+from rlhf_jax.training.config import validate_config
+
+FNS = "tests.rewards.reward_fns"
+
+
+def scorer(*names, weights="", timeout_s=5.0, monitor=None, monitor_tasks=()):
+  parsed = functions.parse_functions(",".join(f"{FNS}:{n}" for n in names), weights)
+  return FunctionScorer(parsed, render_prompt=lambda e: f"<{e.prompt}>",
+                        encode=lambda text: [ord(c) for c in text], monitor=monitor,
+                        monitor_tasks=monitor_tasks, failure_score=-7.0,
+                        timeout_s=timeout_s, workers=1)
+
+
+def rows(*completions, **metadata):
+  return [Example(f"q{i}", str(i), "mytask", {k: v[i] for k, v in metadata.items()})
+          for i in range(len(completions))], list(completions)
+
+
+def test_conventions_are_told_apart_by_parameter_names():
+  assert [f.convention for f in functions.parse_functions(
+      f"{FNS}:solution_match,{FNS}:compute_score,{FNS}:async_length")] == ["trl", "verl", "trl"]
+  parsed = functions.parse_functions(f"{FNS}:only_short,{FNS}:only_short", "1,0.5")
+  assert [(f.name, f.weight) for f in parsed] == [("only_short", 1.0), ("only_short_2", 0.5)]
+
+
+def test_trl_function_gets_the_files_own_columns_and_prompts_as_rendered():
+  examples, completions = rows("a", "b ", "c", solution=["a", "b", "x"])
+  with scorer("solution_match", "echo_columns", weights="10,1") as s:
+    out = s.score(examples, completions)
+    # 10 × match + (1000 × len("<q_i>") + completion ids)
+    assert out.scores == [10 + 4000 + 1, 10 + 4000 + 2, 0 + 4000 + 1]
+    assert out.failures == ["", "", ""] and out.correct == [True, True, True]
+    metrics = s.pop_metrics()
+  assert metrics["reward/solution_match/mean"] == pytest.approx(2 / 3)
+  assert metrics["reward/echo_columns/failure_rate"] == 0.0
+
+
+def test_sampled_token_ids_are_passed_when_the_response_carries_them():
+  class Sampled(str):
+    token_ids = [1, 2, 3, 4, 5]
+  examples, _ = rows("x")
+  with scorer("echo_columns") as s:
+    assert s.score(examples, [Sampled("x")]).scores == [4000 + 5]
+
+
+def test_columns_are_lists_with_none_where_a_row_lacks_one():
+  examples = [Example("p", "1", "t", {"solution": "s"}), Example("p", "2", "u", {"k": 3})]
+  assert columns_of(examples) == {"solution": ["s", None], "k": [None, 3],
+                                  "answer": ["1", "2"], "task": ["t", "u"]}
+
+
+def test_verl_compute_score_per_sample_with_its_logged_extras():
+  examples = [Example("q", "42", "math", {"data_source": "openai/gsm8k",
+                                          "extra_info": {"index": 7}}),
+              Example("q", "5", "mytask")]
+  with scorer("compute_score") as s:
+    out = s.score(examples, ["42", "6"])
+    assert out.scores == [1.0, 0.0] and out.correct == [True, False]
+    metrics = s.pop_metrics()
+  assert metrics["reward/compute_score/length"] == 1.5
+  # data_source falls back to the task; extra_info to None
+  assert metrics["reward/compute_score/source_is_gsm8k"] == 0.5
+  assert metrics["reward/compute_score/index"] == (7 - 1) / 2
+
+
+def test_async_functions_are_awaited_and_none_means_not_scored():
+  examples, completions = rows("ab", "abcd")
+  with scorer("async_length", "only_short") as s:
+    assert s.score(examples, completions).scores == [2.0 + 1.0, 4.0]
+  with scorer("only_short") as s:
+    out = s.score(examples, completions)
+    assert out.scores == [1.0, -7.0]
+    assert "no reward function scored it" in out.failures[1]
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("raises", "reward.function raises: raised RuntimeError: boom"),
+    ("wrong_length", "reward.function wrong_length: returned 1 rewards for 2 samples"),
+    ("wrong_type", "reward.function wrong_type: returned str 'high'"),
+    ("not_a_list", "reward.function not_a_list: returned float, not a list of rewards"),
+    ("hangs", "reward.function hangs: timeout after 1 s"),
+])
+def test_a_failing_function_fails_its_samples_not_the_run(name, reason):
+  examples, completions = rows("a", "b")
+  with scorer(name, timeout_s=1.0) as s:
+    out = s.score(examples, completions)
+    assert out.scores == [-7.0, -7.0] and out.correct == [False, False]
+    assert all(f.startswith(reason) for f in out.failures), out.failures
+    assert s.pop_metrics()[f"reward/{name}/failure_rate"] == 1.0
+    if name == "hangs":  # the pool replaced the killed worker: the next call works
+      s.functions = functions.parse_functions(f"{FNS}:async_length")
+      assert s.score(examples, completions).scores == [1.0, 1.0]
+
+
+class Verdicts:
+  """A monitor that calls a completion correct when it is "right"."""
+  def score(self, examples, responses):
+    from rlhf_jax.rewards.scorer import Scores
+    return Scores([0.0] * len(responses), [r == "right" for r in responses],
+                  [""] * len(responses))
+
+  def pop_metrics(self):
+    return {"reward/math/accuracy": 0.5}
+
+  def close(self):
+    pass
+
+
+def test_the_rule_verifier_decides_correctness_where_the_task_has_one():
+  examples = [Example("q", "1", "math"), Example("q", "1", "math"), Example("q", "1", "free")]
+  with scorer("async_length", monitor=Verdicts(), monitor_tasks=("math",)) as s:
+    out = s.score(examples, ["right", "wrong", "zz"])
+    assert out.scores == [5.0, 5.0, 2.0]
+    assert out.correct == [True, False, True]  # verifier, verifier, reward > 0
+    assert s.pop_metrics()["reward/math/accuracy"] == 0.5
+
+
+@pytest.mark.parametrize("spec, weights, message", [
+    ("nocolon", "", r"config.reward.function: invalid value 'nocolon': 'nocolon' must be "
+                    r"'package.module:function'"),
+    ("no_such_module_xyz:f", "", r"module 'no_such_module_xyz' does not import "
+                                 r"\(ModuleNotFoundError"),
+    (f"{FNS}:missing", "", r"module 'tests.rewards.reward_fns' has no 'missing'"),
+    (f"{FNS}:NOT_CALLABLE", "", r"is a int, not a function"),
+    (f"{FNS}:no_convention", "", r"takes \(text\): neither TRL's"),
+    ("/nonexistent/r.py:f", "", r"no file '/nonexistent/r.py'"),
+    (f"{FNS}:raises", "1,2", r"config.reward.function_weights: invalid value '1,2': 2 weights "
+                             r"for 1 functions"),
+    (f"{FNS}:raises", "x", r"config.reward.function_weights: invalid value 'x': weights 'x' "
+                           r"must be numbers"),
+])
+def test_loading_errors_name_the_field_before_any_work(spec, weights, message):
+  c = base_config("arith")
+  c.reward.function, c.reward.function_weights = spec, weights
+  with pytest.raises(ConfigError, match=message):
+    validate_config(c)
+
+
+def test_a_function_by_file_path(tmp_path):
+  path = tmp_path / "my_reward.py"
+  path.write_text("def reward(prompts, completions, **kw):\n"
+                  "  return [float(c == 'yes') for c in completions]\n")
+  with FunctionScorer(functions.parse_functions(f"{path}:reward"), render_prompt=str,
+                      encode=list, workers=1) as s:
+    assert s.score(rows("yes", "no")[0], ["yes", "no"]).scores == [1.0, 0.0]
+
+
+def test_weights_without_a_function_and_a_function_with_a_model_route_are_refused():
+  c = base_config("arith")
+  c.reward.function_weights = "1"
+  with pytest.raises(ConfigError, match="config.reward.function_weights: .* must be empty"):
+    validate_config(c)
+  c = base_config("arith")
+  c.reward.function, c.reward.route = f"{FNS}:raises", "rm"
+  c.reward.rm.checkpoint = ""
+  with pytest.raises(ConfigError, match="config.reward"):
+    validate_config(c)

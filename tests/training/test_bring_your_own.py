@@ -1,0 +1,81 @@
+"""Your model, your data, your reward, end to end as a new user runs them (fresh
+processes, flags only): a Qwen3 checkpoint saved by transformers with a chat template, a
+TRL conversational JSONL with a task the library has never heard of, and a reward
+function of one's own in TRL's signature."""
+
+import json
+
+import pytest
+
+from rlhf_jax import models
+from tests.models.hf_fixtures import save_family_model
+from tests.training.test_launchers import run
+
+TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+MESSAGES = [{"role": "system", "content": "Answer with one word."},
+            {"role": "user", "content": "Name a colour."}]
+TINY = ["--config.data.prompt_length=96", "--config.sampler.prompt_buckets=96",
+        "--config.sampler.cache_length=112", "--config.rollout.max_new_tokens=12",
+        "--config.sampler.num_slots=8", "--config.sampler.warmup=False",
+        "--config.rollout.prompts_per_step=2", "--config.rollout.group_size=2",
+        "--config.train.steps=2", "--config.train.minibatches=1", "--config.train.eval_every=2",
+        "--config.train.tensorboard=False", "--config.train.log_rollouts=2",
+        "--config.model.logprob_chunk=0", "--config.optimizer.warmup_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("qwen3")
+  tokenizer = models.train_bpe_tokenizer(
+      ["Answer with one word. Name a colour. red green blue"] * 20, vocab_size=200)
+  tokenizer.chat_template = TEMPLATE
+  tokenizer.save(str(directory))
+  save_family_model(directory, "qwen3", vocab_size=tokenizer.vocab_size,
+                    eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+  return str(directory)
+
+
+def trl_file(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+@pytest.mark.slow
+def test_trl_conversational_data_and_a_trl_reward_function_on_a_qwen3_checkpoint(
+    tmp_path, checkpoint):
+  data = trl_file(tmp_path / "colours.jsonl",
+                  [{"prompt": MESSAGES, "solution": colour} for colour in ("red", "blue")] * 2)
+  flags = ["--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
+           f"--config.model.checkpoint={checkpoint}", f"--config.data.train_file={data}",
+           f"--config.data.eval_file={data}", "--config.data.columns=answer=solution",
+           "--config.data.default_task=colours",
+           "--config.reward.function=tests.rewards.reward_fns:solution_match", *TINY]
+  checked = run("train.py", *flags, "--validate_only")
+  assert checked.returncode == 0 and checked.stdout.strip() == "config ok", checked.stderr
+  # A row too long for data.prompt_length is named before anything loads.
+  long = trl_file(tmp_path / "long.jsonl", [{"prompt": MESSAGES, "solution": "red"},
+                                            {"prompt": "red " * 120, "solution": "red"}])
+  refused = run("train.py", *flags, f"--config.data.train_file={long}", "--validate_only")
+  assert refused.returncode == 2, refused.stderr
+  assert refused.stderr.strip().splitlines()[-1].startswith(
+      f"error: config.data.train_file: {long}:2: the prompt has ")
+
+  result = run("train.py", *flags)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert json.loads(result.stdout.strip().splitlines()[-1])["steps"] == 2
+  rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+          .splitlines()]
+  assert all("reward/solution_match/mean" in r for r in rows if "step" in r and
+             "reward_mean" in r)
+  # The model was given the chat template's rendering, token for token as transformers has it.
+  transformers = pytest.importorskip("transformers")
+  reference = transformers.AutoTokenizer.from_pretrained(checkpoint)
+  expected = reference.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+  expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+  logged = json.loads((tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()[0])
+  prompt = logged["token_ids"][:logged["loss_mask"].index(1)]
+  assert prompt == expected
