@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from rlhf_jax.models import config as config_lib
+from rlhf_jax.models import hf_config
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
 from rlhf_jax.models.functional import init_model
@@ -176,7 +177,7 @@ def read_hf_config(directory: str, **overrides) -> config_lib.DecoderConfig:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist (not an HF checkpoint directory?).")
   with open(path) as f:
-    return config_lib.config_from_hf(json.load(f), **overrides)
+    return hf_config.config_from_hf(json.load(f), **overrides)
 
 
 def _read_tensor(files: _CheckpointFiles, available: set[str], mapping: TensorMapping,
@@ -301,13 +302,13 @@ def save_hf_checkpoint(directory: str, model: FunctionalModel, params: Params, *
   from safetensors.numpy import save_file  # the `hf` extra
 
   os.makedirs(directory, exist_ok=True)
-  hf_config = config_lib.config_to_hf(model.config)
+  written = hf_config.config_to_hf(model.config)
   if model.head == "scalar":
     base = config_lib.ARCHITECTURES[model.config.architecture].replace("ForCausalLM", "")
-    hf_config["architectures"] = [base + "ForSequenceClassification"]
-    hf_config["num_labels"] = 1
+    written["architectures"] = [base + "ForSequenceClassification"]
+    written["num_labels"] = 1
   with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(hf_config, f, indent=2, sort_keys=True)
+    json.dump(written, f, indent=2, sort_keys=True)
 
   # Drop any stale layout from an earlier save into the same directory.
   for stale in os.listdir(directory):

@@ -1,6 +1,11 @@
 """A thin wrapper over HF `tokenizers` (`tokenizer.json`): batch encode/decode, padding
-into fixed-shape int32 arrays, EOS/PAD handling, and a ChatML chat template; plus two
-small tokenizers built locally (character-level and byte-level BPE) for tests and demos.
+into fixed-shape int32 arrays, EOS/PAD handling, and chat templates read and rendered as
+transformers does (`models.chat_template`), or a built-in ChatML; plus two small tokenizers
+built locally (character-level and byte-level BPE) for tests and demos.
+
+`encode(apply_chat_template(messages))` gives transformers' `apply_chat_template(messages,
+tokenize=True)`: transformers tokenizes the rendered text with `add_special_tokens=False`
+(no BOS of its own; the template writes the BOS, as Llama 3's does), and so does `encode`.
 
 Needs the `hf` extra (tokenizers).
 """
@@ -9,12 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from rlhf_jax.models.chat_template import render_chat
-from rlhf_jax.models.chat_template import turn_suffix
+from rlhf_jax.models import chat_template as chat_lib
 
 CHATML_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # The Jinja form of `Tokenizer.apply_chat_template`, written to tokenizer_config.json so
@@ -23,6 +27,14 @@ CHATML_JINJA = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
     "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# The files of a tokenizer directory that `save` writes back as they were read (with
+# additional_chat_templates/*.jinja).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", chat_lib.TEMPLATE_FILE, chat_lib.LEGACY_TEMPLATE_FILE,
+                   "vocab.json", "merges.txt", "tokenizer.model")
+# Files that change what a directory renders or names; a save removes stale ones.
+_RENDERING_FILES = ("special_tokens_map.json", "added_tokens.json", chat_lib.TEMPLATE_FILE,
+                    chat_lib.LEGACY_TEMPLATE_FILE)
 
 
 class Tokenizer:
@@ -32,18 +44,45 @@ class Tokenizer:
     backend: a `tokenizers.Tokenizer`.
     eos_token: the end-of-sequence token (must be in the vocabulary).
     pad_token: the padding token (default: the EOS token, as Qwen2 does).
-    chat_template: the Jinja chat template (tokenizer_config.json's), or None for the
-      built-in ChatML (`CHATML_JINJA`).
+    bos_token: the beginning-of-sequence token, if any (templates write it).
+    chat_template: the Jinja chat template, or None (with no `chat_templates` either: the
+      built-in ChatML, `CHATML_JINJA`).
+    chat_templates: named templates ({"default": ..., "tool_use": ...}); `chat_template`
+      is the "default" one.
+    special_tokens: the named special tokens a template sees (transformers'
+      `special_tokens_map`); default: bos/eos/pad as given.
   """
 
   def __init__(self, backend, *, eos_token: str = "<|endoftext|>",
-               pad_token: str | None = None, chat_template: str | None = None):
+               pad_token: str | None = None, bos_token: str | None = None,
+               chat_template: str | None = None, chat_templates: Mapping[str, str] | None = None,
+               special_tokens: Mapping[str, str] | None = None):
     self.backend = backend
-    self.chat_template = chat_template
+    self.chat_templates = dict(chat_templates or {})
+    if chat_template is not None:
+      self.chat_template = chat_template
+    self.bos_token = bos_token
     self.eos_token = eos_token
     self.pad_token = eos_token if pad_token is None else pad_token
     self.eos_id = self._id_of(self.eos_token, "eos_token")
     self.pad_id = self._id_of(self.pad_token, "pad_token")
+    if special_tokens is None:
+      special_tokens = {"bos_token": bos_token, "eos_token": eos_token, "pad_token": self.pad_token}
+    self._named = {k: v for k, v in special_tokens.items() if v is not None}
+    self._files: dict[str, bytes] | None = None  # what `from_directory` read, for `save`
+    self._loaded_templates: dict[str, str] = {}
+
+  @property
+  def chat_template(self) -> str | None:
+    """The template used without a name ("default"); None: the checkpoint has none."""
+    return self.chat_templates.get("default")
+
+  @chat_template.setter
+  def chat_template(self, template: str | None) -> None:
+    if template is None:
+      self.chat_templates.pop("default", None)
+    else:
+      self.chat_templates["default"] = template
 
   def _id_of(self, token: str, what: str) -> int:
     token_id = self.backend.token_to_id(token)
@@ -55,44 +94,65 @@ class Tokenizer:
 
   @classmethod
   def from_directory(cls, directory: str) -> "Tokenizer":
-    """Loads `tokenizer.json` (+ EOS, PAD and the chat template from
-    `tokenizer_config.json` when present; of several named templates, "default")."""
+    """Loads `tokenizer.json`, the named special tokens and the chat templates of a tokenizer
+    directory (`models.chat_template.read_special_tokens`, `read_chat_templates`)."""
     from tokenizers import Tokenizer as Backend  # the `hf` extra
 
     path = os.path.join(directory, "tokenizer.json")
     if not os.path.exists(path):
       raise FileNotFoundError(f"{path} does not exist.")
-    settings = {}
-    config_path = os.path.join(directory, "tokenizer_config.json")
-    if os.path.exists(config_path):
-      with open(config_path) as f:
-        settings = json.load(f)
-    token_text = lambda t: t.get("content") if isinstance(t, dict) else t
-    eos = token_text(settings.get("eos_token")) or CHATML_SPECIAL_TOKENS[0]
-    pad = token_text(settings.get("pad_token"))
-    template = settings.get("chat_template")
-    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
-      named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-      template = named.get("default", next(iter(named.values()), None))
-    return cls(Backend.from_file(path), eos_token=eos, pad_token=pad,
-               chat_template=template if isinstance(template, str) else None)
+    config = chat_lib.read_json(os.path.join(directory, "tokenizer_config.json"))
+    named = chat_lib.read_special_tokens(directory, config)
+    templates = chat_lib.read_chat_templates(directory, config)
+    tokenizer = cls(Backend.from_file(path),
+                    eos_token=named.get("eos_token") or CHATML_SPECIAL_TOKENS[0],
+                    pad_token=named.get("pad_token"), bos_token=named.get("bos_token"),
+                    chat_templates=templates, special_tokens=named)
+    tokenizer._files = _read_files(directory)
+    tokenizer._loaded_templates = dict(templates)
+    return tokenizer
 
   def save(self, directory: str) -> None:
-    """Writes tokenizer.json and a tokenizer_config.json that transformers' AutoTokenizer reads."""
+    """Writes the tokenizer so that transformers' AutoTokenizer and `from_directory` read
+    it back. One loaded from a directory writes that directory's files byte for byte (a
+    template changed since goes to chat_template.jinja, which takes precedence); one built
+    in memory writes tokenizer.json and a tokenizer_config.json of its own."""
     os.makedirs(directory, exist_ok=True)
-    self.backend.save(os.path.join(directory, "tokenizer.json"))
+    if self._files is None:
+      files = {"tokenizer.json": self.backend.to_str(pretty=True).encode(),
+               "tokenizer_config.json": json.dumps(self._config(), indent=2,
+                                                   sort_keys=True).encode()}
+    else:
+      files = dict(self._files)
+      if self.chat_templates != self._loaded_templates:
+        if not self.chat_templates:
+          raise ValueError(f"Tokenizer.save: the chat templates loaded from its directory were "
+                           f"removed; {directory} cannot express that.")
+        files = {name: data for name, data in files.items()
+                 if name not in (chat_lib.TEMPLATE_FILE, chat_lib.LEGACY_TEMPLATE_FILE)
+                 and not name.startswith(chat_lib.TEMPLATE_DIR + "/")}
+        for name, template in self.chat_templates.items():
+          path = (chat_lib.TEMPLATE_FILE if name == "default"
+                  else f"{chat_lib.TEMPLATE_DIR}/{name}.jinja")
+          files[path] = template.encode("utf-8")
+    _write_files(directory, files)
+
+  def _config(self) -> dict[str, Any]:
+    """The tokenizer_config.json of a tokenizer built in memory."""
     specials = [t for t in CHATML_SPECIAL_TOKENS if self.backend.token_to_id(t) is not None]
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": self.eos_token,
-              "pad_token": self.pad_token, "bos_token": None, "unk_token": None,
+              "pad_token": self.pad_token, "bos_token": self.bos_token,
+              "unk_token": self._named.get("unk_token"),
               "additional_special_tokens": [t for t in specials
                                             if t not in (self.eos_token, self.pad_token)],
               "clean_up_tokenization_spaces": False, "model_max_length": 1 << 30}
-    if self.chat_template is not None:
+    if set(self.chat_templates) == {"default"}:
       config["chat_template"] = self.chat_template
+    elif self.chat_templates:
+      config["chat_template"] = [{"name": k, "template": v} for k, v in self.chat_templates.items()]
     elif len(specials) == len(CHATML_SPECIAL_TOKENS):
       config["chat_template"] = CHATML_JINJA
-    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-      json.dump(config, f, indent=2, sort_keys=True)
+    return config
 
   # ------------------------------------------------------------------ encode / decode
 
@@ -162,24 +222,37 @@ class Tokenizer:
 
   # ------------------------------------------------------------------ chat
 
-  def apply_chat_template(self, messages: Sequence[dict[str, str]], *,
-                          add_generation_prompt: bool = True) -> str:
-    """The tokenizer's chat template rendered as transformers does
-    (`models.chat_template.render_chat`), or without one ChatML:
-    `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (Qwen2's format).
+  def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
+                          add_generation_prompt: bool = True,
+                          tools: Sequence[Mapping[str, Any]] | None = None,
+                          documents: Sequence[Mapping[str, Any]] | None = None,
+                          chat_template: str | None = None, **template_kwargs) -> str:
+    """The chat as transformers' `apply_chat_template(..., tokenize=False)` renders it
+    (`models.chat_template.render_chat`), or without a template ChatML:
+    `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (Qwen2's format; it reads
+    no tools, documents or variables, as `CHATML_JINJA` does not).
 
     Args:
-      messages: [{"role": ..., "content": ...}, ...].
+      messages: [{"role": ..., "content": ...}, ...] (tool_calls, reasoning_content, ...
+        pass through to the template).
       add_generation_prompt: end with the opening of an assistant turn.
+      tools: JSON schemas of the tools the template lists.
+      documents: dicts for templates that do retrieval.
+      chat_template: the name of one of `chat_templates`, or a Jinja source; default as
+        transformers chooses: "tool_use" when there are tools and such a template, else
+        "default".
+      **template_kwargs: template variables (Qwen3's enable_thinking, Llama 3.1's
+        date_string, tools_in_user_message, builtin_tools, ...).
     Returns:
       The prompt text (encode it with `encode`).
     """
-    if self.chat_template is not None:
-      return render_chat(self.chat_template, messages,
-                         add_generation_prompt=add_generation_prompt,
-                         special_tokens=self.special_tokens())
-    for token in CHATML_SPECIAL_TOKENS[1:]:
-      self._id_of(token, "chat template token")
+    template = self._template(chat_template, tools)
+    if template is not None:
+      return chat_lib.render_chat(template, messages, add_generation_prompt=add_generation_prompt,
+                                  tools=tools, documents=documents,
+                                  special_tokens=self.special_tokens(), **template_kwargs)
+    chat_lib.check_template_kwargs(template_kwargs)
+    self._check_chatml()
     parts = []
     for index, message in enumerate(messages):
       if set(message) != {"role", "content"}:
@@ -190,21 +263,75 @@ class Tokenizer:
       parts.append("<|im_start|>assistant\n")
     return "".join(parts)
 
-  def special_tokens(self) -> dict[str, str | None]:
-    """The special tokens a chat template may read (bos_token, eos_token, pad_token)."""
-    return {"bos_token": None, "eos_token": self.eos_token, "pad_token": self.pad_token}
+  def _template(self, name_or_source: str | None, tools) -> str | None:
+    """The template to render, chosen as transformers' `get_chat_template` chooses; None:
+    the built-in ChatML."""
+    templates = self.chat_templates
+    if name_or_source is not None:
+      if name_or_source in templates:
+        return templates[name_or_source]
+      if "{{" in name_or_source or "{%" in name_or_source:
+        return name_or_source
+      raise ValueError(f"chat_template={name_or_source!r} is neither a Jinja template nor one "
+                       f"of the tokenizer's templates {sorted(templates)}.")
+    if tools is not None and "tool_use" in templates:
+      return templates["tool_use"]
+    if templates and "default" not in templates:
+      raise ValueError(f"none of the tokenizer's chat templates {sorted(templates)} is named "
+                       "'default'; pass chat_template=<name>.")
+    return templates.get("default")
+
+  def _check_chatml(self) -> None:
+    for token in CHATML_SPECIAL_TOKENS[1:]:
+      self._id_of(token, "chat template token")
+
+  def special_tokens(self) -> dict[str, str]:
+    """The named special tokens a chat template sees (bos_token, eos_token, ...: those the
+    tokenizer's files set, as transformers' `special_tokens_map`)."""
+    return dict(self._named)
 
   def turn_suffix(self, role: str, content: str, *, turn_end: str = "") -> str:
     """The text that adds a `role` turn after a model turn ended by `turn_end` and opens
     the next assistant turn, under the chat template (ChatML without one):
     `models.chat_template.turn_suffix`."""
-    template = self.chat_template
+    template = self._template(None, None)
     if template is None:
-      for token in CHATML_SPECIAL_TOKENS[1:]:
-        self._id_of(token, "chat template token")
+      self._check_chatml()
       template = CHATML_JINJA
-    return turn_suffix(template, role, content, turn_end=turn_end,
-                       special_tokens=self.special_tokens())
+    return chat_lib.turn_suffix(template, role, content, turn_end=turn_end,
+                                special_tokens=self.special_tokens())
+
+
+def _read_files(directory: str) -> dict[str, bytes]:
+  """The bytes of each of `directory`'s tokenizer files, by relative path."""
+  names = [n for n in TOKENIZER_FILES if os.path.isfile(os.path.join(directory, n))]
+  extra = os.path.join(directory, chat_lib.TEMPLATE_DIR)
+  if os.path.isdir(extra):
+    names += [f"{chat_lib.TEMPLATE_DIR}/{n}" for n in sorted(os.listdir(extra))
+              if n.endswith(".jinja")]
+  files = {}
+  for name in names:
+    with open(os.path.join(directory, name), "rb") as f:
+      files[name] = f.read()
+  return files
+
+
+def _write_files(directory: str, files: Mapping[str, bytes]) -> None:
+  """Writes `files` into `directory` and removes the stale files there that would change
+  what it renders (a chat_template.jinja of an earlier save takes precedence)."""
+  extra = os.path.join(directory, chat_lib.TEMPLATE_DIR)
+  stale = [n for n in _RENDERING_FILES if n not in files]
+  if os.path.isdir(extra):
+    stale += [f"{chat_lib.TEMPLATE_DIR}/{n}" for n in os.listdir(extra)
+              if n.endswith(".jinja") and f"{chat_lib.TEMPLATE_DIR}/{n}" not in files]
+  for name in stale:
+    if os.path.isfile(os.path.join(directory, name)):
+      os.remove(os.path.join(directory, name))
+  for name, data in files.items():
+    path = os.path.join(directory, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+      f.write(data)
 
 
 def build_character_tokenizer(characters: str, *,

@@ -111,6 +111,51 @@ def test_templates_that_cannot_be_appended_to_or_refuse_are_errors():
   with pytest.raises(ChatTemplateError, match="unknown role robot"):
     render_chat(QWEN_STYLE, [{"role": "robot", "content": "x"}])
   with pytest.raises(ChatTemplateError, match="does not compile"):
-    render_chat("{% for %}", [])
-  with pytest.raises(ValueError, match="messages\\[0\\] needs string 'role' and 'content'"):
-    render_chat(QWEN_STYLE, [{"role": "user"}])
+    render_chat("{% for %}", MESSAGES)
+  with pytest.raises(ChatTemplateError, match="failed on the messages: UndefinedError"):
+    render_chat("{{ messages[0].content.upper() }}", [{"role": "user"}])
+  with pytest.raises(ValueError, match="messages is empty"):
+    render_chat(QWEN_STYLE, [])
+  with pytest.raises(ValueError, match="messages\\[0\\] needs a string 'role'"):
+    render_chat(QWEN_STYLE, [{"content": "x"}])
+
+
+# What transformers adds to Jinja: {% generation %} blocks (its assistant-token mask),
+# `dict`, a namespace that refuses underscore attributes, strftime_now.
+EXTENSIONS = ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+              "{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+              "{{ ns.n }}{{ dict(a=1) | tojson }}{{ strftime_now('%Y')[:2] }}")
+
+
+def test_transformers_jinja_extensions_render_the_same():
+  transformers = pytest.importorskip("transformers")
+  reference = transformers.PreTrainedTokenizerFast(tokenizer_object=TOKENIZER.backend,
+                                                   eos_token="<|endoftext|>")
+  expected = reference.apply_chat_template(MESSAGES, chat_template=EXTENSIONS, tokenize=False)
+  assert render_chat(EXTENSIONS, MESSAGES) == expected
+  assert expected.startswith("What is 12 * 34?") and '4{"a": 1}20' in expected
+  with pytest.raises(ChatTemplateError, match="SecurityError"):
+    render_chat("{% set ns = namespace(_x=1) %}", MESSAGES)
+
+
+def test_messages_are_passed_on_as_transformers_passes_them():
+  echo = "{% for m in messages %}{{ m | tojson }}|{% endfor %}{{ enable_thinking }}"
+  messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": None},
+              {"role": "assistant", "content": None, "reasoning": "r", "tool_calls": [{}]}]
+  assert render_chat(echo, messages, enable_thinking=False) == (
+      '{"role": "user", "content": [{"type": "text", "text": "hi"}]}|'
+      '{"thinking": "r", "role": "assistant", "reasoning": "r", "tool_calls": [{}], '
+      '"reasoning_content": "r"}|False')
+
+
+def test_what_a_template_cannot_be_given_is_refused():
+  image = [{"role": "user", "content": [{"type": "text", "text": "see"},
+                                        {"type": "image", "url": "x.png"}]}]
+  with pytest.raises(ValueError, match=r"\['content'\]\[1\] is a part of type 'image'; only"):
+    render_chat(QWEN_STYLE, image)
+  with pytest.raises(ValueError, match=r"messages\[0\]\['content'\] is a object"):
+    render_chat(QWEN_STYLE, [{"role": "user", "content": object()}])
+  with pytest.raises(TypeError, match=r"tools\[0\] is a builtin_function_or_method; tools"):
+    render_chat(QWEN_STYLE, MESSAGES, tools=[print])
+  with pytest.raises(ValueError, match=r"\['tokenize'\] are not supported here"):
+    TOKENIZER.apply_chat_template(MESSAGES[:1], tokenize=True)

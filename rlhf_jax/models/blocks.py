@@ -1,0 +1,191 @@
+"""The layers of a decoder LM (`DecoderLM`): RMSNorm, grouped-query attention with RoPE,
+optional q/k norms and a KV cache, the SwiGLU MLP, and the block that joins them with
+its norms placed before (Llama) or after (OLMo 2) each sub-layer.
+
+Every parameter carries `logical_axes` metadata for `rlhf_jax.parallel`.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.models.attention import cached_attention
+from rlhf_jax.models.attention import grouped_query_attention
+from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.layer_scan import write_cache
+from rlhf_jax.models.rope import apply_rope
+
+INIT_STD = 0.02  # HF initializer_range for Qwen2 / Llama.
+
+
+def param(rngs: nnx.Rngs | None, shape, axes, config: DecoderConfig, init: str = "normal"):
+  """An nnx.Param of `shape` in the parameter dtype with logical `axes`: N(0, INIT_STD²)
+  ("normal", needs rngs), "ones" or "zeros"."""
+  dtype = config.jnp_param_dtype
+  if init == "ones":
+    value = jnp.ones(shape, dtype)
+  elif init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  else:
+    value = (INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, logical_axes=axes)
+
+
+def _dense(x: jax.Array, kernel: jax.Array, precision: jax.lax.Precision | None) -> jax.Array:
+  """[..., K] @ [K, N] as one 2-D GEMM over the flattened leading axes, at `precision`
+  (`DecoderConfig.precision`; None: the backend default).
+
+  Every projection goes through here: with plain 2-D GEMMs XLA:CPU picks
+  transpose-free layouts for the backward, while 3-D einsums ([B,T,E] x [E,H,D])
+  made it write the SiLU backward and other activations in transposed copies
+  (W2 PPO step: 6.8-8.2 s -> 4.7-5.3 s per step, benchmarks/train_step.py).
+  """
+  leading = x.shape[:-1]
+  out = jnp.matmul(x.reshape(-1, x.shape[-1]), kernel, precision=precision)
+  return out.reshape(*leading, kernel.shape[-1])
+
+
+class RMSNorm(nnx.Module):
+  """y = x / sqrt(mean(x²) + eps) · w over x's trailing axes of w's shape, computed in
+  float32 (Zhang & Sennrich 2019). Default w: [hidden_size]; a q/k norm passes its own
+  shape ([head_dim], or [heads, head_dim] to normalise a whole projection)."""
+
+  def __init__(self, config: DecoderConfig, shape: tuple[int, ...] | None = None,
+               axes: tuple[str, ...] = ("norm",)):
+    self.eps = config.rms_norm_eps
+    shape = (config.hidden_size,) if shape is None else shape
+    self.weight = param(None, shape, axes, config, init="ones")
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    shape = self.weight.shape
+    reduced = tuple(range(x.ndim - len(shape), x.ndim))
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=reduced, keepdims=True) + self.eps)
+    # HF casts back to the input dtype before the weight multiply.
+    weight = self.weight[...].astype(x.dtype).reshape((1,) * (x.ndim - len(shape)) + shape)
+    return weight * normed.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query causal self-attention with RoPE and an optional KV cache."""
+
+  def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
+    e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    self.config = config
+    self.q_proj = param(rngs, (e, h, d), ("embed", "heads", "head_dim"), config)
+    self.k_proj = param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), config)
+    self.v_proj = param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), config)
+    self.o_proj = param(rngs, (h, d, e), ("heads", "head_dim", "embed"), config)
+    if config.qkv_bias:
+      self.q_bias = param(None, (h, d), ("heads", "head_dim"), config, init="zeros")
+      self.k_bias = param(None, (k, d), ("kv_heads", "head_dim"), config, init="zeros")
+      self.v_bias = param(None, (k, d), ("kv_heads", "head_dim"), config, init="zeros")
+    if config.qk_norm == "head":  # Qwen3: each head's vector, one [D] weight for all heads
+      self.q_norm = RMSNorm(config, (d,), ("head_dim",))
+      self.k_norm = RMSNorm(config, (d,), ("head_dim",))
+    elif config.qk_norm == "projection":  # OLMo 2: a token's whole projection, [H, D] weights
+      self.q_norm = RMSNorm(config, (h, d), ("heads", "head_dim"))
+      self.k_norm = RMSNorm(config, (k, d), ("kv_heads", "head_dim"))
+
+  def _project(self, x, kernel, bias_name):
+    dtype = self.config.jnp_dtype
+    batch, time, embed = x.shape
+    _, heads, dim = kernel.shape
+    out = _dense(x, kernel[...].reshape(embed, heads * dim).astype(dtype),
+                 self.config.precision)
+    if self.config.qkv_bias:
+      out = out + getattr(self, bias_name)[...].reshape(1, 1, heads * dim).astype(dtype)
+    return out.reshape(batch, time, heads, dim)
+
+  def __call__(self, x, cos, sin, token_mask, layer_cache, segment_ids=None):
+    """x [B,T,E]; token_mask [B,T] bool; segment_ids [B,T] int or None (packed rows: a
+    query sees only keys of its segment); layer_cache None or (keys, values, valid, end,
+    layer): this layer's keys [B,K,D,S] / values [B,K,S,D] with layer None, or the
+    stacked [L,B,...] caches and this layer's `layer_scan.LayerSlot`."""
+    q = self._project(x, self.q_proj, "q_bias")
+    k = self._project(x, self.k_proj, "k_bias")
+    if self.config.qk_norm != "none":
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    v = self._project(x, self.v_proj, "v_bias")
+    time = x.shape[1]
+    if layer_cache is None:
+      key_valid = token_mask
+      query_slots = jnp.broadcast_to(jnp.arange(time), token_mask.shape)
+      num_keys = time
+    else:
+      cache_keys, cache_values, key_valid, end, layer = layer_cache
+      # New keys go in as [B, K, D, T], values as [B, K, T, D], at each row's write index.
+      cache_keys, layer_keys = write_cache(cache_keys, k.transpose(0, 2, 3, 1), end, layer, 2)
+      cache_values, layer_values = write_cache(cache_values, v.transpose(0, 2, 1, 3), end,
+                                               layer, 1)
+      query_slots = end[:, None] + jnp.arange(time)[None, :]
+      num_keys = layer_values.shape[2]
+    key_slots = jnp.arange(num_keys)
+    causal = key_slots[None, None, :] <= query_slots[:, :, None]
+    # A padding query may see no valid key; letting it see itself keeps softmax finite.
+    itself = key_slots[None, None, :] == query_slots[:, :, None]
+    allowed = causal & key_valid[:, None, :]
+    if segment_ids is not None:
+      allowed &= segment_ids[:, :, None] == segment_ids[:, None, :]
+    allowed |= itself
+    if layer_cache is None:
+      out = grouped_query_attention(q, k, v, allowed, precision=self.config.precision)
+      new_cache = None
+    else:
+      num_used = jnp.max(query_slots) + 1  # no query looks further
+      out = cached_attention(q, layer_keys, layer_values, allowed, num_used,
+                             precision=self.config.precision,
+                             kernel=self.config.decode_attention)
+      new_cache = (cache_keys, cache_values)
+    dtype = self.config.jnp_dtype
+    batch, time, heads, dim = out.shape
+    o_proj = self.o_proj[...].reshape(heads * dim, -1).astype(dtype)
+    return _dense(out.reshape(batch, time, heads * dim), o_proj, self.config.precision), new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) · up(x)) (Shazeer 2020)."""
+
+  def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
+    e, f = config.hidden_size, config.intermediate_size
+    self.config = config
+    self.gate_proj = param(rngs, (e, f), ("embed", "mlp"), config)
+    self.up_proj = param(rngs, (e, f), ("embed", "mlp"), config)
+    self.down_proj = param(rngs, (f, e), ("mlp", "embed"), config)
+
+  def __call__(self, x):
+    dtype, precision = self.config.jnp_dtype, self.config.precision
+    gate = _dense(x, self.gate_proj[...].astype(dtype), precision)
+    up = _dense(x, self.up_proj[...].astype(dtype), precision)
+    return _dense(jax.nn.silu(gate) * up, self.down_proj[...].astype(dtype), precision)
+
+
+class Block(nnx.Module):
+  """A transformer block. Pre-norm (`norm_placement="pre"`): x + attn(norm(x)), then
+  x + mlp(norm(x)). Post-norm ("post", OLMo 2): x + norm(attn(x)), then x + norm(mlp(x))."""
+
+  def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
+    self.pre_norm = config.norm_placement == "pre"
+    if self.pre_norm:
+      self.input_norm = RMSNorm(config)
+    self.attention = Attention(config, rngs)
+    if self.pre_norm:
+      self.post_attention_norm = RMSNorm(config)
+    else:
+      self.attention_out_norm = RMSNorm(config)
+    self.mlp = MLP(config, rngs)
+    if not self.pre_norm:
+      self.mlp_out_norm = RMSNorm(config)
+
+  def __call__(self, x, cos, sin, token_mask, layer_cache, segment_ids=None):
+    if not self.pre_norm:
+      attended, new_cache = self.attention(x, cos, sin, token_mask, layer_cache, segment_ids)
+      x = x + self.attention_out_norm(attended)
+      return x + self.mlp_out_norm(self.mlp(x)), new_cache
+    attended, new_cache = self.attention(self.input_norm(x), cos, sin, token_mask, layer_cache,
+                                         segment_ids)
+    x = x + attended
+    return x + self.mlp(self.post_attention_norm(x)), new_cache

@@ -1,0 +1,169 @@
+"""HF `config.json` ↔ DecoderConfig, one family at a time.
+
+A family is its HF class (`config.ARCHITECTURES`) plus the DecoderConfig options its
+modelling code fixes (`FAMILY_OPTIONS`: biases, q/k norms, norm placement); what
+config.json carries (shapes, RoPE, sliding windows) is read here. What we cannot
+compute the way transformers does is refused with a one-line ValueError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rlhf_jax.models.config import ARCHITECTURES
+from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.config import RopeScaling
+
+# What each family fixes that config.json does not spell out (DecoderConfig fields).
+FAMILY_OPTIONS = {"qwen2": dict(qkv_bias=True), "llama": {}, "qwen3": dict(qk_norm="head"),
+                  "olmo2": dict(qk_norm="projection", norm_placement="post")}
+# Mixture-of-experts architectures (refused by name; any config with experts is refused too).
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM",
+                     "DeepseekV2ForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+  """rope_theta and scaling from transformers 5 `rope_parameters` or the legacy keys."""
+  params = hf.get("rope_parameters") or {}
+  legacy = hf.get("rope_scaling") or {}
+  theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+  rope_type = params.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
+  if rope_type == "default":
+    return float(theta), None
+  if rope_type == "llama3":
+    source = params if params.get("rope_type") == "llama3" else legacy
+    return float(theta), RopeScaling(
+        factor=float(source["factor"]), low_freq_factor=float(source["low_freq_factor"]),
+        high_freq_factor=float(source["high_freq_factor"]),
+        original_max_position_embeddings=int(source["original_max_position_embeddings"]))
+  raise ValueError(f"config.json: rope_type={rope_type!r} is not supported; supported: "
+                   "'default', 'llama3'.")
+
+
+def _architecture_from_hf(hf: dict[str, Any]) -> str:
+  """Our architecture name for a config.json; ValueError in one line for MoE and for
+  families we do not have."""
+  architectures = hf.get("architectures") or []
+  model_type = hf.get("model_type")
+  moe = [a for a in architectures if a in MOE_ARCHITECTURES or "moe" in a.lower()]
+  if moe or any(hf.get(key) for key in _EXPERT_KEYS):
+    name = moe[0] if moe else (architectures or [model_type])[0]
+    raise ValueError(f"config.json: {name} is a mixture-of-experts model; MoE is not "
+                     "supported yet.")
+  by_class = {cls: arch for arch, cls in ARCHITECTURES.items()}
+  known = [by_class[a] for a in architectures if a in by_class]
+  if known:
+    return known[0]
+  if model_type in ARCHITECTURES:
+    return model_type
+  raise ValueError(
+      f"config.json: architectures={architectures!r} (model_type={model_type!r}) is not "
+      f"supported; supported: {', '.join(ARCHITECTURES.values())}.")
+
+
+def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
+  """A DecoderConfig from a parsed HF `config.json` (one of ARCHITECTURES).
+
+  Args:
+    hf: the parsed config.json.
+    **overrides: DecoderConfig fields to set (e.g. dtype="bfloat16", remat=True,
+      matmul_precision="highest"); fields config.json does not carry
+      (remat, matmul_precision, ...) otherwise keep their defaults.
+  Returns:
+    The DecoderConfig.
+  Raises:
+    ValueError in one line naming what is not supported (an architecture, MoE, a
+    rope type, sliding windows, biases, activations).
+  """
+  architecture = _architecture_from_hf(hf)
+  cls = ARCHITECTURES[architecture]
+  if hf.get("mlp_bias"):
+    raise ValueError("config.json: mlp_bias=true is not supported.")
+  if architecture in ("qwen3", "olmo2") and hf.get("attention_bias"):
+    raise ValueError(f"config.json: attention_bias=true (q/k/v/o biases) is not supported "
+                     f"for {cls}.")
+  if hf.get("use_sliding_window") and hf.get("sliding_window"):
+    raise ValueError("config.json: use_sliding_window=true is not supported.")
+  hidden_act = hf.get("hidden_act", "silu")
+  if hidden_act != "silu":
+    raise ValueError(f"config.json: hidden_act={hidden_act!r} is not supported; only 'silu'.")
+  theta, scaling = _rope_from_hf(hf)
+  num_heads = hf["num_attention_heads"]
+  fields = dict(
+      architecture=architecture,
+      vocab_size=hf["vocab_size"],
+      hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"],
+      num_heads=num_heads,
+      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+      intermediate_size=hf["intermediate_size"],
+      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      rope_theta=theta,
+      rope_scaling=scaling,
+      max_position_embeddings=hf.get("max_position_embeddings", 2048),
+      qkv_bias=bool(hf.get("attention_bias", False)),
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+  )
+  fields.update(FAMILY_OPTIONS[architecture])
+  fields.update(overrides)
+  return DecoderConfig(**fields)
+
+
+def _check_family(config: DecoderConfig) -> None:
+  """ValueError when `config` differs from what its architecture's HF class computes."""
+  cls = ARCHITECTURES[config.architecture]
+  fixed = dict(FAMILY_OPTIONS[config.architecture])
+  if config.architecture in ("qwen3", "olmo2"):
+    fixed["qkv_bias"] = False
+  fixed.setdefault("qk_norm", "none")
+  fixed.setdefault("norm_placement", "pre")
+  for name, value in fixed.items():
+    if getattr(config, name) != value:
+      raise ValueError(f"{cls} checkpoints have {name}={value!r}; "
+                       f"{name}={getattr(config, name)!r} cannot be saved as "
+                       f"architecture={config.architecture!r}.")
+
+
+def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
+  """The HF `config.json` dict that `transformers` loads back into the same model.
+
+  Runtime numerics that are not part of the checkpoint (compute dtype, remat,
+  matmul_precision, logprob_chunk) are not written.
+  Raises:
+    ValueError when the config is not one its architecture's HF class can hold
+    (e.g. Qwen2 without q/k/v bias).
+  """
+  _check_family(config)
+  rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+  if config.rope_scaling is not None:
+    rope.update(rope_type="llama3", **dataclasses.asdict(config.rope_scaling))
+  hf = {
+      "architectures": [ARCHITECTURES[config.architecture]],
+      "model_type": config.architecture,
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.hidden_size,
+      "num_hidden_layers": config.num_layers,
+      "num_attention_heads": config.num_heads,
+      "num_key_value_heads": config.num_kv_heads,
+      "head_dim": config.head_dim,
+      "intermediate_size": config.intermediate_size,
+      "rms_norm_eps": config.rms_norm_eps,
+      "rope_parameters": rope,
+      "rope_theta": config.rope_theta,
+      "max_position_embeddings": config.max_position_embeddings,
+      "tie_word_embeddings": config.tie_embeddings,
+      "hidden_act": "silu",
+      "torch_dtype": config.param_dtype,
+      "dtype": config.param_dtype,
+  }
+  if config.rope_scaling is not None:
+    hf["rope_scaling"] = dict(rope)
+  if config.architecture != "qwen2":
+    hf["attention_bias"] = config.qkv_bias
+    hf["mlp_bias"] = False
+  if config.architecture in ("qwen2", "qwen3"):
+    hf["use_sliding_window"] = False
+  return hf
