@@ -1,10 +1,18 @@
-r"""The arith warm start on its own: trains <workdir>/sft (or --config.model.checkpoint).
+r"""The warm start on its own.
 
   python launch/sft.py --config=configs/dapo.py:arith --workdir=/tmp/dapo [--config.sft.steps=450]
+  python launch/sft.py --config=configs/sft.py:hf --workdir=/tmp/mine \
+      --config.model.checkpoint=DIR --config.sft.train_file=conversations.jsonl
 
-train.py runs this itself when the SFT checkpoint is missing. Prints the held-out
-greedy accuracy of the result as JSON (with rollout.mode 'multi_turn', configs/toolcalc.py:
-of whole episodes with the environment).
+arith: the built-in task's warm start into <workdir>/sft (or --config.model.checkpoint);
+train.py runs this itself when the SFT checkpoint is missing. Prints the held-out greedy
+accuracy of the result as JSON (with rollout.mode 'multi_turn', configs/toolcalc.py: of
+whole episodes with the environment).
+
+hf: supervised fine-tuning of --config.model.checkpoint (empty: a model and a byte-level
+BPE tokenizer from scratch) on one's own conversations ("messages") or prompt/completion
+pairs, loss on the assistant's tokens, into <workdir>/sft: the checkpoint that
+`launch/train.py --config.model.checkpoint=<workdir>/sft` starts RL from.
 """
 
 from __future__ import annotations
@@ -40,10 +48,15 @@ def main(argv) -> None:
 
   config = _CONFIG.value
   # The whole config, first: before the warm start trains anything.
-  validate_config(config, num_devices=jax.device_count())
-  if config.variant != "arith":
-    invalid("variant", config.variant, "must be arith for launch/sft.py (it trains the "
-            "built-in arith warm start)")
+  validate_config(config, num_devices=jax.device_count(), supervised=config.variant == "hf")
+  if config.variant == "hf":  # one's own data: model.checkpoint (or from scratch) → sft/
+    if _OVERWRITE.value is False and os.path.exists(os.path.join(_WORKDIR.value, "sft")):
+      invalid("variant", config.variant, f"{_WORKDIR.value}/sft exists; pass --overwrite "
+              "to train it again")
+    directory = stages.supervised_warm_start(config, _WORKDIR.value,
+                                             log=lambda line: print(line, flush=True))
+    print(json.dumps({"checkpoint": directory}), flush=True)
+    return
   directory = build.policy_checkpoint_dir(config, _WORKDIR.value)
   if _OVERWRITE.value and os.path.exists(directory):
     shutil.rmtree(directory)

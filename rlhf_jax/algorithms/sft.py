@@ -29,3 +29,27 @@ def run_sft(model, params, make_batch: Callable[[int], batch_lib.RolloutBatch], 
   `sft_loss`; options: warmup_steps, weight_decay, max_grad_norm, progress)."""
   return fit(lambda p, batch: sft_loss(model, p, batch), params, make_batch, steps=steps,
              learning_rate=learning_rate, **options)
+
+
+def supervised_batches(rows, *, batch_size: int, seed: int, prompt_length: int,
+                       response_length: int, pad_id: int) -> Callable[[int], batch_lib.RolloutBatch]:
+  """`make_batch(step)` for run_sft over fixed `data.conversations.SupervisedRow`s: each
+  epoch a fresh seeded shuffle, `batch_size` rows a step (the loss on each row's masked
+  tokens: the assistant's)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  if not rows:
+    raise ValueError("supervised_batches needs at least one row.")
+
+  def make_batch(step: int) -> batch_lib.RolloutBatch:
+    picked = []
+    for position in range(step * batch_size, (step + 1) * batch_size):
+      epoch, index = divmod(position, len(rows))
+      picked.append(rows[np.random.default_rng([seed, epoch]).permutation(len(rows))[index]])
+    return batch_lib.build_rollout_batch(
+        [r.prompt_ids for r in picked], [r.response_ids for r in picked],
+        [[0.0] * len(r.response_ids) for r in picked], [0.0] * batch_size,
+        [False] * batch_size, list(range(batch_size)), prompt_length=prompt_length,
+        response_length=response_length, pad_id=pad_id,
+        loss_masks=[r.loss_mask for r in picked])
+
+  return make_batch

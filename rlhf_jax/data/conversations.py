@@ -77,21 +77,27 @@ def _conversation(prompts: PromptFormat, messages: list[dict], where: str, start
   return SupervisedRow(prompt_ids, response, mask)
 
 
+def _is_conversation(value: Any) -> bool:
+  """A list of turns with string roles (content may be None: an assistant's tool calls)."""
+  return isinstance(value, (list, tuple)) and bool(value) and all(
+      isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value)
+
+
 def supervised_row(record: Mapping[str, Any], where: str, prompts: PromptFormat
                    ) -> SupervisedRow:
   """One record (module docstring's layouts) → its SupervisedRow; errors name `where`."""
   if not isinstance(record, Mapping):
     raise ValueError(f"{where}: expected an object, got {type(record).__name__}.")
   if "messages" in record:
-    if not is_chat(record["messages"]):
-      raise ValueError(f"{where}: field 'messages' must be a list of "
-                       "{'role': str, 'content': str} objects.")
+    if not _is_conversation(record["messages"]):
+      raise ValueError(f"{where}: field 'messages' must be a list of objects with a "
+                       "string 'role'.")
     return _conversation(prompts, [dict(m) for m in record["messages"]], where)
   if "prompt" not in record or "completion" not in record:
     raise ValueError(f"{where}: needs 'messages', or 'prompt' and 'completion'; there: "
                      f"{sorted(record)}.")
   prompt, completion = record["prompt"], record["completion"]
-  if is_chat(prompt) and is_chat(completion):
+  if _is_conversation(prompt) and _is_conversation(completion):
     return _conversation(prompts, [dict(m) for m in prompt] + [dict(m) for m in completion],
                          where, start=len(prompt))
   if not isinstance(completion, str) or not (isinstance(prompt, str) or is_chat(prompt)):
@@ -114,3 +120,15 @@ def check_row(row: SupervisedRow, where: str, *, prompt_length: int,
     raise ValueError(f"{where}: the response has {len(row.response_ids)} tokens, more than "
                      f"sft.response_length={response_length}.")
   return row
+
+
+def record_texts(record: Mapping[str, Any]) -> list[str]:
+  """The text of a record's turns, prompt and completion (a tokenizer's training corpus)."""
+  out = []
+  for key in ("messages", "prompt", "completion"):
+    value = record.get(key) if isinstance(record, Mapping) else None
+    if isinstance(value, str):
+      out.append(value)
+    elif _is_conversation(value):
+      out.extend(m["content"] for m in value if isinstance(m.get("content"), str))
+  return out

@@ -77,6 +77,12 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   # solutions drop every carry, a habit of reasoning the verifier's reward can correct
   # (the README's demo); 0 = a flawless teacher.
   c.sft.carry_slip = 0.6
+  # hf variant (launch/sft.py): .jsonl/.parquet of conversations ("messages") or prompt /
+  # completion pairs to fine-tune model.checkpoint on (loss on the assistant's tokens);
+  # with model.checkpoint empty, a model.*-sized model and a BPE tokenizer from scratch.
+  c.sft.train_file = ""
+  c.sft.response_length = 0  # Response tokens of a row (0: rollout.max_new_tokens + 1).
+  c.sft.vocab_size = 1024  # From scratch: the byte-level BPE tokenizer's vocabulary.
 
   c.rollout = rollout_config_lib.rollout_config(prompts_per_step=16 if arith else 128,
                                                 max_new_tokens=64 if arith else 1024)
@@ -171,13 +177,15 @@ def sibling_preset(preset_file: str, name: str, variant: str) -> ml_collections.
 
 
 def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None, *,
-                    labelling: bool = False) -> None:
+                    labelling: bool = False, supervised: bool = False) -> None:
   """Checks every field of a trainer config; launchers call this first, before the
   warm start, labelling, loading or compiling (the Trainer checks again, cheaply).
 
   Each section's owner checks its values, then the checks that span sections run;
   with `num_devices` the mesh is checked against the devices too. `labelling`: the run
-  writes `data.offline_file` (launch/label_samples.py) instead of reading it. Raises
+  writes `data.offline_file` (launch/label_samples.py) instead of reading it; `supervised`:
+  the hf variant's SFT (launch/sft.py), which needs `sft.train_file`, not an RL prompt
+  file or a checkpoint. Raises
   ConfigError: one line, `config.<full.path>: invalid value <v>: <allowed values or range>`.
   """
   one_of("variant", c.variant, VARIANTS)
@@ -208,7 +216,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   validate_optimizer(c.optimizer)
   validate_train(c, rows=rows)
   _validate_learner(c, labelling=labelling)
-  _validate_across_sections(c)
+  _validate_across_sections(c, supervised=supervised)
   validate_mesh(c, num_devices, rows=rows)
   parallel.validate_distributed_config(c.distributed)
   if c.train.tensorboard and importlib.util.find_spec("tensorboardX") is None:
@@ -216,7 +224,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
             "'rlhf-jax[tensorboard]' (or set it False; metrics.jsonl is always written)")
 
 
-def _validate_across_sections(c) -> None:
+def _validate_across_sections(c, *, supervised: bool) -> None:
   if c.rollout.max_staleness and c.algorithm.learner != "ppo":
     invalid("rollout.max_staleness", c.rollout.max_staleness, "must be 0 for algorithm."
             f"learner={c.algorithm.learner!r} (stale samples are corrected by decoupled PPO)")
@@ -233,6 +241,11 @@ def _validate_across_sections(c) -> None:
   if c.data.prompt_length + r.max_new_tokens > c.sampler.cache_length:
     invalid("sampler.cache_length", c.sampler.cache_length, "must be >= data.prompt_length "
             f"+ rollout.max_new_tokens = {c.data.prompt_length + r.max_new_tokens}")
+  if supervised and c.variant == "hf" and not c.sft.train_file:
+    invalid("sft.train_file", c.sft.train_file, "a file of conversations or prompt/"
+            "completion pairs is required for the hf variant's SFT")
+  if supervised:
+    return
   if c.variant == "hf" and not c.model.checkpoint:
     invalid("model.checkpoint", c.model.checkpoint, "an HF checkpoint directory is required "
             "for the hf variant")
@@ -314,8 +327,14 @@ def validate_data(c) -> None:
 
 
 def validate_sft(sft) -> None:
-  """`sft.*`: the arith warm start."""
+  """`sft.*`: the arith warm start, and the hf variant's supervised data."""
   at_least(sft, "sft", ("steps", "batch_size"))
+  check_range("sft.response_length", sft.response_length, low=0,
+              note="(0: rollout.max_new_tokens + 1)")
+  check_range("sft.vocab_size", sft.vocab_size, low=300, note="(256 bytes + specials)")
+  if sft.train_file and not os.path.isfile(sft.train_file):
+    invalid("sft.train_file", sft.train_file, "must be an existing .jsonl/.parquet file of "
+            "conversations or prompt/completion pairs")
   check_range("sft.learning_rate", sft.learning_rate, low=0, low_open=True)
   _check_levels("sft", sft.levels, sft.level_weights)
   for field in ("direct_fraction", "carry_slip"):

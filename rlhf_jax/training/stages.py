@@ -23,7 +23,13 @@ from tqdm import tqdm
 from rlhf_jax import models
 from rlhf_jax.algorithms.batch import encode_pairs
 from rlhf_jax.algorithms.sft import run_sft
+from rlhf_jax.algorithms.sft import supervised_batches
+from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.data.conversations import check_row
+from rlhf_jax.data.conversations import record_texts
+from rlhf_jax.data.conversations import supervised_row
+from rlhf_jax.data.sources import read_records
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import write_labelled
 from rlhf_jax.rewards import build as reward_build
@@ -102,17 +108,7 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   else:
     make_batch = sft_arith_batches(tokenizer, slip_rate=c.sft.carry_slip, task=c.data.task,
                                    **common)
-  bar = tqdm(total=c.sft.steps, desc="SFT warm start", unit="step", dynamic_ncols=True)
-
-  def progress(step, loss):
-    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-    bar.update(1)
-
-  try:
-    result = run_sft(model, params, make_batch, steps=c.sft.steps,
-                     learning_rate=c.sft.learning_rate, progress=progress)
-  finally:
-    bar.close()
+  result = _run_with_bar(model, params, make_batch, c, "SFT warm start")
   # Written aside and renamed, so an interrupted save never looks like a checkpoint.
   partial = directory.rstrip("/") + ".partial"
   shutil.rmtree(partial, ignore_errors=True)
@@ -123,6 +119,77 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   log(f"SFT warm start saved to {directory} (final loss {result.losses[-1]:.4f}, "
       f"{result.seconds:.0f} s)")
   return directory
+
+
+def supervised_warm_start(c, workdir: str, log: Callable[[str], None] = print) -> str:
+  """Supervised fine-tuning on one's own data (`sft.train_file`: conversations or
+  prompt/completion pairs, loss on the assistant's tokens; data/conversations.py) of
+  `model.checkpoint`, or of a model from scratch (`model.*` sizes) with a byte-level BPE
+  tokenizer trained on the file; saved to <workdir>/sft, where `launch/train.py
+  --config.model.checkpoint=<workdir>/sft` starts from. Returns the directory."""
+  directory = os.path.join(workdir, "sft")
+  records = read_records(c.sft.train_file)
+  model, params, tokenizer, prefix_tokens = _supervised_start(c, records, log)
+  prefix = [tokenizer.backend.token_to_id(t) for t in prefix_tokens]
+  prompts = build.prompt_format(c, tokenizer, prefix)
+  response_length = c.sft.response_length or rollout_config_lib.response_length(c)
+  rows = []
+  for where, record in records:
+    try:
+      rows.append(check_row(supervised_row(record, where, prompts), where,
+                            prompt_length=c.data.prompt_length,
+                            response_length=response_length))
+    except ValueError as error:  # a template error is a ValueError too
+      raise ConfigError(f"config.sft.train_file: {error}") from None
+  log(f"SFT on {len(rows)} rows of {c.sft.train_file} ({c.sft.steps} steps of "
+      f"{c.sft.batch_size})")
+  make_batch = supervised_batches(rows, batch_size=c.sft.batch_size, seed=c.seed + 17,
+                                  prompt_length=c.data.prompt_length,
+                                  response_length=response_length, pad_id=tokenizer.pad_id)
+  result = _run_with_bar(model, params, make_batch, c, "SFT")
+  partial = directory.rstrip("/") + ".partial"
+  shutil.rmtree(partial, ignore_errors=True)
+  models.save_policy(partial, model, result.params, tokenizer, prefix_tokens)
+  shutil.rmtree(directory, ignore_errors=True)
+  os.replace(partial, directory)
+  log(f"SFT checkpoint saved to {directory} (final loss {result.losses[-1]:.4f}, "
+      f"{result.seconds:.0f} s)")
+  return directory
+
+
+def _supervised_start(c, records, log):
+  """(model, params, tokenizer, prefix tokens) to fine-tune: `model.checkpoint`, or from
+  scratch a `model.*`-sized decoder and a BPE tokenizer of `sft.vocab_size` trained on
+  the records' text (with ChatML as its chat template)."""
+  if c.model.checkpoint:
+    model, params = models.load_hf_checkpoint(c.model.checkpoint)
+    tokenizer = models.Tokenizer.from_directory(c.model.checkpoint)
+    prefix = models.load_prompt_prefix(c.model.checkpoint, tokenizer)
+    return model, params, tokenizer, [tokenizer.backend.id_to_token(i) for i in prefix]
+  corpus = [text for _, record in records for text in record_texts(record)]
+  log(f"no model.checkpoint: a byte-level BPE tokenizer ({c.sft.vocab_size} tokens) and a "
+      f"{c.model.num_layers}-layer model from scratch")
+  tokenizer = models.train_bpe_tokenizer(corpus, vocab_size=c.sft.vocab_size)
+  tokenizer.chat_template = models.tokenizer.CHATML_JINJA
+  model, params = models.init_model(arith.model_config(
+      vocab_size=tokenizer.vocab_size, hidden_size=c.model.hidden_size,
+      num_layers=c.model.num_layers, num_heads=c.model.num_heads,
+      max_positions=c.sampler.cache_length), seed=c.seed)
+  return model, params, tokenizer, []
+
+
+def _run_with_bar(model, params, make_batch, c, what: str):
+  bar = tqdm(total=c.sft.steps, desc=what, unit="step", dynamic_ncols=True)
+
+  def progress(step, loss):
+    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+    bar.update(1)
+
+  try:
+    return run_sft(model, params, make_batch, steps=c.sft.steps,
+                   learning_rate=c.sft.learning_rate, progress=progress)
+  finally:
+    bar.close()
 
 
 def check_toolcalc_tokenizer(directory: str) -> None:
