@@ -5,7 +5,9 @@ Each configured function is called on chunks of the samples in killable worker
 processes; per sample the reward is Σ weight × value over the functions that scored it.
 A failed call (exception, hang, wrong type, wrong length) fails its chunk's samples with
 a one-line reason. Correctness (`Scores.correct`: accuracy metrics, dynamic sampling) is
-the rule verifier's verdict where the task has one (`monitor`), else reward > 0.
+the rule verifier's verdict where the task has one (`monitor`), else full marks: every
+function that scored the sample gave at least 1.0 (verl's "acc" entry where its dict has
+one), so partial credit counts in the reward but not as a correct answer.
 """
 
 from __future__ import annotations
@@ -23,12 +25,23 @@ from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import guarded_score
 from rlhf_jax.rewards.workers import KillablePool
 
+FULL_MARKS = 1.0  # a function's value that counts as a correct answer (TRL's, verl's 1.0)
+
 # A call's outcome per sample: a number, None (not scored) or a failure reason (str
 # behind `_Failed`).
 
 
 class _Failed(str):
   """A per-sample failure reason (distinguishes a reason from a value)."""
+
+
+class _Scored(float):
+  """A reward that carries its function's own verdict (verl's "acc")."""
+
+  def __new__(cls, value: float, *, acc: bool):
+    out = super().__new__(cls, value)
+    out.acc = acc
+    return out
 
 
 def columns_of(examples: Sequence[Example]) -> dict[str, list[Any]]:
@@ -100,9 +113,10 @@ class FunctionScorer(ScorerBase):
       if failed:
         out.append(self.failure_score, False, failed[0], failed[0])
         continue
-      reward = sum(f.weight * v for f, v in scored)
-      correct = verdicts[i] if verdicts[i] is not None else reward > 0
-      out.append(reward, correct, "", "" if correct else "reward <= 0")
+      reward = sum(f.weight * float(v) for f, v in scored)
+      full = all(getattr(v, "acc", float(v) >= FULL_MARKS) for _, v in scored)
+      correct = verdicts[i] if verdicts[i] is not None else full
+      out.append(reward, correct, "", "" if correct else "not full marks")
     return out
 
   def _values(self, function, examples, responses) -> list[Any]:
@@ -153,7 +167,10 @@ class FunctionScorer(ScorerBase):
         if key != "score" and isinstance(extra, numbers.Real) and math.isfinite(extra):
           self._totals[function.name][f"extra/{key}"] += float(extra)
           self._totals[function.name][f"extra_count/{key}"] += 1
-      value = value["score"]
+      acc = value.get("acc")
+      value = _number(value["score"])
+      if isinstance(value, float) and isinstance(acc, (bool, numbers.Real)):
+        return _Scored(value, acc=bool(acc))
     return _number(value)
 
   def _monitor(self, examples, responses) -> list[bool | None]:

@@ -21,7 +21,7 @@ MODEL=(--config.model.hidden_size=128 --config.model.num_layers=3 --config.model
 "$VENV/bin/python" launch/train.py --config=configs/grpo.py:hf --workdir="$OUT/rl" \
   --config.model.checkpoint="$OUT/sft" --config.data.train_file="$OUT/data/train.jsonl" \
   --config.data.eval_file="$OUT/data/eval.jsonl" --config.data.default_task=basic_arithmetic \
-  --config.reward.function=scripts/byo/rg_reward.py:reward \
+  --config.reward.function=scripts/byo/rg_reward.py:rg_score \
   --config.rollout.prompts_per_step=16 --config.rollout.group_size=8 \
   --config.optimizer.learning_rate=2e-4 --config.optimizer.warmup_steps=5 \
   --config.train.steps=40 --config.train.eval_every=20 --config.train.eval_samples=4 \

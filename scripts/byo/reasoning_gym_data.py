@@ -37,7 +37,7 @@ def main() -> None:
   parser.add_argument("--eval", type=int, default=128)
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
-  options = ({"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+  options = ({"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
              if args.dataset == "basic_arithmetic" else {})
   os.makedirs(args.out, exist_ok=True)
   train = list(rows(args.dataset, args.train, args.seed, options))

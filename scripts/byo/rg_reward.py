@@ -1,11 +1,11 @@
 """reasoning-gym's own scoring as a TRL-signature reward function for rlhf_jax:
-`--config.reward.function=scripts/byo/rg_reward.py:reward`. It reads the file's own
+`--config.reward.function=scripts/byo/rg_reward.py:rg_score`. It reads the file's own
 columns `rg_dataset` and `rg_entry` (scripts/byo/reasoning_gym_data.py writes them)."""
 
 import json
 
 
-def reward(prompts, completions, rg_dataset, rg_entry, **kwargs):
+def rg_score(prompts, completions, rg_dataset, rg_entry, **kwargs):
   """The generator's score_answer (1.0 right, 0.0 wrong; partial credit where it gives it)."""
   import reasoning_gym  # in the worker process
   del prompts, kwargs

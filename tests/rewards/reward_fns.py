@@ -60,3 +60,13 @@ def no_convention(text):
 
 
 NOT_CALLABLE = 3
+
+
+def half_credit(prompts, completions, **kwargs):
+  """Full marks for one character, half for more."""
+  return [1.0 if len(c) == 1 else 0.5 for c in completions]
+
+
+def verl_with_acc(data_source, solution_str, ground_truth, extra_info=None):
+  """verl's dict with its own verdict beside a score."""
+  return {"score": 0.25, "acc": len(solution_str) == 1}

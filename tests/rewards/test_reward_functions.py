@@ -41,7 +41,8 @@ def test_trl_function_gets_the_files_own_columns_and_prompts_as_rendered():
     out = s.score(examples, completions)
     # 10 × match + (1000 × len("<q_i>") + completion ids)
     assert out.scores == [10 + 4000 + 1, 10 + 4000 + 2, 0 + 4000 + 1]
-    assert out.failures == ["", "", ""] and out.correct == [True, True, True]
+    # correct = full marks from every function: solution_match gave 0 to the third
+    assert out.failures == ["", "", ""] and out.correct == [True, True, False]
     metrics = s.pop_metrics()
   assert metrics["reward/solution_match/mean"] == pytest.approx(2 / 3)
   assert metrics["reward/echo_columns/failure_rate"] == 0.0
@@ -73,6 +74,16 @@ def test_verl_compute_score_per_sample_with_its_logged_extras():
   # data_source falls back to the task; extra_info to None
   assert metrics["reward/compute_score/source_is_gsm8k"] == 0.5
   assert metrics["reward/compute_score/index"] == (7 - 1) / 2
+
+
+def test_partial_credit_is_reward_but_not_a_correct_answer():
+  examples, completions = rows("a", "bb")
+  with scorer("half_credit") as s:
+    out = s.score(examples, completions)
+    assert out.scores == [1.0, 0.5] and out.correct == [True, False]
+  with scorer("verl_with_acc") as s:  # verl's own "acc" decides where the dict has one
+    out = s.score(examples, completions)
+    assert out.scores == [0.25, 0.25] and out.correct == [True, False]
 
 
 def test_async_functions_are_awaited_and_none_means_not_scored():
@@ -123,7 +134,7 @@ def test_the_rule_verifier_decides_correctness_where_the_task_has_one():
   with scorer("async_length", monitor=Verdicts(), monitor_tasks=("math",)) as s:
     out = s.score(examples, ["right", "wrong", "zz"])
     assert out.scores == [5.0, 5.0, 2.0]
-    assert out.correct == [True, False, True]  # verifier, verifier, reward > 0
+    assert out.correct == [True, False, True]  # verifier, verifier, full marks (2 >= 1)
     assert s.pop_metrics()["reward/math/accuracy"] == 0.5
 
 

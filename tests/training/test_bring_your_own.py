@@ -69,8 +69,8 @@ def test_trl_conversational_data_and_a_trl_reward_function_on_a_qwen3_checkpoint
   assert json.loads(result.stdout.strip().splitlines()[-1])["steps"] == 2
   rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
           .splitlines()]
-  assert all("reward/solution_match/mean" in r for r in rows if "step" in r and
-             "reward_mean" in r)
+  steps = [r for r in rows if "reward_mean" in r]
+  assert len(steps) == 2 and all("reward/solution_match/mean" in r for r in steps)
   # The model was given the chat template's rendering, token for token as transformers has it.
   transformers = pytest.importorskip("transformers")
   reference = transformers.AutoTokenizer.from_pretrained(checkpoint)
@@ -79,3 +79,9 @@ def test_trl_conversational_data_and_a_trl_reward_function_on_a_qwen3_checkpoint
   logged = json.loads((tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()[0])
   prompt = logged["token_ids"][:logged["loss_mask"].index(1)]
   assert prompt == expected
+  # The trained policy keeps the checkpoint's tokenizer and template: transformers renders
+  # the same chat from it as from the original.
+  policy = json.loads(result.stdout.strip().splitlines()[-1])["policy"]
+  exported = transformers.AutoTokenizer.from_pretrained(policy)
+  assert exported.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False) == (
+      reference.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False))
