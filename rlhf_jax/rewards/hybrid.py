@@ -31,6 +31,8 @@ from rlhf_jax.rewards.scorer import ScorerBase
 
 ROUTES = ("verifier", "genrm_gt", "genrm_reference", "rm", "pairwise")
 ROUTE_MODES = ROUTES + ("hybrid",)
+# The routes a RoutedScorer may hold: reward.function's is set by its own field.
+SCORER_ROUTES = ROUTES + ("function",)
 HYBRID_ORDER = ("verifier", "function", "genrm_gt", "genrm_reference", "rm")
 
 
@@ -71,9 +73,10 @@ class RoutedScorer(ScorerBase):
   def __init__(self, routes: Mapping[str, Scorer], choose: Callable[[Example], str], *,
                monitor: Scorer | None = None, monitor_tasks: Sequence[str] = (),
                failure_score: float = 0.0):
-    unknown = sorted(set(routes) - set(ROUTES))
+    unknown = sorted(set(routes) - set(SCORER_ROUTES))
     if unknown:
-      raise ValueError(f"unknown reward route(s) {unknown}; allowed: {', '.join(ROUTES)}.")
+      raise ValueError(f"unknown reward route(s) {unknown}; allowed: "
+                       f"{', '.join(SCORER_ROUTES)}.")
     self.routes, self.choose, self.failure_score = dict(routes), choose, failure_score
     self.monitor, self.monitor_tasks = monitor, frozenset(monitor_tasks)
     self._totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)

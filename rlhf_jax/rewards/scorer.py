@@ -78,6 +78,20 @@ class Scores:
     self.reasons.append(reason)
 
 
+class Completion(str):
+  """A decoded response that also carries the token ids it was sampled as (a scorer that
+  needs them, e.g. a reward function's `completion_ids`, reads `token_ids`; any other
+  scorer sees the text)."""
+
+  def __new__(cls, text: str, token_ids):
+    out = super().__new__(cls, text)
+    out.token_ids = [int(i) for i in token_ids]
+    return out
+
+  def __reduce__(self):  # pickles as the same text with its ids (checkpoints, workers)
+    return (Completion, (str(self), self.token_ids))
+
+
 @runtime_checkable
 class Scorer(Protocol):
   """Scores decoded responses against their examples (see the module docstring)."""

@@ -17,6 +17,7 @@ from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.rewards import Scorer
+from rlhf_jax.rewards.scorer import Completion
 from rlhf_jax.rewards import Scores
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling.protocol import Sampler
@@ -130,8 +131,10 @@ class GroupGenerator:
     return int(self.rng.integers(2**31))
 
   def score(self, examples: Sequence[Example], responses: Sequence[Sequence[int]]) -> Scores:
-    """Decodes and scores `responses[i]` against `examples[i]`."""
-    return self.scorer.score(list(examples), [self.tokenizer.decode(r) for r in responses])
+    """Decodes and scores `responses[i]` against `examples[i]` (each text carries its
+    sampled ids: `rewards.scorer.Completion`)."""
+    return self.scorer.score(list(examples), [Completion(self.tokenizer.decode(r), r)
+                                              for r in responses])
 
   def generate_groups(self, examples: Sequence[Example]) -> list[Group]:
     """Samples G responses per example and scores them."""
