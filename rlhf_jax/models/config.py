@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "mistral": "MistralForCausalLM"}
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 DECODE_ATTENTION = ("xla", "pallas")
@@ -36,7 +36,7 @@ class DecoderConfig:
     architecture: the HF family the checkpoint is written as: "qwen2" (q/k/v
       bias), "llama", "qwen3" (q/k norms per head), "olmo2" (post-norm blocks, q/k
       norms over the projection), "phi3" (fused qkv / gate_up tensors in the
-      checkpoint, split here); see ARCHITECTURES.
+      checkpoint, split here), "mistral" (sliding window); see ARCHITECTURES.
     vocab_size: tokens in the vocabulary.
     hidden_size: the residual width.
     num_layers: decoder layers.
@@ -115,7 +115,7 @@ class DecoderConfig:
   num_kv_heads: int
   head_dim: int
   intermediate_size: int
-  architecture: Literal["qwen2", "llama", "qwen3", "olmo2", "phi3"] = "qwen2"
+  architecture: Literal["qwen2", "llama", "qwen3", "olmo2", "phi3", "mistral"] = "qwen2"
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
   rope_scaling: RopeScaling | None = None

@@ -20,13 +20,13 @@ FAMILY_OPTIONS = {
     "qwen2": dict(qkv_bias=True), "llama": {},
     "qwen3": dict(qk_norm="head", qkv_bias=False),
     "olmo2": dict(qk_norm="projection", norm_placement="post", qkv_bias=False),
-    "phi3": dict(qkv_bias=False),
+    "phi3": dict(qkv_bias=False), "mistral": dict(qkv_bias=False),
 }
 # How config.json's `sliding_window` reaches the layers: per layer (`layer_types`, or
 # `use_sliding_window` from `max_window_layers` on), or in every layer whenever set. The
 # other families' HF code ignores the key.
 WINDOW_BY_LAYER_TYPE = ("qwen2", "qwen3")
-WINDOW_EVERY_LAYER = ("phi3",)
+WINDOW_EVERY_LAYER = ("phi3", "mistral")
 # Families whose HF code rotates only part of each head (`partial_rotary_factor`).
 PARTIAL_ROTARY = ("phi3",)
 # Mixture-of-experts architectures (refused by name; any config with experts is refused too).

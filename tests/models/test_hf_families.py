@@ -29,6 +29,7 @@ EXPECTED = {
                   qkv_bias=False, head_dim=12, tie_embeddings=False),
     "phi3": dict(architecture="phi3", qkv_bias=False, head_dim=12, rotary_dim=6,
                  sliding_window=5),
+    "mistral": dict(architecture="mistral", qkv_bias=False, head_dim=16, sliding_window=4),
 }
 
 
@@ -63,6 +64,25 @@ def test_config_is_read(family):
     assert getattr(family.model.config, name) == value, name
   config = family.model.config
   assert sum(x.size for x in jax.tree.leaves(family.params)) == config.num_params()
+
+
+def test_qwen3_with_a_window_in_every_layer(tmp_path):
+  import transformers
+
+  hf_model = save_family_model(tmp_path / "in", "qwen3", use_sliding_window=True,
+                               sliding_window=3, max_window_layers=0)
+  model, params = models.load_hf_checkpoint(str(tmp_path / "in"))
+  assert model.config.sliding_window == 3
+  tokens, mask, positions = left_padded(4, [12, 8], 12)
+  valid = mask == 1
+  expected = hf_logits(hf_model, tokens, attention_mask=mask, position_ids=positions)[valid]
+  ours = np.asarray(model.apply(params, tokens, attention_mask=mask)[0])[valid]
+  np.testing.assert_allclose(ours, expected, atol=TOLERANCE)
+  models.save_hf_checkpoint(str(tmp_path / "out"), model, params)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+  np.testing.assert_allclose(
+      hf_logits(reloaded, tokens, attention_mask=mask, position_ids=positions)[valid],
+      expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"])
