@@ -69,7 +69,9 @@ class RMSNorm(nnx.Module):
 
 
 class Attention(nnx.Module):
-  """Grouped-query causal self-attention with RoPE and an optional KV cache."""
+  """Grouped-query causal self-attention: q/k RMSNorm (`DecoderConfig.qk_norm`), then RoPE
+  (on all or the first `rotary_dim` dims of each head), an optional sliding window
+  (`attention_mask`), and an optional KV cache."""
 
   def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
     e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
