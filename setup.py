@@ -9,7 +9,9 @@ The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
   tfds     tensorflow-datasets with array_record / grain data loading (no TensorFlow)
   serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client
   plot     matplotlib: launch/plot.py
-  tensorboard  tensorboardX: TensorBoard event files from the trainer (train.tensorboard)
+  tensorboard  tensorboardX: TensorBoard event files from the trainer (train.loggers)
+  wandb    wandb: the trainer's metrics, config and samples in Weights & Biases (train.loggers)
+  mlflow   mlflow-skinny with the SQL store (sqlalchemy, alembic): the same in MLflow
   math     math-verify: answer equivalence for the `math` task (rewards/math.py)
   parquet  pyarrow: Parquet prompt and pair files (rlhf_jax/data)
   cuda     jax[cuda13] (cuda12: jax[cuda12]): NVIDIA GPUs;  tpu  jax[tpu]: Cloud TPUs
@@ -36,6 +38,10 @@ CORE = [
 ]
 
 DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+WANDB = ["wandb>=0.19"]
+# MLflow's client without its server (mlflow-skinny), and the SQL store of the default
+# tracking URI sqlite:///<workdir>/mlflow.db.
+MLFLOW = ["mlflow-skinny>=3.0", "sqlalchemy>=2.0", "alembic>=1.13"]
 
 EXTRAS = {
     "test": [
@@ -59,7 +65,10 @@ EXTRAS = {
         "grpcio>=1.85.1",
         "protobuf>=7.35",
         "grpcio-tools>=1.85.1",
+        # The trainer's loggers (train.loggers): tests/training/test_loggers.py.
         "tensorboardX>=2.6",
+        *WANDB,
+        *MLFLOW,
         "math-verify[antlr4_13_2]>=0.9",
         "pyarrow>=18",
         # tests/test_docs.py builds the site with --strict.
@@ -71,6 +80,8 @@ EXTRAS = {
     "serve": ["grpcio>=1.85.1", "protobuf>=7.35"],
     "plot": ["matplotlib>=3.8"],
     "tensorboard": ["tensorboardX>=2.6"],
+    "wandb": WANDB,
+    "mlflow": MLFLOW,
     "hf": ["safetensors>=0.4", "tokenizers>=0.20", "jinja2>=3.1"],
     # Accelerator builds of jax (the core pulls the CPU one): NVIDIA GPUs with CUDA 13
     # (the plugin bundles the CUDA libraries), or Cloud TPUs.

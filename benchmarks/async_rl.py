@@ -87,7 +87,7 @@ def run_one(args, checkpoint: str, seed: int, k: int) -> dict:
             f"--config.model.checkpoint={checkpoint}", f"--config.seed={seed}",
             f"--config.rollout.max_staleness={k}", f"--config.sampler.address=localhost:{port}",
             f"--config.train.steps={args.steps}", f"--config.train.eval_every={args.eval_every}",
-            "--config.train.tensorboard=False", f"--config.train.checkpoint_every={args.steps}",
+            "--config.train.loggers=", f"--config.train.checkpoint_every={args.steps}",
             "--config.train.eval_samples=0",
             f"--config.rollout.reference_logprobs={args.reference}"]
         + [f"--config.{item}" for item in args.set]

@@ -90,7 +90,7 @@ def _train_command(arm, seed: int, common: list[str]) -> list[str]:
           f"--workdir={os.path.join(_ROOT.value, arm.name, f'seed{seed}')}",
           f"--config.seed={seed}",
           f"--config.model.checkpoint={_WARM_START.value.format(seed=seed)}",
-          "--config.train.tensorboard=False", *common, *_overrides(arm)]
+          "--config.train.loggers=", *common, *_overrides(arm)]
 
 
 def _check_arms(arms, seed: int, common: list[str]) -> None:

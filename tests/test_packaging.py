@@ -8,16 +8,19 @@ from packaging.requirements import Requirement
 import rlhf_jax.kernels
 
 FORBIDDEN_IN_CORE = {"tensorflow", "tensorflow-cpu", "tf-nightly", "tensorflow-intel", "torch"}
+# The trainer's loggers (train.loggers) come with their extras only.
+LOGGERS = {"tensorboardx", "wandb", "mlflow", "mlflow-skinny", "sqlalchemy", "alembic"}
 
 
 def canonical(name: str) -> str:
   return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def core_closure(root: str = "rlhf-jax") -> dict[str, str]:
-  """Installed distributions reachable from `root` without any extra: name -> who required it."""
+def core_closure(root: str = "rlhf-jax", extras: frozenset = frozenset()) -> dict[str, str]:
+  """Installed distributions reachable from `root` with `extras` (none: the core install):
+  name -> who required it."""
   seen = {canonical(root): "(root)"}
-  stack = [(root, frozenset())]
+  stack = [(root, frozenset(extras))]
   while stack:
     name, extras = stack.pop()
     try:
@@ -42,6 +45,14 @@ def test_core_install_pulls_neither_tensorflow_nor_torch():
   assert "jax" in closure and "orbax-checkpoint" in closure  # the walk does find the core
   offenders = {name: by for name, by in closure.items() if name in FORBIDDEN_IN_CORE}
   assert not offenders, f"core install pulls {offenders} (name: required by)"
+
+
+def test_core_install_pulls_no_logger():
+  offenders = {name: by for name, by in core_closure().items() if name in LOGGERS}
+  assert not offenders, f"core install pulls {offenders} (name: required by)"
+  # ... while the extras do (the walk would see a logger the core pulled in).
+  assert "wandb" in core_closure(extras=frozenset({"wandb"}))
+  assert {"mlflow-skinny", "sqlalchemy"} <= set(core_closure(extras=frozenset({"mlflow"})))
 
 
 def test_every_exported_kernel_is_documented():

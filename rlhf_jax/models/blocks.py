@@ -69,7 +69,9 @@ class RMSNorm(nnx.Module):
 
 
 class Attention(nnx.Module):
-  """Grouped-query causal self-attention with RoPE and an optional KV cache."""
+  """Grouped-query causal self-attention: q/k RMSNorm (`DecoderConfig.qk_norm`), then RoPE
+  (on all or the first `rotary_dim` dims of each head), an optional sliding window
+  (`attention_mask`), and an optional KV cache."""
 
   def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
     e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
@@ -114,7 +116,6 @@ class Attention(nnx.Module):
     if layer_cache is None:
       key_valid = token_mask
       query_slots = jnp.broadcast_to(jnp.arange(time), token_mask.shape)
-      num_keys = time
     else:
       cache_keys, cache_values, key_valid, end, layer = layer_cache
       # New keys go in as [B, K, D, T], values as [B, K, T, D], at each row's write index.
@@ -122,15 +123,7 @@ class Attention(nnx.Module):
       cache_values, layer_values = write_cache(cache_values, v.transpose(0, 2, 1, 3), end,
                                                layer, 1)
       query_slots = end[:, None] + jnp.arange(time)[None, :]
-      num_keys = layer_values.shape[2]
-    key_slots = jnp.arange(num_keys)
-    causal = key_slots[None, None, :] <= query_slots[:, :, None]
-    # A padding query may see no valid key; letting it see itself keeps softmax finite.
-    itself = key_slots[None, None, :] == query_slots[:, :, None]
-    allowed = causal & key_valid[:, None, :]
-    if segment_ids is not None:
-      allowed &= segment_ids[:, :, None] == segment_ids[:, None, :]
-    allowed |= itself
+    allowed = attention_mask(query_slots, key_valid, segment_ids, self.config.sliding_window)
     if layer_cache is None:
       out = grouped_query_attention(q, k, v, allowed, precision=self.config.precision)
       new_cache = None
@@ -144,6 +137,27 @@ class Attention(nnx.Module):
     batch, time, heads, dim = out.shape
     o_proj = self.o_proj[...].reshape(heads * dim, -1).astype(dtype)
     return _dense(out.reshape(batch, time, heads * dim), o_proj, self.config.precision), new_cache
+
+
+def attention_mask(query_slots: jax.Array, key_valid: jax.Array, segment_ids: jax.Array | None,
+                   window: int | None) -> jax.Array:
+  """[B, T, S] bool, query t may attend to slot s: s is a real token (key_valid [B, S])
+  at or before the query's slot (query_slots [B, T]), of the query's segment
+  (segment_ids [B, T] with T = S, packed rows), and, with a sliding `window`, fewer
+  than `window` real tokens after it up to the query (position(q) − position(s) <
+  window, HF's sliding-window mask); a query always sees itself."""
+  key_slots = jnp.arange(key_valid.shape[1])
+  allowed = (key_slots[None, None, :] <= query_slots[:, :, None]) & key_valid[:, None, :]
+  if segment_ids is not None:
+    allowed &= segment_ids[:, :, None] == segment_ids[:, None, :]
+  if window is not None:
+    # Real tokens are counted, not slots: left padding and the invalid slots a cache
+    # leaves between turns must not push keys out of the window.
+    seen = jnp.cumsum(key_valid, axis=1, dtype=jnp.int32)
+    at_query = jnp.take_along_axis(seen, jnp.minimum(query_slots, seen.shape[1] - 1), axis=1)
+    allowed &= at_query[:, :, None] - seen[:, None, :] < window
+  # A padding query may see no valid key; letting it see itself keeps softmax finite.
+  return allowed | (key_slots[None, None, :] == query_slots[:, :, None])
 
 
 class MLP(nnx.Module):

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                 "phi3": "Phi3ForCausalLM", "mistral": "MistralForCausalLM"}
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 DECODE_ATTENTION = ("xla", "pallas")
@@ -34,7 +35,8 @@ class DecoderConfig:
   Attributes:
     architecture: the HF family the checkpoint is written as: "qwen2" (q/k/v
       bias), "llama", "qwen3" (q/k norms per head), "olmo2" (post-norm blocks, q/k
-      norms over the projection); see ARCHITECTURES.
+      norms over the projection), "phi3" (fused qkv / gate_up tensors in the
+      checkpoint, split here), "mistral" (sliding window); see ARCHITECTURES.
     vocab_size: tokens in the vocabulary.
     hidden_size: the residual width.
     num_layers: decoder layers.
@@ -45,6 +47,13 @@ class DecoderConfig:
     rms_norm_eps: RMSNorm epsilon.
     rope_theta: RoPE base.
     rope_scaling: Llama 3 frequency scaling, or None.
+    partial_rotary_factor: the share of each head's dims RoPE rotates (Phi-3 /
+      Phi-4-mini): the first int(head_dim · factor) (`rotary_dim`); the rest pass
+      through unrotated. 1.0: all.
+    sliding_window: a query attends to itself and the window − 1 real tokens
+      before it (HF: key index > query index − window), in every layer; None: to
+      all earlier tokens. Counted over real tokens, so padding and the gaps of a
+      cache never shorten it. The KV cache still holds every slot (no ring buffer).
     max_position_embeddings: longest supported position.
     qkv_bias: bias on the q/k/v projections (Qwen2: True).
     qk_norm: RMSNorm of queries and keys before RoPE: "none"; "head" (Qwen3:
@@ -106,10 +115,12 @@ class DecoderConfig:
   num_kv_heads: int
   head_dim: int
   intermediate_size: int
-  architecture: Literal["qwen2", "llama", "qwen3", "olmo2"] = "qwen2"
+  architecture: Literal["qwen2", "llama", "qwen3", "olmo2", "phi3", "mistral"] = "qwen2"
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
   rope_scaling: RopeScaling | None = None
+  partial_rotary_factor: float = 1.0
+  sliding_window: int | None = None
   max_position_embeddings: int = 2048
   qkv_bias: bool = True
   qk_norm: str = "none"
@@ -138,6 +149,15 @@ class DecoderConfig:
     if self.architecture not in ARCHITECTURES:
       raise ValueError(f"DecoderConfig.architecture={self.architecture!r}; allowed: "
                        f"{', '.join(ARCHITECTURES)}.")
+    if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
+      raise ValueError(f"DecoderConfig.partial_rotary_factor={self.partial_rotary_factor!r} "
+                       f"must be in (0, 1] and rotate an even number of head dims "
+                       f"(head_dim={self.head_dim}).")
+    if self.sliding_window is not None and (
+        not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool)
+        or self.sliding_window < 1):
+      raise ValueError(f"DecoderConfig.sliding_window={self.sliding_window!r} must be a "
+                       "positive int or None.")
     if self.qk_norm not in QK_NORMS:
       raise ValueError(f"DecoderConfig.qk_norm={self.qk_norm!r}; allowed: {', '.join(QK_NORMS)}.")
     if self.norm_placement not in NORM_PLACEMENTS:
@@ -174,6 +194,11 @@ class DecoderConfig:
       return jax.lax.Precision.HIGHEST if self.dtype == "float32" else None
     return {"default": None, "high": jax.lax.Precision.HIGH,
             "highest": jax.lax.Precision.HIGHEST}[self.matmul_precision]
+
+  @property
+  def rotary_dim(self) -> int:
+    """Head dims RoPE rotates: int(head_dim · partial_rotary_factor), as transformers."""
+    return int(self.head_dim * self.partial_rotary_factor)
 
   @property
   def jnp_dtype(self):

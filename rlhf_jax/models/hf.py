@@ -40,68 +40,87 @@ class TensorMapping:
   hf_name: str
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
+  # (start, stop, total): ours is rows start:stop of a fused HF tensor of `total` rows
+  # (Phi-3's qkv_proj, gate_up_proj); the parts of one tensor are listed in row order.
+  rows: tuple[int, int, int] | None = None
+
+
+# Families whose checkpoints fuse q/k/v into `qkv_proj` and gate/up into `gate_up_proj`.
+FUSED_PROJECTIONS = ("phi3",)
 
 
 def _transpose(x):
   return np.ascontiguousarray(x.T)
 
 
+def _same(x):
+  return x
+
+
 def tensor_mappings(config: config_lib.DecoderConfig, head: str) -> list[TensorMapping]:
   """The full parameter ↔ HF tensor table for a model."""
-  e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
-  same = lambda x: x
-  mappings = [TensorMapping(("embed",), "model.embed_tokens.weight", same, same),
-              TensorMapping(("final_norm", "weight"), "model.norm.weight", same, same)]
-
-  def in_proj(heads):  # HF [heads*D, E] ↔ ours [E, heads, D]
-    return (lambda w: np.ascontiguousarray(w.T.reshape(e, heads, d)),
-            lambda w: np.ascontiguousarray(w.reshape(e, heads * d).T))
-
-  def in_bias(heads):
-    return (lambda b: b.reshape(heads, d), lambda b: b.reshape(heads * d))
-
+  e = config.hidden_size
+  mappings = [TensorMapping(("embed",), "model.embed_tokens.weight", _same, _same),
+              TensorMapping(("final_norm", "weight"), "model.norm.weight", _same, _same)]
   for i in range(config.num_layers):
-    hf, ours = f"model.layers.{i}.", ("layers", i)
-    for name, heads in (("q", h), ("k", k), ("v", k)):
-      mappings.append(TensorMapping(ours + ("attention", f"{name}_proj"),
-                                    hf + f"self_attn.{name}_proj.weight", *in_proj(heads)))
-      if config.qkv_bias:
-        mappings.append(TensorMapping(ours + ("attention", f"{name}_bias"),
-                                      hf + f"self_attn.{name}_proj.bias", *in_bias(heads)))
-    if config.qk_norm == "head":
-      mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
-                                 hf + f"self_attn.{name}_norm.weight", same, same)
-                   for name in ("q", "k")]
-    elif config.qk_norm == "projection":  # HF [heads*D] ↔ ours [heads, D]
-      mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
-                                 hf + f"self_attn.{name}_norm.weight",
-                                 lambda w, n=heads: w.reshape(n, d), lambda w: w.reshape(-1))
-                   for name, heads in (("q", h), ("k", k))]
-    if config.norm_placement == "pre":
-      norms = (("input_norm", "input_layernorm"), ("post_attention_norm",
-                                                   "post_attention_layernorm"))
-    else:  # OLMo 2 names the norms of the attention and MLP outputs
-      norms = (("attention_out_norm", "post_attention_layernorm"),
-               ("mlp_out_norm", "post_feedforward_layernorm"))
-    mappings += [TensorMapping(ours + (name, "weight"), hf + f"{hf_name}.weight", same, same)
-                 for name, hf_name in norms]
-    mappings += [
-        TensorMapping(ours + ("attention", "o_proj"), hf + "self_attn.o_proj.weight",
-                      lambda w: np.ascontiguousarray(w.T.reshape(h, d, e)),
-                      lambda w: np.ascontiguousarray(w.reshape(h * d, e).T)),
-        TensorMapping(ours + ("mlp", "gate_proj"), hf + "mlp.gate_proj.weight", _transpose,
-                      _transpose),
-        TensorMapping(ours + ("mlp", "up_proj"), hf + "mlp.up_proj.weight", _transpose,
-                      _transpose),
-        TensorMapping(ours + ("mlp", "down_proj"), hf + "mlp.down_proj.weight", _transpose,
-                      _transpose),
-    ]
+    mappings += _layer_mappings(config, f"model.layers.{i}.", ("layers", i))
   if head == "lm" and not config.tie_embeddings:
     mappings.append(TensorMapping(("lm_head",), "lm_head.weight", _transpose, _transpose))
   if head == "scalar":
     # HF's *ForSequenceClassification / *ForTokenClassification with one label.
     mappings.append(TensorMapping(("scalar_head",), "score.weight", lambda w: w.reshape(e),
                                   lambda w: w.reshape(1, e)))
+  return mappings
+
+
+def _layer_mappings(config: config_lib.DecoderConfig, hf: str, ours: tuple
+                    ) -> list[TensorMapping]:
+  """The tensors of one layer: HF names under `hf`, our paths under `ours`."""
+  e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+  f = config.intermediate_size
+  fused = config.architecture in FUSED_PROJECTIONS
+
+  def in_proj(heads):  # HF [heads*D, E] ↔ ours [E, heads, D]
+    return (lambda w: np.ascontiguousarray(w.T.reshape(e, heads, d)),
+            lambda w: np.ascontiguousarray(w.reshape(e, heads * d).T))
+
+  mappings = []
+  starts = np.cumsum([0, h * d, k * d, k * d])
+  for j, (name, heads) in enumerate((("q", h), ("k", k), ("v", k))):
+    rows = (int(starts[j]), int(starts[j + 1]), int(starts[-1])) if fused else None
+    hf_name = hf + ("self_attn.qkv_proj.weight" if fused else f"self_attn.{name}_proj.weight")
+    mappings.append(TensorMapping(ours + ("attention", f"{name}_proj"), hf_name,
+                                  *in_proj(heads), rows=rows))
+    if config.qkv_bias:
+      mappings.append(TensorMapping(ours + ("attention", f"{name}_bias"),
+                                    hf + f"self_attn.{name}_proj.bias",
+                                    lambda b, n=heads: b.reshape(n, d), lambda b: b.reshape(-1)))
+  if config.qk_norm == "head":
+    mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
+                               hf + f"self_attn.{name}_norm.weight", _same, _same)
+                 for name in ("q", "k")]
+  elif config.qk_norm == "projection":  # HF [heads*D] ↔ ours [heads, D]
+    mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
+                               hf + f"self_attn.{name}_norm.weight",
+                               lambda w, n=heads: w.reshape(n, d), lambda w: w.reshape(-1))
+                 for name, heads in (("q", h), ("k", k))]
+  if config.norm_placement == "pre":
+    norms = (("input_norm", "input_layernorm"), ("post_attention_norm",
+                                                 "post_attention_layernorm"))
+  else:  # OLMo 2 names the norms of the attention and MLP outputs
+    norms = (("attention_out_norm", "post_attention_layernorm"),
+             ("mlp_out_norm", "post_feedforward_layernorm"))
+  mappings += [TensorMapping(ours + (name, "weight"), hf + f"{hf_name}.weight", _same, _same)
+               for name, hf_name in norms]
+  mappings.append(TensorMapping(ours + ("attention", "o_proj"), hf + "self_attn.o_proj.weight",
+                                lambda w: np.ascontiguousarray(w.T.reshape(h, d, e)),
+                                lambda w: np.ascontiguousarray(w.reshape(h * d, e).T)))
+  for j, name in enumerate(("gate", "up")):
+    hf_name = hf + ("mlp.gate_up_proj.weight" if fused else f"mlp.{name}_proj.weight")
+    mappings.append(TensorMapping(ours + ("mlp", f"{name}_proj"), hf_name, _transpose,
+                                  _transpose, rows=(j * f, (j + 1) * f, 2 * f) if fused else None))
+  mappings.append(TensorMapping(ours + ("mlp", "down_proj"), hf + "mlp.down_proj.weight",
+                                _transpose, _transpose))
   return mappings
 
 
@@ -157,13 +176,22 @@ class _CheckpointFiles:
   def names(self) -> set[str]:
     return set(self.file_of)
 
-  def read(self, name: str) -> np.ndarray:
+  def _handle(self, name: str):
     path = self.file_of[name]
     if path not in self._open:
       if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint shard {path} (holding {name}) is missing.")
       self._open[path] = self._safe_open(path, "numpy").__enter__()
-    return self._open[path].get_tensor(name)
+    return self._open[path]
+
+  def read(self, name: str, rows: tuple[int, int] | None = None) -> np.ndarray:
+    """Tensor `name`, or only its rows start:stop (read without the rest)."""
+    if rows is None:
+      return self._handle(name).get_tensor(name)
+    return self._handle(name).get_slice(name)[rows[0]:rows[1]]
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return tuple(self._handle(name).get_slice(name).get_shape())
 
   def close(self):
     for handle in self._open.values():
@@ -189,7 +217,10 @@ def _read_tensor(files: _CheckpointFiles, available: set[str], mapping: TensorMa
       return np.zeros(shape, np.float32)
     raise ValueError(f"{directory}: tensor {mapping.hf_name!r} is missing from the "
                      "checkpoint.")
-  raw = files.read(mapping.hf_name)
+  if mapping.rows is not None and files.shape(mapping.hf_name)[:1] != mapping.rows[2:]:
+    raise ValueError(f"{directory}: fused tensor {mapping.hf_name!r} has shape "
+                     f"{files.shape(mapping.hf_name)}; expected {mapping.rows[2]} rows.")
+  raw = files.read(mapping.hf_name, None if mapping.rows is None else mapping.rows[:2])
   try:
     array = mapping.to_ours(raw)
   except ValueError as error:
@@ -279,11 +310,19 @@ def iter_hf_tensors(model: FunctionalModel, params: Params) -> Iterator[tuple[st
   """(HF name, host array) pairs, one at a time; params in either layer layout
   (`DecoderConfig.scan_layers`)."""
   stacked = is_stacked(params)
+  parts = []  # of a fused tensor, in row order
   for mapping in tensor_mappings(model.config, model.head):
     path, layer = _locate(mapping.path, stacked)
     array = _get(params, path)
     array = array if layer is None else array[layer]
-    yield mapping.hf_name, mapping.to_hf(np.asarray(jax.device_get(array)))
+    array = mapping.to_hf(np.asarray(jax.device_get(array)))
+    if mapping.rows is None:
+      yield mapping.hf_name, array
+      continue
+    parts.append(array)
+    if mapping.rows[1] == mapping.rows[2]:
+      yield mapping.hf_name, np.concatenate(parts, axis=0)
+      parts = []
   if model.head == "scalar":
     yield "score.bias", np.asarray(jax.device_get(params["scalar_bias"])).reshape(1)
 

@@ -16,8 +16,19 @@ from rlhf_jax.models.config import DecoderConfig
 from rlhf_jax.models.config import RopeScaling
 
 # What each family fixes that config.json does not spell out (DecoderConfig fields).
-FAMILY_OPTIONS = {"qwen2": dict(qkv_bias=True), "llama": {}, "qwen3": dict(qk_norm="head"),
-                  "olmo2": dict(qk_norm="projection", norm_placement="post")}
+FAMILY_OPTIONS = {
+    "qwen2": dict(qkv_bias=True), "llama": {},
+    "qwen3": dict(qk_norm="head", qkv_bias=False),
+    "olmo2": dict(qk_norm="projection", norm_placement="post", qkv_bias=False),
+    "phi3": dict(qkv_bias=False), "mistral": dict(qkv_bias=False),
+}
+# How config.json's `sliding_window` reaches the layers: per layer (`layer_types`, or
+# `use_sliding_window` from `max_window_layers` on), or in every layer whenever set. The
+# other families' HF code ignores the key.
+WINDOW_BY_LAYER_TYPE = ("qwen2", "qwen3")
+WINDOW_EVERY_LAYER = ("phi3", "mistral")
+# Families whose HF code rotates only part of each head (`partial_rotary_factor`).
+PARTIAL_ROTARY = ("phi3",)
 # Mixture-of-experts architectures (refused by name; any config with experts is refused too).
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM",
                      "DeepseekV2ForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
@@ -81,15 +92,18 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
   cls = ARCHITECTURES[architecture]
   if hf.get("mlp_bias"):
     raise ValueError("config.json: mlp_bias=true is not supported.")
-  if architecture in ("qwen3", "olmo2") and hf.get("attention_bias"):
+  if FAMILY_OPTIONS[architecture].get("qkv_bias") is False and hf.get("attention_bias"):
     raise ValueError(f"config.json: attention_bias=true (q/k/v/o biases) is not supported "
                      f"for {cls}.")
-  if hf.get("use_sliding_window") and hf.get("sliding_window"):
-    raise ValueError("config.json: use_sliding_window=true is not supported.")
   hidden_act = hf.get("hidden_act", "silu")
   if hidden_act != "silu":
     raise ValueError(f"config.json: hidden_act={hidden_act!r} is not supported; only 'silu'.")
   theta, scaling = _rope_from_hf(hf)
+  partial = float((hf.get("rope_parameters") or {}).get(
+      "partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+  if partial != 1.0 and architecture not in PARTIAL_ROTARY:
+    raise ValueError(f"config.json: partial_rotary_factor={partial} is not supported for "
+                     f"{cls}.")
   num_heads = hf["num_attention_heads"]
   fields = dict(
       architecture=architecture,
@@ -103,6 +117,8 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       rope_theta=theta,
       rope_scaling=scaling,
+      partial_rotary_factor=partial,
+      sliding_window=_sliding_window_from_hf(hf, architecture),
       max_position_embeddings=hf.get("max_position_embeddings", 2048),
       qkv_bias=bool(hf.get("attention_bias", False)),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
@@ -112,14 +128,38 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
   return DecoderConfig(**fields)
 
 
+def _sliding_window_from_hf(hf: dict[str, Any], architecture: str) -> int | None:
+  """The window every layer uses, or None; ValueError when only some layers slide."""
+  window = hf.get("sliding_window")
+  if architecture in WINDOW_EVERY_LAYER or window is None:
+    return window
+  if architecture not in WINDOW_BY_LAYER_TYPE:
+    return None
+  types = hf.get("layer_types")
+  if types is None:  # transformers 4: layers from max_window_layers on slide
+    if not hf.get("use_sliding_window"):
+      return None
+    first = hf.get("max_window_layers", 28)
+    types = ["sliding_attention" if i >= first else "full_attention"
+             for i in range(hf["num_hidden_layers"])]
+  if set(types) <= {"full_attention"}:
+    return None
+  if set(types) == {"sliding_attention"}:
+    return int(window)
+  raise ValueError("config.json: layer_types mixes sliding and full attention layers; a "
+                   "sliding window in only some layers is not supported yet.")
+
+
 def _check_family(config: DecoderConfig) -> None:
   """ValueError when `config` differs from what its architecture's HF class computes."""
   cls = ARCHITECTURES[config.architecture]
   fixed = dict(FAMILY_OPTIONS[config.architecture])
-  if config.architecture in ("qwen3", "olmo2"):
-    fixed["qkv_bias"] = False
   fixed.setdefault("qk_norm", "none")
   fixed.setdefault("norm_placement", "pre")
+  if config.architecture not in PARTIAL_ROTARY:
+    fixed["partial_rotary_factor"] = 1.0
+  if config.architecture not in WINDOW_BY_LAYER_TYPE + WINDOW_EVERY_LAYER:
+    fixed["sliding_window"] = None
   for name, value in fixed.items():
     if getattr(config, name) != value:
       raise ValueError(f"{cls} checkpoints have {name}={value!r}; "
@@ -138,6 +178,8 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
   """
   _check_family(config)
   rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+  if config.architecture in PARTIAL_ROTARY:
+    rope["partial_rotary_factor"] = config.partial_rotary_factor
   if config.rope_scaling is not None:
     rope.update(rope_type="llama3", **dataclasses.asdict(config.rope_scaling))
   hf = {
@@ -158,12 +200,20 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
       "hidden_act": "silu",
       "torch_dtype": config.param_dtype,
       "dtype": config.param_dtype,
+      # Not known here; a family's default can lie outside a small vocabulary (Phi-3:
+      # 32000), which transformers refuses to build.
+      "pad_token_id": None,
   }
   if config.rope_scaling is not None:
     hf["rope_scaling"] = dict(rope)
   if config.architecture != "qwen2":
     hf["attention_bias"] = config.qkv_bias
     hf["mlp_bias"] = False
-  if config.architecture in ("qwen2", "qwen3"):
-    hf["use_sliding_window"] = False
+  window = config.sliding_window
+  if config.architecture in WINDOW_BY_LAYER_TYPE:
+    hf.update(use_sliding_window=window is not None, sliding_window=window,
+              max_window_layers=0, layer_types=[
+                  "full_attention" if window is None else "sliding_attention"] * config.num_layers)
+  elif config.architecture in WINDOW_EVERY_LAYER:
+    hf["sliding_window"] = window
   return hf

@@ -47,8 +47,12 @@ _TASK = {"lm": "CAUSAL_LM", "scalar": "SEQ_CLS"}
 
 def _module_names(model: FunctionalModel) -> dict[tuple, tuple[str, Any, Any]]:
   """Our parameter path → (HF tensor name, to_ours, to_hf), from `hf.tensor_mappings`."""
-  table = {m.path: (m.hf_name, m.to_ours, m.to_hf)
-           for m in hf.tensor_mappings(model.config, model.head)}
+  mappings = hf.tensor_mappings(model.config, model.head)
+  if any(m.rows is not None for m in mappings):
+    # A LoRA of HF's fused qkv_proj / gate_up_proj is not one per split projection.
+    raise ValueError(f"PEFT adapters of architecture={model.config.architecture!r} are not "
+                     "supported yet: its checkpoints fuse q/k/v and gate/up projections.")
+  table = {m.path: (m.hf_name, m.to_ours, m.to_hf) for m in mappings}
   if model.head == "scalar":
     table[("scalar_bias",)] = ("score.bias", lambda b: b.reshape(()), lambda b: b.reshape(1))
   return table

@@ -11,13 +11,14 @@ from rlhf_jax.models.config import DecoderConfig
 
 
 def rope_inverse_frequencies(config: DecoderConfig) -> jax.Array:
-  """[head_dim/2] inverse frequencies θ^(−2i/d), with Llama 3 scaling when configured.
+  """[rotary_dim/2] inverse frequencies θ^(−2i/d), d = `config.rotary_dim` (head_dim
+  unless partial), with Llama 3 scaling when configured.
 
   Llama 3 (HF `_compute_llama3_parameters`): wavelengths longer than
   L/low_freq_factor are divided by `factor`, shorter than L/high_freq_factor
   kept, and the band between interpolated smoothly.
   """
-  dim = config.head_dim
+  dim = config.rotary_dim
   inv = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
   scaling = config.rope_scaling
   if scaling is None:
@@ -35,15 +36,22 @@ def rope_inverse_frequencies(config: DecoderConfig) -> jax.Array:
 
 
 def rope_tables(positions: jax.Array, config: DecoderConfig):
-  """RoPE tables for [B, T] positions: cos, sin of shape [B, T, 1, head_dim] (rotate-half layout)."""
+  """RoPE tables for [B, T] positions: cos, sin of shape [B, T, 1, rotary_dim]
+  (rotate-half layout)."""
   angles = positions.astype(jnp.float32)[..., None] * rope_inverse_frequencies(config)[None, None, :]
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
   return jnp.cos(angles), jnp.sin(angles)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """x [B, T, H, D] rotated by the tables of `rope_tables` (rotate-half layout), in x's dtype."""
-  half = x.shape[-1] // 2
+  """x [B, T, H, D] rotated by the tables of `rope_tables` (rotate-half layout), in x's
+  dtype: its first R = cos.shape[-1] dims (partial RoPE, as Phi-3); the rest pass as is."""
+  rotary = cos.shape[-1]
   x32 = x.astype(jnp.float32)
-  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-  return (x32 * cos + rotated * sin).astype(x.dtype)
+  x_rot, x_pass = x32[..., :rotary], x32[..., rotary:]
+  half = rotary // 2
+  rotated = jnp.concatenate([-x_rot[..., half:], x_rot[..., :half]], axis=-1)
+  out = x_rot * cos + rotated * sin
+  if rotary < x.shape[-1]:
+    out = jnp.concatenate([out, x_pass], axis=-1)
+  return out.astype(x.dtype)

@@ -12,12 +12,12 @@ anything loads, trains or compiles. Every error is a one-line `ConfigError`,
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 
 import ml_collections
 
+from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import parallel
 from rlhf_jax.algorithms import dpo
 from rlhf_jax.algorithms import dqo
@@ -155,7 +155,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 20  # Save a checkpoint every N steps (and at the end).
   c.train.log_every = 1  # Console progress line every N steps.
   c.train.log_rollouts = 0  # Samples per step written to <workdir>/rollouts.jsonl (0: none).
-  c.train.tensorboard = True  # Also write TensorBoard event files (needs the tensorboard extra).
+  loggers_lib.add_logger_fields(c.train)  # train.loggers, run_name, wandb_*, mlflow_*
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # Mesh axis sizes (product ≤ devices; -1 takes the rest).
   c.mesh.fsdp = 1
@@ -167,7 +167,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
 def sibling_preset(preset_file: str, name: str, variant: str) -> ml_collections.ConfigDict:
   """`get_config(variant)` of configs/<name>.py beside `preset_file` (a preset built on
   another, e.g. Pairwise-PPO on PPO), loaded by path: presets are files, not a package."""
-  import importlib.util  # pylint: disable=import-outside-toplevel,redefined-outer-name
+  import importlib.util  # pylint: disable=import-outside-toplevel
   import os  # pylint: disable=import-outside-toplevel
   path = os.path.join(os.path.dirname(os.path.abspath(preset_file)), f"{name}.py")
   spec = importlib.util.spec_from_file_location(f"rlhf_jax_preset_{name}", path)
@@ -219,9 +219,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   _validate_across_sections(c, supervised=supervised)
   validate_mesh(c, num_devices, rows=rows)
   parallel.validate_distributed_config(c.distributed)
-  if c.train.tensorboard and importlib.util.find_spec("tensorboardX") is None:
-    invalid("train.tensorboard", True, "needs tensorboardX: pip install "
-            "'rlhf-jax[tensorboard]' (or set it False; metrics.jsonl is always written)")
+  loggers_lib.validate_loggers(c.train)
 
 
 def _validate_across_sections(c, *, supervised: bool) -> None:

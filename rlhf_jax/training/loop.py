@@ -23,6 +23,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.rewards import Scorer
@@ -38,7 +39,8 @@ class Trainer:
 
   Args:
     config: the trainer config (validated here; rlhf_jax.training.config).
-    workdir: checkpoints, metrics.jsonl, TensorBoard events and the final policy.
+    workdir: checkpoints, metrics.jsonl, the loggers' files (TensorBoard events, W&B's
+      offline files, MLflow's store unless MLFLOW_TRACKING_URI) and the final policy.
       The initial policy is `model.checkpoint`, or <workdir>/sft for the arith
       variant (`stages.prepare_run` trains it; the launcher calls it).
     log: where status lines go.
@@ -75,16 +77,20 @@ class Trainer:
                                            self.held_out, self.eval_scorer)
     self.learner = build.build_learner(c, self.policy, self.mesh)
     self.step = 0
-    self.metrics = metrics_lib.MetricsWriter(workdir, tensorboard=c.train.tensorboard,
-                                             enabled=main)
+    loggers = loggers_lib.build_loggers(c, workdir, enabled=main)  # W&B, MLflow runs start
+    self.metrics = metrics_lib.MetricsWriter(workdir, loggers, enabled=main)
     self.rollout_log = metrics_lib.RolloutLog(workdir, c.train.log_rollouts,
-                                              self.policy.tokenizer, enabled=main)
+                                              self.policy.tokenizer, loggers, enabled=main)
     self.checkpointer = Checkpointer(workdir)
-    if self.checkpointer.latest_step() is not None:
-      self.restore(self.checkpointer.latest_step())
-    else:  # a run that died before its first checkpoint starts over: so do its records
-      self.metrics.truncate_after(-1)
-      self.rollout_log.truncate_after(-1)
+    try:
+      if self.checkpointer.latest_step() is not None:
+        self.restore(self.checkpointer.latest_step())
+      else:  # a run that died before its first checkpoint starts over: so do its records
+        self.metrics.truncate_after(-1)
+        self.rollout_log.truncate_after(-1)
+    except BaseException:
+      self.metrics.close(failed=True)  # the loggers' runs end, marked failed
+      raise
 
   # ------------------------------------------------------------------ one step
 
@@ -179,18 +185,20 @@ class Trainer:
   def run(self) -> dict[str, Any]:
     """Trains until `train.steps` with evaluation and checkpoints; returns the summary.
 
-    Ctrl-C (KeyboardInterrupt) saves a checkpoint before it propagates.
+    Ctrl-C (KeyboardInterrupt) saves a checkpoint before it propagates. The loggers'
+    runs (W&B, MLflow) finish either way, marked failed when the run raised.
     """
     c = self.config
     start = time.perf_counter()
     summary: dict[str, Any] = {}
-    if self.held_out and self.step == 0:
-      first = self.evaluate()
-      summary["eval_accuracy_start"] = first["eval_accuracy"]
-      self.metrics.write({"step": self.step, **first})
-      self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
     progress = metrics_lib.Progress(c.train.steps, self.step, disable=not self.show_progress)
+    failed = True  # until the last step is done: the loggers mark their runs failed
     try:
+      if self.held_out and self.step == 0:
+        first = self.evaluate()
+        summary["eval_accuracy_start"] = first["eval_accuracy"]
+        self.metrics.write({"step": self.step, **first})
+        self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
       while self.step < c.train.steps:
         metrics = self.train_step()
         if self.held_out and (self.step % c.train.eval_every == 0 or self.step == c.train.steps):
@@ -204,6 +212,7 @@ class Trainer:
           self.log(f"step {self.step}/{c.train.steps}: {metrics_lib.summary_line(metrics)}")
         if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
           self.save()
+      failed = False
     except KeyboardInterrupt:
       self.log(f"interrupted: saving a checkpoint at step {self.step}")
       self.save()
@@ -212,7 +221,7 @@ class Trainer:
       progress.close()
       self.rollout.close()  # a worker thread generating ahead stops
       self.checkpointer.close()
-      self.metrics.close()
+      self.metrics.close(failed=failed)
     policy = os.path.join(self.workdir, "policy")
     params = parallel.host_values(self.learner.policy_params)  # leaf by leaf
     if parallel.is_main_process():
@@ -224,13 +233,5 @@ class Trainer:
 
 def changed_fields(saved: dict, current: dict) -> list[str]:
   """Dotted names of config fields whose values differ between two `to_dict()`s."""
-  def flatten(tree, prefix=""):
-    out = {}
-    for key, value in tree.items():
-      if isinstance(value, dict):
-        out.update(flatten(value, f"{prefix}{key}."))
-      else:
-        out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
-    return out
-  saved, current = flatten(saved), flatten(current)
+  saved, current = loggers_lib.flatten_config(saved), loggers_lib.flatten_config(current)
   return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))

@@ -1,6 +1,7 @@
-"""Step metrics: reduced from device once per step, written to metrics.jsonl and
-TensorBoard, and shown as a tqdm progress bar; and samples of what was trained on, written
-to rollouts.jsonl (`train.log_rollouts` = N per step; analysis/rollouts.py reads them).
+"""Step metrics: reduced from device once per step, written to metrics.jsonl and the
+loggers of `train.loggers` (TensorBoard, W&B, MLflow), and shown as a tqdm progress bar;
+and samples of what was trained on, written to rollouts.jsonl (`train.log_rollouts` = N per
+step; analysis/rollouts.py reads them) and given to the loggers as a table.
 
 rollouts.jsonl has one JSON line per sample:
     step       the training step it was trained in (metrics.jsonl's `step`)
@@ -16,10 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from rlhf_jax.loggers import Logger
 from rlhf_jax.rollout import Rollouts
 
 # Per-mini-batch metrics reduced by their extreme, not their mean.
@@ -92,16 +94,14 @@ def rollout_metrics(rollouts: Rollouts, prepared: Mapping[str, np.ndarray]) -> d
 
 
 class MetricsWriter:
-  """Appends one JSON line per record to <workdir>/metrics.jsonl and, with
-  `tensorboard`, the numbers as TensorBoard scalars under <workdir>/tensorboard.
-  With `enabled` False (every process of a job but the first) it writes nothing."""
+  """Appends one JSON line per record to <workdir>/metrics.jsonl and gives its numbers to
+  the `loggers` (rlhf_jax/loggers.py: TensorBoard, W&B, MLflow). With `enabled` False
+  (every process of a job but the first) it writes nothing."""
 
-  def __init__(self, workdir: str, *, tensorboard: bool, enabled: bool = True):
-    self.workdir = workdir
+  def __init__(self, workdir: str, loggers: Sequence[Logger] = (), *, enabled: bool = True):
     self.path = os.path.join(workdir, "metrics.jsonl")
-    self.tensorboard = tensorboard
+    self.loggers = list(loggers)
     self.enabled = enabled
-    self._writer = None
 
   def write(self, record: dict[str, Any]) -> None:
     """Appends `record` (it must have a `step`)."""
@@ -109,26 +109,21 @@ class MetricsWriter:
       return
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
-    if not self.tensorboard:
-      return
-    if self._writer is None:
-      from tensorboardX import SummaryWriter
-      self._writer = SummaryWriter(os.path.join(self.workdir, "tensorboard"))
-    for key, value in record.items():
-      if key != "step" and isinstance(value, (int, float)):
-        self._writer.add_scalar(key, value, global_step=record["step"])
-    self._writer.flush()
+    numbers = {key: float(value) for key, value in record.items()
+               if key != "step" and isinstance(value, (int, float))}
+    for logger in self.loggers:
+      logger.log_metrics(record["step"], numbers)
 
   def truncate_after(self, step: int) -> None:
     """Drops records after `step` (a resumed run writes them again)."""
     if self.enabled:
       truncate_jsonl(self.path, step)
 
-  def close(self) -> None:
-    """Closes the TensorBoard writer."""
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
+  def close(self, failed: bool = False) -> None:
+    """Finishes the loggers' runs (`failed`: the run raised)."""
+    for logger in self.loggers:
+      logger.close(failed)
+    self.loggers = []
 
 
 def summary_line(m: Mapping[str, float]) -> str:
@@ -187,23 +182,41 @@ def rollout_records(step: int, rollouts, tokenizer, count: int) -> list[dict[str
   return out
 
 
-class RolloutLog:
-  """Appends `count` samples per step to <workdir>/rollouts.jsonl (nothing with count 0 or
-  `enabled` False: every process of a job but the first)."""
+def rollout_row(record: Mapping[str, Any], tokenizer) -> dict[str, Any]:
+  """A rollouts.jsonl record as the loggers' table row: step, reward, and the prompt and
+  response as text (the response: every turn's text, in order)."""
+  response = sum(len(turn["token_ids"]) for turn in record["turns"])
+  prompt = record["token_ids"][:max(len(record["token_ids"]) - response, 0)]
+  return {"step": record["step"], "reward": record["reward"],
+          "prompt": tokenizer.decode(prompt),
+          "response": "".join(turn["text"] for turn in record["turns"])}
 
-  def __init__(self, workdir: str, count: int, tokenizer, *, enabled: bool = True):
+
+class RolloutLog:
+  """Appends `count` samples per step to <workdir>/rollouts.jsonl and gives them to the
+  `loggers` as rows of text (nothing with count 0 or `enabled` False: every process of a
+  job but the first)."""
+
+  def __init__(self, workdir: str, count: int, tokenizer, loggers: Sequence[Logger] = (), *,
+               enabled: bool = True):
     self.path = os.path.join(workdir, "rollouts.jsonl")
     self.count = count
     self.tokenizer = tokenizer
+    self.loggers = list(loggers)
     self.enabled = enabled and count > 0
 
   def write(self, step: int, rollouts) -> None:
     """Appends the step's samples."""
     if not self.enabled:
       return
+    records = rollout_records(step, rollouts, self.tokenizer, self.count)
     with open(self.path, "a", encoding="utf-8") as f:
-      for record in rollout_records(step, rollouts, self.tokenizer, self.count):
+      for record in records:
         f.write(json.dumps(record) + "\n")
+    if self.loggers:
+      rows = [rollout_row(record, self.tokenizer) for record in records]
+      for logger in self.loggers:
+        logger.log_rollouts(step, rows)
 
   def truncate_after(self, step: int) -> None:
     """Drops the samples of steps after `step` (a resumed run writes them again)."""

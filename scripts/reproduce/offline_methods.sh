@@ -25,7 +25,7 @@ LABELLED="$OUT/labelled_seed0.jsonl"
 [ -f "$LABELLED" ] || py launch/label_samples.py --config=configs/dqo.py:arith \
   --config.model.checkpoint="$WARM" --output="$LABELLED" --pairs_output="$OUT/pairs_seed0.jsonl"
 COMMON=(--config.model.checkpoint="$WARM" --config.train.eval_every=5
-        --config.train.eval_samples=0 --config.train.tensorboard=False)
+        --config.train.eval_samples=0 --config.train.loggers=)
 train() {  # train NAME PRESET ARGS...
   local name="$1" preset="$2"; shift 2
   [ -f "$OUT/$name/policy/config.json" ] || py launch/train.py --config="configs/$preset.py:arith" \
@@ -40,7 +40,7 @@ train dqo_lr2e-4 dqo --config.data.offline_file="$LABELLED" --config.train.steps
   --config.optimizer.learning_rate=2e-4 --config.optimizer.critic_learning_rate=1e-3
 train ppo ppo --config.train.steps=30
 train grpo grpo --config.train.steps=30
-BON=(--config=configs/ppo.py:arith --config.model.checkpoint="$WARM" --config.train.tensorboard=False
+BON=(--config=configs/ppo.py:arith --config.model.checkpoint="$WARM" --config.train.loggers=
      --prompts=128 --n=16 --rejection_rate=0.5)
 if [ -f "$RM/rm/config.json" ]; then
   py launch/best_of_n.py "${BON[@]}" --config.reward.route=rm --config.reward.rm.checkpoint="$RM/rm" \
@@ -52,7 +52,7 @@ if [ -f "$RM/prm/config.json" ]; then
   py launch/best_of_n.py "${BON[@]}" --prm="$RM/prm" --decision_tokens=8,16 --compare \
     --bon_n=8 | grep '^{' > "$OUT/bon_prm.jsonl"
 fi
-QS=(--config=configs/ppo.py:arith --config.model.checkpoint="$WARM" --config.train.tensorboard=False
+QS=(--config=configs/ppo.py:arith --config.model.checkpoint="$WARM" --config.train.loggers=
     --config.sampler.prompt_buckets=64,127 --rounds=3 --prompts_per_round=256 --samples=4
     --steps=300 --eval_samples=4)
 BON_RM=()

@@ -61,6 +61,14 @@ FAMILIES = {
     # Olmo2Config has no head_dim: transformers derives it (48 / 4).
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
               dict(head_dim=12, tie_word_embeddings=False, attention_bias=False)),
+    # RoPE on half of each head, and a window of 5 < the tests' 9-14 tokens.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(head_dim=12, tie_word_embeddings=False, sliding_window=5,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                   "partial_rotary_factor": 0.5})),
+    # A window of 4 < the tests' 9-14 tokens: ignoring it changes every later logit.
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                dict(tie_word_embeddings=False, sliding_window=4)),
 }
 
 

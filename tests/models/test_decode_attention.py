@@ -132,7 +132,7 @@ def test_decoder_decode_steps_agree_across_kernels(monkeypatch):
   (Forced with a wrapper, so it holds before and after the decoder passes
   `kernel=config.decode_attention`.)"""
   from rlhf_jax import models
-  from rlhf_jax.models import decoder
+  from rlhf_jax.models import blocks
 
   # head_dim 16: the smallest the Triton tiles take (on a GPU this runs the real kernel)
   config = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
@@ -154,13 +154,13 @@ def test_decoder_decode_steps_agree_across_kernels(monkeypatch):
     return np.concatenate(outs, axis=1)
 
   xla = run()
-  original, decode_calls = decoder.cached_attention, []
+  original, decode_calls = blocks.cached_attention, []
 
   def pallas(q, *args, **kwargs):
     decode_calls.append(q.shape[1] == 1)
     return original(q, *args, **{**kwargs, "kernel": "pallas"})
 
-  monkeypatch.setattr(decoder, "cached_attention", pallas)
+  monkeypatch.setattr(blocks, "cached_attention", pallas)
   np.testing.assert_allclose(run(), xla, atol=2e-5)
   assert sum(decode_calls) == config.num_layers  # one traced decode step, every layer
 

@@ -11,6 +11,7 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax.models import layer_scan
+from rlhf_jax.models import peft
 from tests.models.hf_fixtures import FAMILIES
 from tests.models.hf_fixtures import FAMILY_VOCAB
 from tests.models.hf_fixtures import hf_logits
@@ -26,6 +27,9 @@ EXPECTED = {
                   tie_embeddings=True),
     "olmo2": dict(architecture="olmo2", qk_norm="projection", norm_placement="post",
                   qkv_bias=False, head_dim=12, tie_embeddings=False),
+    "phi3": dict(architecture="phi3", qkv_bias=False, head_dim=12, rotary_dim=6,
+                 sliding_window=5),
+    "mistral": dict(architecture="mistral", qkv_bias=False, head_dim=16, sliding_window=4),
 }
 
 
@@ -62,6 +66,25 @@ def test_config_is_read(family):
   assert sum(x.size for x in jax.tree.leaves(family.params)) == config.num_params()
 
 
+def test_qwen3_with_a_window_in_every_layer(tmp_path):
+  import transformers
+
+  hf_model = save_family_model(tmp_path / "in", "qwen3", use_sliding_window=True,
+                               sliding_window=3, max_window_layers=0)
+  model, params = models.load_hf_checkpoint(str(tmp_path / "in"))
+  assert model.config.sliding_window == 3
+  tokens, mask, positions = left_padded(4, [12, 8], 12)
+  valid = mask == 1
+  expected = hf_logits(hf_model, tokens, attention_mask=mask, position_ids=positions)[valid]
+  ours = np.asarray(model.apply(params, tokens, attention_mask=mask)[0])[valid]
+  np.testing.assert_allclose(ours, expected, atol=TOLERANCE)
+  models.save_hf_checkpoint(str(tmp_path / "out"), model, params)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+  np.testing.assert_allclose(
+      hf_logits(reloaded, tokens, attention_mask=mask, position_ids=positions)[valid],
+      expected, atol=1e-6)
+
+
 @pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"])
 def test_moe_is_refused_in_one_line(architecture):
   hf = dict(architectures=[architecture], vocab_size=100, hidden_size=48,
@@ -79,6 +102,30 @@ def test_unsupported_family_options_are_refused():
   config = models.config_from_hf(hf)
   with pytest.raises(ValueError, match="qk_norm='head'; qk_norm='none' cannot be saved"):
     models.config_to_hf(config.replace(qk_norm="none"))
+  mixed = dict(hf, sliding_window=4, layer_types=["full_attention", "sliding_attention"])
+  with pytest.raises(ValueError, match="mixes sliding and full attention layers"):
+    models.config_from_hf(mixed)
+  phi3 = dict(hf, architectures=["Phi3ForCausalLM"])
+  with pytest.raises(ValueError, match="^config.json: rope_type='longrope' is not supported"):
+    models.config_from_hf(dict(phi3, rope_parameters={"rope_type": "longrope"}))
+  with pytest.raises(ValueError, match="partial_rotary_factor=0.5 is not supported for Qwen3"):
+    models.config_from_hf(dict(hf, partial_rotary_factor=0.5))
+  with pytest.raises(ValueError, match="architecture='phi3' are not supported yet"):
+    peft.peft_tensors(models.init_model(models.config_from_hf(phi3), abstract=True)[0], {})
+
+
+def test_a_fused_tensor_of_the_wrong_size_is_named(tmp_path):
+  from safetensors.numpy import load_file, save_file
+
+  save_family_model(tmp_path, "phi3")
+  path = tmp_path / "model.safetensors"
+  tensors = load_file(str(path))
+  name = "model.layers.1.self_attn.qkv_proj.weight"
+  tensors[name] = np.concatenate([tensors[name], tensors[name][:2]])
+  save_file(tensors, str(path), metadata={"format": "pt"})
+  with pytest.raises(ValueError, match=rf"fused tensor '{name}' has shape \(98, 48\); "
+                     "expected 96 rows"):
+    models.load_hf_checkpoint(str(tmp_path))
 
 
 def test_logits_on_left_padded_rows(family):
@@ -111,12 +158,14 @@ def test_export_loads_in_transformers_with_the_same_logits(family, tmp_path):
       atol=1e-6)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-def test_kv_cache_prefill_and_decode_equal_the_full_forward(family, scan_layers):
-  model = family.model
+@pytest.mark.parametrize("layout", ["loop", "scan", "pallas"])
+def test_kv_cache_prefill_and_decode_equal_the_full_forward(family, layout):
+  """Per-layer and stacked caches; "pallas": the ragged decode kernel (interpret mode)."""
   params = family.params
-  if scan_layers:
-    model = models.init_model(model.config.replace(scan_layers=True), abstract=True)[0]
+  config = family.model.config.replace(scan_layers=layout == "scan",
+                                       decode_attention="pallas" if layout == "pallas" else "xla")
+  model = models.init_model(config, abstract=True)[0]
+  if layout == "scan":
     params = layer_scan.stack_layer_params(params)
   prompt_len, steps = 6, 8
   tokens, full_mask, _ = left_padded(2, [14, 12, 9], prompt_len + steps)

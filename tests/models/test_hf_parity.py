@@ -187,9 +187,9 @@ def test_unexpected_tensor_is_named(qwen_copy):
 def test_unknown_architecture_and_missing_files(qwen_copy):
   config_path = qwen_copy / "config.json"
   config = json.loads(config_path.read_text())
-  config.update(architectures=["MistralForCausalLM"], model_type="mistral")
+  config.update(architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox")
   config_path.write_text(json.dumps(config))
-  with pytest.raises(ValueError, match="MistralForCausalLM.*not supported"):
+  with pytest.raises(ValueError, match="GPTNeoXForCausalLM.*not supported"):
     models.load_hf_checkpoint(str(qwen_copy))
   os.remove(qwen_copy / "model.safetensors")
   config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")

@@ -34,7 +34,7 @@ def job_config(name: str, *, mesh=MESH, steps: int = 2, staleness: int = 0):
   config.rollout.prompts_per_step = 8  # 32 rows: 4 per data × fsdp shard
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
   config.train.steps, config.train.eval_every, config.train.checkpoint_every = steps, steps, 2
-  config.train.tensorboard = False
+  config.train.loggers = ""
   return config
 
 

@@ -154,7 +154,7 @@ def test_every_preset_rejects_a_bad_value_with_its_range(spec, inputs):
 def test_every_trainer_preset_rejects_a_value_of_the_wrong_type(spec, inputs):
   for override, path, expected in (("train.steps=abc", "train.steps", "an int"),
                                    ("rollout.top_p=high", "rollout.top_p", "a number"),
-                                   ("train.tensorboard=maybe", "train.tensorboard",
+                                   ("train.packing=maybe", "train.packing",
                                     "true or false")):
     with pytest.raises(ConfigError) as error:
       parse(spec, *required(spec, inputs), f"--config.{override}")
@@ -175,10 +175,11 @@ def test_unknown_keys_without_a_close_match_list_the_section():
 
 def test_good_overrides_still_apply():
   config = parse("configs/grpo.py:arith", "--config.rollout.temperature=0.5",
-                 "--config.train.steps", "7", "--noconfig.train.tensorboard",
-                 "--config.data.levels=(1,3)")
+                 "--config.train.steps", "7", "--noconfig.data.shuffle",
+                 "--config.data.levels=(1,3)", "--config.train.loggers=")
   assert (config.rollout.temperature, config.train.steps) == (0.5, 7)
-  assert config.train.tensorboard is False and tuple(config.data.levels) == (1, 3)
+  assert config.data.shuffle is False and tuple(config.data.levels) == (1, 3)
+  assert config.train.loggers == ""
 
 
 def leaves(config, prefix=""):

@@ -63,12 +63,47 @@ def held_out_levels(num_eval: int) -> set[str]:
   return {f"L{e.metadata['level']}" for e in build.load_examples(config)[1]}
 
 
+# Every logger; W&B offline (wandb_records.offline_env), MLflow in <workdir>/mlflow.db.
+LOGGED = ["--config.train.loggers=tensorboard,wandb,mlflow", "--config.train.log_rollouts=2"]
+
+
+def check_loggers(workdir) -> None:
+  """W&B and MLflow got the numbers of metrics.jsonl at their steps, and the samples."""
+  from mlflow import MlflowClient
+  from tests.training.wandb_records import read_runs
+
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  (wandb_run,) = read_runs(workdir)
+  client = MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow.db")
+  mlflow_run = (workdir / "mlflow_run_id").read_text().strip()
+  for record in records:
+    numbers = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
+    logged = wandb_run["history"][record["step"]]
+    assert {k: logged[k] for k in numbers} == pytest.approx(numbers, nan_ok=True)
+    for key in ("eval_accuracy", "eval_pass@4", "reward_mean"):
+      if key in record:
+        (metric,) = [m for m in client.get_metric_history(mlflow_run, key.replace("@", "_"))
+                     if m.step == record["step"]]
+        assert metric.value == pytest.approx(record[key])
+  (table,) = wandb_run["tables"].values()
+  samples = [json.loads(line) for line in (workdir / "rollouts.jsonl").read_text().splitlines()]
+  assert [row[:2] for row in table["data"]] == [[1, s["reward"]] for s in samples]
+  assert list(workdir.glob("tensorboard/events.out.tfevents.*"))
+
+
 @pytest.mark.slow
-def test_train_then_eval_then_plot(tmp_path):
-  result = run("train.py", "--config=configs/grpo.py:arith", f"--workdir={tmp_path}", *SMALL)
+def test_train_then_eval_then_plot(tmp_path, monkeypatch):
+  from tests.training.wandb_records import offline_env
+  from tests.training.wandb_records import read_runs
+
+  offline_env(monkeypatch, tmp_path / "wandb_home")
+  monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  result = run("train.py", "--config=configs/grpo.py:arith", f"--workdir={tmp_path}", *SMALL,
+               *LOGGED)
   assert result.returncode == 0, result.stderr[-3000:]
   summary = json.loads(result.stdout.strip().splitlines()[-1])
   assert summary["event"] == "done" and summary["steps"] == 1
+  check_loggers(tmp_path)
   policy = summary["policy"]
   result = run("eval.py", f"--checkpoint={policy}", "--samples=4", "--temperature=1.0",
                "--arith_count=6", "--num_slots=8")
@@ -104,10 +139,13 @@ def test_train_then_eval_then_plot(tmp_path):
   assert [r["step"] for r in evaluations] == [0, 1]
   assert all(0 <= r["eval_sampled_accuracy"] <= r["eval_pass@4"] <= 1 for r in evaluations)
   assert (tmp_path / "report.png").stat().st_size > 1000
-  # Re-running with the same workdir resumes (here: nothing left to do).
-  result = run("train.py", "--config=configs/grpo.py:arith", f"--workdir={tmp_path}", *SMALL)
+  # Re-running with the same workdir resumes (here: nothing left to do), in the same runs.
+  result = run("train.py", "--config=configs/grpo.py:arith", f"--workdir={tmp_path}", *SMALL,
+               *LOGGED)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "resumed from step 1" in result.stdout
+  first, resumed = read_runs(tmp_path)
+  assert first["id"] == resumed["id"] and resumed["exit_code"] == 0
 
 
 @pytest.mark.slow

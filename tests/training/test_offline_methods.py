@@ -28,7 +28,7 @@ from tests.training.test_launchers import SMALL
 from tests.training.test_launchers import run
 
 STEPS = [*SMALL, "--config.train.steps=2", "--config.train.eval_every=2",
-         "--config.train.eval_samples=0", "--config.train.tensorboard=False",
+         "--config.train.eval_samples=0", "--config.train.loggers=",
          "--config.data.offline_prompts=6", "--config.data.offline_samples=2"]
 TOKENIZER = arith.tokenizer()
 
@@ -206,7 +206,7 @@ def test_cached_reference_logprobs_are_the_reference_forward_and_the_stream_resu
 def test_best_of_n_and_qsharp_launchers(tmp_path):
   last_json(run("sft.py", "--config=configs/ppo.py:arith", f"--workdir={tmp_path}", *SMALL))
   common = ["--config=configs/ppo.py:arith", f"--workdir={tmp_path}", *SMALL,
-            "--config.train.tensorboard=False", "--config.data.num_eval=3"]
+            "--config.train.loggers=", "--config.data.num_eval=3"]
   result = run("best_of_n.py", *common, "--n=4", "--decision_tokens=2,4",
                "--rejection_rate=0.5", "--compare", "--bon_n=2")
   assert result.returncode == 0, result.stderr[-3000:]

@@ -245,7 +245,7 @@ def async_trainer(workdir, steps, partial=False):
     config.rollout.partial_rollouts, config.sampler.update_policy = True, "swap_now"
   config.train.steps, config.train.eval_every, config.train.checkpoint_every = steps, 100, 2
   config.optimizer.learning_rate, config.optimizer.warmup_steps = 2e-3, 1
-  config.train.tensorboard = False
+  config.train.loggers = ""
   stages.ensure_arith_warm_start(config, str(workdir), log=lambda line: None)
   scorer = RewardRouter({"arith": short_response}, correct_score=1.0, wrong_score=0.0)
   return loop.Trainer(config, str(workdir), log=lambda line: None, scorer=scorer)

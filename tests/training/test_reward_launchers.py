@@ -16,7 +16,7 @@ from tests.training.test_launchers import SMALL
 from tests.training.test_launchers import run
 
 TWO_STEPS = [*SMALL, "--config.train.steps=2", "--config.train.eval_every=2",
-             "--config.train.eval_samples=0", "--config.train.tensorboard=False",
+             "--config.train.eval_samples=0", "--config.train.loggers=",
              "--config.reward.judge_sampler.warmup=False",
              "--config.reward.judge_sampler.num_slots=8"]
 

@@ -265,10 +265,11 @@ def test_bf16_sampler_is_corrected_by_truncated_importance_sampling(tmp_path):
 
 
 def test_metrics_also_go_to_tensorboard(tmp_path):
+  from rlhf_jax.loggers import TensorBoardLogger
   from rlhf_jax.training.metrics import MetricsWriter
   from tests.training.tensorboard_events import read_event_scalars
 
-  writer = MetricsWriter(str(tmp_path), tensorboard=True)
+  writer = MetricsWriter(str(tmp_path), [TensorBoardLogger(str(tmp_path), None)])
   writer.write({"step": 1, "reward_mean": 0.5, "accuracy": 0.25})
   writer.write({"step": 2, "reward_mean": 0.75, "note": "text is skipped"})
   writer.close()
