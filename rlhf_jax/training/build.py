@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from typing import Any, Callable
 
@@ -189,11 +190,29 @@ def check_tasks(c, field: str, located: list[tuple[str, Example]]) -> None:
           "'task=<column>', e.g. task=ability for verl files)")
 
 
+def check_checkpoint_family(directory: str) -> None:
+  """A ConfigError naming `model.checkpoint` when its config.json describes a model
+  family (or an option of one) that cannot be loaded; reads only config.json."""
+  path = os.path.join(directory, "config.json")
+  if not os.path.exists(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    try:
+      hf_config = json.load(f)
+    except ValueError as error:
+      raise ConfigError(f"config.model.checkpoint: {path} is not JSON ({error})") from None
+  try:
+    models.config_from_hf(hf_config)
+  except (ValueError, KeyError) as error:
+    raise ConfigError(f"config.model.checkpoint: {directory}: {error}") from None
+
+
 def check_data(c, workdir: str) -> None:
   """`load_examples` with the policy's tokenizer when its checkpoint is there already
   (`--validate_only`: the data files, their schema and every prompt's length, before
   "config ok"; nothing loads onto a device)."""
   directory = policy_checkpoint_dir(c, workdir)
+  check_checkpoint_family(directory)
   prompts = None
   if os.path.exists(os.path.join(directory, "tokenizer.json")):
     tokenizer = models.Tokenizer.from_directory(directory)

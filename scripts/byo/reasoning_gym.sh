@@ -15,8 +15,8 @@ MODEL=(--config.model.hidden_size=128 --config.model.num_layers=3 --config.model
        --config.sampler.num_slots=64 --config.model.logprob_chunk=0)
 "$VENV/bin/python" scripts/byo/reasoning_gym_data.py --out="$OUT/data"
 "$VENV/bin/python" launch/sft.py --config=configs/sft.py:hf --workdir="$OUT" --overwrite \
-  --config.sft.train_file="$OUT/data/sft.jsonl" --config.sft.steps=250 \
-  --config.sft.batch_size=32 --config.sft.learning_rate=2e-3 --config.sft.vocab_size=320 \
+  --config.sft.train_file="$OUT/data/sft.jsonl" --config.sft.steps=600 \
+  --config.sft.batch_size=64 --config.sft.learning_rate=3e-3 --config.sft.vocab_size=320 \
   "${MODEL[@]}"
 "$VENV/bin/python" launch/train.py --config=configs/grpo.py:hf --workdir="$OUT/rl" \
   --config.model.checkpoint="$OUT/sft" --config.data.train_file="$OUT/data/train.jsonl" \
@@ -24,5 +24,5 @@ MODEL=(--config.model.hidden_size=128 --config.model.num_layers=3 --config.model
   --config.reward.function=scripts/byo/rg_reward.py:rg_score \
   --config.rollout.prompts_per_step=16 --config.rollout.group_size=8 \
   --config.optimizer.learning_rate=2e-4 --config.optimizer.warmup_steps=5 \
-  --config.train.steps=40 --config.train.eval_every=20 --config.train.eval_samples=4 \
+  --config.train.steps=60 --config.train.eval_every=20 --config.train.eval_samples=4 \
   "${MODEL[@]}" "$@"

@@ -23,7 +23,7 @@ TINY = ["--config.data.prompt_length=96", "--config.sampler.prompt_buckets=96",
         "--config.sampler.num_slots=8", "--config.sampler.warmup=False",
         "--config.rollout.prompts_per_step=2", "--config.rollout.group_size=2",
         "--config.train.steps=2", "--config.train.minibatches=1", "--config.train.eval_every=2",
-        "--config.train.tensorboard=False", "--config.train.log_rollouts=2",
+        "--config.train.loggers=", "--config.train.log_rollouts=2",
         "--config.model.logprob_chunk=0", "--config.optimizer.warmup_steps=1"]
 
 
@@ -85,3 +85,22 @@ def test_trl_conversational_data_and_a_trl_reward_function_on_a_qwen3_checkpoint
   exported = transformers.AutoTokenizer.from_pretrained(policy)
   assert exported.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False) == (
       reference.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False))
+
+
+def test_a_family_that_cannot_load_is_refused_by_validate_only(tmp_path, checkpoint):
+  import shutil
+  moe = tmp_path / "moe"
+  shutil.copytree(checkpoint, moe)
+  config = json.loads((moe / "config.json").read_text())
+  config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=4)
+  (moe / "config.json").write_text(json.dumps(config))
+  data = trl_file(tmp_path / "d.jsonl", [{"prompt": MESSAGES, "solution": "red"}])
+  result = run("train.py", "--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
+               f"--config.model.checkpoint={moe}", f"--config.data.train_file={data}",
+               "--config.data.columns=answer=solution", "--config.data.default_task=colours",
+               "--config.reward.function=tests.rewards.reward_fns:solution_match", *TINY,
+               "--validate_only")
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+  assert result.stderr.strip().splitlines() == [
+      f"error: config.model.checkpoint: {moe}: config.json: Qwen3MoeForCausalLM is a "
+      "mixture-of-experts model; MoE is not supported yet."]

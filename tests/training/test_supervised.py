@@ -100,6 +100,6 @@ def test_sft_from_scratch_on_conversations_then_rl_from_its_checkpoint(tmp_path)
            "--config.reward.function=tests.rewards.reward_fns:solution_match",
            "--config.rollout.prompts_per_step=2", "--config.rollout.group_size=2",
            "--config.train.steps=1", "--config.train.minibatches=1",
-           "--config.train.tensorboard=False", *small)
+           "--config.train.loggers=", *small)
   assert rl.returncode == 0, rl.stderr[-3000:]
   assert json.loads(rl.stdout.strip().splitlines()[-1])["steps"] == 1
