@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from rlhf_jax.models.config import DecoderConfig
 from rlhf_jax.models.decoder import DecoderLM
 from rlhf_jax.models.decoder import HeadKind
+from rlhf_jax.models.hf_metadata import CheckpointSource
 
 Params = dict[str, Any]
 
@@ -32,11 +33,14 @@ class FunctionalModel:
     head: "lm" or "scalar".
     graphdef: NNX graph definition.
     abstract_state: nnx.State of ShapeDtypeStructs (the parameter template).
+    source: the HF checkpoint it was loaded from (`hf_metadata.CheckpointSource`: the
+      config.json keys, generation config and dtype an export writes back), or None.
   """
   config: DecoderConfig
   head: str
   graphdef: Any
   abstract_state: Any
+  source: CheckpointSource | None = None
 
   def apply(self, params: Params, tokens: jax.Array, *, method=None, **kwargs):
     """`DecoderLM.__call__` with the given parameters (see its docstring), or
@@ -70,6 +74,7 @@ def critic_from_policy(policy: FunctionalModel, policy_params: Params
     (critic, critic_params); the backbone arrays are shared, not copied.
   """
   critic, abstract = init_model(policy.config, head="scalar", abstract=True)
+  critic = dataclasses.replace(critic, source=policy.source)
   params = {key: value for key, value in policy_params.items() if key != "lm_head"}
   params["scalar_head"] = jnp.zeros(abstract["scalar_head"].shape,
                                           abstract["scalar_head"].dtype)
@@ -127,7 +132,8 @@ def init_model(config: DecoderConfig, *, seed: int = 0, head: HeadKind = "lm",
 def with_numerics(model: FunctionalModel, **runtime) -> FunctionalModel:
   """The same model (same parameter tree) with other runtime numerics: `DecoderConfig`
   fields that are not part of a checkpoint (dtype, matmul_precision, logprob_chunk,
-  remat, remat_policy, decode_attention), e.g. a bf16 sampler's copy of a float32 trainer's policy."""
+  remat, remat_policy, decode_attention), e.g. a bf16 sampler's copy of a float32 trainer's
+  policy; the source checkpoint is kept."""
   unknown = set(runtime) - RUNTIME_FIELDS
   if unknown:
     raise ValueError(f"with_numerics: {', '.join(sorted(unknown))} not runtime fields; "
@@ -135,7 +141,8 @@ def with_numerics(model: FunctionalModel, **runtime) -> FunctionalModel:
   config = model.config.replace(**runtime)
   if config == model.config:
     return model
-  return init_model(config, head=model.head, abstract=True)[0]
+  return dataclasses.replace(init_model(config, head=model.head, abstract=True)[0],
+                             source=model.source)
 
 
 # DecoderConfig fields that change how a model computes, never its parameter tree.

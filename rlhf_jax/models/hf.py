@@ -1,6 +1,6 @@
 """Hugging Face checkpoints: `config.json` + `model.safetensors` (single or sharded).
 
-One table maps each of our parameters to its HF tensor name and layout. Loading
+One table (`hf_tensors`) maps each of our parameters to its HF tensor name and layout. Loading
 streams one tensor at a time from the memory-mapped safetensors file, converts
 it, and places it on its device (and sharding, when given), so the host never
 holds a second full copy of the model. Saving writes a directory that
@@ -15,113 +15,26 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rlhf_jax.models import config as config_lib
 from rlhf_jax.models import hf_config
+from rlhf_jax.models import hf_metadata
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
 from rlhf_jax.models.functional import init_model
+from rlhf_jax.models.hf_tensors import TensorMapping
+from rlhf_jax.models.hf_tensors import tensor_mappings
 from rlhf_jax.models.layer_scan import is_stacked
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Tensors some checkpoints carry that hold nothing we need.
 _IGNORABLE = (re.compile(r".*\.rotary_emb\.inv_freq$"),)
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorMapping:
-  """How one of our parameters is stored in an HF checkpoint."""
-  path: tuple  # key path in the per-layer params dict: ("layers", i, ...) for layer i
-  hf_name: str
-  to_ours: Callable[[np.ndarray], np.ndarray]
-  to_hf: Callable[[np.ndarray], np.ndarray]
-  # (start, stop, total): ours is rows start:stop of a fused HF tensor of `total` rows
-  # (Phi-3's qkv_proj, gate_up_proj); the parts of one tensor are listed in row order.
-  rows: tuple[int, int, int] | None = None
-
-
-# Families whose checkpoints fuse q/k/v into `qkv_proj` and gate/up into `gate_up_proj`.
-FUSED_PROJECTIONS = ("phi3",)
-
-
-def _transpose(x):
-  return np.ascontiguousarray(x.T)
-
-
-def _same(x):
-  return x
-
-
-def tensor_mappings(config: config_lib.DecoderConfig, head: str) -> list[TensorMapping]:
-  """The full parameter ↔ HF tensor table for a model."""
-  e = config.hidden_size
-  mappings = [TensorMapping(("embed",), "model.embed_tokens.weight", _same, _same),
-              TensorMapping(("final_norm", "weight"), "model.norm.weight", _same, _same)]
-  for i in range(config.num_layers):
-    mappings += _layer_mappings(config, f"model.layers.{i}.", ("layers", i))
-  if head == "lm" and not config.tie_embeddings:
-    mappings.append(TensorMapping(("lm_head",), "lm_head.weight", _transpose, _transpose))
-  if head == "scalar":
-    # HF's *ForSequenceClassification / *ForTokenClassification with one label.
-    mappings.append(TensorMapping(("scalar_head",), "score.weight", lambda w: w.reshape(e),
-                                  lambda w: w.reshape(1, e)))
-  return mappings
-
-
-def _layer_mappings(config: config_lib.DecoderConfig, hf: str, ours: tuple
-                    ) -> list[TensorMapping]:
-  """The tensors of one layer: HF names under `hf`, our paths under `ours`."""
-  e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
-  f = config.intermediate_size
-  fused = config.architecture in FUSED_PROJECTIONS
-
-  def in_proj(heads):  # HF [heads*D, E] ↔ ours [E, heads, D]
-    return (lambda w: np.ascontiguousarray(w.T.reshape(e, heads, d)),
-            lambda w: np.ascontiguousarray(w.reshape(e, heads * d).T))
-
-  mappings = []
-  starts = np.cumsum([0, h * d, k * d, k * d])
-  for j, (name, heads) in enumerate((("q", h), ("k", k), ("v", k))):
-    rows = (int(starts[j]), int(starts[j + 1]), int(starts[-1])) if fused else None
-    hf_name = hf + ("self_attn.qkv_proj.weight" if fused else f"self_attn.{name}_proj.weight")
-    mappings.append(TensorMapping(ours + ("attention", f"{name}_proj"), hf_name,
-                                  *in_proj(heads), rows=rows))
-    if config.qkv_bias:
-      mappings.append(TensorMapping(ours + ("attention", f"{name}_bias"),
-                                    hf + f"self_attn.{name}_proj.bias",
-                                    lambda b, n=heads: b.reshape(n, d), lambda b: b.reshape(-1)))
-  if config.qk_norm == "head":
-    mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
-                               hf + f"self_attn.{name}_norm.weight", _same, _same)
-                 for name in ("q", "k")]
-  elif config.qk_norm == "projection":  # HF [heads*D] ↔ ours [heads, D]
-    mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
-                               hf + f"self_attn.{name}_norm.weight",
-                               lambda w, n=heads: w.reshape(n, d), lambda w: w.reshape(-1))
-                 for name, heads in (("q", h), ("k", k))]
-  if config.norm_placement == "pre":
-    norms = (("input_norm", "input_layernorm"), ("post_attention_norm",
-                                                 "post_attention_layernorm"))
-  else:  # OLMo 2 names the norms of the attention and MLP outputs
-    norms = (("attention_out_norm", "post_attention_layernorm"),
-             ("mlp_out_norm", "post_feedforward_layernorm"))
-  mappings += [TensorMapping(ours + (name, "weight"), hf + f"{hf_name}.weight", _same, _same)
-               for name, hf_name in norms]
-  mappings.append(TensorMapping(ours + ("attention", "o_proj"), hf + "self_attn.o_proj.weight",
-                                lambda w: np.ascontiguousarray(w.T.reshape(h, d, e)),
-                                lambda w: np.ascontiguousarray(w.reshape(h * d, e).T)))
-  for j, name in enumerate(("gate", "up")):
-    hf_name = hf + ("mlp.gate_up_proj.weight" if fused else f"mlp.{name}_proj.weight")
-    mappings.append(TensorMapping(ours + ("mlp", f"{name}_proj"), hf_name, _transpose,
-                                  _transpose, rows=(j * f, (j + 1) * f, 2 * f) if fused else None))
-  mappings.append(TensorMapping(ours + ("mlp", "down_proj"), hf + "mlp.down_proj.weight",
-                                _transpose, _transpose))
-  return mappings
 
 
 def _get(tree, path):
@@ -193,19 +106,27 @@ class _CheckpointFiles:
   def shape(self, name: str) -> tuple[int, ...]:
     return tuple(self._handle(name).get_slice(name).get_shape())
 
+  def dtype(self, name: str) -> str:
+    """The safetensors dtype name of tensor `name` ("BF16", "F32", ...)."""
+    return self._handle(name).get_slice(name).get_dtype()
+
   def close(self):
     for handle in self._open.values():
       handle.__exit__(None, None, None)
     self._open.clear()
 
 
-def read_hf_config(directory: str, **overrides) -> config_lib.DecoderConfig:
-  """DecoderConfig from `directory/config.json`; overrides set fields (dtype, remat...)."""
+def _read_config_json(directory: str) -> dict[str, Any]:
   path = os.path.join(directory, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist (not an HF checkpoint directory?).")
   with open(path) as f:
-    return hf_config.config_from_hf(json.load(f), **overrides)
+    return json.load(f)
+
+
+def read_hf_config(directory: str, **overrides) -> config_lib.DecoderConfig:
+  """DecoderConfig from `directory/config.json`; overrides set fields (dtype, remat...)."""
+  return hf_config.config_from_hf(_read_config_json(directory), **overrides)
 
 
 def _read_tensor(files: _CheckpointFiles, available: set[str], mapping: TensorMapping,
@@ -266,16 +187,21 @@ def load_hf_checkpoint(directory: str, *, head: str = "lm", shardings: Params | 
       param_dtype="bfloat16", remat=True; scan_layers=True loads the layers
       stacked, one [L, ...] array at a time on the host).
   Returns:
-    (model, params).
+    (model, params); `model.source` keeps what an export writes back (config.json's
+    other keys, generation_config.json, the tensors' dtype: `hf_metadata`).
   Raises:
     ValueError naming the tensor on a missing tensor, a shape mismatch, or an
     unexpected tensor; FileNotFoundError for missing files.
   """
   if missing_head not in ("error", "zeros"):
     raise ValueError(f"missing_head={missing_head!r}; allowed: 'error', 'zeros'.")
-  config = read_hf_config(directory, **config_overrides)
+  source_config = _read_config_json(directory)
+  config = hf_config.config_from_hf(source_config, **config_overrides)
   model, abstract = init_model(config, head=head, abstract=True)
   files = _CheckpointFiles(directory)
+  embed = "model.embed_tokens.weight"
+  model = dataclasses.replace(model, source=hf_metadata.read_source(
+      directory, source_config, files.dtype(embed) if embed in files.names() else ""))
   mappings = tensor_mappings(config, head)
   params = jax.tree.map(lambda _: None, abstract)
   try:
@@ -328,26 +254,30 @@ def iter_hf_tensors(model: FunctionalModel, params: Params) -> Iterator[tuple[st
 
 
 def save_hf_checkpoint(directory: str, model: FunctionalModel, params: Params, *,
+                       dtype: str | None = None, token_ids: dict[str, Any] | None = None,
                        max_shard_bytes: int = 4 << 30) -> None:
-  """Writes config.json and safetensors that `transformers` loads.
+  """Writes config.json, generation_config.json and safetensors that `transformers` loads.
+
+  A model loaded by `load_hf_checkpoint` writes its source checkpoint back with our
+  tensors: config.json's other keys (token ids, ...) and generation_config.json as they
+  were, the tensors in the source's dtype (`hf_metadata`).
 
   Args:
     directory: output directory (created).
-    model: the FunctionalModel (for the config and head).
+    model: the FunctionalModel (for the config, head and source checkpoint).
     params: the parameters.
+    dtype: "float32", "bfloat16" or "float16" to store the tensors in; None: the
+      source checkpoint's dtype, else the model's param_dtype.
+    token_ids: bos/eos/pad token ids ({"eos_token_id": ...}) for a model without a
+      source checkpoint (`save_policy` passes its tokenizer's); else null.
     max_shard_bytes: split into model-0000i-of-0000n.safetensors files with
       an index when the weights exceed this size.
   """
   from safetensors.numpy import save_file  # the `hf` extra
 
   os.makedirs(directory, exist_ok=True)
-  written = hf_config.config_to_hf(model.config)
-  if model.head == "scalar":
-    base = config_lib.ARCHITECTURES[model.config.architecture].replace("ForCausalLM", "")
-    written["architectures"] = [base + "ForSequenceClassification"]
-    written["num_labels"] = 1
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(written, f, indent=2, sort_keys=True)
+  dtype = hf_metadata.export_dtype(model, dtype)
+  hf_metadata.write_metadata(directory, model, dtype, token_ids)
 
   # Drop any stale layout from an earlier save into the same directory.
   for stale in os.listdir(directory):
@@ -366,6 +296,7 @@ def save_hf_checkpoint(directory: str, model: FunctionalModel, params: Params, *
     written.append((temporary, list(shard)))
 
   for name, array in iter_hf_tensors(model, params):
+    array = array.astype(jnp.dtype(dtype), copy=False)
     if shard and shard_bytes + array.nbytes > max_shard_bytes:
       flush()
       shard, shard_bytes = {}, 0

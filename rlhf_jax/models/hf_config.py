@@ -53,7 +53,7 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
                    "'default', 'llama3'.")
 
 
-def _architecture_from_hf(hf: dict[str, Any]) -> str:
+def architecture_from_hf(hf: dict[str, Any]) -> str:
   """Our architecture name for a config.json; ValueError in one line for MoE and for
   families we do not have."""
   architectures = hf.get("architectures") or []
@@ -88,7 +88,7 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
     ValueError in one line naming what is not supported (an architecture, MoE, a
     rope type, sliding windows, biases, activations).
   """
-  architecture = _architecture_from_hf(hf)
+  architecture = architecture_from_hf(hf)
   cls = ARCHITECTURES[architecture]
   if hf.get("mlp_bias"):
     raise ValueError("config.json: mlp_bias=true is not supported.")
@@ -171,7 +171,8 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
   """The HF `config.json` dict that `transformers` loads back into the same model.
 
   Runtime numerics that are not part of the checkpoint (compute dtype, remat,
-  matmul_precision, logprob_chunk) are not written.
+  matmul_precision, logprob_chunk) are not written, nor token ids (an export takes them
+  from its source checkpoint or tokenizer: `hf_metadata.export_config`).
   Raises:
     ValueError when the config is not one its architecture's HF class can hold
     (e.g. Qwen2 without q/k/v bias).
@@ -200,9 +201,6 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
       "hidden_act": "silu",
       "torch_dtype": config.param_dtype,
       "dtype": config.param_dtype,
-      # Not known here; a family's default can lie outside a small vocabulary (Phi-3:
-      # 32000), which transformers refuses to build.
-      "pad_token_id": None,
   }
   if config.rope_scaling is not None:
     hf["rope_scaling"] = dict(rope)

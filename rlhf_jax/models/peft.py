@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.models import hf
+from rlhf_jax.models import hf_tensors
 from rlhf_jax.models import lora as lora_lib
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
@@ -46,8 +46,8 @@ _TASK = {"lm": "CAUSAL_LM", "scalar": "SEQ_CLS"}
 
 
 def _module_names(model: FunctionalModel) -> dict[tuple, tuple[str, Any, Any]]:
-  """Our parameter path → (HF tensor name, to_ours, to_hf), from `hf.tensor_mappings`."""
-  mappings = hf.tensor_mappings(model.config, model.head)
+  """Our parameter path → (HF tensor name, to_ours, to_hf), from the `hf_tensors` table."""
+  mappings = hf_tensors.tensor_mappings(model.config, model.head)
   if any(m.rows is not None for m in mappings):
     # A LoRA of HF's fused qkv_proj / gate_up_proj is not one per split projection.
     raise ValueError(f"PEFT adapters of architecture={model.config.architecture!r} are not "

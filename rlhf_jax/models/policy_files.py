@@ -11,13 +11,21 @@ import json
 import os
 
 from rlhf_jax.models.hf import save_hf_checkpoint
+from rlhf_jax.models.hf_metadata import tokenizer_ids
 
 PROMPT_FORMAT_FILE = "prompt_format.json"
 
 
-def save_policy(directory: str, model, params, tokenizer, prefix_tokens: list[str]) -> None:
-  """Writes an HF checkpoint directory + tokenizer + prompt format."""
-  save_hf_checkpoint(directory, model, params)
+def save_policy(directory: str, model, params, tokenizer, prefix_tokens: list[str], *,
+                dtype: str | None = None) -> None:
+  """Writes an HF checkpoint directory + tokenizer + prompt format.
+
+  A policy loaded from a checkpoint keeps that checkpoint's token ids, generation config
+  and dtype (`save_hf_checkpoint`); one built here takes its bos/eos/pad ids from
+  `tokenizer`. `dtype` stores the tensors in another dtype.
+  """
+  save_hf_checkpoint(directory, model, params, dtype=dtype,
+                     token_ids=tokenizer_ids(tokenizer, model.config.vocab_size))
   tokenizer.save(directory)
   with open(os.path.join(directory, PROMPT_FORMAT_FILE), "w", encoding="utf-8") as f:
     json.dump({"prefix_tokens": prefix_tokens}, f)

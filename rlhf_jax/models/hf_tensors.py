@@ -1,0 +1,103 @@
+"""The parameter ↔ HF tensor table: for each of our parameters, its tensor name in an HF
+checkpoint and the layout conversions both ways (`hf` loads and saves with it, `peft`
+names adapters by it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from rlhf_jax.models import config as config_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMapping:
+  """How one of our parameters is stored in an HF checkpoint."""
+  path: tuple  # key path in the per-layer params dict: ("layers", i, ...) for layer i
+  hf_name: str
+  to_ours: Callable[[np.ndarray], np.ndarray]
+  to_hf: Callable[[np.ndarray], np.ndarray]
+  # (start, stop, total): ours is rows start:stop of a fused HF tensor of `total` rows
+  # (Phi-3's qkv_proj, gate_up_proj); the parts of one tensor are listed in row order.
+  rows: tuple[int, int, int] | None = None
+
+
+# Families whose checkpoints fuse q/k/v into `qkv_proj` and gate/up into `gate_up_proj`.
+FUSED_PROJECTIONS = ("phi3",)
+
+
+def _transpose(x):
+  return np.ascontiguousarray(x.T)
+
+
+def _same(x):
+  return x
+
+
+def tensor_mappings(config: config_lib.DecoderConfig, head: str) -> list[TensorMapping]:
+  """The full parameter ↔ HF tensor table for a model."""
+  e = config.hidden_size
+  mappings = [TensorMapping(("embed",), "model.embed_tokens.weight", _same, _same),
+              TensorMapping(("final_norm", "weight"), "model.norm.weight", _same, _same)]
+  for i in range(config.num_layers):
+    mappings += _layer_mappings(config, f"model.layers.{i}.", ("layers", i))
+  if head == "lm" and not config.tie_embeddings:
+    mappings.append(TensorMapping(("lm_head",), "lm_head.weight", _transpose, _transpose))
+  if head == "scalar":
+    # HF's *ForSequenceClassification / *ForTokenClassification with one label.
+    mappings.append(TensorMapping(("scalar_head",), "score.weight", lambda w: w.reshape(e),
+                                  lambda w: w.reshape(1, e)))
+  return mappings
+
+
+def _layer_mappings(config: config_lib.DecoderConfig, hf: str, ours: tuple
+                    ) -> list[TensorMapping]:
+  """The tensors of one layer: HF names under `hf`, our paths under `ours`."""
+  e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+  f = config.intermediate_size
+  fused = config.architecture in FUSED_PROJECTIONS
+
+  def in_proj(heads):  # HF [heads*D, E] ↔ ours [E, heads, D]
+    return (lambda w: np.ascontiguousarray(w.T.reshape(e, heads, d)),
+            lambda w: np.ascontiguousarray(w.reshape(e, heads * d).T))
+
+  mappings = []
+  starts = np.cumsum([0, h * d, k * d, k * d])
+  for j, (name, heads) in enumerate((("q", h), ("k", k), ("v", k))):
+    rows = (int(starts[j]), int(starts[j + 1]), int(starts[-1])) if fused else None
+    hf_name = hf + ("self_attn.qkv_proj.weight" if fused else f"self_attn.{name}_proj.weight")
+    mappings.append(TensorMapping(ours + ("attention", f"{name}_proj"), hf_name,
+                                  *in_proj(heads), rows=rows))
+    if config.qkv_bias:
+      mappings.append(TensorMapping(ours + ("attention", f"{name}_bias"),
+                                    hf + f"self_attn.{name}_proj.bias",
+                                    lambda b, n=heads: b.reshape(n, d), lambda b: b.reshape(-1)))
+  if config.qk_norm == "head":
+    mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
+                               hf + f"self_attn.{name}_norm.weight", _same, _same)
+                 for name in ("q", "k")]
+  elif config.qk_norm == "projection":  # HF [heads*D] ↔ ours [heads, D]
+    mappings += [TensorMapping(ours + ("attention", f"{name}_norm", "weight"),
+                               hf + f"self_attn.{name}_norm.weight",
+                               lambda w, n=heads: w.reshape(n, d), lambda w: w.reshape(-1))
+                 for name, heads in (("q", h), ("k", k))]
+  if config.norm_placement == "pre":
+    norms = (("input_norm", "input_layernorm"), ("post_attention_norm",
+                                                 "post_attention_layernorm"))
+  else:  # OLMo 2 names the norms of the attention and MLP outputs
+    norms = (("attention_out_norm", "post_attention_layernorm"),
+             ("mlp_out_norm", "post_feedforward_layernorm"))
+  mappings += [TensorMapping(ours + (name, "weight"), hf + f"{hf_name}.weight", _same, _same)
+               for name, hf_name in norms]
+  mappings.append(TensorMapping(ours + ("attention", "o_proj"), hf + "self_attn.o_proj.weight",
+                                lambda w: np.ascontiguousarray(w.T.reshape(h, d, e)),
+                                lambda w: np.ascontiguousarray(w.reshape(h * d, e).T)))
+  for j, name in enumerate(("gate", "up")):
+    hf_name = hf + ("mlp.gate_up_proj.weight" if fused else f"mlp.{name}_proj.weight")
+    mappings.append(TensorMapping(ours + ("mlp", f"{name}_proj"), hf_name, _transpose,
+                                  _transpose, rows=(j * f, (j + 1) * f, 2 * f) if fused else None))
+  mappings.append(TensorMapping(ours + ("mlp", "down_proj"), hf + "mlp.down_proj.weight",
+                                _transpose, _transpose))
+  return mappings
