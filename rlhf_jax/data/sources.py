@@ -9,9 +9,9 @@ the record, e.g. verl's Parquet files
 
 where verl's `prompt` is a chat list: a list-valued prompt becomes `messages`, and
 `prompt` its last user turn. verl's `data_source` values map to our tasks through one table
-(`VERL_DATA_SOURCES`: GSM8K and the MATH family → 'math'). Every record keeps its other
-columns in `metadata` (the JSON-able ones, the mapped answer and task columns included),
-where reward functions read them. Every error names the file, the row (1-based line of a
+(`VERL_DATA_SOURCES`: GSM8K and the MATH family → 'math', the code-contest sets → 'code').
+Every record keeps its other columns in `metadata` (the JSON-able ones, the mapped answer
+and task columns included), where reward functions read them. Every error names the file, the row (1-based line of a
 JSONL file, 0-based row of a Parquet file) and the field.
 """
 
@@ -46,6 +46,9 @@ VERL_DATA_SOURCES = {
                      "numina_amc_aime", "numina_synthetic_amc", "numina_cn_k12",
                      "numina_olympiads", "aime2024", "aime2025", "aime24", "aime25",
                      "amc23"), "math"),
+    # stdin/stdout cases as JSON {"inputs", "outputs"}: CodeScorer runs them (run_io)
+    **dict.fromkeys(("codecontests", "apps", "taco", "codeforces", "primeintellect",
+                     "livecodebench"), "code"),
 }
 
 

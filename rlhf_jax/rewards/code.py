@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import os
 import re
 from typing import Sequence
@@ -96,16 +97,7 @@ def _run_tests_batch(cases, limits: sandbox.Limits, max_workers: int | None) -> 
   if not cases:
     return []
   sandbox.check_isolation(limits.isolation)
-
-  def run(case):
-    return _verdict(sandbox.run_job({"mode": "tests", "solution": case[0],
-                                     "tests": case[1]}, limits))
-
-  if len(cases) == 1:
-    return [run(cases[0])]
-  workers = min(max_workers or default_workers(), len(cases))
-  with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="sandbox") as pool:
-    return list(pool.map(run, cases))
+  return _run_jobs(cases, limits, max_workers)
 
 
 def _normalise(text: str) -> list[str]:
@@ -134,6 +126,12 @@ def run_io(program: str, cases: Sequence[tuple[str, str]], *, timeout_s: float =
     raise TypeError("program and every (stdin, expected stdout) case must be strings.")
   limits = _limits(timeout_s, memory_mb)
   sandbox.check_isolation(limits.isolation)
+  return _io_verdict(program, cases, limits)
+
+
+def _io_verdict(program: str, cases: Sequence[tuple[str, str]],
+                limits: sandbox.Limits) -> Verdict:
+  """run_io's sandbox job and comparison (the expected outputs stay out of the sandbox)."""
   outcome = sandbox.run_job({"mode": "io", "program": program,
                              "inputs": [stdin for stdin, _ in cases]}, limits)
   if outcome.report is None:
@@ -151,6 +149,33 @@ def run_io(program: str, cases: Sequence[tuple[str, str]], *, timeout_s: float =
   return Verdict(True, "", len(cases), outcome.seconds)
 
 
+def io_cases(answer: str) -> list[tuple[str, str]] | None:
+  """The (stdin, expected stdout) cases of a competitive-programming answer in verl's and
+  PRIME's layout, JSON {"inputs": [...], "outputs": [...]}; None for a unit-test answer.
+
+  Raises:
+    ValueError: JSON of that layout that cannot be run (call-based `fn_name` tests,
+      lists of other lengths or non-strings).
+  """
+  text = answer.lstrip()
+  if not text.startswith("{"):
+    return None
+  try:
+    data = json.loads(text)
+  except ValueError:
+    return None
+  if not isinstance(data, dict) or "inputs" not in data or "outputs" not in data:
+    return None
+  if data.get("fn_name"):
+    raise ValueError("call-based tests (fn_name) are not supported; stdin/stdout only.")
+  inputs, outputs = data["inputs"], data["outputs"]
+  if (not isinstance(inputs, list) or not isinstance(outputs, list) or not inputs
+      or len(inputs) != len(outputs)
+      or not all(isinstance(x, str) for x in inputs + outputs)):
+    raise ValueError("'inputs' and 'outputs' must be non-empty lists of strings of one length.")
+  return list(zip(inputs, outputs))
+
+
 def extract_program(response: str) -> str:
   """The last ```python fenced block of a response, or the whole response."""
   blocks = _FENCE.findall(response)
@@ -158,7 +183,9 @@ def extract_program(response: str) -> str:
 
 
 class CodeScorer(ScorerBase):
-  """A `Scorer` for code tasks: `example.answer` holds the tests (run_tests style).
+  """A `Scorer` for code tasks: `example.answer` holds the tests (run_tests style), or
+  stdin/stdout cases in verl's and PRIME's JSON layout (`io_cases`: run_io style, the
+  expected outputs never enter the sandbox).
 
   Args:
     tasks: the task names it scores (e.g. ("code",)).
@@ -185,10 +212,43 @@ class CodeScorer(ScorerBase):
       raise ValueError(f"CodeScorer scores {list(self.tasks)}, not {unknown}.")
 
   def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
-    """Runs each response's program against its example's tests, in parallel."""
-    verdicts = _run_tests_batch(
-        [(extract_program(r), e.answer) for e, r in zip(examples, responses, strict=True)],
-        self.limits, self.max_workers)
-    return Scores([self.correct_score if v.passed else self.wrong_score for v in verdicts],
-                  [v.passed for v in verdicts], [""] * len(verdicts),
-                  reasons=[v.reason for v in verdicts])
+    """Runs each response's program against its example's tests or cases, in parallel;
+    an answer whose cases cannot be run scores as wrong, its reason a failure."""
+    jobs, failures = [], [""] * len(examples)
+    for i, (example, response) in enumerate(zip(examples, responses, strict=True)):
+      program = extract_program(response)
+      try:
+        cases = io_cases(example.answer)
+      except ValueError as error:
+        failures[i] = f"answer: {error}"
+        jobs.append(None)
+        continue
+      jobs.append((program, example.answer) if cases is None else (program, cases))
+    sandbox.check_isolation(self.limits.isolation)
+    verdicts = _run_jobs([job for job in jobs if job is not None], self.limits,
+                         self.max_workers)
+    out = Scores([], [], [], reasons=[])
+    for job, failure in zip(jobs, failures):
+      if job is None:
+        out.append(self.wrong_score, False, failure, failure)
+        continue
+      verdict = verdicts.pop(0)
+      out.append(self.correct_score if verdict.passed else self.wrong_score, verdict.passed,
+                 "", verdict.reason)
+    return out
+
+
+def _run_jobs(jobs, limits: sandbox.Limits, max_workers: int | None) -> list[Verdict]:
+  """(program, tests text) or (program, io cases) jobs on a bounded pool, in order."""
+  def run(job):
+    program, tests = job
+    if isinstance(tests, str):
+      return _verdict(sandbox.run_job({"mode": "tests", "solution": program,
+                                       "tests": tests}, limits))
+    return _io_verdict(program, tests, limits)
+
+  if len(jobs) <= 1:
+    return [run(job) for job in jobs]
+  workers = min(max_workers or default_workers(), len(jobs))
+  with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="sandbox") as pool:
+    return list(pool.map(run, jobs))

@@ -93,10 +93,13 @@ def hf_config(train_file, **data):
   return c
 
 
-def test_verl_parquet_as_it_is_is_scored_by_the_matching_verifier(tmp_path):
-  train, _ = build.load_examples(hf_config(verl_file(tmp_path, "openai/gsm8k")))
+@pytest.mark.parametrize("source, task", [("openai/gsm8k", "math"),
+                                          ("DigitalLearningGmbH/MATH-lighteval", "math"),
+                                          ("codecontests", "code")])
+def test_verl_parquet_as_it_is_is_scored_by_the_matching_verifier(tmp_path, source, task):
+  train, _ = build.load_examples(hf_config(verl_file(tmp_path, source)))
   assert [(e.task, e.answer, e.metadata["data_source"]) for e in train] == [
-      ("math", "42", "openai/gsm8k")]
+      (task, "42", source)]
 
 
 def test_an_unknown_source_names_itself_and_the_ways_out(tmp_path):

@@ -109,3 +109,26 @@ def test_pycalc_examples_are_scored_by_the_sandbox():
   with pytest.raises(ValueError, match="not \\['code'\\]"):
     scorer.check_tasks(["code"])
   assert Example  # the scorer takes data.Example rows
+
+
+def test_verl_code_contest_answers_run_as_stdin_stdout_cases():
+  """verl's and PRIME's code ground truth, JSON {"inputs", "outputs"}, runs with run_io
+  (the expected outputs stay out of the sandbox) beside unit-test answers."""
+  import json
+  io_answer = json.dumps({"inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]})
+  examples = [Example("add", io_answer, "code"), Example("add", io_answer, "code"),
+              Example("add", json.dumps({"inputs": ["1"], "outputs": ["1"], "fn_name": "f"}),
+                      "code"),
+              Example("add", HUMANEVAL_TESTS, "code")]
+  responses = ["```python\na, b = map(int, input().split())\nprint(a + b)\n```",
+               "a, b = map(int, input().split())\nprint(a * b)",
+               "def f(x):\n  return x", "def add(a, b):\n    return a + b"]
+  scored = code.CodeScorer(("code",), correct_score=1.0, wrong_score=-1.0,
+                           timeout_s=5.0).score(examples, responses)
+  assert scored.correct == [True, False, False, True]
+  assert scored.reason(1) == "case 1: wrong output: expected '3\\n', got '2\\n'"
+  assert scored.failures[2] == "answer: call-based tests (fn_name) are not supported; " \
+                               "stdin/stdout only."
+  assert code.io_cases("assert add(1, 2) == 3") is None
+  with pytest.raises(ValueError, match="non-empty lists of strings of one length"):
+    code.io_cases(json.dumps({"inputs": ["1"], "outputs": []}))
