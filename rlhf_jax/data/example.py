@@ -146,6 +146,10 @@ def record_to_example(record: Any, where: str, columns: Mapping[str, str] | None
     if field == "answer" and not paths["answer"]:
       values["answer"] = ""
       continue
+    if field == "answer" and "." not in paths["answer"] and paths["answer"] not in record:
+      raise ValueError(f"{where}: field 'answer': no column {paths['answer']!r}; there: "
+                       f"{sorted(record)}; name the reference column with data.columns="
+                       "'answer=<column>' (or 'answer=' for rows without one).")
     if field == "task" and "." not in paths["task"] and paths["task"] not in record:
       raise ValueError(f"{where}: field 'task': no column {paths['task']!r}; give the rows "
                        "one task with data.default_task (or data.columns='task=<column>').")

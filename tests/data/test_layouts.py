@@ -120,3 +120,11 @@ def test_a_missing_task_column_names_file_row_and_the_default_task_field(tmp_pat
     build.load_examples(c)
   c.data.default_task = "math"
   assert build.load_examples(c)[0][0].task == "math"
+
+
+def test_a_missing_answer_column_names_the_columns_there_and_the_way_out(tmp_path):
+  path = jsonl(tmp_path / "trl.jsonl", {"prompt": "q", "solution": "1"})
+  with pytest.raises(ValueError, match=r"trl.jsonl:1: field 'answer': no column 'answer'; "
+                                       r"there: \['prompt', 'solution'\]; name the reference "
+                                       r"column with data.columns='answer=<column>'"):
+    read(path, default_task="math")
