@@ -145,6 +145,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.train.micro_batches = 1  # Gradient-accumulation slices per optimizer step (same update).
   # Pack the rows' real tokens into buffers for every forward of the PPO family's step
   # (models/packing.py): no compute on padding; micro-batches split rows by token count.
+  # The hf variant's SFT (launch/sft.py) packs its rows too.
   c.train.packing = not arith
   # XLA's deterministic GPU ops (--xla_gpu_deterministic_ops): exact resume on GPU, at the
   # cost of slower scatter / reduction kernels. CPU runs are deterministic either way.

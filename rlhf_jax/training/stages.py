@@ -145,7 +145,8 @@ def supervised_warm_start(c, workdir: str, log: Callable[[str], None] = print) -
       f"{c.sft.batch_size})")
   make_batch = supervised_batches(rows, batch_size=c.sft.batch_size, seed=c.seed + 17,
                                   prompt_length=c.data.prompt_length,
-                                  response_length=response_length, pad_id=tokenizer.pad_id)
+                                  response_length=response_length, pad_id=tokenizer.pad_id,
+                                  packing=c.train.packing)
   result = _run_with_bar(model, params, make_batch, c, "SFT")
   partial = directory.rstrip("/") + ".partial"
   shutil.rmtree(partial, ignore_errors=True)

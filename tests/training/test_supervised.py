@@ -103,3 +103,25 @@ def test_sft_from_scratch_on_conversations_then_rl_from_its_checkpoint(tmp_path)
            "--config.train.loggers=", *small)
   assert rl.returncode == 0, rl.stderr[-3000:]
   assert json.loads(rl.stdout.strip().splitlines()[-1])["steps"] == 1
+
+
+def test_packed_rows_give_the_padded_loss(tokenizer):
+  import numpy as np
+  from rlhf_jax.algorithms.sft import sft_loss
+  from rlhf_jax.algorithms.sft import supervised_batches
+  from rlhf_jax.tasks import arith
+  prompts = PromptFormat(tokenizer)
+  rows = [supervised_row({"messages": CONVERSATION[:3]}, "a", prompts),
+          supervised_row({"messages": CONVERSATION}, "b", prompts),
+          supervised_row({"prompt": "2+2?", "completion": " 4"}, "c", prompts)]
+  model, params = models.init_model(arith.model_config(
+      vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=2, num_heads=2,
+      max_positions=128), seed=1)
+  options = dict(batch_size=4, seed=0, prompt_length=40, response_length=40,
+                 pad_id=tokenizer.pad_id)
+  padded = supervised_batches(rows, **options)(0)
+  batch, packed = supervised_batches(rows, packing=True, **options)(0)
+  np.testing.assert_array_equal(batch.tokens, padded.tokens)
+  assert packed.buffers < 4  # four rows share fewer buffers than rows
+  np.testing.assert_allclose(sft_loss(model, params, batch, packed),
+                             sft_loss(model, params, padded), rtol=1e-5)
