@@ -4,6 +4,11 @@
     backward:  dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP − rowsum(dO ∘ O)),
                dQ = dS·K/√d,  dK = dSᵀ·Q/√d
 
+With a scale a in place of 1/√d (Gemma's query_pre_attn_scalar), a replaces it
+throughout. With soft-capping (Gemma 2), S = c·tanh(R/c) of the raw scores
+R = a·Q·Kᵀ, and dR = dS ∘ (1 − tanh²(R/c)); the backward recomputes R (one more
+GEMM) rather than keep a second [B, heads, T, S] array from the forward.
+
 The backward uses rowsum(dO∘O) = rowsum(dP∘P) (as FlashAttention does), so it
 makes fewer passes over the [B, heads, T, S] arrays than autodiff of softmax.
 Query heads of one KV group are stacked into a [B, K, G·T, D] batch, so every
@@ -43,15 +48,21 @@ def _ungroup_queries(x: jax.Array, time: int) -> jax.Array:
   return x.reshape(batch, time, num_kv_heads * group, dim)
 
 
-def _forward(precision, q, k, v, mask):
+def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
+  """cap·tanh(x / cap) (Gemma 2's logit soft-capping), in x's dtype; x when cap is None."""
+  return x if cap is None else jnp.tanh(x / cap) * cap
+
+
+def _forward(precision, scale, softcap, q, k, v, mask):
   batch, time, heads, dim = q.shape
   num_kv_heads = k.shape[2]
-  scale = 1.0 / math.sqrt(dim)
+  scale = 1.0 / math.sqrt(dim) if scale is None else scale
   q_grouped = _group_queries(q * jnp.asarray(scale, q.dtype), num_kv_heads)
   k_heads = k.transpose(0, 2, 1, 3)  # [B, K, S, D]
   v_heads = v.transpose(0, 2, 1, 3)
-  scores = jnp.einsum("bkqd,bksd->bkqs", q_grouped, k_heads,
-                      preferred_element_type=jnp.float32, precision=precision)
+  scores = soft_cap(jnp.einsum("bkqd,bksd->bkqs", q_grouped, k_heads,
+                               preferred_element_type=jnp.float32, precision=precision),
+                    softcap)
   allowed = jnp.tile(mask[:, None], (1, 1, heads // num_kv_heads, 1))  # [B, 1, G·T, S]
   probs = jax.nn.softmax(jnp.where(allowed, scores, -1e30), axis=-1).astype(v.dtype)
   out = jnp.einsum("bkqs,bksd->bkqd", probs, v_heads, precision=precision)
@@ -59,8 +70,10 @@ def _forward(precision, q, k, v, mask):
 
 
 def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
-                            precision: jax.lax.Precision | None = None) -> jax.Array:
-  """softmax(Q·Kᵀ/√d + mask)·V with K/V shared by groups of query heads.
+                            precision: jax.lax.Precision | None = None,
+                            scale: float | None = None, softcap: float | None = None
+                            ) -> jax.Array:
+  """softmax(cap(a·Q·Kᵀ) + mask)·V with K/V shared by groups of query heads.
 
   Args:
     q: [B, T, N, D] queries.
@@ -70,18 +83,20 @@ def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
       must allow at least one key (the decoder always allows a query itself).
     precision: `jax.lax.Precision` of every product, forward and backward
       (None: the backend default).
+    scale: a, the factor of the scores (None: 1/√D).
+    softcap: c, scores become c·tanh(s/c) before the mask (None: uncapped).
   Returns:
     [B, T, N, D] in v's dtype.
   """
-  return _attention(precision, q, k, v, mask)
+  return _attention(precision, scale, softcap, q, k, v, mask)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(precision, q, k, v, mask):
-  return _forward(precision, q, k, v, mask)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _attention(precision, scale, softcap, q, k, v, mask):
+  return _forward(precision, scale, softcap, q, k, v, mask)[0]
 
 
-def _backward(precision, residuals, d_out):
+def _backward(precision, _, softcap, residuals, d_out):
   q_grouped, k_heads, v_heads, probs, out, scale = residuals
   time = d_out.shape[1]
   d_out_grouped = _group_queries(d_out, k_heads.shape[1])
@@ -90,7 +105,12 @@ def _backward(precision, residuals, d_out):
                        preferred_element_type=jnp.float32, precision=precision)
   row_term = jnp.sum(d_out_grouped.astype(jnp.float32) * out.astype(jnp.float32), axis=-1,
                      keepdims=True)
-  d_scores = (probs.astype(jnp.float32) * (d_probs - row_term)).astype(q_grouped.dtype)
+  d_scores = probs.astype(jnp.float32) * (d_probs - row_term)
+  if softcap is not None:  # through c·tanh(r/c): the raw scores recomputed
+    raw = jnp.einsum("bkqd,bksd->bkqs", q_grouped, k_heads,
+                     preferred_element_type=jnp.float32, precision=precision)
+    d_scores = d_scores * (1.0 - jnp.square(jnp.tanh(raw / softcap)))
+  d_scores = d_scores.astype(q_grouped.dtype)
   d_q = (jnp.einsum("bkqs,bksd->bkqd", d_scores, k_heads, precision=precision)
          * jnp.asarray(scale, q_grouped.dtype))
   # q_grouped already carries 1/√d.
@@ -104,9 +124,10 @@ _attention.defvjp(_forward, _backward)
 
 def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
                      num_used: jax.Array | None = None, *,
-                     precision: jax.lax.Precision | None = None, kernel: str = "xla"
+                     precision: jax.lax.Precision | None = None, kernel: str = "xla",
+                     scale: float | None = None, softcap: float | None = None
                      ) -> jax.Array:
-  """softmax(Q·Kᵀ/√d + mask)·V reading a KV cache as stored (the generation path).
+  """softmax(cap(a·Q·Kᵀ) + mask)·V reading a KV cache as stored (the generation path).
 
   No hand-written backward, and K/V are never transposed or repeated. For a
   decode step (a few queries per KV head) the scores are a multiply-add along
@@ -127,16 +148,19 @@ def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
       float32, exact at any precision.
     kernel: "xla" (below) or "pallas": a one-query step (T = 1) runs the ragged Pallas
       kernel (`decode_attention`): each row reads only up to its last allowed slot.
+    scale: a (None: 1/√D); softcap: c (None: uncapped), as `grouped_query_attention`.
   Returns:
     [B, T, N, D] in values' dtype.
   """
   if kernel not in ("xla", "pallas"):
     raise ValueError(f"cached_attention: kernel={kernel!r}; allowed: 'xla', 'pallas'.")
   if kernel == "pallas" and q.shape[1] == 1:
-    return decode_attention(q[:, 0], keys, values, mask[:, 0])[:, None]
+    return decode_attention(q[:, 0], keys, values, mask[:, 0], scale=scale,
+                            softcap=softcap)[:, None]
   batch, time, heads, dim = q.shape
   num_kv_heads, slots = keys.shape[1], keys.shape[3]
-  q_grouped = _group_queries(q * jnp.asarray(1.0 / math.sqrt(dim), q.dtype), num_kv_heads)
+  scale = 1.0 / math.sqrt(dim) if scale is None else scale
+  q_grouped = _group_queries(q * jnp.asarray(scale, q.dtype), num_kv_heads)
   decode = q_grouped.shape[2] <= _FEW_QUERIES
 
   def attend(length):
@@ -147,6 +171,7 @@ def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
     else:
       scores = jnp.einsum("bkqd,bkds->bkqs", q_grouped, k, preferred_element_type=jnp.float32,
                           precision=precision)
+    scores = soft_cap(scores, softcap)
     allowed = jnp.tile(m[:, None], (1, 1, heads // num_kv_heads, 1))  # [B, 1, G·T, S]
     probs = jax.nn.softmax(jnp.where(allowed, scores, -1e30), axis=-1).astype(v.dtype)
     if decode:  # a reduction reads the slice in place; a dot would copy it first

@@ -1,11 +1,15 @@
 """The layers of a decoder LM (`DecoderLM`): RMSNorm, grouped-query attention with RoPE,
-optional q/k norms and a KV cache, the SwiGLU MLP, and the block that joins them with
-its norms placed before (Llama) or after (OLMo 2) each sub-layer.
+optional q/k norms and a KV cache, the gated MLP (SwiGLU, or GeGLU for Gemma), and the
+block that joins them with its norms placed before (Llama), after (OLMo 2) or around
+(Gemma) each sub-layer. A layer's own window and RoPE tables come in a `LayerKind`
+(Gemma interleaves sliding-window and global layers).
 
 Every parameter carries `logical_axes` metadata for `rlhf_jax.parallel`.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 from flax import nnx
 import jax
@@ -16,8 +20,37 @@ from rlhf_jax.models.attention import grouped_query_attention
 from rlhf_jax.models.config import DecoderConfig
 from rlhf_jax.models.layer_scan import write_cache
 from rlhf_jax.models.rope import apply_rope
+from rlhf_jax.models.rope import layer_rope
 
 INIT_STD = 0.02  # HF initializer_range for Qwen2 / Llama.
+# A scanned full-attention layer's window: longer than any sequence.
+NO_WINDOW = 2 ** 30
+
+
+class LayerKind(NamedTuple):
+  """What differs between layers of one model: `window`, the sliding window (None: full
+  attention; a traced int32 in a scan over mixed layers, NO_WINDOW for a full one) and
+  `local_rope`, whether the layer rotates with the sliding layers' RoPE base (a bool, or
+  a traced bool in a scan)."""
+  window: Any
+  local_rope: Any
+
+
+def layer_kinds(config: DecoderConfig) -> list[LayerKind]:
+  """Each layer's LayerKind, from `config.layer_types` and `rope_local_theta`."""
+  return [LayerKind(config.layer_window(i), config.layer_local_rope(i))
+          for i in range(config.num_layers)]
+
+
+def stacked_layer_kinds(config: DecoderConfig) -> LayerKind | None:
+  """The layers' kinds as [L] arrays to scan with stacked layers, or None when every layer
+  is alike (then `layer_kinds(config)[0]` serves all, statically)."""
+  kinds = layer_kinds(config)
+  if len(set(kinds)) == 1:
+    return None
+  return LayerKind(jnp.asarray([NO_WINDOW if k.window is None else k.window for k in kinds],
+                               jnp.int32),
+                   jnp.asarray([k.local_rope for k in kinds], bool))
 
 
 def param(rngs: nnx.Rngs | None, shape, axes, config: DecoderConfig, init: str = "normal"):
@@ -50,28 +83,34 @@ def _dense(x: jax.Array, kernel: jax.Array, precision: jax.lax.Precision | None)
 class RMSNorm(nnx.Module):
   """y = x / sqrt(mean(x²) + eps) · w over x's trailing axes of w's shape, computed in
   float32 (Zhang & Sennrich 2019). Default w: [hidden_size]; a q/k norm passes its own
-  shape ([head_dim], or [heads, head_dim] to normalise a whole projection)."""
+  shape ([head_dim], or [heads, head_dim] to normalise a whole projection). With
+  `config.norm_offset` (Gemma) y = x / sqrt(...) · (offset + w), all in float32."""
 
   def __init__(self, config: DecoderConfig, shape: tuple[int, ...] | None = None,
                axes: tuple[str, ...] = ("norm",)):
     self.eps = config.rms_norm_eps
+    self.offset = config.norm_offset
     shape = (config.hidden_size,) if shape is None else shape
-    self.weight = param(None, shape, axes, config, init="ones")
+    self.weight = param(None, shape, axes, config, init="zeros" if self.offset else "ones")
 
   def __call__(self, x: jax.Array) -> jax.Array:
     shape = self.weight.shape
     reduced = tuple(range(x.ndim - len(shape), x.ndim))
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=reduced, keepdims=True) + self.eps)
+    broadcast = (1,) * (x.ndim - len(shape)) + shape
+    if self.offset:  # Gemma multiplies in float32, then casts
+      weight = self.offset + self.weight[...].astype(jnp.float32).reshape(broadcast)
+      return (normed * weight).astype(x.dtype)
     # HF casts back to the input dtype before the weight multiply.
-    weight = self.weight[...].astype(x.dtype).reshape((1,) * (x.ndim - len(shape)) + shape)
+    weight = self.weight[...].astype(x.dtype).reshape(broadcast)
     return weight * normed.astype(x.dtype)
 
 
 class Attention(nnx.Module):
   """Grouped-query causal self-attention: q/k RMSNorm (`DecoderConfig.qk_norm`), then RoPE
   (on all or the first `rotary_dim` dims of each head), an optional sliding window
-  (`attention_mask`), and an optional KV cache."""
+  (`attention_mask`), Gemma's score scale and soft-capping, and an optional KV cache."""
 
   def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
     e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
@@ -101,15 +140,18 @@ class Attention(nnx.Module):
       out = out + getattr(self, bias_name)[...].reshape(1, 1, heads * dim).astype(dtype)
     return out.reshape(batch, time, heads, dim)
 
-  def __call__(self, x, cos, sin, token_mask, layer_cache, segment_ids=None):
-    """x [B,T,E]; token_mask [B,T] bool; segment_ids [B,T] int or None (packed rows: a
-    query sees only keys of its segment); layer_cache None or (keys, values, valid, end,
-    layer): this layer's keys [B,K,D,S] / values [B,K,S,D] with layer None, or the
-    stacked [L,B,...] caches and this layer's `layer_scan.LayerSlot`."""
+  def __call__(self, x, rope, token_mask, layer_cache, segment_ids, kind: LayerKind):
+    """x [B,T,E]; rope: (cos, sin) tables [B,T,1,R] of every layer, then of sliding layers
+    when they differ (`rope.layer_rope`); token_mask [B,T] bool; segment_ids [B,T] int or
+    None (packed rows: a query sees only keys of its segment); layer_cache None or (keys,
+    values, valid, end, layer): this layer's keys [B,K,D,S] / values [B,K,S,D] with layer
+    None, or the stacked [L,B,...] caches and this layer's `layer_scan.LayerSlot`; kind:
+    this layer's window and RoPE."""
     q = self._project(x, self.q_proj, "q_bias")
     k = self._project(x, self.k_proj, "k_bias")
     if self.config.qk_norm != "none":
       q, k = self.q_norm(q), self.k_norm(k)
+    cos, sin = layer_rope(rope, kind.local_rope)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     v = self._project(x, self.v_proj, "v_bias")
     time = x.shape[1]
@@ -123,15 +165,16 @@ class Attention(nnx.Module):
       cache_values, layer_values = write_cache(cache_values, v.transpose(0, 2, 1, 3), end,
                                                layer, 1)
       query_slots = end[:, None] + jnp.arange(time)[None, :]
-    allowed = attention_mask(query_slots, key_valid, segment_ids, self.config.sliding_window)
+    allowed = attention_mask(query_slots, key_valid, segment_ids, kind.window)
+    scores = dict(precision=self.config.precision, scale=self.config.attention_scale,
+                  softcap=self.config.attn_logit_softcapping)
     if layer_cache is None:
-      out = grouped_query_attention(q, k, v, allowed, precision=self.config.precision)
+      out = grouped_query_attention(q, k, v, allowed, **scores)
       new_cache = None
     else:
       num_used = jnp.max(query_slots) + 1  # no query looks further
       out = cached_attention(q, layer_keys, layer_values, allowed, num_used,
-                             precision=self.config.precision,
-                             kernel=self.config.decode_attention)
+                             kernel=self.config.decode_attention, **scores)
       new_cache = (cache_keys, cache_values)
     dtype = self.config.jnp_dtype
     batch, time, heads, dim = out.shape
@@ -140,7 +183,7 @@ class Attention(nnx.Module):
 
 
 def attention_mask(query_slots: jax.Array, key_valid: jax.Array, segment_ids: jax.Array | None,
-                   window: int | None) -> jax.Array:
+                   window: int | jax.Array | None) -> jax.Array:
   """[B, T, S] bool, query t may attend to slot s: s is a real token (key_valid [B, S])
   at or before the query's slot (query_slots [B, T]), of the query's segment
   (segment_ids [B, T] with T = S, packed rows), and, with a sliding `window`, fewer
@@ -161,7 +204,8 @@ def attention_mask(query_slots: jax.Array, key_valid: jax.Array, segment_ids: ja
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) · up(x)) (Shazeer 2020)."""
+  """SwiGLU: down(silu(gate(x)) · up(x)) (Shazeer 2020); GeGLU with gelu's tanh
+  approximation in place of silu (`DecoderConfig.activation`, Gemma)."""
 
   def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
     e, f = config.hidden_size, config.intermediate_size
@@ -174,32 +218,45 @@ class MLP(nnx.Module):
     dtype, precision = self.config.jnp_dtype, self.config.precision
     gate = _dense(x, self.gate_proj[...].astype(dtype), precision)
     up = _dense(x, self.up_proj[...].astype(dtype), precision)
-    return _dense(jax.nn.silu(gate) * up, self.down_proj[...].astype(dtype), precision)
+    if self.config.activation == "silu":
+      gate = jax.nn.silu(gate)
+    else:  # gelu_pytorch_tanh
+      gate = jax.nn.gelu(gate, approximate=True)
+    return _dense(gate * up, self.down_proj[...].astype(dtype), precision)
 
 
 class Block(nnx.Module):
   """A transformer block. Pre-norm (`norm_placement="pre"`): x + attn(norm(x)), then
-  x + mlp(norm(x)). Post-norm ("post", OLMo 2): x + norm(attn(x)), then x + norm(mlp(x))."""
+  x + mlp(norm(x)). Post-norm ("post", OLMo 2): x + norm(attn(x)), then x + norm(mlp(x)).
+  Sandwich ("sandwich", Gemma): x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))."""
 
   def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
-    self.pre_norm = config.norm_placement == "pre"
-    if self.pre_norm:
+    self.placement = config.norm_placement
+    if self.placement != "post":
       self.input_norm = RMSNorm(config)
     self.attention = Attention(config, rngs)
-    if self.pre_norm:
+    if self.placement == "pre":
       self.post_attention_norm = RMSNorm(config)
     else:
       self.attention_out_norm = RMSNorm(config)
+    if self.placement == "sandwich":
+      self.mlp_in_norm = RMSNorm(config)
     self.mlp = MLP(config, rngs)
-    if not self.pre_norm:
+    if self.placement != "pre":
       self.mlp_out_norm = RMSNorm(config)
 
-  def __call__(self, x, cos, sin, token_mask, layer_cache, segment_ids=None):
-    if not self.pre_norm:
-      attended, new_cache = self.attention(x, cos, sin, token_mask, layer_cache, segment_ids)
-      x = x + self.attention_out_norm(attended)
-      return x + self.mlp_out_norm(self.mlp(x)), new_cache
-    attended, new_cache = self.attention(self.input_norm(x), cos, sin, token_mask, layer_cache,
-                                         segment_ids)
+  def __call__(self, x, rope, token_mask, layer_cache, segment_ids, kind: LayerKind):
+    """x [B,T,E] → (x [B,T,E], the layer's new (keys, values) or None); the other
+    arguments as `Attention`'s."""
+    inner = x if self.placement == "post" else self.input_norm(x)
+    attended, new_cache = self.attention(inner, rope, token_mask, layer_cache, segment_ids,
+                                         kind)
+    if self.placement != "pre":
+      attended = self.attention_out_norm(attended)
     x = x + attended
-    return x + self.mlp(self.post_attention_norm(x)), new_cache
+    inner = {"pre": lambda: self.post_attention_norm(x), "post": lambda: x,
+             "sandwich": lambda: self.mlp_in_norm(x)}[self.placement]()
+    out = self.mlp(inner)
+    if self.placement != "pre":
+      out = self.mlp_out_norm(out)
+    return x + out, new_cache

@@ -11,12 +11,15 @@ import jax.numpy as jnp
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "mistral": "MistralForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "mistral": "MistralForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM"}
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 DECODE_ATTENTION = ("xla", "pallas")
 QK_NORMS = ("none", "head", "projection")
-NORM_PLACEMENTS = ("pre", "post")
+NORM_PLACEMENTS = ("pre", "post", "sandwich")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,17 +39,23 @@ class DecoderConfig:
     architecture: the HF family the checkpoint is written as: "qwen2" (q/k/v
       bias), "llama", "qwen3" (q/k norms per head), "olmo2" (post-norm blocks, q/k
       norms over the projection), "phi3" (fused qkv / gate_up tensors in the
-      checkpoint, split here), "mistral" (sliding window); see ARCHITECTURES.
+      checkpoint, split here), "mistral" (sliding window), "gemma3_text" (Gemma 3's text
+      model: sandwich norms, q/k norms, interleaved sliding layers, a RoPE base per layer
+      type); see ARCHITECTURES.
     vocab_size: tokens in the vocabulary.
     hidden_size: the residual width.
     num_layers: decoder layers.
     num_heads: query heads; a multiple of num_kv_heads (grouped-query attention).
     num_kv_heads: key/value heads.
     head_dim: width of one head.
-    intermediate_size: the SwiGLU MLP's hidden width.
+    intermediate_size: the gated MLP's hidden width.
+    activation: the gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU
+      with the tanh approximation, Gemma).
     rms_norm_eps: RMSNorm epsilon.
     rope_theta: RoPE base.
     rope_scaling: Llama 3 frequency scaling, or None.
+    rope_local_theta: the RoPE base of sliding-window layers (Gemma 3's
+      `rope_local_base_freq`); None: rope_theta in every layer.
     partial_rotary_factor: the share of each head's dims RoPE rotates (Phi-3 /
       Phi-4-mini): the first int(head_dim · factor) (`rotary_dim`); the rest pass
       through unrotated. 1.0: all.
@@ -54,6 +63,9 @@ class DecoderConfig:
       before it (HF: key index > query index − window), in every layer; None: to
       all earlier tokens. Counted over real tokens, so padding and the gaps of a
       cache never shorten it. The KV cache still holds every slot (no ring buffer).
+    layer_types: per layer, "full_attention" or "sliding_attention" (the window
+      applies to sliding layers only: Gemma's interleaved layers); None: every layer
+      alike (sliding_window, when set, in all).
     max_position_embeddings: longest supported position.
     qkv_bias: bias on the q/k/v projections (Qwen2: True).
     qk_norm: RMSNorm of queries and keys before RoPE: "none"; "head" (Qwen3:
@@ -62,7 +74,18 @@ class DecoderConfig:
       [num_kv_heads·head_dim] of a token, weights [heads, head_dim]).
     norm_placement: where a block's two RMSNorms sit: "pre" (Llama: x + attn(norm(x)),
       then x + mlp(norm(x))) or "post" (OLMo 2: x + norm(attn(x)), then
-      x + norm(mlp(x)); no norm on a block's input).
+      x + norm(mlp(x)); no norm on a block's input) or "sandwich" (Gemma: four norms,
+      x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))).
+    norm_offset: every RMSNorm multiplies by (offset + w): 1.0 for Gemma, whose norm
+      weights are stored as w − 1 (and which computes the product in float32).
+    scale_embeddings: multiply the embeddings by √hidden_size, in the parameter
+      dtype (Gemma).
+    query_pre_attn_scalar: attention scores are q·k / √query_pre_attn_scalar
+      (Gemma); None: / √head_dim.
+    attn_logit_softcapping: attention scores become c·tanh(s / c) before the mask
+      (Gemma 2; c = 50); None: uncapped.
+    final_logit_softcapping: the LM head's logits become c·tanh(z / c) (Gemma 2;
+      c = 30), also in chunked log-probs; None: uncapped.
     tie_embeddings: the LM head reuses the input embedding.
     param_dtype: storage dtype of parameters.
     dtype: compute dtype of activations (RMSNorm, softmax and log-probs run
@@ -115,16 +138,25 @@ class DecoderConfig:
   num_kv_heads: int
   head_dim: int
   intermediate_size: int
-  architecture: Literal["qwen2", "llama", "qwen3", "olmo2", "phi3", "mistral"] = "qwen2"
+  architecture: Literal["qwen2", "llama", "qwen3", "olmo2", "phi3", "mistral",
+                        "gemma3_text"] = "qwen2"
+  activation: str = "silu"
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
   rope_scaling: RopeScaling | None = None
   partial_rotary_factor: float = 1.0
   sliding_window: int | None = None
+  layer_types: tuple[str, ...] | None = None
+  rope_local_theta: float | None = None
   max_position_embeddings: int = 2048
   qkv_bias: bool = True
   qk_norm: str = "none"
   norm_placement: str = "pre"
+  norm_offset: float = 0.0
+  scale_embeddings: bool = False
+  query_pre_attn_scalar: float | None = None
+  attn_logit_softcapping: float | None = None
+  final_logit_softcapping: float | None = None
   tie_embeddings: bool = False
   param_dtype: str = "float32"
   dtype: str = "float32"
@@ -158,6 +190,7 @@ class DecoderConfig:
         or self.sliding_window < 1):
       raise ValueError(f"DecoderConfig.sliding_window={self.sliding_window!r} must be a "
                        "positive int or None.")
+    self._check_gemma_fields()
     if self.qk_norm not in QK_NORMS:
       raise ValueError(f"DecoderConfig.qk_norm={self.qk_norm!r}; allowed: {', '.join(QK_NORMS)}.")
     if self.norm_placement not in NORM_PLACEMENTS:
@@ -182,6 +215,41 @@ class DecoderConfig:
     if self.decode_attention not in DECODE_ATTENTION:
       raise ValueError(f"DecoderConfig.decode_attention={self.decode_attention!r}; allowed: "
                        f"{', '.join(DECODE_ATTENTION)}.")
+
+  def _check_gemma_fields(self) -> None:
+    """The activation, per-layer types and the scalars of Gemma's options."""
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"DecoderConfig.activation={self.activation!r}; allowed: "
+                       f"{', '.join(ACTIVATIONS)}.")
+    if self.layer_types is not None:
+      if (not isinstance(self.layer_types, tuple) or len(self.layer_types) != self.num_layers
+          or not set(self.layer_types) <= set(LAYER_TYPES)):
+        raise ValueError(f"DecoderConfig.layer_types={self.layer_types!r} must be a tuple of "
+                         f"num_layers={self.num_layers} of {', '.join(LAYER_TYPES)}.")
+      if "sliding_attention" in self.layer_types and self.sliding_window is None:
+        raise ValueError("DecoderConfig.layer_types has sliding layers but sliding_window "
+                         "is None.")
+    for name in ("rope_local_theta", "query_pre_attn_scalar", "attn_logit_softcapping",
+                 "final_logit_softcapping"):
+      value = getattr(self, name)
+      if value is not None and (isinstance(value, bool) or not value > 0):
+        raise ValueError(f"DecoderConfig.{name}={value!r} must be a positive number or None.")
+
+  def layer_window(self, layer: int) -> int | None:
+    """The sliding window of layer `layer` (None: it attends to all earlier tokens)."""
+    if self.layer_types is not None and self.layer_types[layer] == "full_attention":
+      return None
+    return self.sliding_window
+
+  def layer_local_rope(self, layer: int) -> bool:
+    """Whether layer `layer` rotates with `rope_local_theta` (a sliding layer of Gemma 3)."""
+    return self.rope_local_theta is not None and self.layer_window(layer) is not None
+
+  @property
+  def attention_scale(self) -> float | None:
+    """The factor of q·k in the scores when not 1/√head_dim (`query_pre_attn_scalar`);
+    None: 1/√head_dim."""
+    return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar ** -0.5
 
   @property
   def precision(self) -> jax.lax.Precision | None:
@@ -224,6 +292,7 @@ class DecoderConfig:
       attention += 2 * self.head_dim
     elif self.qk_norm == "projection":
       attention += self.head_dim * (self.num_heads + self.num_kv_heads)
-    per_layer = attention + 3 * e * f + 2 * e
+    norms = 4 if self.norm_placement == "sandwich" else 2
+    per_layer = attention + 3 * e * f + norms * e
     head = 0 if self.tie_embeddings else e * v
     return v * e + self.num_layers * per_layer + e + head

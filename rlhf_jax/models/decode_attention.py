@@ -5,6 +5,9 @@ sharing a KV head), row b attends to the slots s < lengths[b] its mask allows:
 
     o[b, n] = softmax_s(q[b, n]·keys[b, n // G, :, s] / √d + mask[b, s]) · values[b, n // G, s]
 
+(with Gemma's options, the scale a in place of 1/√d and the scores soft-capped,
+c·tanh(s/c), before the mask).
+
 with mask[b, s] = 0 where `valid[b, s]` and s < lengths[b], else −∞. The cache
 is read in its stored layout (`rlhf_jax.models.decoder.KVCache`: keys
 [B, K, D, S] slots minor, values [B, K, S, D]) and a row reads only the blocks
@@ -54,7 +57,8 @@ def _slot_block(slots: int, block_size: int) -> int:
 
 
 def _kernel(length_ref, q_ref, k_ref, v_ref, valid_ref, o_ref, m_ref, l_ref, *,
-            block: int, blocks_per_split: int, scale: float, precision):
+            block: int, blocks_per_split: int, scale: float, softcap: float | None,
+            precision):
   """One (row, KV head, split): online softmax over its blocks below the row's length.
 
   Refs: length [] int32; q [G', D]; keys [D, S]; values [S, D]; valid [S] int8;
@@ -71,6 +75,8 @@ def _kernel(length_ref, q_ref, k_ref, v_ref, valid_ref, o_ref, m_ref, l_ref, *,
     start = pl.multiple_of(index * block, block)
     k = k_ref[:, pl.ds(start, block)]  # [D, block], loaded only for blocks below length
     scores = jnp.dot(q, k, preferred_element_type=jnp.float32, precision=precision) * scale
+    if softcap is not None:  # Gemma 2: c·tanh(s / c)
+      scores = jnp.tanh(scores / softcap) * softcap
     slot = start + lax.broadcasted_iota(jnp.int32, (1, block), 1)
     allowed = (valid_ref[pl.ds(start, block)][None, :] != 0) & (slot < length)
     scores = jnp.where(allowed, scores, _NEG)
@@ -112,9 +118,11 @@ def lengths_from_mask(valid: jax.Array) -> jax.Array:
 
 def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, valid: jax.Array,
                      lengths: jax.Array | None = None, *, block_size: int = 128,
-                     num_splits: int | None = None, interpret: bool | None = None
+                     num_splits: int | None = None, interpret: bool | None = None,
+                     scale: float | None = None, softcap: float | None = None
                      ) -> jax.Array:
-  """softmax(q·Kᵀ/√d + mask)·V for one decode step, each row reading only its used slots.
+  """softmax(cap(a·q·Kᵀ) + mask)·V for one decode step, each row reading only its used
+  slots (a = 1/√d unless `scale`; cap(s) = c·tanh(s/c) with `softcap` c, else s).
 
   Row b attends to slot s iff `valid[b, s]` and s < lengths[b]; slot blocks at or
   beyond lengths[b] are not loaded (see the module docstring for the formula and
@@ -134,6 +142,8 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, valid: ja
       B·K·splits ≈ 512 programs, at most one per block.
     interpret: run in Pallas interpret mode; None: True unless the default
       backend is a GPU.
+    scale: the factor a of the scores (None: 1/√D; Gemma: query_pre_attn_scalar^−½).
+    softcap: Gemma 2's attention soft-capping c (None: uncapped).
   Returns:
     [B, N, D] in values' dtype (a row with no allowed slot gets zeros).
   """
@@ -159,12 +169,13 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, valid: ja
   out = _call(q, keys, values, valid.astype(jnp.int8),
               jnp.clip(lengths.astype(jnp.int32), 0, slots), block=block,
               blocks_per_split=blocks_per_split, num_splits=num_splits,
-              interpret=bool(interpret))
+              interpret=bool(interpret), scale=1.0 / math.sqrt(dim) if scale is None else scale,
+              softcap=softcap)
   return out.reshape(batch, heads, dim).astype(values.dtype)
 
 
 def _call(q, keys, values, valid, lengths, *, block, blocks_per_split, num_splits,
-          interpret):
+          interpret, scale, softcap):
   """Groups and pads the query heads, runs the kernel over [B, K, splits], combines.
   Returns [B, K, G, D] float32."""
   batch, heads, dim = q.shape
@@ -176,7 +187,7 @@ def _call(q, keys, values, valid, lengths, *, block, blocks_per_split, num_split
   q = jnp.pad(q, ((0, 0), (0, 0), (0, padded - group), (0, 0)))
   float32 = values.dtype == jnp.float32
   kernel = functools.partial(
-      _kernel, block=block, blocks_per_split=blocks_per_split, scale=1.0 / math.sqrt(dim),
+      _kernel, block=block, blocks_per_split=blocks_per_split, scale=scale, softcap=softcap,
       precision=lax.Precision.HIGHEST if float32 else None)
   squeeze = pl.squeezed
   partial_shape = (batch, num_kv_heads, num_splits, padded)

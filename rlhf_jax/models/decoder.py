@@ -25,9 +25,12 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.models.attention import soft_cap
 from rlhf_jax.models.blocks import Block
 from rlhf_jax.models.blocks import RMSNorm
+from rlhf_jax.models.blocks import layer_kinds
 from rlhf_jax.models.blocks import param
+from rlhf_jax.models.blocks import stacked_layer_kinds
 from rlhf_jax.models.config import DecoderConfig
 from rlhf_jax.models.layer_scan import scan_blocks
 from rlhf_jax.models.layer_scan import stack_blocks
@@ -183,15 +186,22 @@ class DecoderLM(nnx.Module):
     if positions is None:
       start = jnp.zeros((batch,), jnp.int32) if cache is None else cache.length
       positions = start[:, None] + jnp.maximum(seen, 0)
-    cos, sin = rope_tables(positions, config)
-    x = self.embed[...].astype(config.jnp_dtype)[tokens]
+    rope = (rope_tables(positions, config),)
+    if config.rope_local_theta is not None:  # Gemma 3: sliding layers rotate at their base
+      rope += (rope_tables(positions, config, local=True),)
+    if config.scale_embeddings:  # Gemma: × √E in the embedding's dtype, as transformers
+      scale = jnp.asarray(config.hidden_size ** 0.5, config.jnp_param_dtype)
+      x = (self.embed[...][tokens] * scale).astype(config.jnp_dtype)
+    else:
+      x = self.embed[...].astype(config.jnp_dtype)[tokens]
 
     if cache is not None:
       valid = write_rows(cache.valid, token_mask, cache.end)
     layers_cache = None if cache is None else (cache.keys, cache.values, valid, cache.end)
-    block_args = (cos, sin, token_mask, segment_ids)
+    block_args = (rope, token_mask, segment_ids)
     if config.scan_layers:
-      x, kv = scan_blocks(self.layers, x, block_args, config, layers_cache)
+      x, kv = scan_blocks(self.layers, x, block_args, config, layers_cache,
+                          kinds=stacked_layer_kinds(config) or layer_kinds(config)[0])
     else:
       x, kv = self._loop_layers(x, block_args, layers_cache)
     if cache is not None:
@@ -203,17 +213,17 @@ class DecoderLM(nnx.Module):
     """The per-layer (unscanned) layers as a Python loop; arguments and result as
     `layer_scan.scan_blocks`, with per-layer tuples of cache keys / values."""
     config = self.config
-    cos, sin, token_mask, segment_ids = block_args
+    rope, token_mask, segment_ids = block_args
     new_keys, new_values = [], []
-    for index, layer in enumerate(self.layers):
+    for (index, layer), kind in zip(enumerate(self.layers), layer_kinds(config)):
       layer_cache = None if cache is None else (cache[0][index], cache[1][index], cache[2],
                                                 cache[3], None)
       if config.remat:
         policy = getattr(jax.checkpoint_policies, config.remat_policy)
-        x, kv = nnx.remat(lambda block, *args: block(*args), policy=policy)(
-            layer, x, cos, sin, token_mask, layer_cache, segment_ids)
+        x, kv = nnx.remat(_with_kind(kind), policy=policy)(
+            layer, x, rope, token_mask, layer_cache, segment_ids)
       else:
-        x, kv = layer(x, cos, sin, token_mask, layer_cache, segment_ids)
+        x, kv = layer(x, rope, token_mask, layer_cache, segment_ids, kind)
       if kv is not None:
         new_keys.append(kv[0])
         new_values.append(kv[1])
@@ -227,7 +237,8 @@ class DecoderLM(nnx.Module):
       weights = self.scalar_head[...].astype(jnp.float32)
       return (jnp.matmul(hidden.astype(jnp.float32), weights, precision=config.precision)
               + self.scalar_bias[...].astype(jnp.float32))
-    return lm_logits(hidden, self.lm_head_matrix(), config.precision)
+    return lm_logits(hidden, self.lm_head_matrix(), config.precision,
+                     config.final_logit_softcapping)
 
   def lm_head_matrix(self) -> jax.Array:
     """The LM head as an [E, V] matrix in the compute dtype (the embedding, transposed,
@@ -238,7 +249,13 @@ class DecoderLM(nnx.Module):
     return self.lm_head[...].astype(dtype)
 
 
-def lm_logits(hidden: jax.Array, head: jax.Array,
-              precision: jax.lax.Precision | None) -> jax.Array:
-  """hidden [..., E] @ head [E, V] → logits [..., V] in the compute dtype."""
-  return jnp.matmul(hidden, head, precision=precision)
+def _with_kind(kind):
+  """block(*args) → block(*args, kind): a layer call for `nnx.remat` with its kind static."""
+  return lambda block, *args: block(*args, kind)
+
+
+def lm_logits(hidden: jax.Array, head: jax.Array, precision: jax.lax.Precision | None,
+              softcap: float | None = None) -> jax.Array:
+  """hidden [..., E] @ head [E, V] → logits [..., V] in the compute dtype, soft-capped
+  c·tanh(z/c) with `softcap` c (Gemma 2's final_logit_softcapping)."""
+  return soft_cap(jnp.matmul(hidden, head, precision=precision), softcap)

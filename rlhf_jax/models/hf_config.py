@@ -14,6 +14,9 @@ from typing import Any
 from rlhf_jax.models.config import ARCHITECTURES
 from rlhf_jax.models.config import DecoderConfig
 from rlhf_jax.models.config import RopeScaling
+from rlhf_jax.models.hf_gemma import GEMMA
+from rlhf_jax.models.hf_gemma import gemma_fields_from_hf
+from rlhf_jax.models.hf_gemma import gemma_to_hf
 
 # What each family fixes that config.json does not spell out (DecoderConfig fields).
 FAMILY_OPTIONS = {
@@ -21,6 +24,8 @@ FAMILY_OPTIONS = {
     "qwen3": dict(qk_norm="head", qkv_bias=False),
     "olmo2": dict(qk_norm="projection", norm_placement="post", qkv_bias=False),
     "phi3": dict(qkv_bias=False), "mistral": dict(qkv_bias=False),
+    "gemma3_text": dict(qk_norm="head", norm_placement="sandwich", norm_offset=1.0,
+                        scale_embeddings=True, qkv_bias=False),
 }
 # How config.json's `sliding_window` reaches the layers: per layer (`layer_types`, or
 # `use_sliding_window` from `max_window_layers` on), or in every layer whenever set. The
@@ -96,9 +101,9 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
     raise ValueError(f"config.json: attention_bias=true (q/k/v/o biases) is not supported "
                      f"for {cls}.")
   hidden_act = hf.get("hidden_act", "silu")
-  if hidden_act != "silu":
+  if hidden_act != "silu" and architecture not in GEMMA:
     raise ValueError(f"config.json: hidden_act={hidden_act!r} is not supported; only 'silu'.")
-  theta, scaling = _rope_from_hf(hf)
+  theta, scaling = (None, None) if architecture == "gemma3_text" else _rope_from_hf(hf)
   partial = float((hf.get("rope_parameters") or {}).get(
       "partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
   if partial != 1.0 and architecture not in PARTIAL_ROTARY:
@@ -118,11 +123,13 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
       rope_theta=theta,
       rope_scaling=scaling,
       partial_rotary_factor=partial,
-      sliding_window=_sliding_window_from_hf(hf, architecture),
+      sliding_window=None if architecture in GEMMA else _sliding_window_from_hf(hf, architecture),
       max_position_embeddings=hf.get("max_position_embeddings", 2048),
       qkv_bias=bool(hf.get("attention_bias", False)),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
   )
+  if architecture in GEMMA:
+    fields.update(gemma_fields_from_hf(hf, architecture, _rope_from_hf))
   fields.update(FAMILY_OPTIONS[architecture])
   fields.update(overrides)
   return DecoderConfig(**fields)
@@ -156,9 +163,18 @@ def _check_family(config: DecoderConfig) -> None:
   fixed = dict(FAMILY_OPTIONS[config.architecture])
   fixed.setdefault("qk_norm", "none")
   fixed.setdefault("norm_placement", "pre")
+  fixed.setdefault("norm_offset", 0.0)
+  fixed.setdefault("scale_embeddings", False)
+  if config.architecture not in GEMMA:
+    fixed.update(activation="silu", query_pre_attn_scalar=None, final_logit_softcapping=None,
+                 layer_types=None)
+  if config.architecture != "gemma2":
+    fixed["attn_logit_softcapping"] = None
+  if config.architecture != "gemma3_text":
+    fixed["rope_local_theta"] = None
   if config.architecture not in PARTIAL_ROTARY:
     fixed["partial_rotary_factor"] = 1.0
-  if config.architecture not in WINDOW_BY_LAYER_TYPE + WINDOW_EVERY_LAYER:
+  if config.architecture not in WINDOW_BY_LAYER_TYPE + WINDOW_EVERY_LAYER + GEMMA:
     fixed["sliding_window"] = None
   for name, value in fixed.items():
     if getattr(config, name) != value:
@@ -214,4 +230,6 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
                   "full_attention" if window is None else "sliding_attention"] * config.num_layers)
   elif config.architecture in WINDOW_EVERY_LAYER:
     hf["sliding_window"] = window
+  elif config.architecture in GEMMA:
+    hf.update(gemma_to_hf(config, rope))
   return hf

@@ -86,8 +86,12 @@ def _layer_mappings(config: config_lib.DecoderConfig, hf: str, ours: tuple
   if config.norm_placement == "pre":
     norms = (("input_norm", "input_layernorm"), ("post_attention_norm",
                                                  "post_attention_layernorm"))
-  else:  # OLMo 2 names the norms of the attention and MLP outputs
+  elif config.norm_placement == "post":  # OLMo 2 names the norms of the outputs
     norms = (("attention_out_norm", "post_attention_layernorm"),
+             ("mlp_out_norm", "post_feedforward_layernorm"))
+  else:  # Gemma's four
+    norms = (("input_norm", "input_layernorm"), ("attention_out_norm", "post_attention_layernorm"),
+             ("mlp_in_norm", "pre_feedforward_layernorm"),
              ("mlp_out_norm", "post_feedforward_layernorm"))
   mappings += [TensorMapping(ours + (name, "weight"), hf + f"{hf_name}.weight", _same, _same)
                for name, hf_name in norms]

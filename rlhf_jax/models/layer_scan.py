@@ -64,35 +64,40 @@ class LayerSlot(NamedTuple):
 
 
 def scan_blocks(layers: nnx.Module, x: jax.Array, block_args: tuple, config: DecoderConfig,
-                cache: tuple | None = None) -> tuple[jax.Array, tuple | None]:
+                cache: tuple | None = None, *, kinds: Any
+                ) -> tuple[jax.Array, tuple | None]:
   """Runs a stacked block (`stack_blocks`) over its layer axis with one `lax.scan`.
 
   The scanned body is rematerialised (`jax.checkpoint` with
   `config.remat_policy`) when `config.remat`.
 
   Args:
-    layers: the stacked block; its call is block(x, cos, sin, token_mask,
-      layer_cache, segment_ids) → (x, (keys, values) or None).
+    layers: the stacked block; its call is block(x, rope, token_mask, layer_cache,
+      segment_ids, kind) → (x, (keys, values) or None).
     x: [B, T, E] residual stream.
-    block_args: (cos, sin, token_mask, segment_ids), the same for every layer.
+    block_args: (rope, token_mask, segment_ids), the same for every layer.
     config: the DecoderConfig.
     cache: None, or (keys [L, B, K, D, S], values [L, B, K, S, D], valid [B, S],
       end [B]); each layer gets (keys, values, valid, end, LayerSlot).
+    kinds: the layers' `blocks.LayerKind`: one for every layer (static), or one of [L]
+      arrays scanned with the layers (Gemma's interleaved sliding and global layers).
   Returns:
     (x [B, T, E], (keys, values) updated, or None without a cache).
   """
-  cos, sin, token_mask, segment_ids = block_args
+  rope, token_mask, segment_ids = block_args
   graphdef, state = nnx.split(layers)
   num_layers = jax.tree.leaves(state)[0].shape[0]
+  per_layer = isinstance(kinds[0], jax.Array)
   dtype = None if cache is None else cache[0].dtype
   bits = cache is not None and _slow_scatter(dtype)
 
   def body(carry, xs):
     x, kv = carry
-    layer_state, index = xs
+    layer_state, index, layer_kind = xs
     block = nnx.merge(graphdef, layer_state)
     layer_cache = None if kv is None else (*kv, cache[2], cache[3], LayerSlot(index, dtype))
-    x, kv = block(x, cos, sin, token_mask, layer_cache, segment_ids)
+    x, kv = block(x, rope, token_mask, layer_cache, segment_ids,
+                  layer_kind if per_layer else kinds)
     return (x, kv), None
 
   if config.remat:
@@ -101,7 +106,8 @@ def scan_blocks(layers: nnx.Module, x: jax.Array, block_args: tuple, config: Dec
   kv = None if cache is None else tuple(cache[:2])
   if bits:
     kv = tuple(jax.lax.bitcast_convert_type(c, jnp.uint16) for c in kv)
-  (x, kv), _ = jax.lax.scan(body, (x, kv), (state, jnp.arange(num_layers, dtype=jnp.int32)))
+  (x, kv), _ = jax.lax.scan(body, (x, kv), (state, jnp.arange(num_layers, dtype=jnp.int32),
+                                            kinds if per_layer else None))
   if bits:
     kv = tuple(jax.lax.bitcast_convert_type(c, dtype) for c in kv)
   return x, kv

@@ -27,7 +27,8 @@ from rlhf_jax.models.packing import response_hidden
 
 def chunked_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, *,
                            chunk: int, with_entropy: bool = False,
-                           precision: jax.lax.Precision | None = None):
+                           precision: jax.lax.Precision | None = None,
+                           softcap: float | None = None):
   """log softmax(h·W)[target] for every token, `chunk` tokens at a time.
 
       log π(a_t | s_t) = (h_t·W)_{a_t} − log Σ_v exp((h_t·W)_v)
@@ -40,6 +41,8 @@ def chunked_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Arra
     chunk: tokens per chunk (≥ 1); the token count is padded up to a multiple.
     with_entropy: also return the entropy of each position's distribution.
     precision: the head matmul's `jax.lax.Precision`.
+    softcap: the logits are c·tanh(z/c) with c = `softcap` (Gemma 2's
+      final_logit_softcapping), as the unchunked head; None: uncapped.
   Returns:
     logprobs [...] float32, and entropy [...] float32 when `with_entropy`.
   """
@@ -57,7 +60,7 @@ def chunked_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Arra
   @jax.checkpoint  # the backward recomputes this chunk's logits instead of storing them
   def one_chunk(pieces):
     chunk_hidden, chunk_targets = pieces
-    logits = lm_logits(chunk_hidden, head, precision)
+    logits = lm_logits(chunk_hidden, head, precision, softcap)
     logprobs = kernels.token_logprobs(logits, chunk_targets)
     entropy = kernels.entropy_from_logits(logits) if with_entropy else jnp.zeros_like(logprobs)
     return logprobs, entropy
@@ -90,7 +93,8 @@ def token_logprobs(module, tokens: jax.Array, targets: jax.Array, *, chunk: int 
   if chunk:
     return chunked_token_logprobs(hidden, module.lm_head_matrix(), targets, chunk=chunk,
                                   with_entropy=with_entropy,
-                                  precision=module.config.precision)
+                                  precision=module.config.precision,
+                                  softcap=module.config.final_logit_softcapping)
   logits = module.project(hidden)
   logprobs = kernels.token_logprobs(logits, targets)
   return (logprobs, kernels.entropy_from_logits(logits)) if with_entropy else logprobs

@@ -10,18 +10,20 @@ import jax.numpy as jnp
 from rlhf_jax.models.config import DecoderConfig
 
 
-def rope_inverse_frequencies(config: DecoderConfig) -> jax.Array:
+def rope_inverse_frequencies(config: DecoderConfig, local: bool = False) -> jax.Array:
   """[rotary_dim/2] inverse frequencies θ^(−2i/d), d = `config.rotary_dim` (head_dim
-  unless partial), with Llama 3 scaling when configured.
+  unless partial), with Llama 3 scaling when configured; `local`: those of sliding
+  layers, θ = `config.rope_local_theta` and unscaled (Gemma 3).
 
   Llama 3 (HF `_compute_llama3_parameters`): wavelengths longer than
   L/low_freq_factor are divided by `factor`, shorter than L/high_freq_factor
   kept, and the band between interpolated smoothly.
   """
   dim = config.rotary_dim
-  inv = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  theta = config.rope_local_theta if local else config.rope_theta
+  inv = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
   scaling = config.rope_scaling
-  if scaling is None:
+  if scaling is None or local:
     return inv
   old = scaling.original_max_position_embeddings
   low_wavelen = old / scaling.low_freq_factor
@@ -35,10 +37,11 @@ def rope_inverse_frequencies(config: DecoderConfig) -> jax.Array:
   return jnp.where(medium, smoothed, scaled)
 
 
-def rope_tables(positions: jax.Array, config: DecoderConfig):
+def rope_tables(positions: jax.Array, config: DecoderConfig, local: bool = False):
   """RoPE tables for [B, T] positions: cos, sin of shape [B, T, 1, rotary_dim]
-  (rotate-half layout)."""
-  angles = positions.astype(jnp.float32)[..., None] * rope_inverse_frequencies(config)[None, None, :]
+  (rotate-half layout); `local`: with the sliding layers' frequencies."""
+  inverse = rope_inverse_frequencies(config, local)
+  angles = positions.astype(jnp.float32)[..., None] * inverse[None, None, :]
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
   return jnp.cos(angles), jnp.sin(angles)
 
@@ -55,3 +58,13 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   if rotary < x.shape[-1]:
     out = jnp.concatenate([out, x_pass], axis=-1)
   return out.astype(x.dtype)
+
+
+def layer_rope(tables: tuple, local) -> tuple[jax.Array, jax.Array]:
+  """A layer's (cos, sin) from `tables` ((cos, sin) of every layer, then of the sliding
+  layers when they differ): `local` a bool, or a traced bool of a scanned layer."""
+  if len(tables) == 1 or local is False:
+    return tables[0]
+  if local is True:
+    return tables[1]
+  return tuple(jnp.where(local, l, g) for g, l in zip(tables[0], tables[1]))

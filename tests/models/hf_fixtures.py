@@ -69,6 +69,15 @@ FAMILIES = {
     # A window of 4 < the tests' 9-14 tokens: ignoring it changes every later logit.
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(tie_word_embeddings=False, sliding_window=4)),
+    # Global then sliding (window 4), as Gemma 3's last layers; a score scale of 1/√24
+    # (≠ 1/√head_dim); RoPE bases far apart per layer type.
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                    dict(tie_word_embeddings=True, sliding_window=4, query_pre_attn_scalar=24,
+                         layer_types=["full_attention", "sliding_attention"],
+                         rope_parameters={
+                             "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "sliding_attention": {"rope_type": "default",
+                                                   "rope_theta": 50.0}})),
 }
 
 

@@ -61,3 +61,36 @@ def test_block_lengths_cover_the_cache():
   assert _block_lengths(50) == [50]
   lengths = _block_lengths(4096)
   assert len(lengths) <= 8 and lengths[-1] == 4096 and lengths == sorted(lengths)
+
+
+def capped_reference(q, k, v, mask, scale, cap):
+  """softmax(cap·tanh(scale·q·kᵀ / cap) + mask)·v written with plain jnp (autodiff)."""
+  group = q.shape[2] // k.shape[2]
+  k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+  scores = jnp.einsum("btnd,bsnd->bnts", q, k, precision=jax.lax.Precision.HIGHEST) * scale
+  scores = cap * jnp.tanh(scores / cap)
+  probs = jax.nn.softmax(jnp.where(mask[:, None], scores, -jnp.inf), axis=-1)
+  return jnp.einsum("bnts,bsnd->btnd", probs, v, precision=jax.lax.Precision.HIGHEST)
+
+
+def test_soft_capping_and_a_score_scale_values_and_gradients():
+  """Gemma 2's capped scores through the hand-written backward (it recomputes the raw
+  scores) against autodiff of the formula; the cap moves the output."""
+  q, k, v, mask = inputs(4)
+  q = 3 * q  # raw scores of several units, where a cap of 2 bites
+  ours = lambda q, k, v: grouped_query_attention(q, k, v, mask, scale=0.3, softcap=2.0)
+  reference = lambda q, k, v: capped_reference(q, k, v, mask, 0.3, 2.0)
+  np.testing.assert_allclose(ours(q, k, v), reference(q, k, v), atol=1e-5)
+  uncapped = grouped_query_attention(q, k, v, mask, scale=0.3)
+  assert np.max(np.abs(uncapped - ours(q, k, v))) > 0.1
+  weights = jnp.asarray(np.random.default_rng(5).standard_normal(q.shape), jnp.float32)
+  loss = lambda f: (lambda q, k, v: jnp.sum(weights * jnp.sin(f(q, k, v))))
+  for ours_grad, ref_grad in zip(jax.grad(loss(ours), argnums=(0, 1, 2))(q, k, v),
+                                 jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(ours_grad, ref_grad, atol=1e-5)
+  keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+  cached = jax.jit(cached_attention, static_argnames=("scale", "softcap"))
+  np.testing.assert_allclose(cached(q, keys, values, mask, scale=0.3, softcap=2.0),
+                             reference(q, k, v), atol=1e-5)
+  np.testing.assert_allclose(cached(q[:, :1], keys, values, mask[:, :1], scale=0.3,
+                                    softcap=2.0), reference(q, k, v)[:, :1], atol=1e-5)

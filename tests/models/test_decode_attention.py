@@ -90,9 +90,11 @@ def test_blocks_beyond_a_rows_length_are_never_loaded():
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_cached_attention_pallas_matches_xla(dtype):
-  """The decoder's decode mask (causal ∧ valid ∨ itself, [B, 1, S]) through both kernels."""
+@pytest.mark.parametrize("dtype,gemma", [(jnp.float32, False), (jnp.bfloat16, False),
+                                         (jnp.float32, True)])
+def test_cached_attention_pallas_matches_xla(dtype, gemma):
+  """The decoder's decode mask (causal ∧ valid ∨ itself, [B, 1, S]) through both kernels;
+  `gemma`: with a score scale and Gemma 2's soft-capping."""
   rng = np.random.default_rng(3)
   batch, kv_heads, group = 4, 2, 2
   q = jnp.asarray(rng.standard_normal((batch, 1, kv_heads * group, DIM)), dtype)
@@ -104,9 +106,12 @@ def test_cached_attention_pallas_matches_xla(dtype):
   slot = np.arange(SLOTS)[None, :]
   mask = jnp.asarray(((slot <= end[:, None]) & valid) | (slot == end[:, None]))[:, None]
   num_used = jnp.int32(end.max() + 1)
-  run = jax.jit(cached_attention, static_argnames="kernel")
-  xla = run(q, keys, values, mask, num_used, kernel="xla")
-  pallas = run(q, keys, values, mask, num_used, kernel="pallas")
+  run = jax.jit(cached_attention, static_argnames=("kernel", "scale", "softcap"))
+  scores = dict(scale=0.7, softcap=1.5) if gemma else {}
+  xla = run(q, keys, values, mask, num_used, kernel="xla", **scores)
+  pallas = run(q, keys, values, mask, num_used, kernel="pallas", **scores)
+  if gemma:  # the options change the result
+    assert np.max(np.abs(np.asarray(xla - run(q, keys, values, mask, num_used)))) > 0.1
   assert pallas.shape == xla.shape and pallas.dtype == xla.dtype
   tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
   np.testing.assert_allclose(np.asarray(pallas, np.float32), np.asarray(xla, np.float32),

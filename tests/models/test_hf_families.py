@@ -30,6 +30,12 @@ EXPECTED = {
     "phi3": dict(architecture="phi3", qkv_bias=False, head_dim=12, rotary_dim=6,
                  sliding_window=5),
     "mistral": dict(architecture="mistral", qkv_bias=False, head_dim=16, sliding_window=4),
+    "gemma3_text": dict(architecture="gemma3_text", qk_norm="head", norm_placement="sandwich",
+                        norm_offset=1.0, scale_embeddings=True, sliding_window=4,
+                        layer_types=("full_attention", "sliding_attention"),
+                        query_pre_attn_scalar=24.0, attn_logit_softcapping=None,
+                        final_logit_softcapping=None, rope_theta=10000.0,
+                        rope_local_theta=50.0, tie_embeddings=True),
 }
 
 
@@ -209,3 +215,61 @@ def test_layer_scan_and_packed_rows_equal_the_padded_forward(family):
   logits = np.asarray(logits)[0]
   np.testing.assert_allclose(logits[:13], padded[0][mask[0] == 1], atol=1e-5)
   np.testing.assert_allclose(logits[13:20], padded[1][mask[1] == 1], atol=1e-5)
+
+
+# In the layout of the published google/gemma-3-1b-it config.json
+# (transformers 4 keys: rope_theta, rope_local_base_freq, sliding_window_pattern).
+GEMMA3_1B = dict(
+    architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", attn_logit_softcapping=None,
+    final_logit_softcapping=None, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+    hidden_size=1152, intermediate_size=6912, max_position_embeddings=32768,
+    num_attention_heads=4, num_hidden_layers=26, num_key_value_heads=1,
+    query_pre_attn_scalar=256, rms_norm_eps=1e-6, rope_local_base_freq=10000,
+    rope_scaling=None, rope_theta=1000000, sliding_window=512, sliding_window_pattern=6,
+    vocab_size=262144, bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0)
+
+
+@pytest.mark.parametrize("hf,cls", [(GEMMA3_1B, "Gemma3TextConfig")])
+def test_gemma_configs_read_as_transformers_reads_them(hf, cls):
+  """Layer types, RoPE bases, caps and scale as transformers' own config class derives them
+  from the same keys (defaults and legacy keys included)."""
+  import transformers
+
+  ours = models.config_from_hf(hf)
+  theirs = getattr(transformers, cls)(**hf)
+  assert ours.layer_types == tuple(theirs.layer_types)
+  assert ours.layer_types.count("full_attention") == (13 if cls == "Gemma2Config" else 4)
+  assert ours.sliding_window == theirs.sliding_window
+  assert ours.query_pre_attn_scalar == theirs.query_pre_attn_scalar
+  assert ours.final_logit_softcapping == theirs.final_logit_softcapping
+  assert ours.tie_embeddings == theirs.tie_word_embeddings is True
+  assert ours.activation == theirs.hidden_activation
+  if cls == "Gemma2Config":
+    assert ours.attn_logit_softcapping == theirs.attn_logit_softcapping == 50.0
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
+  else:  # Gemma 3's attention never caps; sliding layers rotate at their own base
+    assert ours.attn_logit_softcapping is None
+    assert ours.rope_theta == theirs.rope_parameters["full_attention"]["rope_theta"] == 1e6
+    assert ours.rope_local_theta == theirs.rope_parameters["sliding_attention"]["rope_theta"]
+    assert [ours.layer_local_rope(i) for i in range(6)] == [True] * 5 + [False]
+  assert sum(ours.layer_window(i) is None for i in range(ours.num_layers)) == (
+      ours.layer_types.count("full_attention"))
+  assert models.config_from_hf(models.config_to_hf(ours)) == ours
+
+
+def test_gemma_options_we_do_not_have_are_refused_in_one_line():
+  scaled = dict(GEMMA3_1B, rope_scaling={"rope_type": "linear", "factor": 8.0})
+  with pytest.raises(ValueError, match="^config.json: rope_type='linear' is not supported"):
+    models.config_from_hf(scaled)
+  with pytest.raises(ValueError, match="^config.json: use_bidirectional_attention=true is not"):
+    models.config_from_hf(dict(GEMMA3_1B, use_bidirectional_attention=True))
+  gemma2 = dict(GEMMA3_1B, architectures=["Gemma2ForCausalLM"], model_type="gemma2")
+  with pytest.raises(ValueError, match=r"^config.json: architectures=\['Gemma2ForCausalLM'\] "
+                     r"\(model_type='gemma2'\) is not supported"):
+    models.config_from_hf(gemma2)
+  config = models.config_from_hf(GEMMA3_1B)
+  with pytest.raises(ValueError, match="Gemma3ForCausalLM checkpoints have norm_offset=1.0"):
+    models.config_to_hf(config.replace(norm_offset=0.0))
+  with pytest.raises(ValueError, match="Gemma3ForCausalLM checkpoints have "
+                     "attn_logit_softcapping=None"):
+    models.config_to_hf(config.replace(attn_logit_softcapping=50.0))

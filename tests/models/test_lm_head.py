@@ -79,9 +79,11 @@ def rollout_batch(rng, rows=3, prompt=5, response=6):
       prompt_length=prompt, response_length=response, pad_id=0))
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_response_logprobs_and_their_gradient_do_not_depend_on_the_chunk(tie):
-  model, params = models.init_model(CONFIG.replace(tie_embeddings=tie), seed=3)
+@pytest.mark.parametrize("tie,softcap", [(True, None), (False, None), (True, 0.5)])
+def test_response_logprobs_and_their_gradient_do_not_depend_on_the_chunk(tie, softcap):
+  """softcap: Gemma 2's final logit soft-capping, which the chunks must apply too."""
+  config = CONFIG.replace(tie_embeddings=tie, final_logit_softcapping=softcap)
+  model, params = models.init_model(config, seed=3)
   chunked = models.with_numerics(model, logprob_chunk=5)
   batch = rollout_batch(np.random.default_rng(1))
 
