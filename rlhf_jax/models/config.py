@@ -12,7 +12,7 @@ import jax.numpy as jnp
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "mistral": "MistralForCausalLM",
-                 "gemma3_text": "Gemma3ForCausalLM"}
+                 "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 DECODE_ATTENTION = ("xla", "pallas")
@@ -39,9 +39,9 @@ class DecoderConfig:
     architecture: the HF family the checkpoint is written as: "qwen2" (q/k/v
       bias), "llama", "qwen3" (q/k norms per head), "olmo2" (post-norm blocks, q/k
       norms over the projection), "phi3" (fused qkv / gate_up tensors in the
-      checkpoint, split here), "mistral" (sliding window), "gemma3_text" (Gemma 3's text
-      model: sandwich norms, q/k norms, interleaved sliding layers, a RoPE base per layer
-      type); see ARCHITECTURES.
+      checkpoint, split here), "mistral" (sliding window), "gemma2" (sandwich norms,
+      soft-capping, alternating sliding layers), "gemma3_text" (Gemma 3's text model:
+      q/k norms, a RoPE base per layer type); see ARCHITECTURES.
     vocab_size: tokens in the vocabulary.
     hidden_size: the residual width.
     num_layers: decoder layers.
@@ -138,7 +138,7 @@ class DecoderConfig:
   num_kv_heads: int
   head_dim: int
   intermediate_size: int
-  architecture: Literal["qwen2", "llama", "qwen3", "olmo2", "phi3", "mistral",
+  architecture: Literal["qwen2", "llama", "qwen3", "olmo2", "phi3", "mistral", "gemma2",
                         "gemma3_text"] = "qwen2"
   activation: str = "silu"
   rms_norm_eps: float = 1e-6

@@ -24,6 +24,8 @@ FAMILY_OPTIONS = {
     "qwen3": dict(qk_norm="head", qkv_bias=False),
     "olmo2": dict(qk_norm="projection", norm_placement="post", qkv_bias=False),
     "phi3": dict(qkv_bias=False), "mistral": dict(qkv_bias=False),
+    "gemma2": dict(norm_placement="sandwich", norm_offset=1.0, scale_embeddings=True,
+                   qkv_bias=False),
     "gemma3_text": dict(qk_norm="head", norm_placement="sandwich", norm_offset=1.0,
                         scale_embeddings=True, qkv_bias=False),
 }

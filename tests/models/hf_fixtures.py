@@ -69,8 +69,13 @@ FAMILIES = {
     # A window of 4 < the tests' 9-14 tokens: ignoring it changes every later logit.
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(tie_word_embeddings=False, sliding_window=4)),
-    # Global then sliding (window 4), as Gemma 3's last layers; a score scale of 1/√24
-    # (≠ 1/√head_dim); RoPE bases far apart per layer type.
+    # Sliding (window 4) then global layers; a score scale of 1/√24 (≠ 1/√head_dim), and
+    # caps low enough to bite (std-0.2 weights keep raw scores and logits small).
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(tie_word_embeddings=True, sliding_window=4, query_pre_attn_scalar=24,
+                    attn_logit_softcapping=1.5, final_logit_softcapping=2.0,
+                    layer_types=["sliding_attention", "full_attention"])),
+    # Global then sliding, as Gemma 3's last layers; RoPE bases far apart per layer type.
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                     dict(tie_word_embeddings=True, sliding_window=4, query_pre_attn_scalar=24,
                          layer_types=["full_attention", "sliding_attention"],

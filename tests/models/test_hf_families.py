@@ -30,6 +30,11 @@ EXPECTED = {
     "phi3": dict(architecture="phi3", qkv_bias=False, head_dim=12, rotary_dim=6,
                  sliding_window=5),
     "mistral": dict(architecture="mistral", qkv_bias=False, head_dim=16, sliding_window=4),
+    "gemma2": dict(architecture="gemma2", norm_placement="sandwich", norm_offset=1.0,
+                   scale_embeddings=True, activation="gelu_pytorch_tanh", sliding_window=4,
+                   layer_types=("sliding_attention", "full_attention"),
+                   query_pre_attn_scalar=24.0, attn_logit_softcapping=1.5,
+                   final_logit_softcapping=2.0, rope_local_theta=None, tie_embeddings=True),
     "gemma3_text": dict(architecture="gemma3_text", qk_norm="head", norm_placement="sandwich",
                         norm_offset=1.0, scale_embeddings=True, sliding_window=4,
                         layer_types=("full_attention", "sliding_attention"),
@@ -217,8 +222,15 @@ def test_layer_scan_and_packed_rows_equal_the_padded_forward(family):
   np.testing.assert_allclose(logits[13:20], padded[1][mask[1] == 1], atol=1e-5)
 
 
-# In the layout of the published google/gemma-3-1b-it config.json
+# In the layout of the published google/gemma-2-2b and google/gemma-3-1b-it config.json
 # (transformers 4 keys: rope_theta, rope_local_base_freq, sliding_window_pattern).
+GEMMA2_2B = dict(
+    architectures=["Gemma2ForCausalLM"], model_type="gemma2", attn_logit_softcapping=50.0,
+    final_logit_softcapping=30.0, head_dim=256, hidden_act="gelu_pytorch_tanh",
+    hidden_activation="gelu_pytorch_tanh", hidden_size=2304, intermediate_size=9216,
+    max_position_embeddings=8192, num_attention_heads=8, num_hidden_layers=26,
+    num_key_value_heads=4, query_pre_attn_scalar=256, rms_norm_eps=1e-6, rope_theta=10000.0,
+    sliding_window=4096, vocab_size=256000, bos_token_id=2, eos_token_id=1, pad_token_id=0)
 GEMMA3_1B = dict(
     architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", attn_logit_softcapping=None,
     final_logit_softcapping=None, head_dim=256, hidden_activation="gelu_pytorch_tanh",
@@ -229,7 +241,7 @@ GEMMA3_1B = dict(
     vocab_size=262144, bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0)
 
 
-@pytest.mark.parametrize("hf,cls", [(GEMMA3_1B, "Gemma3TextConfig")])
+@pytest.mark.parametrize("hf,cls", [(GEMMA2_2B, "Gemma2Config"), (GEMMA3_1B, "Gemma3TextConfig")])
 def test_gemma_configs_read_as_transformers_reads_them(hf, cls):
   """Layer types, RoPE bases, caps and scale as transformers' own config class derives them
   from the same keys (defaults and legacy keys included)."""
@@ -263,13 +275,14 @@ def test_gemma_options_we_do_not_have_are_refused_in_one_line():
     models.config_from_hf(scaled)
   with pytest.raises(ValueError, match="^config.json: use_bidirectional_attention=true is not"):
     models.config_from_hf(dict(GEMMA3_1B, use_bidirectional_attention=True))
-  gemma2 = dict(GEMMA3_1B, architectures=["Gemma2ForCausalLM"], model_type="gemma2")
-  with pytest.raises(ValueError, match=r"^config.json: architectures=\['Gemma2ForCausalLM'\] "
-                     r"\(model_type='gemma2'\) is not supported"):
-    models.config_from_hf(gemma2)
-  config = models.config_from_hf(GEMMA3_1B)
-  with pytest.raises(ValueError, match="Gemma3ForCausalLM checkpoints have norm_offset=1.0"):
+  config = models.config_from_hf(GEMMA2_2B)
+  with pytest.raises(ValueError, match="Gemma2ForCausalLM checkpoints have norm_offset=1.0"):
     models.config_to_hf(config.replace(norm_offset=0.0))
+  with pytest.raises(ValueError, match="LlamaForCausalLM checkpoints have "
+                     "activation='silu'; activation='gelu_pytorch_tanh' cannot be saved"):
+    models.config_to_hf(config.replace(architecture="llama", norm_placement="pre",
+                                       norm_offset=0.0, scale_embeddings=False))
+  gemma3 = models.config_from_hf(GEMMA3_1B)
   with pytest.raises(ValueError, match="Gemma3ForCausalLM checkpoints have "
                      "attn_logit_softcapping=None"):
-    models.config_to_hf(config.replace(attn_logit_softcapping=50.0))
+    models.config_to_hf(gemma3.replace(attn_logit_softcapping=50.0))
