@@ -105,6 +105,15 @@ class PromptFormat:
     return prefix + self.text(example)
 
 
+def conversation_text(example: Example) -> str:
+  """The prompt as plain text for a judge's question template: a chat-list prompt as
+  its turns, one "role: content" paragraph each (no model's special tokens, which the
+  judge's tokenizer would read as its own); a plain prompt as it is."""
+  if example.messages is None:
+    return example.prompt
+  return "\n\n".join(f"{m['role']}: {m.get('content') or ''}" for m in example.messages) + "\n"
+
+
 def check_prompts(prompt_format: PromptFormat,
                   located: Sequence[tuple[str, Example]]) -> int:
   """Encodes every (where, example) row; the first that fails raises PromptError naming

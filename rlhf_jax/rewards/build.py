@@ -61,7 +61,9 @@ def scoring_layout(c, tokenizer, prefix: Sequence[int]) -> ScoringLayout:
   """Reward-model inputs of this run: the policy's prompts and responses (+ EOS)."""
   return ScoringLayout(tokenizer=tokenizer, prefix=tuple(prefix),
                        prompt_length=c.data.prompt_length,
-                       response_length=c.rollout.max_new_tokens + 1)
+                       response_length=c.rollout.max_new_tokens + 1,
+                       chat_template=c.data.chat_template,
+                       system_prompt=c.data.system_prompt)
 
 
 def build_judge(c, section, verdicts: Sequence[str], field: str, mesh) -> VerdictJudge:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from rlhf_jax.data import Example
+from rlhf_jax.data.prompts import conversation_text
 from rlhf_jax.rewards.judge import VerdictJudge
 from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import ScorerBase
@@ -29,7 +30,8 @@ TEMPLATE_FIELDS = {"gt": ("prompt", "answer", "response"),
 def judge_question(template: str, example: Example, response: str, *,
                    reference: str = "") -> str:
   """The judge's question for one response (`str.format` of the template)."""
-  return template.format(prompt=example.prompt, answer=example.answer, reference=reference,
+  return template.format(prompt=conversation_text(example), answer=example.answer,
+                         reference=reference,
                          response=response)
 
 

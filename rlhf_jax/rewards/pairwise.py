@@ -16,6 +16,7 @@ import numpy as np
 
 from rlhf_jax import kernels
 from rlhf_jax.data import Example
+from rlhf_jax.data.prompts import conversation_text
 from rlhf_jax.rewards.judge import VerdictJudge
 from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import ScorerBase
@@ -81,7 +82,8 @@ class PairwiseScorer(ScorerBase):
   def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
     """P(y ≻ anchor) − centre per response; failures get `failure_score`."""
     anchors = [anchor_of(e, self.anchor_key) for e in examples]
-    p, failures = self.win_probabilities([e.prompt for e in examples], responses, anchors)
+    p, failures = self.win_probabilities([conversation_text(e) for e in examples], responses,
+                                         anchors)
     out = Scores([], [], [], reasons=[])
     for win, failure, anchor in zip(p, failures, anchors):
       failure = failure or ("" if anchor else f"no anchor response ({self.anchor_key!r})")

@@ -96,7 +96,7 @@ class ProcessRewardModel:
 
     self._values = jax.jit(values)
 
-  def response_values(self, prompts: Sequence[str], responses: Sequence[str]
+  def response_values(self, prompts: Sequence[Example | str], responses: Sequence[str]
                       ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """([N, R] PRM outputs at every response token, [N, R] response token ids,
     per response "" or why it could not be scored)."""
@@ -107,7 +107,7 @@ class ProcessRewardModel:
     lengths = np.asarray(batch.response_mask).sum(axis=1).astype(int)
     return values, [row[:n] for row, n in zip(tokens, lengths)], failures
 
-  def step_scores(self, prompts: Sequence[str], responses: Sequence[str]
+  def step_scores(self, prompts: Sequence[Example | str], responses: Sequence[str]
                   ) -> tuple[list[list[float]], list[str]]:
     """Per response its step scores in order ([] when it could not be scored)."""
     values, tokens, failures = self.response_values(prompts, responses)
@@ -136,7 +136,7 @@ class WithProcessRewards(ScorerBase):
     """Outcome scores with `step_scores` filled in."""
     scored = self.outcome.score(examples, responses)
     try:
-      steps, failures = self.prm.step_scores([e.prompt for e in examples], responses)
+      steps, failures = self.prm.step_scores(list(examples), responses)
     except Exception as error:  # pylint: disable=broad-except
       steps = [[] for _ in responses]
       failures = [f"PRM error: {type(error).__name__}: {error}"[:300]] * len(responses)
@@ -168,7 +168,7 @@ class PrefixValueScorer(ScorerBase):
 
   def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
     """Per response its last step score."""
-    steps, failures = self.prm.step_scores([e.prompt for e in examples], responses)
+    steps, failures = self.prm.step_scores(list(examples), responses)
     failures = [f or ("" if row else "no step to score") for row, f in zip(steps, failures)]
     return Scores(scores=[row[-1] if row else 0.0 for row in steps],
                   correct=[False] * len(steps), failures=failures)

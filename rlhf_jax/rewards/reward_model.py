@@ -19,6 +19,7 @@ from rlhf_jax.parallel import run_in_chunks
 from rlhf_jax.algorithms.batch import RolloutBatch
 from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
+from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.models import score_at_last_token
 from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import ScorerBase
@@ -26,27 +27,40 @@ from rlhf_jax.rewards.scorer import ScorerBase
 
 @dataclasses.dataclass(frozen=True)
 class ScoringLayout:
-  """How texts become a reward model's input rows.
+  """How prompts and responses become a reward model's input rows.
 
   Attributes:
     tokenizer: the reward model's tokenizer (`encode`, `eos_id`, `pad_id`).
     prefix: token ids before every prompt.
     prompt_length: P, prompt tokens (prefix included).
     response_length: R, response tokens (EOS included).
+    chat_template: how an Example's prompt is rendered with the reward model's own chat
+      template (`data.chat_template`: 'auto' renders chat-list prompts; data/prompts.py).
+    system_prompt: `data.system_prompt`, for rendered prompts without a system turn.
   """
   tokenizer: Any
   prefix: tuple[int, ...]
   prompt_length: int
   response_length: int
+  chat_template: str = "auto"
+  system_prompt: str = ""
 
-  def encode(self, prompts: Sequence[str], responses: Sequence[str]
+  def prompt_text(self, prompt: Example | str) -> str:
+    """A prompt as the reward model reads it: text as it is, an Example rendered with
+    the reward model's tokenizer (its chat template for a chat-list prompt)."""
+    if isinstance(prompt, str):
+      return prompt
+    return PromptFormat(self.tokenizer, chat_template=self.chat_template,
+                        system_prompt=self.system_prompt).text(prompt)
+
+  def encode(self, prompts: Sequence[Example | str], responses: Sequence[str]
              ) -> tuple[RolloutBatch, list[str]]:
-    """The rows of (prompt, response) pairs, and per pair "" or why it does not fit
-    (such a row is encoded with an empty response; its score must not be used)."""
+    """The rows of (prompt, response) pairs, and per pair "" or why it does not fit or
+    render (such a row is encoded with an empty response; its score must not be used)."""
     failures, prompt_ids, response_ids = [], [], []
     for prompt, response in zip(prompts, responses, strict=True):
       try:  # each text is tokenized once: the length check and the row use the same ids
-        p = list(self.prefix) + self.tokenizer.encode(prompt)
+        p = list(self.prefix) + self.tokenizer.encode(self.prompt_text(prompt))
         r = self.tokenizer.encode(response) + [self.tokenizer.eos_id]
       except Exception as error:  # pylint: disable=broad-except
         p, r, failure = [], [], f"the reward model cannot tokenize it: {error}"[:300]
@@ -100,9 +114,10 @@ class RewardModelScorer(ScorerBase):
   def check_tasks(self, tasks: Sequence[str]) -> None:
     """A reward model scores any task."""
 
-  def raw_scores(self, prompts: Sequence[str], responses: Sequence[str]
+  def raw_scores(self, prompts: Sequence[Example | str], responses: Sequence[str]
                  ) -> tuple[np.ndarray, list[str]]:
-    """[N] scores and per response "" or why it could not be scored."""
+    """[N] scores and per response "" or why it could not be scored (`prompts`: texts,
+    or Examples rendered by the layout)."""
     batch, failures = self.layout.encode(prompts, responses)
     scores = run_in_chunks(lambda t, m: self._score(self.role.params, t, m),
                            [batch.tokens, batch.attention_mask], self.batch_size, self.mesh)
@@ -111,7 +126,7 @@ class RewardModelScorer(ScorerBase):
   def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
     """The RM's score of each response; a response too long to score gets
     `failure_score` and a recorded failure."""
-    raw, failures = self.raw_scores([e.prompt for e in examples], responses)
+    raw, failures = self.raw_scores(list(examples), responses)
     out = Scores([], [], [], reasons=[])
     for value, failure in zip(raw, failures):
       if failure:

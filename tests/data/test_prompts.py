@@ -116,3 +116,14 @@ def test_too_long_and_unencodable_prompts_name_the_row():
                             ("f.jsonl:2", Example("abc", "1", "t"))])
   with pytest.raises(PromptError, match=r"f.jsonl:1: the tokenizer cannot encode the prompt"):
     prompts.encode(Example("z", "1", "t"), "f.jsonl:1")
+
+
+def test_a_judge_reads_a_chat_prompt_as_plain_turns():
+  from rlhf_jax.data.prompts import conversation_text
+  chat = Example("q", "1", "t", messages=[{"role": "system", "content": "Be terse."},
+                                          {"role": "user", "content": "2+2?"}])
+  assert conversation_text(chat) == "system: Be terse.\n\nuser: 2+2?\n"
+  assert conversation_text(Example("2+2?\n", "4", "arith")) == "2+2?\n"
+  from rlhf_jax.rewards import genrm
+  question = genrm.judge_question(genrm.GT_TEMPLATE, chat, "4")
+  assert question.startswith("system: Be terse.\n\nuser: 2+2?\nReference answer: 1")
