@@ -27,16 +27,21 @@ TINY = ["--config.data.prompt_length=96", "--config.sampler.prompt_buckets=96",
         "--config.model.logprob_chunk=0", "--config.optimizer.warmup_steps=1"]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("qwen3")
+def family_checkpoint(directory, family: str) -> str:
+  """A tiny random `family` checkpoint saved by transformers, with a BPE tokenizer and a
+  chat template."""
   tokenizer = models.train_bpe_tokenizer(
       ["Answer with one word. Name a colour. red green blue"] * 20, vocab_size=200)
   tokenizer.chat_template = TEMPLATE
   tokenizer.save(str(directory))
-  save_family_model(directory, "qwen3", vocab_size=tokenizer.vocab_size,
+  save_family_model(directory, family, vocab_size=tokenizer.vocab_size,
                     eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
   return str(directory)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  return family_checkpoint(tmp_path_factory.mktemp("qwen3"), "qwen3")
 
 
 def trl_file(path, rows):
@@ -104,3 +109,21 @@ def test_a_family_that_cannot_load_is_refused_by_validate_only(tmp_path, checkpo
   assert result.stderr.strip().splitlines() == [
       f"error: config.model.checkpoint: {moe}: config.json: Qwen3MoeForCausalLM is a "
       "mixture-of-experts model; MoE is not supported yet."]
+
+
+@pytest.mark.slow
+def test_a_gemma3_checkpoint_trains_from_the_launcher(tmp_path):
+  checkpoint = family_checkpoint(tmp_path / "gemma3", "gemma3_text")
+  data = trl_file(tmp_path / "colours.jsonl",
+                  [{"prompt": MESSAGES, "solution": colour} for colour in ("red", "blue")])
+  result = run("train.py", "--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
+               f"--config.model.checkpoint={checkpoint}", f"--config.data.train_file={data}",
+               "--config.data.columns=answer=solution", "--config.data.default_task=colours",
+               "--config.reward.function=tests.rewards.reward_fns:solution_match", *TINY,
+               "--config.train.steps=1", "--config.train.log_rollouts=0")
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  assert summary["steps"] == 1
+  transformers = pytest.importorskip("transformers")
+  exported = transformers.AutoModelForCausalLM.from_pretrained(summary["policy"])
+  assert type(exported).__name__ == "Gemma3ForCausalLM"
