@@ -60,7 +60,7 @@ def main(argv) -> None:
                                         max_new_tokens=c.rollout.max_new_tokens,
                                         stop_token_ids=(policy.tokenizer.eos_id,), seed=c.seed))
   texts = [[policy.tokenizer.decode(s.token_ids) for s in group] for group in out]
-  scores, failures = rm.raw_scores([e.prompt for e, g in zip(examples, texts) for _ in g],
+  scores, failures = rm.raw_scores([e for e, g in zip(examples, texts) for _ in g],
                                    [t for g in texts for t in g])
   scores = np.where([bool(f) for f in failures], -np.inf, scores).reshape(len(examples), _N.value)
   key = c.reward.genrm.reference_key

@@ -51,8 +51,9 @@ def main(argv) -> None:
   validate_config(config, num_devices=jax.device_count(), supervised=config.variant == "hf")
   if config.variant == "hf":  # one's own data: model.checkpoint (or from scratch) → sft/
     if _OVERWRITE.value is False and os.path.exists(os.path.join(_WORKDIR.value, "sft")):
-      invalid("variant", config.variant, f"{_WORKDIR.value}/sft exists; pass --overwrite "
-              "to train it again")
+      from rlhf_jax.config_errors import ConfigError
+      raise ConfigError(f"--workdir: {_WORKDIR.value}/sft exists; pass --overwrite to "
+                        "train it again")
     directory = stages.supervised_warm_start(config, _WORKDIR.value,
                                              log=lambda line: print(line, flush=True))
     print(json.dumps({"checkpoint": directory}), flush=True)

@@ -49,11 +49,20 @@ def supervised_batches(rows, *, batch_size: int, seed: int, prompt_length: int,
   if not rows:
     raise ValueError("supervised_batches needs at least one row.")
 
+  orders: dict[int, np.ndarray] = {}  # epoch → its shuffle (a step spans at most two)
+
+  def order(epoch: int) -> np.ndarray:
+    if epoch not in orders:
+      if len(orders) > 1:  # keep two epochs: the one ending and the one starting
+        orders.clear()
+      orders[epoch] = np.random.default_rng([seed, epoch]).permutation(len(rows))
+    return orders[epoch]
+
   def make_batch(step: int) -> batch_lib.RolloutBatch:
     picked = []
     for position in range(step * batch_size, (step + 1) * batch_size):
       epoch, index = divmod(position, len(rows))
-      picked.append(rows[np.random.default_rng([seed, epoch]).permutation(len(rows))[index]])
+      picked.append(rows[order(epoch)[index]])
     batch = batch_lib.build_rollout_batch(
         [r.prompt_ids for r in picked], [r.response_ids for r in picked],
         [[0.0] * len(r.response_ids) for r in picked], [0.0] * batch_size,

@@ -75,6 +75,9 @@ def validate_data_fields(d) -> None:
   parse_columns(d.columns)
   one_of("data.answer_format", d.answer_format, ANSWER_FORMATS)
   one_of("data.chat_template", d.chat_template, CHAT_TEMPLATE_MODES)
+  if d.system_prompt and d.chat_template == "never":
+    invalid("data.system_prompt", d.system_prompt, "must be empty with data.chat_template="
+            "'never' (no prompt is rendered as a chat)")
   if d.default_task != d.default_task.strip() or "," in d.default_task:
     invalid("data.default_task", d.default_task, "must be one task name (no spaces or commas)")
   if d.curriculum:

@@ -50,11 +50,10 @@ def _conversation(prompts: PromptFormat, messages: list[dict], where: str, start
   turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i >= start]
   if not turns:
     raise ValueError(f"{where}: no assistant turn to train on.")
-  if prompts.tokenizer.chat_template is None:
-    raise ValueError(f"{where}: a conversation, but the tokenizer has no chat template.")
-  if prompts.system_prompt and not any(m.get("role") == "system" for m in messages):
-    messages = [{"role": "system", "content": prompts.system_prompt}] + messages
-    turns = [i + 1 for i in turns]
+  prompts.require_template(where)
+  with_system = prompts.with_system(messages)
+  turns = [i + len(with_system) - len(messages) for i in turns]
+  messages = with_system
   tok = prompts.tokenizer
   before = _render(prompts, messages[:turns[0]], generation=True)
   prompt_ids = list(prompts.prefix) + tok.encode(before)

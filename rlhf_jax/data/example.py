@@ -109,6 +109,36 @@ def reference_of(answer: str, answer_format: str, where: str) -> str:
   raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}.")
 
 
+def _metadata(record: Mapping, paths: Mapping[str, str], where: str) -> dict[str, Any]:
+  """The record's metadata column (an object, or JSON text as Parquet keeps it) with the
+  record's other JSON-able columns under their own names (which: the comment inside)."""
+  metadata = record.get(paths["metadata"])
+  if metadata is None:
+    metadata = {}
+  if isinstance(metadata, str):  # write_examples keeps it as JSON text in Parquet
+    try:
+      metadata = json.loads(metadata)
+    except ValueError:
+      raise ValueError(f"{where}: field 'metadata' is text but not JSON.") from None
+  if not isinstance(metadata, Mapping):
+    raise ValueError(f"{where}: field 'metadata' must be an object; got "
+                     f"{type(metadata).__name__}.")
+  metadata = dict(metadata)
+  # The record's columns stay under their own names, a flat answer column and the task's
+  # source too (a reward function written for another library reads them, e.g. TRL's
+  # `solution`, verl's `data_source`); not the prompt's, nor a nested answer's source
+  # (verl's `reward_model`, which can be large, reaches a function as `answer`).
+  used = {field for field, path in paths.items() if path == field}
+  used.update(paths[f].split(".")[0] for f in ("prompt", "messages", "metadata"))
+  if "." in paths["answer"]:
+    used.add(paths["answer"].split(".")[0])
+  for key, value in record.items():  # the rest of the record, where it is JSON
+    ok, value = _json_value(value)
+    if key not in used and ok:
+      metadata.setdefault(key, value)
+  return metadata
+
+
 def record_to_example(record: Any, where: str, columns: Mapping[str, str] | None = None,
                       default_task: str | None = None, *, strict: bool = False,
                       numbers: bool = True, answer_format: str = "as_is",
@@ -168,32 +198,13 @@ def record_to_example(record: Any, where: str, columns: Mapping[str, str] | None
     values[field] = value
   values["answer"] = reference_of(values["answer"], answer_format, where)
   values["task"] = (task_aliases or {}).get(values["task"], values["task"])
-  metadata = record.get(paths["metadata"])
-  if metadata is None:
-    metadata = {}
-  if isinstance(metadata, str):  # write_examples keeps it as JSON text in Parquet
-    try:
-      metadata = json.loads(metadata)
-    except ValueError:
-      raise ValueError(f"{where}: field 'metadata' is text but not JSON.") from None
-  if not isinstance(metadata, Mapping):
-    raise ValueError(f"{where}: field 'metadata' must be an object; got "
-                     f"{type(metadata).__name__}.")
-  metadata = dict(metadata)
+  metadata = _metadata(record, paths, where)
   messages = record.get(paths["messages"])
   if "messages" not in values and messages is not None:
     if not is_chat(messages):
       raise ValueError(f"{where}: field 'messages' must be a list of "
                        "{'role': str, 'content': str} objects.")
     values["messages"] = _chat(messages)
-  # The record's columns stay under their own names, the answer's and task's sources too
-  # (a reward function written for another library reads them); not the prompt's.
-  used = {field for field, path in paths.items() if path == field}
-  used.update(paths[f].split(".")[0] for f in ("prompt", "messages", "metadata"))
-  for key, value in record.items():  # the rest of the record, where it is JSON
-    ok, value = _json_value(value)
-    if key not in used and ok:
-      metadata.setdefault(key, value)
   return Example(values["prompt"], values["answer"], values["task"], metadata,
                  values.get("messages"))
 

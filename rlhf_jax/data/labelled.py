@@ -2,8 +2,9 @@
 
 Two record shapes, JSONL or Parquet:
   * labelled samples (launch/label_samples.py writes them): `prompt`, `answer`, `task`,
-    `responses` (a list of texts), `scores` (one per response) and optional `correct`
-    (bools; default score > 0);
+    `responses` (a list of texts), `scores` (one per response), optional `correct`
+    (bools; default score > 0) and `messages` (the chat prompt, rendered with the chat
+    template when the groups are encoded, as the samples were drawn);
   * preference pairs (data/pairs.py): `prompt`, `chosen`, `rejected`, read as a group
     of two with scores 1 and 0.
 """
@@ -15,6 +16,7 @@ import json
 from typing import Any, Iterable
 
 from rlhf_jax.data.example import Example
+from rlhf_jax.data.example import is_chat
 from rlhf_jax.data.pairs import PAIR_FIELDS
 from rlhf_jax.data.pairs import PreferencePair
 from rlhf_jax.data.pairs import parse_pair
@@ -74,8 +76,12 @@ def _group(record: Any, where: str) -> LabelledGroup:
   metadata = record.get("metadata") or {}
   if isinstance(metadata, str):  # Parquet keeps it as a JSON string
     metadata = json.loads(metadata)
+  messages = record.get("messages")
+  if messages is not None and not is_chat(messages):
+    raise ValueError(f"{where}: field 'messages' must be a list of "
+                     "{'role': str, 'content': str} objects.")
   example = Example(record["prompt"], str(record.get("answer", "")), str(record.get("task", "")),
-                    dict(metadata))
+                    dict(metadata), messages)
   return LabelledGroup(example, tuple(responses), tuple(float(s) for s in scores),
                        tuple(bool(c) for c in correct))
 
@@ -91,7 +97,12 @@ def read_labelled(path: str) -> list[LabelledGroup]:
 
 def write_labelled(path: str, groups: Iterable[LabelledGroup]) -> int:
   """Writes labelled-sample records (JSONL or Parquet by extension); returns the count."""
-  return write_records(path, [
-      {"prompt": g.example.prompt, "answer": g.example.answer, "task": g.example.task,
-       "responses": list(g.responses), "scores": list(g.scores), "correct": list(g.correct),
-       "metadata": g.example.metadata} for g in groups])
+  records = []
+  for g in groups:
+    record = {"prompt": g.example.prompt, "answer": g.example.answer, "task": g.example.task,
+              "responses": list(g.responses), "scores": list(g.scores),
+              "correct": list(g.correct), "metadata": g.example.metadata}
+    if g.example.messages is not None:  # the chat prompt the samples were drawn for
+      record["messages"] = [dict(m) for m in g.example.messages]
+    records.append(record)
+  return write_records(path, records)

@@ -61,9 +61,21 @@ class PromptFormat:
       turns = [{"role": "user", "content": example.prompt}]
     else:
       return None
+    return self.with_system(turns)
+
+  def with_system(self, turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`turns` with `system_prompt` as the first turn when they have no system turn."""
     if self.system_prompt and not any(t.get("role") == "system" for t in turns):
-      turns.insert(0, {"role": "system", "content": self.system_prompt})
+      return [{"role": "system", "content": self.system_prompt}] + turns
     return turns
+
+  def require_template(self, where: str) -> None:
+    """PromptError naming `where` when the tokenizer has no chat template to render a
+    chat with (never a silent fallback to another format)."""
+    if getattr(self.tokenizer, "chat_template", None) is None:
+      raise PromptError(f"{where}: a chat prompt, but the tokenizer has no chat template "
+                        "(add one to tokenizer_config.json or chat_template.jinja, or set "
+                        "data.chat_template='never' to give the model the last user turn)")
 
   def text(self, example: Example, where: str = "a prompt") -> str:
     """The prompt text as the model sees it after the prefix: the rendered chat, or the
@@ -71,10 +83,7 @@ class PromptFormat:
     turns = self.messages(example)
     if turns is None:
       return example.prompt
-    if getattr(self.tokenizer, "chat_template", None) is None:
-      raise PromptError(f"{where}: a chat prompt, but the tokenizer has no chat template "
-                        "(add one to tokenizer_config.json or chat_template.jinja, or set "
-                        "data.chat_template='never' to give the model the last user turn)")
+    self.require_template(where)
     try:
       return self.tokenizer.apply_chat_template(turns, add_generation_prompt=True)
     except ValueError as error:
@@ -117,6 +126,13 @@ def conversation_text(example: Example) -> str:
 def check_prompts(prompt_format: PromptFormat,
                   located: Sequence[tuple[str, Example]]) -> int:
   """Encodes every (where, example) row; the first that fails raises PromptError naming
-  its file and row. Returns the longest prompt in tokens."""
-  return max((len(prompt_format.encode(example, where)) for where, example in located),
-             default=0)
+  its file and row (also a plain-text row that a `system_prompt` would not reach). Returns
+  the longest prompt in tokens."""
+  longest = 0
+  for where, example in located:
+    if prompt_format.system_prompt and prompt_format.messages(example) is None:
+      raise PromptError(f"{where}: a plain-text prompt, which data.system_prompt does not "
+                        "reach (it is added to chat prompts); set data.chat_template="
+                        "'always' to render plain prompts as a user turn")
+    longest = max(longest, len(prompt_format.encode(example, where)))
+  return longest

@@ -61,6 +61,10 @@ def validate_env_config(c: ml_collections.ConfigDict) -> None:
     invalid("env.factory", e.factory, "rollout.mode='multi_turn' needs an environment: "
             "'package.module:callable'")
   load_factory(e.factory)
+  if c.reward.function and not e.verifier:
+    invalid("reward.function", c.reward.function, "would never be called with "
+            "env.verifier=False (the environment's rewards are the episode's reward); set "
+            "env.verifier=True to add the function's score of the last model turn")
   if r.max_new_tokens > e.max_tokens:
     invalid("rollout.max_new_tokens", r.max_new_tokens, f"must be <= env.max_tokens="
             f"{e.max_tokens} (a model turn fits in the row's budget)")

@@ -101,6 +101,10 @@ def validate_reward_models(c) -> None:
   if r.route == "hybrid" and not routes and not r.function:
     invalid("reward.route", r.route, "needs at least one of reward.rm.checkpoint, "
             "reward.genrm.checkpoint, reward.function")
+  if r.function and r.route == "hybrid" and routes:
+    invalid("reward.function", r.function, "takes every sample without a verifier in "
+            f"reward.route='hybrid', so the model routes {list(routes)} would never be used; "
+            "clear their checkpoints, or reward.function")
   if r.function and r.route not in ("verifier", "hybrid"):
     invalid("reward.function", r.function, f"must be empty with reward.route={r.route!r} "
             "(a function is the reward with route 'verifier', or a route of 'hybrid')")

@@ -89,7 +89,8 @@ class FunctionScorer(ScorerBase):
     self.render_prompt, self.encode = render_prompt, encode
     self.monitor, self.monitor_tasks = monitor, frozenset(monitor_tasks)
     self.failure_score = failure_score
-    self._pool = KillablePool(workers, timeout_s)
+    self._pool = KillablePool(workers, timeout_s, initializer=(
+        functions_lib.preload, (tuple(f.spec for f in self.functions),)))
     self._timeout_s = timeout_s
     self._totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
@@ -133,7 +134,7 @@ class FunctionScorer(ScorerBase):
 
   def _call(self, function, examples, responses) -> tuple[Callable, tuple]:
     if function.convention == "verl":
-      samples = [{"data_source": e.metadata.get("data_source", e.task), "solution_str": r,
+      samples = [{"data_source": e.metadata.get("data_source", e.task), "solution_str": str(r),
                   "ground_truth": e.answer, "extra_info": e.metadata.get("extra_info")}
                  for e, r in zip(examples, responses)]
       return functions_lib.call_verl, (function.spec, samples)

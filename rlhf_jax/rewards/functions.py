@@ -42,6 +42,10 @@ class RewardFunctionError(ValueError):
   """A `reward.function` entry that cannot be loaded or fits neither convention."""
 
 
+class RewardWeightsError(RewardFunctionError):
+  """`reward.function_weights` that do not fit the functions."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardFunction:
   """One configured function.
@@ -129,13 +133,13 @@ def parse_functions(specs: str, weights: str = "") -> list[RewardFunction]:
   entries = [s.strip() for s in specs.split(",") if s.strip()]
   values = [w.strip() for w in weights.split(",") if w.strip()] if weights else []
   if values and len(values) != len(entries):
-    raise RewardFunctionError(f"{len(values)} weights for {len(entries)} functions")
+    raise RewardWeightsError(f"{len(values)} weights for {len(entries)} functions")
   try:
     numbers = [float(w) for w in values] or [1.0] * len(entries)
   except ValueError:
-    raise RewardFunctionError(f"weights {weights!r} must be numbers") from None
+    raise RewardWeightsError(f"weights {weights!r} must be numbers") from None
   if any(not math.isfinite(w) for w in numbers):
-    raise RewardFunctionError(f"weights {weights!r} must be finite")
+    raise RewardWeightsError(f"weights {weights!r} must be finite")
   out, seen = [], {}
   for spec, weight in zip(entries, numbers):
     fn = load_callable(spec)
@@ -151,10 +155,12 @@ def parse_reward_config(r) -> list[RewardFunction]:
   the field otherwise."""
   try:
     return parse_functions(r.function, r.function_weights)
+  except RewardWeightsError as error:
+    raise ConfigError(f"config.reward.function_weights: invalid value "
+                      f"{r.function_weights!r}: {error}") from None
   except RewardFunctionError as error:
-    field = "function_weights" if "weights" in str(error) else "function"
-    value = r.function_weights if field == "function_weights" else r.function
-    raise ConfigError(f"config.reward.{field}: invalid value {value!r}: {error}") from None
+    raise ConfigError(f"config.reward.function: invalid value {r.function!r}: "
+                      f"{error}") from None
 
 
 def _resolved(value: Any) -> Any:
@@ -166,13 +172,31 @@ def _resolved(value: Any) -> Any:
   return value
 
 
+def _accepted(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:
+  """`kwargs` limited to the parameters `fn` names, unless it takes **kwargs (a function
+  that reads only `completions` and `solution` is not handed the other columns)."""
+  parameters = inspect.signature(fn).parameters
+  if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+    return kwargs
+  return {k: v for k, v in kwargs.items() if k in parameters}
+
+
+def preload(specs: Sequence[str]) -> None:
+  """Worker start-up: imports every function's module, so that a slow import (torch, a
+  tokenizer) does not count against a call's deadline."""
+  for spec in specs:
+    load_callable(spec)
+
+
 def call_trl(spec: str, kwargs: dict[str, list]) -> list:
-  """Worker side: one TRL-style call over a chunk (lists of equal length); the result
-  as returned (checked by the scorer)."""
-  return _resolved(load_callable(spec)(**kwargs))
+  """Worker side: one TRL-style call over a chunk (lists of equal length), with the
+  keyword arguments the function takes; the result as returned (the scorer checks it)."""
+  fn = load_callable(spec)
+  return _resolved(fn(**_accepted(fn, kwargs)))
 
 
 def call_verl(spec: str, samples: Sequence[dict[str, Any]]) -> list:
-  """Worker side: verl's compute_score once per sample of the chunk."""
+  """Worker side: verl's compute_score once per sample of the chunk (`extra_info` only
+  when it takes one)."""
   fn = load_callable(spec)
-  return [_resolved(fn(**sample)) for sample in samples]
+  return [_resolved(fn(**_accepted(fn, sample))) for sample in samples]

@@ -73,7 +73,7 @@ class VerifierScorer(ScorerBase):
   def score(self, examples: Sequence[Example], responses: Sequence[str]) -> Scores:
     """Runs each sample's task verifier; see the class docstring."""
     self.check_tasks([e.task for e in examples])
-    results = self._pool.map([(self.verifiers[e.task], (response, e.answer))
+    results = self._pool.map([(self.verifiers[e.task], (str(response), e.answer))
                               for e, response in zip(examples, responses, strict=True)])
     out = Scores([], [], [], reasons=[])
     for status, value in results:

@@ -24,8 +24,16 @@ STARTUP_TIMEOUT_S = 120.0  # spawn re-imports the parent's main module: allow a 
 _READY = "ready"
 
 
-def _serve(connection) -> None:
-  """Worker: say ready, then receive (fn, args), send ("ok", result) or ("error", repr)."""
+def _serve(connection, initializer=None) -> None:
+  """Worker: run `initializer` (fn, args) if any (an import that must not count against
+  a call's deadline), say ready, then receive (fn, args), send ("ok", result) or
+  ("error", repr). An initializer that raises is reported at start-up."""
+  if initializer is not None:
+    try:
+      initializer[0](*initializer[1])
+    except BaseException as error:  # the parent reports the worker as not started
+      connection.send(("init_error", f"{type(error).__name__}: {error}"[:300]))
+      return
   connection.send(_READY)
   while True:
     try:
@@ -48,9 +56,9 @@ class WorkerStartError(RuntimeError):
 
 class _Worker:
 
-  def __init__(self, context):
+  def __init__(self, context, initializer=None):
     self.connection, child = context.Pipe()
-    self.process = context.Process(target=_serve, args=(child,), daemon=True)
+    self.process = context.Process(target=_serve, args=(child, initializer), daemon=True)
     self.process.start()
     child.close()
     self.ready = False
@@ -65,6 +73,9 @@ class _Worker:
         message = self.connection.recv()
     except (EOFError, OSError):
       pass
+    if isinstance(message, tuple) and message[0] == "init_error":
+      self.kill()
+      raise WorkerStartError(f"a worker process could not start: {message[1]}")
     if message != _READY:
       exitcode = self.process.exitcode
       self.kill()
@@ -89,14 +100,18 @@ class KillablePool:
   Args:
     size: worker processes (started lazily on the first `map`).
     timeout_s: per-call limit, from when the call reaches a started worker.
-    startup_timeout_s: how long a new worker may take to start.
+    startup_timeout_s: how long a new worker may take to start (its initializer included).
+    initializer: (fn, args) each worker runs before it takes calls (e.g. importing a
+      reward function's module), or None.
   """
 
-  def __init__(self, size: int, timeout_s: float, startup_timeout_s: float = STARTUP_TIMEOUT_S):
+  def __init__(self, size: int, timeout_s: float, startup_timeout_s: float = STARTUP_TIMEOUT_S,
+               initializer: tuple[Callable, tuple] | None = None):
     if size < 1 or timeout_s <= 0:
       raise ValueError(f"KillablePool needs size >= 1 and timeout_s > 0; got {size}, "
                        f"{timeout_s}.")
     self.size, self.timeout_s, self.startup_timeout_s = size, timeout_s, startup_timeout_s
+    self.initializer = initializer
     self._context = multiprocessing.get_context("spawn")
     self._workers: list[_Worker] = []
 
@@ -112,7 +127,7 @@ class KillablePool:
   def map(self, calls: Sequence[tuple[Callable, tuple]]) -> list[tuple[str, Any]]:
     """Runs the calls; per call ("ok", result), ("error", why) or ("timeout", "")."""
     while len(self._workers) < min(self.size, len(calls)):
-      self._workers.append(_Worker(self._context))
+      self._workers.append(_Worker(self._context, self.initializer))
     for worker in self._workers:  # started together, waited for together
       worker.wait_ready(self.startup_timeout_s)
     results: list[tuple[str, Any] | None] = [None] * len(calls)
@@ -153,7 +168,7 @@ class KillablePool:
 
   def _replace(self, slot: int) -> None:
     self._workers[slot].kill()
-    self._workers[slot] = _Worker(self._context)
+    self._workers[slot] = _Worker(self._context, self.initializer)
 
   def close(self) -> None:
     """Stops the workers."""

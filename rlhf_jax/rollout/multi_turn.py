@@ -32,6 +32,7 @@ from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.rewards import Scorer
+from rlhf_jax.rewards.scorer import Completion
 from rlhf_jax.rollout.base import StreamRollout
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts
@@ -250,7 +251,8 @@ class MultiTurnRollout(StreamRollout):
       scorer = self.generator.scorer if scorer is None else scorer
       decode = self.generator.tokenizer.decode
       scored = scorer.score([e.example for e in episodes],
-                            [decode(e.last_action()) for e in episodes])
+                            [Completion(decode(e.last_action()), e.last_action())
+                             for e in episodes])
       verdicts, base, reasons = scored.correct, scored.scores, scored.failures
     else:
       count = len(episodes)

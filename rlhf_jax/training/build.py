@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import os
 from typing import Any, Callable
@@ -179,6 +180,12 @@ def check_tasks(c, field: str, located: list[tuple[str, Example]]) -> None:
   """Every row's task has a scorer: a registered task (tasks/registry.py), or any task
   when `reward.function` or a model route scores the samples; else a ConfigError naming
   the row, the task and the ways out."""
+  for where, example in located:  # the rule scorers' dependencies (a monitor's too)
+    if (task_registry.is_known(example.task)
+        and task_registry.get_task(example.task).scoring == "math"
+        and importlib.util.find_spec("math_verify") is None):
+      raise ConfigError(f"config.data.{field}: {where}: task {example.task!r} is scored by "
+                        "math-verify, which is not installed: pip install 'rlhf-jax[math]'")
   if reward_build.scores_any_task(c):
     return
   for where, example in located:
@@ -215,8 +222,13 @@ def check_data(c, workdir: str) -> None:
   check_checkpoint_family(directory)
   prompts = None
   if os.path.exists(os.path.join(directory, "tokenizer.json")):
-    tokenizer = models.Tokenizer.from_directory(directory)
-    prompts = prompt_format(c, tokenizer, models.load_prompt_prefix(directory, tokenizer))
+    try:
+      tokenizer = models.Tokenizer.from_directory(directory)
+      prefix = models.load_prompt_prefix(directory, tokenizer)
+    except (OSError, ValueError) as error:
+      raise ConfigError(f"config.model.checkpoint: {directory}: the tokenizer does not "
+                        f"load: {error}") from None
+    prompts = prompt_format(c, tokenizer, prefix)
   load_examples(c, prompts)
 
 

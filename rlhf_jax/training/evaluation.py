@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from rlhf_jax.data import Example
+from rlhf_jax.rewards.scorer import Completion
 from rlhf_jax.sampling import FireSchedule
 from rlhf_jax.sampling import SamplingParams
 
@@ -24,9 +25,12 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 
 def example_group(example: Example) -> str:
   """The group an example is reported in: its difficulty level ("L2") when the data
-  gives one (metadata "level"), else its task."""
+  gives one as a number (metadata "level"), a text level as it is ("Level 5", MATH's),
+  else its task."""
   level = example.metadata.get("level") if example.metadata else None
-  return f"L{level}" if level is not None else example.task
+  if isinstance(level, int) and not isinstance(level, bool):
+    return f"L{level}"
+  return level if isinstance(level, str) and level else example.task
 
 
 def evaluate_policy(sampler, prompts, examples: Sequence[Example], scorer, *,
@@ -53,8 +57,8 @@ def evaluate_policy(sampler, prompts, examples: Sequence[Example], scorer, *,
   params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
                           stop_token_ids=(tokenizer.eos_id,), n=samples, seed=seed, fire=fire)
   out = sampler.generate(prompt_ids, params)
-  pairs = [(example, tokenizer.decode(c.token_ids)) for example, group in zip(examples, out)
-           for c in group]
+  pairs = [(example, Completion(tokenizer.decode(c.token_ids), c.token_ids))
+           for example, group in zip(examples, out) for c in group]
   scored = scorer.score([e for e, _ in pairs], [text for _, text in pairs])
   return summarize_accuracy(examples, scored.correct, samples=samples,
                             lengths=[len(c.token_ids) for g in out for c in g],

@@ -128,7 +128,12 @@ def supervised_warm_start(c, workdir: str, log: Callable[[str], None] = print) -
   tokenizer trained on the file; saved to <workdir>/sft, where `launch/train.py
   --config.model.checkpoint=<workdir>/sft` starts from. Returns the directory."""
   directory = os.path.join(workdir, "sft")
-  records = read_records(c.sft.train_file)
+  try:
+    records = read_records(c.sft.train_file)
+  except (OSError, ValueError) as error:
+    raise ConfigError(f"config.sft.train_file: {error}") from None
+  if c.model.checkpoint:
+    build.check_checkpoint_family(c.model.checkpoint)
   model, params, tokenizer, prefix_tokens = _supervised_start(c, records, log)
   prefix = [tokenizer.backend.token_to_id(t) for t in prefix_tokens]
   prompts = build.prompt_format(c, tokenizer, prefix)

@@ -127,3 +127,14 @@ def test_a_judge_reads_a_chat_prompt_as_plain_turns():
   from rlhf_jax.rewards import genrm
   question = genrm.judge_question(genrm.GT_TEMPLATE, chat, "4")
   assert question.startswith("system: Be terse.\n\nuser: 2+2?\nReference answer: 1")
+
+
+def test_a_system_prompt_that_would_not_reach_a_row_is_an_error(checkpoint_dir):
+  tokenizer = models.Tokenizer.from_directory(checkpoint_dir)
+  chat = Example("q", "1", "t", messages=[{"role": "user", "content": "q"}])
+  rows = [("f.jsonl:1", chat), ("f.jsonl:2", Example("plain", "1", "t"))]
+  with pytest.raises(PromptError, match=r"f.jsonl:2: a plain-text prompt, which "
+                                        r"data.system_prompt does not reach"):
+    check_prompts(PromptFormat(tokenizer, system_prompt="Be brief."), rows)
+  assert check_prompts(PromptFormat(tokenizer, chat_template="always",
+                                    system_prompt="Be brief."), rows) > 0

@@ -62,10 +62,10 @@ def test_verl_parquet_layout_through_a_column_mapping(tmp_path):
   assert (first.prompt, first.answer, first.task) == ("What is 2+3?", "5", "math")
   assert first.messages == ({"role": "user", "content": "What is 2+3?"},)
   # The file's JSON-able columns stay in metadata under their own names (reward functions
-  # read them), the answer's and task's sources too; bytes (not JSON) and the prompt do not.
+  # read them), the task's source too; bytes (not JSON), the prompt and a nested answer's
+  # source (it reaches a function as the answer) do not.
   assert first.metadata == {"ability": "math", "extra_info": {"index": 7},
-                            "data_source": "math",
-                            "reward_model": {"style": "rule", "ground_truth": "5"}}
+                            "data_source": "math"}
   # verl's data_source names map to our tasks through one table.
   assert (second.prompt, second.answer, second.task) == ("6*7?", "42", "math")
   assert second.metadata["data_source"] == "gsm8k"

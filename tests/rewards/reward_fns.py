@@ -70,3 +70,13 @@ def half_credit(prompts, completions, **kwargs):
 def verl_with_acc(data_source, solution_str, ground_truth, extra_info=None):
   """verl's dict with its own verdict beside a score."""
   return {"score": 0.25, "acc": len(solution_str) == 1}
+
+
+def verl_without_extra_info(data_source, solution_str, ground_truth):
+  """verl's signature without the optional extra_info."""
+  return float(solution_str == ground_truth)
+
+
+def trl_named_only(completions, solution):
+  """TRL's signature reading only what it names (no **kwargs)."""
+  return [float(c == s) for c, s in zip(completions, solution)]

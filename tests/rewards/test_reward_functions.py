@@ -2,6 +2,8 @@
 killable workers; failures cost their samples, never the run; loading errors name the
 field before any work."""
 
+import dataclasses
+
 import pytest
 
 from rlhf_jax import models
@@ -72,6 +74,14 @@ def test_hybrid_route_gives_the_function_the_tasks_without_a_verifier():
     assert metrics["reward/verifier/share"] == metrics["reward/function/share"] == 0.5
   finally:
     scorer.close()
+
+
+def test_functions_get_only_the_arguments_they_name():
+  examples, completions = rows("a", "b", solution=["a", "x"])
+  with scorer("verl_without_extra_info", "trl_named_only") as s:
+    out = s.score([dataclasses.replace(e, answer=c) for e, c in zip(examples, ["a", "y"])],
+                  completions)
+    assert out.failures == ["", ""] and out.scores == [2.0, 0.0]
 
 
 def test_columns_are_lists_with_none_where_a_row_lacks_one():

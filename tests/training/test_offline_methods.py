@@ -154,6 +154,13 @@ def test_labelled_files_pairs_and_groups_round_trip(tmp_path):
   groups = [group("1+1?\n", ["2", "3", "4"], [1.0, 0.0, 0.0])]
   write_labelled(str(tmp_path / "g.jsonl"), groups)
   assert read_labelled(str(tmp_path / "g.jsonl"))[0].responses == ("2", "3", "4")
+  # A chat prompt survives the file (parquet too), so the groups encode as they were drawn.
+  chat = LabelledGroup(Example("q", "1", "math", {"k": 1}, [{"role": "system", "content": "s"},
+                                                           {"role": "user", "content": "q"}]),
+                       ("1",), (1.0,), (True,))
+  for name in ("c.jsonl", "c.parquet"):
+    write_labelled(str(tmp_path / name), [chat])
+    assert read_labelled(str(tmp_path / name)) == [chat]
   write_pairs(str(tmp_path / "p.jsonl"), [PreferencePair("q", "good", "bad")])
   pair = read_labelled(str(tmp_path / "p.jsonl"))[0]
   assert pair.responses == ("good", "bad") and pair.scores == (1.0, 0.0)
