@@ -20,6 +20,7 @@ import dataclasses
 from typing import Callable
 
 from rlhf_jax.tasks import arith
+from rlhf_jax.tasks import demonstrations
 from rlhf_jax.tasks import pycalc
 from rlhf_jax.tasks import toolcalc
 
@@ -37,12 +38,18 @@ class Task:
       can be sent to a worker process.
     generate: `fn(seed, count, levels, weights) -> list[Example]`, the problems of the
       arith variant's `data.task`; None: the task needs a data file.
+    tokenizer: `fn() -> Tokenizer`, the task's own tokenizer for a model from scratch.
+    demonstrations: `fn(tokenizer, *, seed, batch_size, levels, weights, prompt_prefix,
+      prompt_length, response_length, direct_fraction, slip_rate) -> make_batch(step)`,
+      the warm start's SFT batches (training/stages.py).
     description: one line for error messages and docs.
   """
   name: str
   scoring: str
   verifier: Callable | None = None
   generate: Callable | None = None
+  tokenizer: Callable | None = None
+  demonstrations: Callable | None = None
   description: str = ""
 
   def __post_init__(self):
@@ -97,10 +104,13 @@ def generated_tasks() -> tuple[str, ...]:
 
 for _task in (
     Task(arith.TASK, "verifier", verifier=arith.verify, generate=arith.examples,
+         tokenizer=arith.tokenizer, demonstrations=demonstrations.arith_sft_batches,
          description="worked arithmetic; the last 'Answer: N' line, as an integer"),
     Task(toolcalc.TASK, "verifier", verifier=toolcalc.verify, generate=toolcalc.examples,
+         tokenizer=toolcalc.tokenizer, demonstrations=toolcalc.sft_batches,
          description="products with a calculator tool (multi-turn)"),
-    Task(pycalc.TASK, "sandbox", generate=pycalc.examples,
+    Task(pycalc.TASK, "sandbox", generate=pycalc.examples, tokenizer=arith.tokenizer,
+         demonstrations=demonstrations.pycalc_sft_batches,
          description="arithmetic as a Python program, run in the sandbox"),
     Task("math", "math", description="math-verify equivalence of the final answer"),
     Task("code", "sandbox", description="a Python program against unit tests, sandboxed"),

@@ -91,10 +91,12 @@ def demonstration(problem: arith.Problem, tokenizer, *, direct: bool
 
 def sft_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
                 prompt_prefix, prompt_length: int, response_length: int,
-                direct_fraction: float):
+                direct_fraction: float, slip_rate: float = 0.0):
   """`make_batch(step)` for run_sft: fresh problems every step, a `direct_fraction` of
   them demonstrated by the direct answer, the rest with the calculator; the loss is on
-  the model's turns only."""
+  the model's turns only. `slip_rate` (arith's careless teacher) does not apply: the
+  calculator's demonstrations work out nothing by hand."""
+  del slip_rate
   from rlhf_jax.algorithms.batch import build_rollout_batch  # pylint: disable=import-outside-toplevel
 
   def make_batch(step):

@@ -15,13 +15,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from typing import Callable, Sequence
+from typing import Callable
 
-import numpy as np
 from tqdm import tqdm
 
 from rlhf_jax import models
-from rlhf_jax.algorithms.batch import encode_pairs
 from rlhf_jax.algorithms.sft import run_sft
 from rlhf_jax.algorithms.sft import supervised_batches
 from rlhf_jax.config_errors import ConfigError
@@ -36,7 +34,7 @@ from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.tasks import arith
-from rlhf_jax.tasks import pycalc
+from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import build
 
@@ -50,37 +48,6 @@ def prepare_run(c, workdir: str, log: Callable[[str], None] = print) -> None:
   ensure_offline_data(c, workdir, log=log)
 
 
-def sft_arith_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
-                      prompt_prefix: Sequence[int], prompt_length: int, response_length: int,
-                      direct_fraction: float = 0.0, slip_rate: float = 0.0,
-                      task: str = arith.TASK):
-  """`make_batch(step)` for run_sft: fresh arith problems every step (never the eval set's
-  seeds, which the caller keeps apart).
-
-  A `direct_fraction` of the demonstrations give only the answer line
-  (`Problem.direct_solution`) instead of the worked digit-serial solution: a
-  demonstrator that is always right, but in a form the tiny student cannot imitate
-  reliably. Which form to use is then the student's choice, and RL's to correct.
-  A `slip_rate` makes the worked demonstrations those of a careless teacher who drops
-  each incoming carry or borrow with that probability (`arith.slipped_solution`).
-  For the `pycalc` task the demonstration is the program (`tasks/pycalc.program`).
-  """
-  def make_batch(step):
-    problems = list(arith.generate(seed * 1_000_003 + step, batch_size, levels, weights))
-    rng = np.random.default_rng([seed, step])
-    direct = rng.random(batch_size) < direct_fraction
-    if task == pycalc.TASK:
-      solutions = [pycalc.program(p) for p in problems]
-    else:
-      solutions = [p.direct_solution if d else arith.slipped_solution(p, rng, slip_rate)
-                   for p, d in zip(problems, direct)]
-    return encode_pairs(tokenizer, [p.prompt for p in problems], solutions,
-                        prompt_prefix=prompt_prefix, prompt_length=prompt_length,
-                        response_length=response_length)
-
-  return make_batch
-
-
 def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print) -> str:
   """The arith warm start: trains and saves `policy_checkpoint_dir` unless it exists
   (a 3-layer decoder and the character tokenizer, created locally). Returns the directory."""
@@ -92,7 +59,8 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
     return directory
   log(f"no SFT checkpoint in {directory}: training the arith warm start from scratch "
       f"({c.sft.steps} steps)")
-  tokenizer = toolcalc.tokenizer() if c.data.task == toolcalc.TASK else arith.tokenizer()
+  task = task_registry.get_task(c.data.task)
+  tokenizer = task.tokenizer()
   model, params = models.init_model(arith.model_config(
       vocab_size=tokenizer.vocab_size, hidden_size=c.model.hidden_size,
       num_layers=c.model.num_layers, num_heads=c.model.num_heads,
@@ -102,12 +70,8 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
                 weights=tuple(c.sft.level_weights), prompt_prefix=prefix,
                 prompt_length=c.data.prompt_length,
                 response_length=rollout_config_lib.response_length(c),
-                direct_fraction=c.sft.direct_fraction)
-  if c.data.task == toolcalc.TASK:  # multi-turn demonstrations with the calculator
-    make_batch = toolcalc.sft_batches(tokenizer, **common)
-  else:
-    make_batch = sft_arith_batches(tokenizer, slip_rate=c.sft.carry_slip, task=c.data.task,
-                                   **common)
+                direct_fraction=c.sft.direct_fraction, slip_rate=c.sft.carry_slip)
+  make_batch = task.demonstrations(tokenizer, **common)
   result = _run_with_bar(model, params, make_batch, c, "SFT warm start")
   # Written aside and renamed, so an interrupted save never looks like a checkpoint.
   partial = directory.rstrip("/") + ".partial"
