@@ -74,11 +74,18 @@ def validate_loggers(train) -> None:
 class Logger(Protocol):
   """One destination of metrics (see the module's docstring)."""
 
-  def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None: ...
+  def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+    """Records one step's numeric metrics (name → value)."""
+    ...
 
-  def log_rollouts(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None: ...
+  def log_rollouts(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Records one step's sample rows (`train.log_rollouts`: step, reward, prompt and
+    response text)."""
+    ...
 
-  def close(self, failed: bool = False) -> None: ...
+  def close(self, failed: bool = False) -> None:
+    """Ends the run, marked failed when training raised."""
+    ...
 
 
 def build_loggers(config, workdir: str, *, enabled: bool = True) -> list[Logger]:

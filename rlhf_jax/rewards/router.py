@@ -37,9 +37,8 @@ def has_verifier(task: str) -> bool:
 
 def rule_verifiers(tasks=None) -> dict[str, Verifier]:
   """task → verifier of the registered tasks scored by a plain rule (of `tasks`, or all)."""
-  return {name: task.verifier for name in registry.known_tasks()
-          if (task := registry.get_task(name)).scoring == "verifier"
-          and (tasks is None or name in tasks)}
+  names = registry.scored_by("verifier", registry.known_tasks() if tasks is None else tasks)
+  return {name: registry.get_task(name).verifier for name in names}
 
 
 class VerifierScorer(ScorerBase):
@@ -202,8 +201,7 @@ def router_for_tasks(tasks: Sequence[str], *, correct_score: float = 1.0,
   """
   tasks = set(tasks)
   verifiers = rule_verifiers()
-  math_tasks = [t for t in sorted(tasks)
-                if registry.is_known(t) and registry.get_task(t).scoring == "math"]
+  math_tasks = registry.scored_by("math", tasks)
   if math_tasks:
     from rlhf_jax.rewards import math as math_lib  # pylint: disable=import-outside-toplevel
     math_lib.check_extractor(math_extractor)
@@ -211,8 +209,7 @@ def router_for_tasks(tasks: Sequence[str], *, correct_score: float = 1.0,
                       for t in math_tasks})
   scores = dict(correct_score=correct_score, wrong_score=wrong_score)
   scorers = {}
-  code_tasks = sorted(t for t in tasks
-                      if registry.is_known(t) and registry.get_task(t).scoring == "sandbox")
+  code_tasks = registry.scored_by("sandbox", tasks)
   if code_tasks:
     from rlhf_jax.rewards import code  # pylint: disable=import-outside-toplevel
     from rlhf_jax.rewards import sandbox  # pylint: disable=import-outside-toplevel

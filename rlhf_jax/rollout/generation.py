@@ -117,9 +117,13 @@ class GroupGenerator:
     self.prompts = prompts
     self.tokenizer = prompts.tokenizer
     self.sampling = sampling
-    self.prompt_length = prompts.prompt_length
     self.rng = np.random.default_rng(seed)
     self.step_end_ids = step_end_ids
+
+  @property
+  def prompt_length(self) -> int:
+    """P, the prompt width of the rows (the PromptFormat's limit)."""
+    return self.prompts.prompt_length
 
   def encode(self, example: Example) -> list[int]:
     """Prompt token ids (`PromptFormat.encode`: prefix + rendered text); a prompt longer

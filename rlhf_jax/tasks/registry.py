@@ -92,6 +92,12 @@ def is_known(name: str) -> bool:
   return name in _TASKS
 
 
+def scored_by(scoring: str, tasks) -> list[str]:
+  """The registered tasks among `tasks` whose scoring is `scoring` ('verifier', 'math',
+  'sandbox'), sorted; unknown names are left out."""
+  return sorted(t for t in set(tasks) if t in _TASKS and _TASKS[t].scoring == scoring)
+
+
 def known_tasks() -> tuple[str, ...]:
   """The registered task names, sorted."""
   return tuple(sorted(_TASKS))

@@ -180,10 +180,9 @@ def check_tasks(c, field: str, located: list[tuple[str, Example]]) -> None:
   """Every row's task has a scorer: a registered task (tasks/registry.py), or any task
   when `reward.function` or a model route scores the samples; else a ConfigError naming
   the row, the task and the ways out."""
+  math_tasks = set(task_registry.scored_by("math", {e.task for _, e in located}))
   for where, example in located:  # the rule scorers' dependencies (a monitor's too)
-    if (task_registry.is_known(example.task)
-        and task_registry.get_task(example.task).scoring == "math"
-        and importlib.util.find_spec("math_verify") is None):
+    if example.task in math_tasks and importlib.util.find_spec("math_verify") is None:
       raise ConfigError(f"config.data.{field}: {where}: task {example.task!r} is scored by "
                         "math-verify, which is not installed: pip install 'rlhf-jax[math]'")
   if reward_build.scores_any_task(c):

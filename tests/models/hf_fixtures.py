@@ -108,3 +108,28 @@ def save_family_model(directory, family: str, seed: int = 0, **changes):
       torch.nn.init.normal_(parameter, std=0.2)
   model.save_pretrained(str(directory), safe_serialization=True)
   return model
+
+
+def assert_cached_decode_matches(model, params, tokens, full_mask, prompt_len: int, full,
+                                 atol: float):
+  """Prefill `tokens[:, :prompt_len]` into a KVCache, then decode the rest one token at a
+  time; every real position's logits must equal the full forward's `full` [B, T, V].
+  Returns the final cache."""
+  import jax
+  from rlhf_jax import models
+
+  @jax.jit
+  def step(params, cache, chunk, mask):
+    return model.apply(params, chunk, attention_mask=mask, cache=cache)
+
+  batch, length = tokens.shape
+  cache = models.KVCache.create(model.config, batch=batch, slots=length)
+  prompt_mask = full_mask[:, :prompt_len]
+  logits, cache = step(params, cache, tokens[:, :prompt_len], prompt_mask)
+  valid = prompt_mask == 1
+  np.testing.assert_allclose(np.asarray(logits)[valid], full[:, :prompt_len][valid],
+                             atol=atol)
+  for t in range(prompt_len, length):
+    logits, cache = step(params, cache, tokens[:, t:t + 1], np.ones((batch, 1), np.int32))
+    np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=atol)
+  return cache

@@ -14,6 +14,7 @@ from rlhf_jax.models import layer_scan
 from rlhf_jax.models import peft
 from tests.models.hf_fixtures import FAMILIES
 from tests.models.hf_fixtures import FAMILY_VOCAB
+from tests.models.hf_fixtures import assert_cached_decode_matches
 from tests.models.hf_fixtures import hf_logits
 from tests.models.hf_fixtures import save_family_model
 
@@ -181,20 +182,7 @@ def test_kv_cache_prefill_and_decode_equal_the_full_forward(family, layout):
   prompt_len, steps = 6, 8
   tokens, full_mask, _ = left_padded(2, [14, 12, 9], prompt_len + steps)
   full = np.asarray(family.apply(family.params, tokens, full_mask))
-
-  @jax.jit
-  def step(params, cache, chunk, mask):
-    return model.apply(params, chunk, attention_mask=mask, cache=cache)
-
-  cache = models.KVCache.create(model.config, batch=3, slots=prompt_len + steps)
-  prompt_mask = full_mask[:, :prompt_len]
-  logits, cache = step(params, cache, tokens[:, :prompt_len], prompt_mask)
-  valid = prompt_mask == 1
-  np.testing.assert_allclose(np.asarray(logits)[valid], full[:, :prompt_len][valid],
-                             atol=TOLERANCE)
-  for t in range(prompt_len, prompt_len + steps):
-    logits, cache = step(params, cache, tokens[:, t:t + 1], np.ones((3, 1), np.int32))
-    np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=TOLERANCE)
+  assert_cached_decode_matches(model, params, tokens, full_mask, prompt_len, full, TOLERANCE)
 
 
 def test_layer_scan_and_packed_rows_equal_the_padded_forward(family):

@@ -14,6 +14,7 @@ import pytest
 
 from rlhf_jax import models
 from tests.models.hf_fixtures import VOCAB
+from tests.models.hf_fixtures import assert_cached_decode_matches
 from tests.models.hf_fixtures import hf_logits
 from tests.models.hf_fixtures import save_tiny_hf_model
 
@@ -87,19 +88,8 @@ def test_kv_cache_prefill_and_decode_equal_full_forward(checkpoint):
   full_mask = np.concatenate([prompt_mask, np.ones((3, steps), np.int32)], axis=1)
   tokens = np.where(full_mask == 1, tokens, 0)
   full = np.asarray(apply(params, tokens, full_mask, None))
-
-  @jax.jit
-  def step(params, cache, chunk, mask):
-    return model.apply(params, chunk, attention_mask=mask, cache=cache)
-
-  cache = models.KVCache.create(model.config, batch=3, slots=prompt_len + steps)
-  logits, cache = step(params, cache, tokens[:, :prompt_len], prompt_mask)
-  valid = prompt_mask == 1
-  np.testing.assert_allclose(np.asarray(logits)[valid], full[:, :prompt_len][valid],
-                             atol=TOLERANCE)
-  for t in range(prompt_len, prompt_len + steps):
-    logits, cache = step(params, cache, tokens[:, t:t + 1], np.ones((3, 1), np.int32))
-    np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=TOLERANCE)
+  cache = assert_cached_decode_matches(model, params, tokens, full_mask, prompt_len, full,
+                                       TOLERANCE)
   np.testing.assert_array_equal(cache.length, full_mask.sum(axis=1))
 
 
