@@ -35,8 +35,18 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
                                   prompt_buckets=(16, 32, 64) if variant == "tiny" else (
                                       128, 256, 512, 1024))
   config.server = ml_collections.ConfigDict()
-  config.server.host = "localhost"  # Interface to listen on ("0.0.0.0": all).
+  # Interface to listen on ("0.0.0.0": all; beyond loopback needs server.token_file).
+  config.server.host = "localhost"
   config.server.port = 50051  # TCP port; 0 picks a free one (printed at start).
   config.server.max_workers = 16  # RPC threads = most concurrent RPCs; beyond: RESOURCE_EXHAUSTED.
   config.server.jetstream_temperature = 1.0  # Temperature of JetStream Decode requests.
+  # Most samples one request may ask for (`n`, JetStream `num_samples`).
+  config.server.max_samples_per_request = 64
+  # File holding the shared secret callers send (`authorization: Bearer <token>`; clients:
+  # sampler.token_file). Required to listen beyond loopback (or server.tls_ca).
+  config.server.token_file = ""
+  config.server.auth = "writes"  # RPCs that need the token: 'writes' (weights, Cancel), 'all'.
+  config.server.tls_cert = ""  # PEM certificate to serve TLS with (with tls_key); '' = plain TCP.
+  config.server.tls_key = ""  # PEM private key of tls_cert.
+  config.server.tls_ca = ""  # PEM CA: clients must present a certificate it signed (mTLS).
   return config

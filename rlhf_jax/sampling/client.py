@@ -1,6 +1,6 @@
 """A Python client for the sampling server (`launch/serve.py`); needs the `serve` extra.
 
-    client = SamplerClient("localhost:50051")
+    client = SamplerClient("localhost:50051")   # or security=ClientSecurity(token=...)
     completions = client.generate([prompt_ids, ...], SamplingParams(n=4, seed=0))
     client.update_weights(params, version=7)
 
@@ -19,11 +19,14 @@ import grpc
 import jax
 import numpy as np
 
+from rlhf_jax.sampling import auth
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
 from rlhf_jax.sampling.protos import sampler_pb2
 from rlhf_jax.sampling.protos import sampler_pb2_grpc
 from rlhf_jax.sampling.scheduler import Completion
+from rlhf_jax.sampling.security import ROLLBACK_HEADER
+from rlhf_jax.sampling.security import ClientSecurity
 from rlhf_jax.sampling.wire import MAX_MESSAGE_BYTES
 from rlhf_jax.sampling.wire import array_from_proto
 from rlhf_jax.sampling.wire import array_to_proto
@@ -75,17 +78,22 @@ class SamplerClient:
     max_in_flight: most requests `generate` keeps open at once. Each open request
       holds one of the server's `max_workers` handler threads, beyond which it
       answers RESOURCE_EXHAUSTED, so keep this below the server's setting.
+    security: the server's token (sent with every call) and TLS settings
+      (`security.client_security` reads them from a config's sampler section).
   """
 
-  def __init__(self, address: str, *, timeout_s: float | None = 600.0, max_in_flight: int = 8):
+  def __init__(self, address: str, *, timeout_s: float | None = 600.0, max_in_flight: int = 8,
+               security: ClientSecurity | None = None):
     if max_in_flight < 1:
       raise ValueError(f"max_in_flight={max_in_flight} must be >= 1.")
     self.address = address
     self.timeout_s = timeout_s
     self.max_in_flight = max_in_flight
-    self._channel = grpc.insecure_channel(address, options=[
+    self._channel = auth.channel(address, security, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # a server that comes back is seen within seconds (gRPC's default backs off to 2 min)
+        ("grpc.max_reconnect_backoff_ms", 5000)])
     self._stub = sampler_pb2_grpc.SamplerStub(self._channel)
     self._futures: dict[str, grpc.Future] = {}  # request id → open unary call
 
@@ -207,11 +215,19 @@ class SamplerClient:
     finally:
       call.cancel()
 
-  def update_weights(self, params, version: int,
-                     chunk_bytes: int = WEIGHT_CHUNK_BYTES) -> sampler_pb2.UpdateWeightsResponse:
-    """Sends new parameters (tensor by tensor, in chunks) tagged with `version`."""
+  def update_weights(self, params, version: int, chunk_bytes: int = WEIGHT_CHUNK_BYTES, *,
+                     rollback: bool = False) -> sampler_pb2.UpdateWeightsResponse:
+    """Sends new parameters (tensor by tensor, in chunks) tagged with `version`. The
+    server refuses a version older than its own unless `rollback` (a job pinned to an
+    older version: `rollback_params`)."""
     return self._stub.UpdateWeights(_weight_chunks(params, version, chunk_bytes),
-                                    timeout=self.timeout_s)
+                                    timeout=self.timeout_s,
+                                    metadata=[ROLLBACK_HEADER] if rollback else None)
+
+  def rollback_params(self, params, version: int) -> sampler_pb2.UpdateWeightsResponse:
+    """`update_params` with an older version on purpose (`VersionedSampler`'s pinned
+    jobs); the server's other checks apply."""
+    return self.update_weights(params, version, rollback=True)
 
   def update_reference(self, params) -> sampler_pb2.UpdateWeightsResponse:
     """Sends the reference policy's weights, which the server keeps beside the served

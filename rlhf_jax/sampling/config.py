@@ -11,12 +11,14 @@ import os
 
 import ml_collections
 
+from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 from rlhf_jax.config_errors import reword
 from rlhf_jax.models import with_numerics
 from rlhf_jax.models.config import DTYPES
 from rlhf_jax.models.config import MATMUL_PRECISIONS
+from rlhf_jax.sampling import security
 from rlhf_jax.sampling.engine import Engine
 from rlhf_jax.sampling.scheduler import Scheduler
 from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
@@ -30,6 +32,14 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
   config.address = ""  # "host:port" of a sampling server; empty: the in-process engine.
   # Several servers ("host:port", ...): a fleet with routing and failover (sampling/fleet.py).
   config.addresses = ()
+  # File with the servers' shared secret (their server.token_file), sent with every call.
+  config.token_file = ""
+  config.tls_ca = ""  # PEM CA of the servers' certificates: TLS to them; '' = plain TCP.
+  config.tls_cert = ""  # PEM client certificate (with tls_key) for servers that ask (mTLS).
+  config.tls_key = ""  # PEM private key of tls_cert.
+  # With every server gone, how long a fleet waits for one to come back before it gives
+  # up (the trainer then checkpoints and stops).
+  config.reconnect_s = 60.0
   config.num_slots = num_slots  # Concurrent samples in the decode batch (KV cache rows).
   config.cache_length = cache_length  # KV positions per slot: longest prompt + max new tokens.
   config.prompt_buckets = prompt_buckets  # Padded prompt lengths; one prefill compile each.
@@ -84,6 +94,9 @@ def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sa
   if addresses and config.address:
     invalid(f"{prefix}.addresses", addresses, f"set either {prefix}.address (one server) or "
             f"{prefix}.addresses (a fleet), not both")
+  check_range(f"{prefix}.reconnect_s", config.reconnect_s, low=0, high=7 * 24 * 3600)
+  if config.address or addresses:
+    security.client_security(config, prefix)  # the files exist and hold something
   if config.address and ":" not in config.address:
     invalid(f"{prefix}.address", config.address, "must be 'host:port' (or empty for the "
             "in-process engine)")

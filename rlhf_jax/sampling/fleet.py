@@ -16,7 +16,9 @@
 - **A server that joins or comes back** is probed with `Health` before each `generate`
   (at most every `probe_interval_s`); it gets the current weights before its first
   request.
-- **No server left**: `generate` raises `FleetUnavailableError`, naming every address.
+- **No server left**: `generate` (and `reference_logprobs`) wait up to `reconnect_s` for
+  one to come back, logging when they start waiting and when one is back, then raise
+  `FleetUnavailableError`, naming every address.
 - **The reference** (`update_reference`, `reference_logprobs`): every server keeps the
   trainer's reference weights; a batch's reference log-probs are computed on the
   least-loaded server, with the same failover.
@@ -38,6 +40,7 @@ from rlhf_jax.sampling.client import SamplerClient
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
 from rlhf_jax.sampling.scheduler import Completion
+from rlhf_jax.sampling.security import ClientSecurity
 
 # A call failing with one of these means the server (or the way to it) is gone.
 _SERVER_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -61,16 +64,20 @@ class SamplerFleet:
     probe_interval_s: how often a dead server is probed again.
     log: where joins, deaths and re-sends are reported.
     client_factory: builds a client for an address (tests).
+    security: the servers' token and TLS settings, for every client.
+    reconnect_s: with every server gone, how long to wait for one to come back.
   """
 
   def __init__(self, addresses: Sequence[str], *, timeout_s: float = 600.0,
                max_in_flight: int = 8, probe_interval_s: float = 2.0,
                log: Callable[[str], None] = print,
-               client_factory: Callable[[str], Any] | None = None):
+               client_factory: Callable[[str], Any] | None = None,
+               security: ClientSecurity | None = None, reconnect_s: float = 60.0):
     if not addresses:
       raise ValueError("a fleet needs at least one address.")
-    factory = client_factory or (lambda a: SamplerClient(a, timeout_s=timeout_s,
-                                                          max_in_flight=max_in_flight))
+    factory = client_factory or (lambda a: SamplerClient(
+        a, timeout_s=timeout_s, max_in_flight=max_in_flight, security=security))
+    self.reconnect_s = reconnect_s
     self.addresses = list(addresses)
     self.clients = {a: factory(a) for a in self.addresses}
     self.max_in_flight = max_in_flight
@@ -87,7 +94,7 @@ class SamplerFleet:
     self.lock = threading.Lock()
     self.open: dict[str, str] = {}  # request id → address serving it
     self.counters = {"resent_requests": 0, "server_deaths": 0, "server_joins": 0,
-                     "cache_routed": 0}
+                     "cache_routed": 0, "reconnect_waits": 0}
     self.affinity = CacheAffinity()  # whose kept caches continuations can reuse
     self.executor = concurrent.futures.ThreadPoolExecutor(
         max_workers=max(1, max_in_flight * len(self.addresses)), thread_name_prefix="fleet")
@@ -111,7 +118,9 @@ class SamplerFleet:
           self.acked[address] = self.weights[1]
         if self.reference is not None:
           client.update_reference(self.reference)
-      except grpc.RpcError:
+      except grpc.RpcError as error:
+        if error.code() not in _SERVER_LOST:  # it answers, but refuses: say why
+          self.log(f"sampler fleet: {address} refused to join: {_describe(error)}")
         continue
       with self.lock:
         self.live.add(address)
@@ -131,6 +140,27 @@ class SamplerFleet:
                                     f"{', '.join(self.addresses)}")
       time.sleep(0.2)
 
+  def await_server(self, what: str) -> None:
+    """Returns once a server is live, probing every `probe_interval_s` (at least 0.2 s)
+    for up to `reconnect_s`; raises FleetUnavailableError naming every address after."""
+    self.probe(force=True)
+    if self.live:
+      return
+    self.counters["reconnect_waits"] += 1
+    start = time.monotonic()
+    self.log(f"sampler fleet: every server is gone ({', '.join(self.addresses)}); waiting "
+             f"up to {self.reconnect_s:.0f} s for one to come back")
+    while time.monotonic() - start < self.reconnect_s:
+      time.sleep(min(max(self.probe_interval_s, 0.2),
+                     max(self.reconnect_s - (time.monotonic() - start), 0)))
+      self.probe(force=True)
+      if self.live:
+        self.log(f"sampler fleet: {', '.join(sorted(self.live))} back after "
+                 f"{time.monotonic() - start:.1f} s")
+        return
+    raise FleetUnavailableError(f"{what}: every sampler server is gone and none came back "
+                                f"in {self.reconnect_s:.0f} s: {', '.join(self.addresses)}")
+
   def _lost(self, address: str, error: Exception) -> None:
     with self.lock:
       if address not in self.live:
@@ -144,22 +174,31 @@ class SamplerFleet:
 
   # ------------------------------------------------------------------ the Sampler interface
 
-  def update_params(self, params: Any, version: int) -> list[Any]:
+  def update_params(self, params: Any, version: int, *, rollback: bool = False
+                    ) -> list[Any]:
     """Sends `params` as `version` to every live server at once; kept for joiners.
-    Returns the replies of the servers that took them (each names its update policy)."""
+    Returns the replies of the servers that took them (each names its update policy).
+    `rollback`: an older version on purpose (servers refuse one otherwise); a refusal
+    other than a lost server is raised."""
     host = jax.device_get(params)
     self.weights = (host, version)
     live = sorted(self.live)
-    futures = {a: self.executor.submit(self.clients[a].update_params, host, version)
-               for a in live}
+    futures = {a: self.executor.submit(self.clients[a].update_weights, host, version,
+                                       rollback=rollback) for a in live}
     replies = []
     for address, future in futures.items():
       try:
         replies.append(future.result())
         self.acked[address] = version  # a pinned job may load an older one: exactly this
       except grpc.RpcError as error:
+        if error.code() not in _SERVER_LOST:
+          raise
         self._lost(address, error)
     return replies
+
+  def rollback_params(self, params: Any, version: int) -> list[Any]:
+    """`update_params` with an older version on purpose (`VersionedSampler`)."""
+    return self.update_params(params, version, rollback=True)
 
   def update_reference(self, params: Any) -> list[Any]:
     """Sends the reference weights to every live server at once; kept for joiners and
@@ -182,9 +221,7 @@ class SamplerFleet:
     self.probe()
     for _ in range(len(self.addresses) + 1):
       if not self.live:
-        self.probe(force=True)
-        if not self.live:
-          break
+        self.await_server("reference_logprobs")
       address = self._least_loaded()
       with self.lock:
         self.in_flight[address] += 1
@@ -235,10 +272,7 @@ class SamplerFleet:
           future, address = self._send(batch_id, index, prompts[index], samplings[index])
           running[future] = (index, address, self.acked.get(address))
         if not running:  # prompts left and no live server
-          self.probe(force=True)
-          if not self.live:
-            raise FleetUnavailableError("every sampler server is gone: "
-                                        f"{', '.join(self.addresses)}")
+          self.await_server("generate")
           continue
         done, _ = concurrent.futures.wait(running,
                                           return_when=concurrent.futures.FIRST_COMPLETED)

@@ -18,6 +18,9 @@ import numpy as np
 # token at a very high temperature, made safe by top-k.
 FIRE_TEMPERATURE = 30.0
 FIRE_TOP_K = 16
+# Most stop_token_ids or candidate_token_ids per request (a judge's verdict tokens are a
+# handful): each sample carries the candidates' log-probs back.
+MAX_TOKEN_LIST = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +95,10 @@ class SamplingParams:
     _check_int("n", self.n, low=1)
     if self.seed is not None:
       _check_int("seed", self.seed, low=0, high=2**32 - 1)
+    for name in ("stop_token_ids", "candidate_token_ids"):
+      if len(getattr(self, name)) > MAX_TOKEN_LIST:
+        raise ValueError(f"{name} has {len(getattr(self, name))} ids; at most "
+                         f"{MAX_TOKEN_LIST}.")
     if isinstance(self.stop_token_ids, (str, bytes)) or not all(
         isinstance(t, int) and not isinstance(t, bool) and t >= 0
         for t in self.stop_token_ids):
@@ -165,6 +172,8 @@ def _check_number(name, value, *, low=None, high=None, low_open=False, high_open
     raise ValueError(f"{name}={value!r} must be a number.")
   if value != value:
     raise ValueError(f"{name} is NaN.")
+  if value in (float("inf"), float("-inf")):
+    raise ValueError(f"{name}={value!r} must be finite.")
   if low is not None and (value < low or (low_open and value == low)):
     raise ValueError(f"{name}={value!r} must be {'>' if low_open else '>='} {low}.")
   if high is not None and (value > high or (high_open and value == high)):

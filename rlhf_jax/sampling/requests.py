@@ -7,10 +7,13 @@ import collections
 import dataclasses
 from typing import Any, Callable
 
+import numpy as np
+
 from rlhf_jax.sampling.engine_state import Prefix
 from rlhf_jax.sampling.params import SamplingParams
 
-__all__ = ["Completion", "RequestState", "SampleState", "TokenCallback"]
+__all__ = ["Completion", "RequestState", "SampleState", "TokenCallback",
+           "cancelled_before_start", "candidate_logprobs", "drop_cancelled_waiting"]
 
 
 @dataclasses.dataclass
@@ -87,3 +90,39 @@ class SampleState:
   def __post_init__(self):
     if self.logits_version < 0:
       self.logits_version = self.version  # the prefill's
+
+
+def drop_cancelled_waiting(requests) -> list[tuple[RequestState, list[int]]]:
+  """Takes the cancelled samples out of each request's waiting queue (a request may be
+  listed twice); returns (request, the sample indices taken). Linear in the samples:
+  `cancelled_samples` is a set."""
+  dropped = []
+  for request in dict.fromkeys(requests):
+    if request.cancelled:
+      indices, request.waiting = list(request.waiting), collections.deque()
+    else:
+      indices = [i for i in request.waiting if i in request.cancelled_samples]
+      if indices:
+        request.waiting = collections.deque(
+            i for i in request.waiting if i not in request.cancelled_samples)
+    request.outstanding -= len(indices)
+    if indices:
+      dropped.append((request, indices))
+  return dropped
+
+
+def cancelled_before_start(request: RequestState, index: int, version: int) -> Completion:
+  """The completion of sample `index`, cancelled while it waited for a slot: no tokens,
+  finish_reason "cancelled", weights `version` (the served ones)."""
+  return Completion(request_id=request.request_id, sample_index=index,
+                    prompt_ids=request.prompt_ids, token_ids=[], sampled_logprobs=[],
+                    model_logprobs=[], finish_reason="cancelled", seed=request.seed,
+                    weights_version=(version, version),
+                    candidate_logprobs=request.candidate_logprobs)
+
+
+def candidate_logprobs(logits, token_ids) -> list[float]:
+  """log softmax(logits)[t] (T = 1, float64) of each of `token_ids`; logits [V]."""
+  logits = np.asarray(logits, np.float64)
+  logz = logits.max() + np.log(np.exp(logits - logits.max()).sum())
+  return [float(logits[t] - logz) for t in token_ids]

@@ -33,19 +33,16 @@ from rlhf_jax.sampling.requests import Completion
 from rlhf_jax.sampling.requests import RequestState
 from rlhf_jax.sampling.requests import SampleState
 from rlhf_jax.sampling.requests import TokenCallback
+from rlhf_jax.sampling.requests import cancelled_before_start
+from rlhf_jax.sampling.requests import candidate_logprobs
+from rlhf_jax.sampling.requests import drop_cancelled_waiting
+from rlhf_jax.sampling.scheduler_options import default_prompt_buckets
 from rlhf_jax.sampling.scheduler_options import validate_request
 from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
 
 
 class QueueFull(RuntimeError):
   """The scheduler's queue already holds `max_queue` requests."""
-
-
-def default_prompt_buckets(cache_length: int) -> tuple[int, ...]:
-  """Powers of two from 16 below `cache_length - 1`, plus `cache_length - 1`: the
-  longest prompt that leaves room for a new token."""
-  longest = cache_length - 1
-  return tuple(b for b in (2 ** i for i in range(4, 20)) if b < longest) + (longest,)
 
 
 class Scheduler:
@@ -99,6 +96,7 @@ class Scheduler:
     self._requests: dict[str, RequestState] = {}
     self._slots: list[SampleState | None] = [None] * engine.num_slots
     self._pending_params: tuple[Params, int] | None = None
+    self._to_reap: list[RequestState] = []  # requests with a cancel since the last step
     self._state = engine.init_decode_state()
     self.prefix_cache = PrefixCache(engine, engine.num_slots if parked_rows is None
                                     else parked_rows)
@@ -144,20 +142,27 @@ class Scheduler:
 
   def cancel(self, request_id: str, sample_index: int | None = None) -> None:
     """Ends a request, or only its sample `sample_index` (speculative rejection prunes
-    single samples): waiting samples are dropped, running ones free their slots at the
-    next step (they complete with finish_reason "cancelled"). Finished samples and
-    unknown ids are left alone."""
+    single samples): its waiting and running samples complete "cancelled" at the next
+    step. Finished samples and unknown ids are left alone. O(1): the step does the rest."""
     with self._lock:
       request = self._requests.get(request_id)
-      if request is not None and sample_index is None:
+      if request is None:
+        return
+      if sample_index is None:
         request.cancelled = True
-      elif request is not None:
+      else:
         request.cancelled_samples.add(int(sample_index))
+      self._to_reap.append(request)
 
   def update_params(self, params: Params, version: int) -> None:
     """Hands new weights to the sampler (applied per `update_policy`)."""
     with self._lock:
       self._pending_params = (params, int(version))
+
+  def newest_version(self) -> int:
+    """The version of the newest weights handed over (pending or served)."""
+    with self._lock:
+      return max(self.weights_version, (self._pending_params or (None, -1))[1])
 
   def has_work(self) -> bool:
     """Something is queued, running, or a weight update is pending."""
@@ -220,6 +225,7 @@ class Scheduler:
       self._stats["requests_failed"] += len(self._requests)
       self._requests.clear()
       self._queue.clear()
+      self._to_reap.clear()
     self._state = self.engine.init_decode_state()
     return completions
 
@@ -297,15 +303,15 @@ class Scheduler:
                       token_versions=sample.versions)
 
   def _reap_cancelled(self) -> list[Completion]:
-    completions = []
+    """Completes the samples cancelled since the last step, waiting and running ones.
+    Linear in those requests' samples, and the lock is held only to take them out of
+    the queue: a request of many samples must not freeze `submit` and `metrics`."""
     with self._lock:
-      for request in self._requests.values():
-        dropped = ([] if not (request.cancelled or request.cancelled_samples) else
-                   [i for i in request.waiting
-                    if request.cancelled or i in request.cancelled_samples])
-        if dropped:
-          request.outstanding -= len(dropped)
-          request.waiting = collections.deque(i for i in request.waiting if i not in dropped)
+      to_reap, self._to_reap = self._to_reap, []
+      dropped = drop_cancelled_waiting(to_reap)
+    completions = [cancelled_before_start(request, index, self.weights_version)
+                   for request, indices in dropped for index in indices]
+    self._stats["samples_completed"] += len(completions)
     for slot, sample in enumerate(self._slots):
       if sample is not None and (sample.request.cancelled
                                  or sample.index in sample.request.cancelled_samples):
@@ -389,7 +395,5 @@ class Scheduler:
         request.prefix_version = self.weights_version
         if request.sampling.candidate_token_ids:
           # The first token is drawn from these logits: its T=1 log-probs are exact.
-          logits = np.asarray(prefix.logits[row], np.float64)
-          logz = logits.max() + np.log(np.exp(logits - logits.max()).sum())
-          request.candidate_logprobs = [
-              float(logits[t] - logz) for t in request.sampling.candidate_token_ids]
+          request.candidate_logprobs = candidate_logprobs(
+              prefix.logits[row], request.sampling.candidate_token_ids)

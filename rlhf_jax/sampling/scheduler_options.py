@@ -20,6 +20,13 @@ def _is_positive_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def default_prompt_buckets(cache_length: int) -> tuple[int, ...]:
+  """Powers of two from 16 below `cache_length - 1`, plus `cache_length - 1`: the
+  longest prompt that leaves room for a new token."""
+  longest = cache_length - 1
+  return tuple(b for b in (2 ** i for i in range(4, 20)) if b < longest) + (longest,)
+
+
 def validate_scheduler_options(*, prompt_buckets: Sequence[int], cache_length: int,
                                steps_per_sync: int, max_prefill_batch: int, max_queue: int,
                                update_policy: str, prefix: str = "") -> None:

@@ -18,10 +18,13 @@ from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 from rlhf_jax.sampling import config as config_lib
+from rlhf_jax.sampling import security
 
 MODEL_KINDS = ("tiny", "hf")
 _TINY_HEADS = 4
 _TINY_KV_HEADS = 2
+MAX_TEMPERATURE = 1e4  # finite: inf turns every logit into NaN
+MAX_SAMPLES_PER_REQUEST = 4096
 
 
 def validate_serve_config(config: ml_collections.ConfigDict) -> None:
@@ -48,7 +51,11 @@ def validate_serve_config(config: ml_collections.ConfigDict) -> None:
     config_lib.check_directory("tokenizer", config.tokenizer, ("tokenizer.json",))
   check_range("server.port", config.server.port, low=0, high=65535)
   check_range("server.max_workers", config.server.max_workers, low=1)
-  check_range("server.jetstream_temperature", config.server.jetstream_temperature, low=0)
+  check_range("server.jetstream_temperature", config.server.jetstream_temperature, low=0,
+              high=MAX_TEMPERATURE)
+  check_range("server.max_samples_per_request", config.server.max_samples_per_request,
+              low=1, high=MAX_SAMPLES_PER_REQUEST)
+  security.server_security(config.server)  # reads and checks the token and TLS files
 
 
 def tiny_model(model: ml_collections.ConfigDict):

@@ -20,62 +20,120 @@ import concurrent.futures
 import grpc
 import ml_collections
 
+from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.sampling import config as config_lib
+from rlhf_jax.sampling import security as security_lib
 from rlhf_jax.sampling import serve_config
+from rlhf_jax.sampling.auth import Gate
+from rlhf_jax.sampling.auth import add_port
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.protos import jetstream_pb2_grpc
 from rlhf_jax.sampling.protos import sampler_pb2_grpc
 from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.security import ServerSecurity
 from rlhf_jax.sampling.service import SamplerService
 from rlhf_jax.sampling.servicers import OrchestratorServicer
 from rlhf_jax.sampling.servicers import SamplerServicer
 from rlhf_jax.sampling.wire import MAX_MESSAGE_BYTES
 
 
+def listen(host: str = "localhost", port: int = 0, *, max_workers: int = 16,
+           security: ServerSecurity | None = None) -> tuple[grpc.Server, int, Gate]:
+  """A gRPC server bound to host:port (0 = any free port), not yet serving: a launcher
+  binds before it builds the model, so a port in use fails at once.
+
+  Every call passes the `Gate` first (token, at most `max_workers` running); refusals
+  are counted there. The port is not shared (`so_reuseport` off): a second server on
+  it fails instead of splitting the calls.
+  Raises:
+    ValueError: a host beyond loopback without a credential (security.py).
+    OSError: nothing can listen on host:port.
+  """
+  security = security or ServerSecurity()
+  if not security_lib.is_loopback(host) and not security.has_credential:
+    raise ValueError(f"host={host!r} is not loopback: a server without a token (or client "
+                     "certificates) listens on loopback only.")
+  gate = Gate(security, max_workers)
+  headroom = max(4, max_workers // 4)  # threads that answer refusals while all are busy
+  options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0)]
+  server = grpc.server(
+      concurrent.futures.ThreadPoolExecutor(max_workers=max_workers + headroom),
+      interceptors=[gate], options=options, maximum_concurrent_rpcs=max_workers + headroom)
+  bound = add_port(server, f"{host}:{port}", security)
+  if not bound:
+    server.stop(None)
+    raise OSError(f"could not listen on {host}:{port} (in use, or not an address of "
+                  "this machine).")
+  return server, bound, gate
+
+
 def start_server(scheduler: Scheduler, *, host: str = "localhost", port: int = 0,
                  max_workers: int = 16, tokenizer=None,
-                 jetstream_sampling: SamplingParams | None = None
+                 jetstream_sampling: SamplingParams | None = None,
+                 security: ServerSecurity | None = None, max_samples_per_request: int = 64,
+                 listening: tuple[grpc.Server, int, Gate] | None = None
                  ) -> tuple[grpc.Server, int, SamplerService]:
   """Starts both services on host:port (0 = any free port).
 
   Args:
     scheduler: the Scheduler the server drives.
-    host: where to listen.
+    host: where to listen; beyond loopback only with a credential in `security`.
     port: the port to listen on (0 = any free port).
-    max_workers: RPC handler threads; more concurrent RPCs are refused with
-      RESOURCE_EXHAUSTED rather than left waiting.
+    max_workers: most RPCs running at once; more are refused with RESOURCE_EXHAUSTED
+      rather than left waiting (and counted: `rpcs_refused_busy`).
     tokenizer: optional Tokenizer for text prompts / decoded text.
     jetstream_sampling: the SamplingParams of JetStream Decode requests
       (default: temperature 1, no truncation).
+    security: the token, which RPCs need it, TLS (default: none, loopback only).
+    max_samples_per_request: the most samples (`n`, JetStream `num_samples`) of one
+      request.
+    listening: what `listen` returned, when the port was bound beforehand (host, port,
+      max_workers and security are then the ones given to `listen`).
   Returns:
     (server, bound port, service); stop with `server.stop(grace)` then `service.stop()`.
   Raises:
-    OSError when nothing can listen on host:port.
+    OSError when nothing can listen on host:port; ValueError for a host beyond loopback
+    without a credential.
   """
-  service = SamplerService(scheduler, tokenizer)
+  security = security or ServerSecurity()
+  server, bound, gate = listening or listen(host, port, max_workers=max_workers,
+                                            security=security)
+  service = SamplerService(scheduler, tokenizer, counters=gate.counters,
+                           max_samples_per_request=max_samples_per_request)
   service.start()
-  options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-  server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=max_workers),
-                       options=options, maximum_concurrent_rpcs=max_workers)
-  sampler_pb2_grpc.add_SamplerServicer_to_server(SamplerServicer(service), server)
+  sampler_pb2_grpc.add_SamplerServicer_to_server(
+      SamplerServicer(service, detailed_errors=gate.security.token is not None), server)
   jetstream_pb2_grpc.add_OrchestratorServicer_to_server(
       OrchestratorServicer(service, jetstream_sampling or SamplingParams()), server)
-  bound = server.add_insecure_port(f"{host}:{port}")
-  if not bound:
-    service.stop()
-    raise OSError(f"could not listen on {host}:{port}.")
   server.start()
   return server, bound, service
 
 
 def serve_from_config(config: ml_collections.ConfigDict
                       ) -> tuple[grpc.Server, int, SamplerService]:
-  """Loads (or builds) the model of a configs/serve.py config, builds the scheduler and
-  starts the server (validate with `serve_config.validate_serve_config` first)."""
-  model, params, tokenizer = serve_config.load_served_model(config)
-  scheduler = config_lib.build_scheduler(config.sampler, model, params, tokenizer=tokenizer)
+  """Binds the port of a configs/serve.py config, then loads (or builds) its model, builds
+  the scheduler and serves (validate with `serve_config.validate_serve_config` first).
+
+  Raises:
+    ConfigError naming config.server.port when it cannot be bound (before any work).
+  """
+  server = config.server
+  security = security_lib.server_security(server)
+  try:
+    listening = listen(server.host, server.port, max_workers=server.max_workers,
+                       security=security)
+  except OSError as error:
+    raise ConfigError(f"config.server.port: {server.port}: {error}",
+                      field="server.port") from None
+  try:
+    model, params, tokenizer = serve_config.load_served_model(config)
+    scheduler = config_lib.build_scheduler(config.sampler, model, params,
+                                           tokenizer=tokenizer)
+  except BaseException:
+    listening[0].stop(None)
+    raise
   return start_server(
-      scheduler, host=config.server.host, port=config.server.port,
-      max_workers=config.server.max_workers, tokenizer=tokenizer,
-      jetstream_sampling=SamplingParams(temperature=config.server.jetstream_temperature))
+      scheduler, tokenizer=tokenizer, listening=listening,
+      max_samples_per_request=server.max_samples_per_request,
+      jetstream_sampling=SamplingParams(temperature=server.jetstream_temperature))

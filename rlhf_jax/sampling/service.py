@@ -23,6 +23,14 @@ from rlhf_jax.sampling.scheduler import Scheduler
 # How long the idle loop and the RPC handlers wait before looking again (a client's
 # disconnect or `stop` is noticed within this).
 POLL_S = 0.05
+MAX_REQUEST_ID = 128  # characters of a caller's request_id
+# Characters of a text prompt per KV position: longer text cannot fit the cache, and
+# tokenizing it would cost the server time for nothing.
+TEXT_PER_POSITION = 64
+
+
+class RequestTooLarge(ValueError):
+  """A request beyond the server's per-request limits (answered INVALID_ARGUMENT)."""
 
 
 class SamplerService:
@@ -31,19 +39,29 @@ class SamplerService:
   Args:
     scheduler: the Scheduler to drive.
     tokenizer: optional rlhf_jax Tokenizer, for text prompts and decoded text.
+    max_samples_per_request: the most samples (`n`) one request may ask for: a request's
+      samples are queued at once, so an unbounded `n` would hold the queue.
+    counters: a dict the server's other parts count into (auth.Gate's refusals); its
+      entries are reported by `metrics`.
   """
 
-  def __init__(self, scheduler: Scheduler, tokenizer=None):
+  def __init__(self, scheduler: Scheduler, tokenizer=None, *,
+               max_samples_per_request: int = 64, counters: dict | None = None):
     self.scheduler = scheduler
     self.tokenizer = tokenizer
+    self.max_samples_per_request = max_samples_per_request
     # The trainer's reference weights, once sent (UpdateReference).
-    self.reference = ReferencePolicy(scheduler.engine.model)
+    self.reference = ReferencePolicy(scheduler.engine.model,
+                                     max_length=scheduler.engine.cache_length)
     self._sinks: dict[str, queue.Queue] = {}
     self._lock = threading.Lock()
     self._wake = threading.Event()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._loop, name="sampler-loop", daemon=True)
-    self.counters = {"requests_rejected": 0, "requests_invalid": 0, "step_failures": 0}
+    self.counters = counters if counters is not None else {}
+    for name in ("requests_rejected", "requests_invalid", "step_failures",
+                 "requests_over_limit"):
+      self.counters.setdefault(name, 0)
 
   def start(self) -> None:
     """Starts the scheduler loop thread."""
@@ -61,8 +79,15 @@ class SamplerService:
 
     Events: ("token", sample_index, token, sampled_logprob, model_logprob),
     ("done", Completion), ("failed", message).
-    Raises ValueError (bad field) or QueueFull.
+    Raises ValueError (bad field), RequestTooLarge or QueueFull.
     """
+    if sampling.n > self.max_samples_per_request:
+      raise RequestTooLarge(f"sampling.n={sampling.n}: this server takes at most "
+                            f"{self.max_samples_per_request} samples per request "
+                            "(server.max_samples_per_request).")
+    if len(request_id) > MAX_REQUEST_ID:
+      raise RequestTooLarge(f"request_id has {len(request_id)} characters; at most "
+                            f"{MAX_REQUEST_ID}.")
     request_id = request_id or uuid.uuid4().hex
     events: queue.Queue = queue.Queue()
     with self._lock:
@@ -102,6 +127,9 @@ class SamplerService:
     if self.tokenizer is None:
       raise ValueError("prompt_text needs a server tokenizer (config tokenizer=...); "
                        "send prompt_ids instead.")
+    longest = TEXT_PER_POSITION * self.scheduler.engine.cache_length
+    if len(text) > longest:
+      raise RequestTooLarge(f"prompt_text has {len(text)} characters; at most {longest}.")
     return self.tokenizer.encode(text)
 
   def detokenize(self, ids) -> str:

@@ -7,14 +7,19 @@
   jetstream_proto.Orchestrator  Decode (server stream) and HealthCheck, the wire
                                 shape of JetStream's service, so its clients work.
 
-Errors: a malformed request answers INVALID_ARGUMENT naming the field; a full queue
-RESOURCE_EXHAUSTED; a client that disconnects cancels its request, which frees its
-slots at the next step; a failed decode step answers INTERNAL.
+Errors: a malformed request, or one beyond the server's limits, answers INVALID_ARGUMENT
+naming the field; a full queue RESOURCE_EXHAUSTED; a client that disconnects cancels its
+request, which frees its slots at the next step; a failed decode step answers INTERNAL.
+Weights that do not fit the served model are described (tensor names, shapes) only to a
+caller who sent the server's token; weight versions never go back (FAILED_PRECONDITION).
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import queue
+import threading
 from typing import Iterator
 
 import grpc
@@ -27,7 +32,9 @@ from rlhf_jax.sampling.protos import sampler_pb2
 from rlhf_jax.sampling.protos import sampler_pb2_grpc
 from rlhf_jax.sampling.reference import NoReferenceError
 from rlhf_jax.sampling.scheduler import QueueFull
+from rlhf_jax.sampling.security import ROLLBACK_HEADER
 from rlhf_jax.sampling.service import POLL_S
+from rlhf_jax.sampling.service import RequestTooLarge
 from rlhf_jax.sampling.service import SamplerService
 
 
@@ -35,6 +42,9 @@ def _abort_for(context, error: Exception, service: SamplerService):
   if isinstance(error, QueueFull):
     service.counters["requests_rejected"] += 1
     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+  if isinstance(error, RequestTooLarge):
+    service.counters["requests_over_limit"] += 1
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
   service.counters["requests_invalid"] += 1
   context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
@@ -63,11 +73,45 @@ def _events(service: SamplerService, request_id: str, events: queue.Queue, sampl
     service.release(request_id)
 
 
-class SamplerServicer(sampler_pb2_grpc.SamplerServicer):
-  """rlhf_jax.sampling.Sampler over a SamplerService."""
+def _versioned(chunks, context, newest: int, what: str):
+  """The chunk stream, refused (before the tensors are read) when its version is negative
+  or older than `newest`, the version the server already holds, unless the caller sent
+  the rollback header (a trainer's job pinned to an older version)."""
+  chunks = iter(chunks)
+  first = next(chunks, None)
+  version = 0 if first is None else first.version
+  if version < 0:
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: version={version} must be "
+                  ">= 0")
+  rollback = (ROLLBACK_HEADER[0], ROLLBACK_HEADER[1]) in tuple(
+      (m.key, m.value) for m in context.invocation_metadata() or ())
+  if version < newest and not rollback:
+    context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{what}: version={version} is "
+                  f"older than this server's {newest}; versions only increase")
+  return itertools.chain(() if first is None else (first,), chunks)
 
-  def __init__(self, service: SamplerService):
+
+class SamplerServicer(sampler_pb2_grpc.SamplerServicer):
+  """rlhf_jax.sampling.Sampler over a SamplerService.
+
+  Args:
+    service: the SamplerService.
+    detailed_errors: whether a weight stream that does not fit is described (tensor
+      names and shapes); only where the write RPCs need the token, so that a stranger
+      on a token-less loopback server learns nothing of the model from its mistakes.
+  """
+
+  def __init__(self, service: SamplerService, detailed_errors: bool = False):
     self.service = service
+    self.detailed_errors = detailed_errors
+    self._writing = threading.Lock()  # one weight update at a time: versions in order
+    self._reference_version = 0
+
+  def _unfit(self, context, what: str, error: ValueError):
+    logging.warning("%s refused: %s", what, error)
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"{what}: {error}" if self.detailed_errors else
+                  f"{what}: the tensors do not fit the served model (see the server log)")
 
   def _submit(self, request, context):
     try:
@@ -125,11 +169,14 @@ class SamplerServicer(sampler_pb2_grpc.SamplerServicer):
 
   def UpdateWeights(self, request_iterator, context):
     scheduler = self.service.scheduler
-    try:
-      params, version, tensors = wire.params_from_chunks(request_iterator, scheduler.params)
-    except ValueError as error:
-      context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UpdateWeights: {error}")
-    self.service.update_params(params, version)
+    with self._writing:
+      chunks = _versioned(request_iterator, context, scheduler.newest_version(),
+                          "UpdateWeights")
+      try:
+        params, version, tensors = wire.params_from_chunks(chunks, scheduler.params)
+      except ValueError as error:
+        self._unfit(context, "UpdateWeights", error)
+      self.service.update_params(params, version)
     return sampler_pb2.UpdateWeightsResponse(version=version, tensors=tensors,
                                              update_policy=scheduler.update_policy,
                                              compute_dtype=self._compute_dtype())
@@ -138,12 +185,16 @@ class SamplerServicer(sampler_pb2_grpc.SamplerServicer):
     return str(self.service.scheduler.engine.model.config.dtype)
 
   def UpdateReference(self, request_iterator, context):
-    try:  # the reference has the served weights' tree, shapes and placement
-      params, version, tensors = wire.params_from_chunks(request_iterator,
-                                                         self.service.scheduler.params)
-    except ValueError as error:
-      context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UpdateReference: {error}")
-    self.service.reference.load(params)
+    with self._writing:
+      chunks = _versioned(request_iterator, context, self._reference_version,
+                          "UpdateReference")
+      try:  # the reference has the served weights' tree, shapes and placement
+        params, version, tensors = wire.params_from_chunks(chunks,
+                                                           self.service.scheduler.params)
+      except ValueError as error:
+        self._unfit(context, "UpdateReference", error)
+      self.service.reference.load(params)
+      self._reference_version = version or 0
     return sampler_pb2.UpdateWeightsResponse(version=version or 0, tensors=tensors,
                                              compute_dtype=self._compute_dtype())
 

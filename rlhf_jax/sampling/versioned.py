@@ -73,6 +73,8 @@ class VersionedSampler:
 
   def _load(self, params: Any, version: int) -> None:
     load = getattr(self.inner, "load_prepared", None) or self.inner.update_params
+    if version < self.loaded and hasattr(self.inner, "rollback_params"):
+      load = self.inner.rollback_params  # a server refuses an older version otherwise
     replies = load(params, version)  # a server's reply names its update policy; a fleet's
     replies = replies if isinstance(replies, list) else [replies]  # one per server
     policies = {r.update_policy for r in replies if r is not None} - {"swap_now"}

@@ -267,9 +267,11 @@ def remote_sampler(c) -> bool:
 def _sampler(c, policy: Policy, mesh):
   if jax.process_count() > 1 and not remote_sampler(c):
     return process_sharded_sampler(c, policy, mesh)
+  from rlhf_jax.sampling.security import client_security  # pylint: disable=import-outside-toplevel
   if tuple(c.sampler.addresses):
     from rlhf_jax.sampling.fleet import SamplerFleet  # pylint: disable=import-outside-toplevel
-    fleet = SamplerFleet(tuple(c.sampler.addresses))
+    fleet = SamplerFleet(tuple(c.sampler.addresses), reconnect_s=c.sampler.reconnect_s,
+                         security=client_security(c.sampler))
     fleet.wait_ready()
     fleet.update_params(policy.params, version=0)
     if reference_lib.from_sampler(c):  # the initial policy is the frozen reference
@@ -278,7 +280,7 @@ def _sampler(c, policy: Policy, mesh):
   if c.sampler.address:
     # grpc is the `serve` extra's: imported only when a sampler server is configured.
     from rlhf_jax.sampling.client import SamplerClient  # pylint: disable=import-outside-toplevel
-    sampler = SamplerClient(c.sampler.address)
+    sampler = SamplerClient(c.sampler.address, security=client_security(c.sampler))
     sampler.wait_ready()
     sampler.update_params(policy.params, version=0)
     if reference_lib.from_sampler(c):
