@@ -6,16 +6,25 @@ One checkpoint per saved step under <workdir>/checkpoints/<step>/ with two items
   meta    JSON: step, the trainer's NumPy RNG state, the data position, the
           dynamic-sampling buffer, the config, and the sampler's weight version.
 Saving is atomic (Orbax writes to a temporary directory and renames), so a run
-killed mid-save resumes from the previous checkpoint.
+killed mid-save resumes from the previous checkpoint. A checkpoint damaged afterwards
+(a truncated or missing array file, garbage metadata, an emptied step directory, a
+missing meta file) is reported in one line naming its directory, moved aside to
+<workdir>/corrupt_checkpoints/, and the newest intact one is used (`restore_intact`).
 """
 
 from __future__ import annotations
 
+import gc
 import os
-from typing import Any
+import shutil
+import sys
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+
+from rlhf_jax import parallel
+from rlhf_jax.config_errors import ConfigError
 
 
 class Checkpointer:
@@ -52,7 +61,68 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     return restored["state"], restored["meta"]
 
+  def restore_intact(self, state_template: Any, log: Callable[[str], None] = print
+                     ) -> tuple[int, Any, dict[str, Any]] | None:
+    """(step, state, meta) of the newest checkpoint that restores, or None when there is
+    none. Newer ones that do not restore are reported in one line each and moved aside
+    (`set_aside`) once an older one has restored; when none restores nothing is moved
+    (a changed config fails them all alike) and the newest's error is a ConfigError."""
+    failures = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        state, meta = self.restore(step, state_template)
+      except Exception as error:  # pylint: disable=broad-except
+        failures.append((step, describe_error(error)))  # unreadable: the next older one
+        forget_failed_reads()
+        continue
+      for bad, error in failures:
+        moved = self.set_aside(bad)
+        log(f"warning: checkpoint {os.path.join(self.directory, str(bad))} does not restore "
+            f"({error}); moved to {moved}; resuming from step {step}")
+      return step, state, meta
+    if not failures:
+      return None
+    step, error = failures[0]
+    raise ConfigError(f"{os.path.join(self.directory, str(step))}: no checkpoint of the run "
+                      f"restores (the newest: {error}); if the config "
+                      "changed, resume with the saved one, else remove the checkpoints")
+
+  def set_aside(self, step: int) -> str:
+    """Moves checkpoint `step` to <workdir>/corrupt_checkpoints/<step>[-n] (kept for a
+    look, out of the manager's way: a resumed run saves that step again); its new path."""
+    target = os.path.join(os.path.dirname(self.directory), "corrupt_checkpoints", str(step))
+    base, n = target, 0
+    while os.path.exists(target):
+      n += 1
+      target = f"{base}-{n}"
+    if parallel.is_main_process():  # a job's processes share the workdir: one moves it
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.move(os.path.join(self.directory, str(step)), target)
+    parallel.barrier(f"set aside checkpoint {step}")
+    self.manager.reload()
+    return target
+
   def close(self) -> None:
     """Finishes pending writes."""
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def describe_error(error: BaseException) -> str:
+  """An exception as one short line: its type and the first line of its message."""
+  lines = str(error).strip().splitlines()
+  text = lines[0].split(" See full TensorStore details")[0] if lines else ""
+  text = text if len(text) <= 160 else text[:157] + "..."
+  return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def forget_failed_reads() -> None:
+  """Collects the reads a failed restore left unfinished without their tracebacks: Orbax
+  gathers one coroutine per array, and those never awaited after the first failure
+  print hundreds of lines (a TensorStore spec each) as "Exception ignored" when freed."""
+  hook = sys.unraisablehook
+  sys.unraisablehook = lambda unraisable: None
+  try:
+    gc.collect()
+  finally:
+    sys.unraisablehook = hook

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -26,6 +27,7 @@ import numpy as np
 from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import models
 from rlhf_jax import parallel
+from rlhf_jax import run_control
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.training import build
@@ -52,12 +54,23 @@ class Trainer:
                scorer: Scorer | None = None, progress: bool = False):
     validate_config(config, num_devices=jax.device_count())
     build.check_deterministic(config)
-    self.config = c = config
+    self.config = config
     # In a job of several processes (parallel/distributed.py) the first one speaks and
     # writes files; every process computes the same step.
     main = parallel.is_main_process()
     self.workdir, self.show_progress = workdir, progress and main
     self.log = log if main else (lambda line: None)
+    # One trainer per workdir, before any work: a second one would interleave records.
+    self.lock = run_control.WorkdirLock(workdir)
+    if main:
+      self.lock.acquire()
+    try:
+      self._build(config, workdir, scorer, main)
+    except BaseException:
+      self.lock.release()
+      raise
+
+  def _build(self, c, workdir: str, scorer: Scorer | None, main: bool) -> None:
     os.makedirs(workdir, exist_ok=True)
     self.mesh = build.trainer_mesh(c)
     self.policy = build.load_policy(c, workdir, self.mesh)
@@ -71,23 +84,29 @@ class Trainer:
         c, self.scorer, sorted({e.task for e in self.held_out})))
     self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
     self.sampler = build.build_sampler(c, self.policy, self.mesh)
+    self.fleet = fleet_of(self.sampler)
     self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
                                        self.train_examples, workdir=workdir, log=self.log)
     self.evaluator = build.build_evaluator(c, self.policy, self.sampler, self.rollout,
                                            self.held_out, self.eval_scorer)
     self.learner = build.build_learner(c, self.policy, self.mesh)
-    self.step = 0
+    # The last step whose records are all written, the last one saved, and (fleet runs)
+    # the rollout's state when the step in progress began: what a checkpoint needs.
+    self.step = self.recorded_step = 0
+    self.saved_step: int | None = None
+    self.step_start: tuple[int, dict[str, Any]] | None = None
     loggers = loggers_lib.build_loggers(c, workdir, enabled=main)  # W&B, MLflow runs start
     self.metrics = metrics_lib.MetricsWriter(workdir, loggers, enabled=main)
     self.rollout_log = metrics_lib.RolloutLog(workdir, c.train.log_rollouts,
                                               self.policy.tokenizer, loggers, enabled=main)
     self.checkpointer = Checkpointer(workdir)
     try:
-      if self.checkpointer.latest_step() is not None:
-        self.restore(self.checkpointer.latest_step())
+      restored = self.checkpointer.restore_intact(self.learner.state(), log=self.log)
+      if restored is not None:
+        self._resume(*restored)
       else:  # a run that died before its first checkpoint starts over: so do its records
-        self.metrics.truncate_after(-1)
-        self.rollout_log.truncate_after(-1)
+        self.metrics.truncate_after(-1, self.log)
+        self.rollout_log.truncate_after(-1, self.log)
     except BaseException:
       self.metrics.close(failed=True)  # the loggers' runs end, marked failed
       raise
@@ -118,6 +137,8 @@ class Trainer:
       metrics.update(metrics_lib.reduce_updates(out["critic"], prefix="critic_"))
     metrics.update(out.get("learner", {}))  # the learner's own figures (packing)
     metrics["sampler/push_bytes"] = float(self.push_bytes)
+    if self.fleet is not None:  # live servers, deaths, joins, re-sent requests
+      metrics.update(self.fleet.metrics())
     batch = rollouts.batch
     new_tokens = int(np.sum(np.asarray(batch.lengths) - np.asarray(batch.window_starts)))
     metrics.update(step=self.step, actor_updated=float("actor" in out),
@@ -159,25 +180,31 @@ class Trainer:
 
   # ------------------------------------------------------------------ checkpoints
 
-  def save(self) -> None:
+  def save(self, rollout_state: dict[str, Any] | None = None) -> None:
     """Checkpoints every role's state, the rollout's state (data position, buffers,
-    responses in flight, seeds) and the config (see training/checkpoint.py)."""
-    meta = {"step": self.step, "rollout": self.rollout.state(),
-            "config": self.config.to_dict()}
+    responses in flight, seeds; `rollout_state` when given, else the current one) and the
+    config (see training/checkpoint.py)."""
+    meta = {"step": self.step, "config": self.config.to_dict(),
+            "rollout": self.rollout.state() if rollout_state is None else rollout_state}
     self.checkpointer.save(self.step, self.learner.state(), json.loads(json.dumps(meta)))
+    self.saved_step = self.step
 
   def restore(self, step: int) -> None:
     """Continues from checkpoint `step` (and drops metrics logged after it)."""
     state, meta = self.checkpointer.restore(step, self.learner.state())
+    self._resume(step, state, meta)
+
+  def _resume(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    del step  # the meta's
     self.learner.restore(state)
-    self.step = int(meta["step"])
+    self.step = self.recorded_step = self.saved_step = int(meta["step"])
     self.rollout.restore(meta["rollout"])
     changed = changed_fields(meta["config"], self.config.to_dict())
     if changed:
       self.log(f"resuming with changed config fields: {', '.join(changed)}")
     self.push_weights()
-    self.metrics.truncate_after(self.step)
-    self.rollout_log.truncate_after(self.step)
+    self.metrics.truncate_after(self.step, self.log)
+    self.rollout_log.truncate_after(self.step, self.log)
     self.log(f"resumed from step {self.step}")
 
   # ------------------------------------------------------------------ the loop
@@ -185,43 +212,37 @@ class Trainer:
   def run(self) -> dict[str, Any]:
     """Trains until `train.steps` with evaluation and checkpoints; returns the summary.
 
-    Ctrl-C (KeyboardInterrupt) saves a checkpoint before it propagates. The loggers'
-    runs (W&B, MLflow) finish either way, marked failed when the run raised.
+    SIGINT / SIGTERM stop the run where a step's records are complete: it saves that
+    step, says so in one line and raises `run_control.Stopped` (exit status 128 + the
+    signal); a second SIGINT interrupts at once, saving nothing (the last checkpoint is
+    the resume point). A fleet whose every server is gone (`FleetUnavailableError`)
+    saves the last complete step and raises `Stopped` (status 1). The loggers' runs
+    (W&B, MLflow) finish either way, marked failed unless every step was done; the
+    workdir's lock is released.
     """
-    c = self.config
     start = time.perf_counter()
     summary: dict[str, Any] = {}
-    progress = metrics_lib.Progress(c.train.steps, self.step, disable=not self.show_progress)
+    progress = metrics_lib.Progress(self.config.train.steps, self.step,
+                                    disable=not self.show_progress)
     failed = True  # until the last step is done: the loggers mark their runs failed
     try:
-      if self.held_out and self.step == 0:
-        first = self.evaluate()
-        summary["eval_accuracy_start"] = first["eval_accuracy"]
-        self.metrics.write({"step": self.step, **first})
-        self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
-      while self.step < c.train.steps:
-        metrics = self.train_step()
-        if self.held_out and (self.step % c.train.eval_every == 0 or self.step == c.train.steps):
-          metrics.update(self.evaluate())
-          summary["eval_accuracy_end"] = metrics["eval_accuracy"]
-          self.log(f"step {self.step}: held-out accuracy {metrics['eval_accuracy']:.3f}")
-        metrics["elapsed_s"] = time.perf_counter() - start
-        self.metrics.write(metrics)
-        progress.update(metrics)
-        if self.step % c.train.log_every == 0 and not self.show_progress:
-          self.log(f"step {self.step}/{c.train.steps}: {metrics_lib.summary_line(metrics)}")
-        if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
-          self.save()
+      with run_control.StopSignals() as signals:
+        self._train(summary, start, progress, signals)
       failed = False
     except KeyboardInterrupt:
-      self.log(f"interrupted: saving a checkpoint at step {self.step}")
-      self.save()
+      self.log(f"interrupted at once during step {self.step + 1}: nothing saved; resume "
+               f"continues from {self._last_checkpoint()}")
       raise
+    except Exception as error:  # pylint: disable=broad-except
+      if not is_fleet_loss(error):
+        raise
+      self._stop_on_fleet_loss(error)
     finally:
       progress.close()
       self.rollout.close()  # a worker thread generating ahead stops
       self.checkpointer.close()
       self.metrics.close(failed=failed)
+      self.lock.release()
     policy = os.path.join(self.workdir, "policy")
     params = parallel.host_values(self.learner.policy_params)  # leaf by leaf
     if parallel.is_main_process():
@@ -229,6 +250,83 @@ class Trainer:
                          self.policy.prefix_tokens)
     summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
     return summary
+
+  def _train(self, summary: dict[str, Any], start: float, progress, signals) -> None:
+    c = self.config
+    if self.held_out and self.step == 0:
+      first = self.evaluate()
+      summary["eval_accuracy_start"] = first["eval_accuracy"]
+      self.metrics.write({"step": self.step, **first})
+      self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
+    while self.step < c.train.steps:
+      self._stop_if_asked(signals)  # here every record of `self.step` is written
+      if self.fleet is not None and not c.rollout.max_staleness:
+        # what a checkpoint of this step holds if the fleet is lost while sampling
+        self.step_start = (self.step, json.loads(json.dumps(self.rollout.state())))
+      metrics = self.train_step()
+      if self.held_out and (self.step % c.train.eval_every == 0 or self.step == c.train.steps):
+        metrics.update(self.evaluate())
+        summary["eval_accuracy_end"] = metrics["eval_accuracy"]
+        self.log(f"step {self.step}: held-out accuracy {metrics['eval_accuracy']:.3f}")
+      metrics["elapsed_s"] = time.perf_counter() - start
+      self.metrics.write(metrics)
+      self.recorded_step = self.step
+      progress.update(metrics)
+      if self.step % c.train.log_every == 0 and not self.show_progress:
+        self.log(f"step {self.step}/{c.train.steps}: {metrics_lib.summary_line(metrics)}")
+      if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
+        self.save()
+
+  def _stop_if_asked(self, signals: run_control.StopSignals) -> None:
+    """After a step's records (every process agrees): saves the step unless it is saved
+    or nothing was trained, says so, and raises `Stopped`."""
+    code = signals.code
+    if jax.process_count() > 1:  # a signal may reach one process: all stop, or none
+      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      code = int(np.max(multihost_utils.process_allgather(np.int32(code))))
+    if not code:
+      return
+    if self.step > 0 and self.saved_step != self.step:
+      self.save()
+    name = signals.requested or f"signal {code - 128} in another process"
+    self.log(f"stopped by {name} after step {self.step}: {self._last_checkpoint()}; "
+             "resume with the same command")
+    raise run_control.Stopped(code)
+
+  def _stop_on_fleet_loss(self, error: Exception) -> None:
+    """Saves the last complete step if a checkpoint of it can be made (the fleet was lost
+    while sampling the next one, in a synchronous run) and is not there yet; one line;
+    `Stopped` (status 1)."""
+    if (self.step_start is not None and self.step_start[0] == self.step == self.recorded_step
+        and self.step > 0 and self.saved_step != self.step):
+      self.save(rollout_state=self.step_start[1])
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    self.log(f"every sampling server is gone ({first}); {self._last_checkpoint()}; resume "
+             "with the same command once a server is back")
+    raise run_control.Stopped(1) from None
+
+  def _last_checkpoint(self) -> str:
+    step = self.checkpointer.latest_step()
+    if step is None:
+      return "no checkpoint yet (a resumed run starts over)"
+    return f"checkpoint at step {step} in {os.path.join(self.checkpointer.directory, str(step))}"
+
+
+def fleet_of(sampler) -> Any:
+  """The `SamplerFleet` a sampler is or wraps (VersionedSampler's `inner`), or None. Read
+  from sys.modules: a run without a fleet never imports it (it needs grpc)."""
+  fleet = sys.modules.get("rlhf_jax.sampling.fleet")
+  while fleet is not None and sampler is not None:
+    if isinstance(sampler, fleet.SamplerFleet):
+      return sampler
+    sampler = getattr(sampler, "inner", None)
+  return None
+
+
+def is_fleet_loss(error: BaseException) -> bool:
+  """Whether `error` is the fleet's `FleetUnavailableError` (every server gone)."""
+  fleet = sys.modules.get("rlhf_jax.sampling.fleet")
+  return fleet is not None and isinstance(error, fleet.FleetUnavailableError)
 
 
 def changed_fields(saved: dict, current: dict) -> list[str]:

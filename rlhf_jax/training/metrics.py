@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.loggers import Logger
 from rlhf_jax.rollout import Rollouts
 
@@ -114,10 +115,10 @@ class MetricsWriter:
     for logger in self.loggers:
       logger.log_metrics(record["step"], numbers)
 
-  def truncate_after(self, step: int) -> None:
-    """Drops records after `step` (a resumed run writes them again)."""
+  def truncate_after(self, step: int, log: Callable[[str], None] = print) -> None:
+    """Drops records after `step` (a resumed run writes them again); `truncate_jsonl`."""
     if self.enabled:
-      truncate_jsonl(self.path, step)
+      truncate_jsonl(self.path, step, log)
 
   def close(self, failed: bool = False) -> None:
     """Finishes the loggers' runs (`failed`: the run raised)."""
@@ -136,6 +137,9 @@ def summary_line(m: Mapping[str, float]) -> str:
                           ("kept_groups_ratio", "kept", ".2f"), ("value_loss", "vloss", ".4f"),
                           ("logprob_mismatch_max", "mismatch", ".1e"),
                           ("staleness/stale_token_fraction", "stale", ".2f"),
+                          ("fleet/live_servers", "servers", ".0f"),
+                          ("fleet/server_deaths", "deaths", ".0f"),
+                          ("fleet/resent_requests", "resent", ".0f"),
                           ("eval_accuracy", "EVAL", ".3f")):
     if key in m:
       parts.append(f"{label} {m[key]:{fmt}}")
@@ -218,17 +222,40 @@ class RolloutLog:
       for logger in self.loggers:
         logger.log_rollouts(step, rows)
 
-  def truncate_after(self, step: int) -> None:
-    """Drops the samples of steps after `step` (a resumed run writes them again)."""
+  def truncate_after(self, step: int, log: Callable[[str], None] = print) -> None:
+    """Drops the samples of steps after `step` (a resumed run writes them again);
+    `truncate_jsonl`."""
     if self.enabled:
-      truncate_jsonl(self.path, step)
+      truncate_jsonl(self.path, step, log)
 
 
-def truncate_jsonl(path: str, step: int) -> None:
-  """Drops the lines of a JSON-lines file whose `step` is after `step` (no file: nothing)."""
+def truncate_jsonl(path: str, step: int, log: Callable[[str], None] = print) -> None:
+  """Drops the lines of a JSON-lines file whose `step` is after `step` (no file: nothing).
+
+  A torn last line (a crash mid-write) is dropped with a warning to `log` naming the file;
+  a malformed line before it is a ConfigError naming the file and line (the records were
+  edited or damaged: resuming over them would hide it)."""
   if not os.path.exists(path):
     return
   with open(path, encoding="utf-8") as f:
-    kept = [line for line in f if json.loads(line)["step"] <= step]
+    lines = f.read().split("\n")
+  if lines and not lines[-1]:
+    lines.pop()  # the newline that ends the last record
+  kept = []
+  for number, line in enumerate(lines, 1):
+    try:
+      record = json.loads(line)
+      record_step = record["step"] if isinstance(record, dict) else None
+      if not isinstance(record_step, int):
+        raise ValueError("no integer 'step'")
+    except (ValueError, KeyError) as error:
+      if number < len(lines):
+        raise ConfigError(f"{path}: line {number} is not a record with a step ({error}); "
+                          "fix or remove the line to resume") from None
+      log(f"warning: {path}: dropped its torn last line {number} ({len(line)} characters; "
+          "the run stopped while writing it)")
+      continue
+    if record_step <= step:
+      kept.append(line + "\n")  # a last line without its newline gets one
   with open(path, "w", encoding="utf-8") as f:
     f.writelines(kept)

@@ -1,0 +1,121 @@
+"""What keeps a training run's workdir consistent when people and machines interfere.
+
+- `WorkdirLock`: one trainer per workdir. A second one is refused in one line naming the
+  holder (pid, host, start time); two trainers would interleave their records and
+  checkpoints. `fcntl.flock` on <workdir>/trainer.lock, held for the trainer's life: the
+  kernel releases it when the holder exits however it exits, so a file left by a dead
+  process blocks nothing.
+- `StopSignals`: SIGINT and SIGTERM only set a flag, which the loop reads where the
+  step's records are complete (then it saves and stops); a second SIGINT interrupts at
+  once (KeyboardInterrupt), for a run that must not wait.
+- `Stopped`: how the loop ends a run early on purpose (a signal, every sampling server
+  gone) after saying why in one line: a SystemExit with a non-zero status, so a
+  launcher exits without a traceback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+from rlhf_jax.config_errors import ConfigError
+
+LOCK_FILE = "trainer.lock"
+
+
+class WorkdirBusy(ConfigError):
+  """Another live process holds the workdir's lock (launchers: one line, exit 2)."""
+
+
+class Stopped(SystemExit):
+  """The run stopped early on purpose, after logging why; `code` is the exit status
+  (128 + the signal's number for a signal, as a shell reports it; 1 otherwise)."""
+
+
+class WorkdirLock:
+  """An exclusive lock on <workdir>/trainer.lock for one trainer (module docstring).
+
+  Args:
+    workdir: the run's directory (created if missing).
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(os.path.abspath(workdir), LOCK_FILE)
+    self.file = None
+
+  def acquire(self) -> None:
+    """Takes the lock and records this process as its holder; `WorkdirBusy` naming the
+    holder when another process has it."""
+    if self.file is not None:
+      return
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    f = open(self.path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      f.seek(0)
+      holder = describe_holder(f.read())
+      f.close()
+      raise WorkdirBusy(f"--workdir={os.path.dirname(self.path)}: in use by another trainer "
+                        f"({holder}; lock {self.path}); stop it or choose another workdir"
+                        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                        "started": datetime.datetime.now().astimezone().isoformat(
+                            timespec="seconds")}) + "\n")
+    f.flush()
+    self.file = f
+
+  def release(self) -> None:
+    """Gives the lock up (the file stays: removing it would race a process opening it)."""
+    if self.file is not None:
+      fcntl.flock(self.file, fcntl.LOCK_UN)
+      self.file.close()
+      self.file = None
+
+
+def describe_holder(text: str) -> str:
+  """"pid P on host H since T" from a lock file's contents (what is known of them)."""
+  try:
+    holder: Any = json.loads(text)
+    return (f"pid {holder['pid']} on host {holder['host']} since {holder['started']}")
+  except (ValueError, KeyError, TypeError):
+    return "holder not recorded yet"
+
+
+class StopSignals:
+  """While entered, SIGINT and SIGTERM set `requested` (the signal's name) instead of
+  interrupting; a second SIGINT raises KeyboardInterrupt. Outside the main thread (where
+  Python cannot take signals) it does nothing. The previous handlers come back on exit."""
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self):
+    self.requested: str | None = None
+    self.code = 0
+    self.previous: dict[int, Any] = {}
+
+  def __enter__(self) -> "StopSignals":
+    if threading.current_thread() is threading.main_thread():
+      for number in self.SIGNALS:
+        self.previous[number] = signal.signal(number, self._handle)
+    return self
+
+  def _handle(self, number: int, frame) -> None:
+    del frame
+    if self.requested is not None and number == signal.SIGINT:
+      raise KeyboardInterrupt  # asked twice: now
+    self.requested = signal.Signals(number).name
+    self.code = 128 + number
+
+  def __exit__(self, *exc) -> None:
+    for number, handler in self.previous.items():
+      signal.signal(number, handler)
+    self.previous = {}
