@@ -10,10 +10,10 @@ in one line naming its full path (exit status 2). For the arith variant the SFT
 warm start runs first when <workdir>/sft (or --config.model.checkpoint) does not
 exist, and for rollout.mode 'offline' (DPO, DQO) the labelled samples of the warm
 start are written to <workdir>/offline.jsonl when data.offline_file is empty. Metrics go to <workdir>/metrics.jsonl; a progress bar goes to the console;
-the last line is a JSON summary. --validate_only checks the config (and the overrides)
-and the data files (every row's schema, task and prompt length, with the policy's
-tokenizer when its checkpoint exists) and exits: "config ok", or the one-line error with
-exit status 2.
+the last line is a JSON summary. --validate_only checks the config (and the overrides),
+the workdir, the policy checkpoint's files, and the data files (every row's JSON, schema,
+task and prompt length, with the policy's tokenizer, or the arith task's before its warm
+start) and exits: "config ok", or the one-line error with exit status 2.
 """
 
 from __future__ import annotations
@@ -41,12 +41,14 @@ def main(argv) -> None:
     cli.enable_deterministic_gpu_ops()  # before JAX initialises its backends
   import jax
 
+  from rlhf_jax import file_checks
   from rlhf_jax import parallel
   from rlhf_jax.training.config import validate_config
 
   # The whole config, first: before joining a job, the warm start, labelling, loading or
   # compiling; then the mesh against the job's devices.
   validate_config(config)
+  file_checks.check_workdir(_WORKDIR.value)
   parallel.initialize(config.distributed)
   validate_config(config, num_devices=jax.device_count())
   from rlhf_jax.training import build

@@ -10,6 +10,11 @@
     expected an int", found by re-parsing each override with its field's parser.
   * a value no validator accepts: the `ConfigError` of `validate_config`, which every
     launcher calls first in main, before anything loads, trains or compiles.
+  * a config file that is missing, not a .py file, or does not compile, or whose code
+    fails (file_checks.check_config_file); any other flag error absl reports (an unknown
+    or missing flag): one line with absl's message.
+  * a data file, checkpoint or workdir the launcher's own checks refuse
+    (rlhf_jax/file_checks.py, training/build.check_data): one line naming it.
 
 The classification reads the config tree and the flags' parsers, never the text of
 the exception absl or ml_collections raised.
@@ -26,6 +31,7 @@ import ml_collections
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import unknown_field
+from rlhf_jax.file_checks import check_config_file
 
 _EXPECTED = {bool: "true or false", int: "an int", float: "a number", str: "a string",
              tuple: "a tuple, e.g. '(1, 2)' or '1,2'"}
@@ -100,14 +106,31 @@ def _load_preset(flag_values, argv: list[str], name: str):
   spec = _preset_spec(argv, name)
   if spec is None:
     return None
+  check_config_file(spec, name)  # exists, is .py, compiles: else one line naming it
   try:
     config = flag_values[name].parser.parse(spec)
   except ValueError as error:  # get_config's own ValueError (e.g. the variant) is the cause
     cause = error.__context__ if isinstance(error.__context__, ValueError) else error
     raise ConfigError(f"--{name}={spec}: {cause}") from None
-  except (flags.Error, OSError, TypeError):
+  except (TypeError, NameError, ImportError, AttributeError, KeyError) as error:
+    # A mistake in the file's code (ml_collections re-raises a TypeError with the
+    # traceback as its text: the original is the cause).
+    cause = error.__context__ if type(error.__context__) is type(error) else error
+    raise ConfigError(f"--{name}={spec}: {_where_raised(cause, spec)}"
+                      f"{type(cause).__name__}: {cause}") from None
+  except (flags.Error, OSError):
     return None
   return config if isinstance(config, ml_collections.ConfigDict) else None
+
+
+def _where_raised(error: BaseException, spec: str) -> str:
+  """"<file>:<line>: " of the innermost frame of `error` in the config file of `spec`."""
+  import traceback  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  path = os.path.abspath(spec.split(":", 1)[0])
+  frames = [f for f in traceback.extract_tb(error.__traceback__)
+            if os.path.abspath(f.filename) == path]
+  return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
 
 
 def check_overrides(config, overrides: list[Override]) -> None:
@@ -141,7 +164,8 @@ def _check_values(flag_values, config, overrides: list[Override], argv: list[str
 def parse_flags(argv: list[str], flag_values=None) -> list[str]:
   """absl's flag parsing with config overrides checked: an unknown field before
   anything is applied, a value its field cannot hold after; either is a ConfigError.
-  Other flag errors are reported as absl does (exit status 1)."""
+  Another flag error (an unknown flag, a value its parser rejects, a required flag
+  missing) is a ConfigError with absl's message."""
   from absl import flags  # pylint: disable=import-outside-toplevel
   # is_config_flag is meant for users but not re-exported by the package.
   from ml_collections.config_flags import config_flags  # pylint: disable=import-outside-toplevel
@@ -161,9 +185,7 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
       _check_values(flag_values, config, overrides, expanded)
     if not isinstance(error, flags.Error):
       raise
-    print(f"FATAL Flags parsing error: {error}", file=sys.stderr)
-    print("Pass --helpshort or --helpfull to see help on flags.", file=sys.stderr)
-    sys.exit(1)
+    raise ConfigError(f"{error} (--helpshort lists the flags)") from None
 
 
 def run(main: Callable[[list[str]], None]) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import jax
 
+from rlhf_jax import file_checks
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.algorithms import registry
@@ -41,6 +42,7 @@ from rlhf_jax.rollout.offline import offline_rollout
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.sampling import config as sampler_config_lib
+from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.training.evaluation import evaluate_episodes
 from rlhf_jax.training.evaluation import evaluate_policy
@@ -214,21 +216,28 @@ def check_checkpoint_family(directory: str) -> None:
 
 
 def check_data(c, workdir: str) -> None:
-  """`load_examples` with the policy's tokenizer when its checkpoint is there already
-  (`--validate_only`: the data files, their schema and every prompt's length, before
-  "config ok"; nothing loads onto a device)."""
+  """The policy checkpoint's files (when it is there: config.json, the safetensors headers
+  and sizes, the tokenizer; `file_checks.check_checkpoint_dir`) and `load_examples` with
+  its tokenizer — or, for the arith variant before its warm start, with the task's own
+  tokenizer, which the warm start will save — so that the data files' schema, JSON,
+  encodability and every prompt's length are checked before any work (`--validate_only`:
+  before "config ok"; nothing loads onto a device)."""
   directory = policy_checkpoint_dir(c, workdir)
-  check_checkpoint_family(directory)
-  prompts = None
-  if os.path.exists(os.path.join(directory, "tokenizer.json")):
+  field = "config.model.checkpoint"
+  if os.path.exists(directory) or c.variant != "arith":  # arith trains a missing one
+    file_checks.check_checkpoint_dir(directory, field if c.model.checkpoint
+                                     else f"{field} (<workdir>/sft)")
+    check_checkpoint_family(directory)
     try:
       tokenizer = models.Tokenizer.from_directory(directory)
       prefix = models.load_prompt_prefix(directory, tokenizer)
     except (OSError, ValueError) as error:
-      raise ConfigError(f"config.model.checkpoint: {directory}: the tokenizer does not "
-                        f"load: {error}") from None
-    prompts = prompt_format(c, tokenizer, prefix)
-  load_examples(c, prompts)
+      raise ConfigError(f"{field}: {directory}: the tokenizer does not load: {error}"
+                        ) from None
+  else:
+    tokenizer = task_registry.get_task(c.data.task).tokenizer()
+    prefix = [tokenizer.backend.token_to_id(t) for t in arith.PROMPT_PREFIX]
+  load_examples(c, prompt_format(c, tokenizer, prefix))
 
 
 def generation_params(c, policy: Policy, params, mesh):
