@@ -47,7 +47,8 @@ def fleet():
   servers = [Server() for _ in range(3)]
   logs = []
   fleet = SamplerFleet([f"localhost:{s.port}" for s in servers], timeout_s=60,
-                       max_in_flight=2, probe_interval_s=0.0, log=logs.append)
+                       max_in_flight=2, probe_interval_s=0.0, log=logs.append,
+                       reconnect_s=1.0)
   fleet.wait_ready()
   fleet.probe(force=True)
   yield fleet, servers, logs
@@ -124,8 +125,32 @@ def test_a_fleet_with_no_server_left_says_so(fleet):
   fleet, servers, _ = fleet
   for s in servers:
     s.kill()
+  start = time.monotonic()
   with pytest.raises(FleetUnavailableError, match="every sampler server is gone"):
     fleet.generate(PROMPTS, SAMPLING)
+  assert 1.0 <= time.monotonic() - start < 10  # it waited reconnect_s for one
+  assert fleet.metrics()["fleet/reconnect_waits"] == 1
+  assert fleet.metrics()["fleet/live_servers"] == 0
+
+
+def test_a_fleet_waits_for_a_server_to_come_back(fleet):
+  fleet, servers, logs = fleet
+  fleet.reconnect_s = 60.0
+  for s in servers:
+    s.kill()
+  back = []
+  restart = threading.Timer(1.0, lambda: back.append(Server(port=servers[0].port)))
+  restart.start()
+  try:
+    assert tokens(fleet.generate(PROMPTS[:2], SAMPLING)) == expected()[:2]
+  finally:
+    restart.join()
+    for s in back:
+      s.kill()
+  assert any("waiting up to 60 s" in line for line in logs), logs
+  assert any("back after" in line for line in logs), logs
+  metrics = fleet.metrics()
+  assert metrics["fleet/reconnect_waits"] == 1 and metrics["fleet/server_joins"] >= 4
 
 
 @pytest.mark.parametrize("fields, message", [
