@@ -85,6 +85,7 @@ CASES = [
     ("train: workdir is a file", "train.py",
      ("--config=configs/dapo.py:arith", "--workdir={d}/a_file"), "a_file"),
     ("eval: unknown flag", "eval.py", (*EVAL, "--sample=2"), "--sample"),
+    ("eval: --samples=0", "eval.py", (*EVAL, "--samples=0"), "--samples=0"),
     ("eval: malformed --data", "eval.py",
      ("--checkpoint={d}/ckpt", "--data={d}/malformed.jsonl"), "malformed.jsonl:2"),
     ("eval: empty --data", "eval.py",

@@ -36,11 +36,17 @@ def json_lines(path: str) -> Iterator[tuple[int, Any]]:
 def read_jsonl(path: str) -> list[Example]:
   """Reads examples of our schema strictly (string answers, no other fields); errors name
   the file, line and field. `sources.read_examples` also takes numbers and mappings."""
-  examples = [record_to_example(record, f"{path}:{number}", strict=True, numbers=False)
-              for number, record in json_lines(path)]
-  if not examples:
+  return [example for _, example in located_jsonl(path)]
+
+
+def located_jsonl(path: str) -> list[tuple[str, Example]]:
+  """`read_jsonl`, each example with where it is ("f.jsonl:3"), for checks naming the row."""
+  located = [(f"{path}:{number}", record_to_example(record, f"{path}:{number}", strict=True,
+                                                    numbers=False))
+             for number, record in json_lines(path)]
+  if not located:
     raise ValueError(f"{path}: no examples (empty file).")
-  return examples
+  return located
 
 
 def write_jsonl(path: str, examples: Iterable[Example | dict]) -> int:

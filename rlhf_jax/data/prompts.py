@@ -38,12 +38,14 @@ class PromptFormat:
     chat_template: 'auto', 'always' or 'never' (module docstring).
     system_prompt: a system turn for rendered rows without one ("" = none).
     prompt_length: P, the most prompt tokens (prefix included); 0 = no limit.
+    length_name: what sets `prompt_length`, for the error (a launcher's flag).
   """
   tokenizer: Any
   prefix: tuple[int, ...] = ()
   chat_template: str = "auto"
   system_prompt: str = ""
   prompt_length: int = 0
+  length_name: str = "data.prompt_length"
 
   def __post_init__(self):
     if self.chat_template not in CHAT_TEMPLATE_MODES:
@@ -100,7 +102,7 @@ class PromptFormat:
                         f"{text[:60]!r}") from None
     if self.prompt_length and len(ids) > self.prompt_length:
       raise PromptError(f"{where}: the prompt has {len(ids)} tokens, more than "
-                        f"data.prompt_length={self.prompt_length}: {text[:60]!r}...")
+                        f"{self.length_name}={self.prompt_length}: {text[:60]!r}...")
     return ids
 
   def encode_all(self, examples: Sequence[Example]) -> list[list[int]]:

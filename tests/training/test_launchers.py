@@ -123,7 +123,8 @@ def test_train_then_eval_then_plot(tmp_path, monkeypatch):
                                                               "every_line"]
   assert (tmp_path / "passk.png").stat().st_size > 1000
   result = run("eval.py", f"--checkpoint={policy}", "--fire=first_token")
-  assert result.returncode != 0 and "--fire needs --temperature > 0" in result.stderr
+  assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+      "error: --fire=first_token: --fire needs --temperature > 0 (FIRE is a sampling mode)"]
   result = run("plot.py", f"--workdir={tmp_path}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / "plots" / "summary.png").stat().st_size > 1000
