@@ -16,13 +16,14 @@ prompts share the sampler's slots).
 about the same generated tokens). One JSON line per method: the chosen responses'
 mean reward, their verifier accuracy (when the task has one), generated tokens and
 wall time (after an untimed pass over one prompt that compiles every program).
+The flags, the workdir, the policy's (and --prm's) checkpoint files and the held-out
+prompts are checked before anything loads: an error is one line, exit status 2.
 """
 
 from __future__ import annotations
 
 import json
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
@@ -45,12 +46,14 @@ def main(argv) -> None:
   del argv
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
+  from rlhf_jax import file_checks
+  from rlhf_jax.config_errors import ConfigError
   try:
     decisions = [int(t) for t in _DECISIONS.value]
     bon_n = [int(n) for n in _BON_N.value]
   except ValueError:
-    raise app.UsageError(f"--decision_tokens={_DECISIONS.value} and --bon_n={_BON_N.value} "
-                         "must be integers.") from None
+    raise ConfigError(f"--decision_tokens={','.join(_DECISIONS.value)} and --bon_n="
+                      f"{','.join(_BON_N.value)}: must be integers") from None
   import jax
 
   from rlhf_jax.search.best_of_n import BestOfNOptions
@@ -59,6 +62,8 @@ def main(argv) -> None:
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
+  if _WORKDIR.value:
+    file_checks.check_workdir(_WORKDIR.value)
   options = BestOfNOptions(n=_N.value, decision_tokens=decisions,
                            rejection_rate=_RATE.value, compare=_COMPARE.value, bon_n=bon_n,
                            prompts=_PROMPTS.value, prm=_PRM.value)

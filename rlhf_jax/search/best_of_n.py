@@ -12,6 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from rlhf_jax import file_checks
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards.router import has_verifier
@@ -39,6 +40,12 @@ class BestOfNOptions:
     """Errors naming the option before anything loads."""
     if self.n < 1:
       raise ConfigError(f"--n={self.n} must be >= 1")
+    if self.prompts < 0:
+      raise ConfigError(f"--prompts={self.prompts} must be >= 0 (the first N held-out "
+                        "prompts; 0: all)")
+    for flag, values in (("decision_tokens", self.decision_tokens), ("bon_n", self.bon_n)):
+      if any(value < 1 for value in values):
+        raise ConfigError(f"--{flag}={','.join(str(v) for v in values)}: each must be >= 1")
     if not 0 <= self.rejection_rate < 1:
       raise ConfigError(f"--rejection_rate={self.rejection_rate} must be in [0, 1)")
     # The search steps and cancels samples in the scheduler itself.
@@ -76,6 +83,9 @@ def run_best_of_n(c, workdir: str, options: BestOfNOptions) -> Iterator[dict[str
   """Runs every method of `options` with the policy of config `c` (`model.checkpoint`,
   or <workdir>/sft) on the held-out prompts; yields one row per method."""
   options.check(c)
+  build.check_data(c, workdir)  # the checkpoint's files and the prompts, before loading
+  if options.prm:
+    file_checks.check_checkpoint_dir(options.prm, f"--prm={options.prm}", tokenizer=False)
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, workdir, mesh)
   examples = build.load_examples(c)[1]
