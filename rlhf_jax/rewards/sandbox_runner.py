@@ -1,55 +1,32 @@
-"""The program that runs inside the sandbox (rewards/sandbox.py starts it as
-`python -I -S -c <this file> <report fd>`): standard library only.
+"""The program that runs the candidate inside the sandbox (rewards/sandbox.py starts it
+as `python -I -S -c <sandbox_wire.py + this file> <report fd>`): standard library only.
 
 It reads its job as JSON from stdin, lowers its own resource limits (they bind: it
-runs as an unprivileged uid), runs the candidate, and writes its result, signed with
-the job's nonce, to the inherited report pipe. A candidate that exits early, calls
-`os._exit`, prints "passed" or kills processes produces no signed report, which the
-parent counts as a failure. Only asserts that actually ran are counted.
+runs as an unprivileged uid), and runs the candidate in one of three modes:
+
+- "serve" (the default of code.run_tests): runs the solution, then serves calls from the
+  trusted harness (sandbox_harness.py, another sandbox) over two pipes, answering with
+  plain data (sandbox_wire.py). This process never holds a test, an expected value or a
+  verdict, so nothing the candidate does here can forge one.
+- "io": runs the program once per stdin text and reports what it printed; the parent
+  compares it with the expected output.
+- "tests" (code.run_tests(mode="unsafe_in_process"), UNSAFE): runs the solution and the
+  tests in this one interpreter and reports the verdict, signed with the job's nonce.
+  The candidate shares the interpreter with the report and the expected values, so it
+  can forge the verdict (docs/sandbox.md, "What is not contained").
 """
 
-import ast
 import io
 import json
 import os
-import resource
 import sys
-import traceback
+import types
 
-_COUNTER = "__rlhf_jax_asserts_passed__"
-
-
-def _lower_limits(job):
-  memory = job["memory_mb"] * 1024 * 1024
-  cpu = max(1, int(job["cpu_s"]))
-  for limit, soft, hard in (
-      (resource.RLIMIT_AS, memory, memory),
-      (resource.RLIMIT_CPU, cpu, cpu + 1),
-      (resource.RLIMIT_NPROC, job["max_processes"], job["max_processes"]),
-      (resource.RLIMIT_FSIZE, job["file_bytes"], job["file_bytes"]),
-      (resource.RLIMIT_NOFILE, 64, 64),
-      (resource.RLIMIT_CORE, 0, 0)):
-    resource.setrlimit(limit, (soft, hard))
-
-
-class _CountAsserts(ast.NodeTransformer):
-  """Follows every `assert` with a call that counts it (it runs only if it passed)."""
-
-  def visit_Assert(self, node):
-    count = ast.Expr(ast.Call(ast.Name(_COUNTER, ast.Load()), [], []))
-    return [node, ast.copy_location(count, node)]
-
-
-def _describe(error, filename):
-  """"AssertionError at tests line 3" / "ValueError: bad" for the report."""
-  line = ""
-  for frame in reversed(traceback.extract_tb(error.__traceback__)):
-    if frame.filename == filename:
-      line = f" at {filename.strip('<>')} line {frame.lineno}"
-      break
-  message = str(error)[:200]
-  return f"{type(error).__name__}{line}" + (f": {message}" if message else "")
-
+try:  # run as a module (tests); in the sandbox sandbox_wire.py's source comes first
+  from rlhf_jax.rewards.sandbox_wire import (COUNTER, Reader, WireError, counted_tests,
+                                              decode, describe, encode, lower_limits, send)
+except ImportError:
+  pass
 
 def _run_tests(job):
   passed = [0]
@@ -60,8 +37,7 @@ def _run_tests(job):
   namespace = {"__name__": "__main__", "__builtins__": __builtins__}
   try:
     solution = compile(job["solution"], "<solution>", "exec")
-    tree = ast.fix_missing_locations(_CountAsserts().visit(ast.parse(job["tests"], "<tests>")))
-    tests = compile(tree, "<tests>", "exec")
+    tests = counted_tests(job["tests"])
   except SyntaxError as error:
     return {"passed": False, "reason": f"syntax error: {error}", "tests_run": 0}
   try:
@@ -70,15 +46,15 @@ def _run_tests(job):
     return {"passed": False, "reason": "the solution exited before the tests ran",
             "tests_run": 0}
   except BaseException as error:  # the candidate's failure is the verdict
-    return {"passed": False, "reason": "solution raised " + _describe(error, "<solution>"),
+    return {"passed": False, "reason": "solution raised " + describe(error, "<solution>"),
             "tests_run": 0}
-  namespace[_COUNTER] = count
+  namespace[COUNTER] = count
   try:
     exec(tests, namespace)  # pylint: disable=exec-used
   except SystemExit:
     return {"passed": False, "reason": "exited during the tests", "tests_run": passed[0]}
   except BaseException as error:
-    return {"passed": False, "reason": "test failed: " + _describe(error, "<tests>"),
+    return {"passed": False, "reason": "test failed: " + describe(error, "<tests>"),
             "tests_run": passed[0]}
   if passed[0] == 0:
     return {"passed": False, "reason": "no test ran (the tests executed no assert)",
@@ -115,16 +91,85 @@ def _run_io(job):
       if exit_.code not in (None, 0):
         error = f"exit status {exit_.code}"
     except BaseException as raised:
-      error = _describe(raised, "<program>")
+      error = describe(raised, "<program>")
     sys.stdin, sys.stdout = real_stdin, real_stdout
     try:
       wrapper.flush()
       wrapper.detach()  # keeps `captured` open when the wrapper is collected
     except BaseException as raised:
-      error = error or _describe(raised, "<program>")
+      error = error or describe(raised, "<program>")
     outputs.append(captured.getvalue().decode("utf-8", "replace"))
     errors.append(error)
   return {"outputs": outputs, "errors": errors}
+
+
+_VALUE_CAP = 1 << 16  # a module-level value larger than this, encoded, is not sent
+
+
+def _exported(namespace):
+  """The solution's top-level names as the harness sees them: callables are called over
+  the pipe, plain data is sent (small values only), anything else stays here."""
+  names = {}
+  for name, value in list(namespace.items()):
+    if name.startswith("__") or isinstance(value, types.ModuleType):
+      continue
+    if callable(value):
+      names[name] = {"callable": True}
+      continue
+    try:
+      data = encode(value)
+      small = len(json.dumps(data)) <= _VALUE_CAP
+      names[name] = {"value": data} if small else {"opaque": "value too large to send"}
+    except (TypeError, ValueError, RecursionError):
+      names[name] = {"opaque": f"a {type(value).__name__}, not plain data"}
+  return names
+
+
+def _serve(job):
+  """Runs the solution, then answers the harness's calls until the pipe closes."""
+  out = job["result_fd"]
+  namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+  try:
+    exec(compile(job["solution"], "<solution>", "exec"), namespace)  # pylint: disable=exec-used
+    send(out, {"names": _exported(namespace)})
+  except SyntaxError as error:
+    send(out, {"error": f"syntax error: {error}"})
+    return
+  except SystemExit:
+    send(out, {"error": "the solution exited before the tests ran"})
+    return
+  except BaseException as error:  # the candidate's failure is the verdict
+    send(out, {"error": "solution raised " + describe(error, "<solution>")})
+    return
+  reader, handles = Reader(job["call_fd"]), {}
+  while True:
+    try:
+      request = reader.receive()
+    except WireError:
+      return
+    try:
+      target = (handles[request["handle"]] if "handle" in request
+                else _resolve(namespace, request["name"]))
+      if "attr" in request:
+        target = getattr(target, request["attr"])
+      result = target(*decode(request["args"]), **decode(request["kwargs"]))
+      try:
+        reply = {"value": encode(result)}
+      except (TypeError, ValueError, RecursionError):
+        handles[len(handles)] = result  # an object: the harness may call its methods
+        reply = {"handle": len(handles) - 1, "type": type(result).__name__}
+    except SystemExit:
+      reply = {"error": "SystemExit", "type": "SystemExit"}
+    except BaseException as error:
+      reply = {"error": describe(error, "<solution>"), "type": type(error).__name__}
+    send(out, reply)
+
+
+def _resolve(namespace, name):
+  """A top-level function, or a method of `Solution()` (LeetCode-style answers)."""
+  if name in namespace:
+    return namespace[name]
+  return getattr(namespace["Solution"](), name)
 
 
 def main():
@@ -132,8 +177,13 @@ def main():
   job = json.loads(sys.stdin.buffer.read())
   devnull = os.open(os.devnull, os.O_RDONLY)
   os.dup2(devnull, 0)
-  nonce = job.pop("nonce")
-  _lower_limits(job)
+  nonce = job.pop("nonce", None)  # "serve" jobs have none: they report nothing
+  lower_limits(job)
+  if job["mode"] == "serve":
+    try:
+      _serve(job)
+    finally:
+      os._exit(0)
   try:
     result = _run_tests(job) if job["mode"] == "tests" else _run_io(job)
   except MemoryError:

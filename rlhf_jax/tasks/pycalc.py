@@ -2,7 +2,10 @@
 
 The problems are arith's (tasks/arith.py); the response is a tiny program that must
 leave the result in `x`, e.g. `x=47+385`. The code verifier runs it in the sandbox
-(rewards/code.py) against the example's `answer`, which is the test `assert x == 432`.
+(rewards/code.py) against the example's `answer`, the test `assert x == 432`, in its safe
+default mode: the program runs in one sandbox and the test in a trusted harness in
+another, which receives `x` as plain data, so the program can neither see the expected
+value nor forge the verdict (docs/sandbox.md).
 So an RL run calls the sandbox once per sample: hundreds of times per step, with
 whatever programs the policy writes. The program needs no characters beyond arith's
 alphabet, so the task shares its tokenizer and tiny model.

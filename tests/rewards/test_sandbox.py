@@ -111,24 +111,33 @@ def test_pycalc_examples_are_scored_by_the_sandbox():
   assert Example  # the scorer takes data.Example rows
 
 
-def test_verl_code_contest_answers_run_as_stdin_stdout_cases():
-  """verl's and PRIME's code ground truth, JSON {"inputs", "outputs"}, runs with run_io
-  (the expected outputs stay out of the sandbox) beside unit-test answers."""
+def test_verl_code_contest_answers_run_as_stdin_stdout_or_call_cases():
+  """verl's and PRIME's code ground truth: JSON {"inputs", "outputs"} runs with run_io,
+  with "fn_name" as calls through the harness (APPS's layout: argument lists, expected
+  values; a one-item list also matches its item), beside unit-test answers."""
   import json
   io_answer = json.dumps({"inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]})
+  calls = json.dumps({"inputs": [[1, 2], [5, 5]], "outputs": [[3], 10], "fn_name": "add"})
   examples = [Example("add", io_answer, "code"), Example("add", io_answer, "code"),
+              Example("add", calls, "code"), Example("add", calls, "code"),
+              Example("add", calls, "code"),
               Example("add", json.dumps({"inputs": ["1"], "outputs": ["1"], "fn_name": "f"}),
                       "code"),
               Example("add", HUMANEVAL_TESTS, "code")]
   responses = ["```python\na, b = map(int, input().split())\nprint(a + b)\n```",
                "a, b = map(int, input().split())\nprint(a * b)",
+               "def add(a, b):\n  return a + b",
+               "class Solution:\n  def add(self, a, b):\n    return a + b",
+               "def add(a, b):\n  return a * b",
                "def f(x):\n  return x", "def add(a, b):\n    return a + b"]
   scored = code.CodeScorer(("code",), correct_score=1.0, wrong_score=-1.0,
                            timeout_s=5.0).score(examples, responses)
-  assert scored.correct == [True, False, False, True]
+  assert scored.correct == [True, False, True, True, False, False, True]
   assert scored.reason(1) == "case 1: wrong output: expected '3\\n', got '2\\n'"
-  assert scored.failures[2] == "answer: call-based tests (fn_name) are not supported; " \
-                               "stdin/stdout only."
-  assert code.io_cases("assert add(1, 2) == 3") is None
+  assert scored.reason(4) == "case 1: wrong result: expected [3], got 2"
+  assert scored.failures[5] == ("answer: call-based cases must be a non-empty list of "
+                                "(argument list, expected value).")
+  assert code.io_cases("assert add(1, 2) == 3") is None and code.io_cases(calls) is None
+  assert code.call_cases(calls) == ("add", [([1, 2], [3]), ([5, 5], 10)])
   with pytest.raises(ValueError, match="non-empty lists of strings of one length"):
     code.io_cases(json.dumps({"inputs": ["1"], "outputs": []}))

@@ -209,3 +209,93 @@ def test_a_batch_of_64_hostile_programs_ends_within_its_timeouts():
   assert elapsed < rounds * 1.0 + 15.0, elapsed
   assert [v.passed for v in verdicts] == [i % len(programs) == 7 for i in range(64)]
   assert sandbox_processes() == []
+
+
+# Forged verdicts: programs a policy could emit for the pycalc task ("leave the result in
+# x"; the example's answer is the test `assert x == <value>`), none of which computes it.
+# Each passes in the old in-process mode (kept as code.run_tests(mode="unsafe_in_process"),
+# where the solution and the tests share one interpreter) and fails in the default mode,
+# where the tests and the expected value live in the harness's own sandbox.
+FORGED_VERDICTS = {
+    # Rebinds json.dumps, which the in-process runner uses to sign its own report.
+    "json_dumps": """
+import json
+_dumps = json.dumps
+def _forge(obj, *args, **kwargs):
+    if isinstance(obj, dict) and "nonce" in obj:
+        obj = dict(obj, passed=True, reason="", tests_run=1)
+    return _dumps(obj, *args, **kwargs)
+json.dumps = _forge
+x = 0
+""",
+    # Walks up the frames to the runner's nonce and report pipe, writes a signed pass.
+    "frame_walk_to_the_secret": """
+import json, os, sys
+frame = sys._getframe()
+while frame is not None and "nonce" not in frame.f_locals:
+    frame = frame.f_back
+if frame is not None:
+    os.write(int(sys.argv[1]), json.dumps({"passed": True, "reason": "", "tests_run": 1,
+                                           "nonce": frame.f_locals["nonce"]}).encode())
+    os._exit(0)
+x = 0
+""",
+    # Reads the expected value from the test text in the runner's memory.
+    "answer_from_the_runners_job": """
+import re, sys
+x = 0
+frame = sys._getframe()
+while frame is not None:
+    job = frame.f_locals.get("job")
+    if isinstance(job, dict) and isinstance(job.get("tests"), str):
+        x = int(re.findall(r"-?\\d+", job["tests"])[-1])
+    frame = frame.f_back
+""",
+    # An object equal to everything.
+    "always_equal": """
+class AlwaysEqual:
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = object.__hash__
+x = AlwaysEqual()
+""",
+    # The same, disguised as an int (it would cross as plain data if it were trusted).
+    "always_equal_int": """
+class AlwaysEqual(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+x = AlwaysEqual(0)
+""",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(FORGED_VERDICTS))
+def test_forged_verdicts_pass_in_process_and_fail_in_the_harness(attack):
+  from rlhf_jax.tasks import pycalc
+  example = pycalc.examples(seed=11, count=1)[0]
+  program = FORGED_VERDICTS[attack]
+  unsafe = code.run_tests(program, example.answer, mode="unsafe_in_process")
+  assert unsafe.passed, unsafe  # the attack works where the verdict is made in-process
+  safe = hostile(program, example.answer)
+  assert safe.tests_run == 0
+  scorer = code.CodeScorer(("pycalc",), correct_score=1.0, wrong_score=0.0, timeout_s=TIMEOUT)
+  scored = scorer.score([example], [f"```python\n{program}```"])
+  assert scored.scores == [0.0] and scored.correct == [False], scored.reason(0)
+
+
+def test_always_equal_results_of_calls_fail():
+  """A function that returns an always-equal object: it cannot cross as data, and the
+  harness refuses to compare or test the truth of the remote object it gets instead."""
+  solution = ("class AlwaysEqual:\n  def __eq__(self, other):\n    return True\n"
+              "  def __bool__(self):\n    return True\n"
+              "def add(a, b):\n  return AlwaysEqual()\n")
+  tests = "def check(candidate):\n  assert candidate(2, 3) == 5\n  assert candidate(1, 1)\n" \
+          "check(add)\n"
+  assert code.run_tests(solution, tests, mode="unsafe_in_process").passed
+  assert "not plain data" in hostile(solution, tests).reason
+  assert "not plain data" in hostile(solution, "assert add(1, 1)").reason
+  calls = code.run_calls(solution, "add", [([2, 3], 5)], timeout_s=TIMEOUT)
+  assert not calls.passed and "not plain data" in calls.reason

@@ -325,13 +325,18 @@ text = open("/tmp/data.txt").read()
 os.remove("/tmp/data.txt")
 start = time.monotonic()
 time.sleep(0.01)
+slept, now = time.monotonic() - start, time.time()
 libc = ctypes.CDLL(None)
 persona = libc.personality(0xFFFFFFFF)
+printed = ran.stdout
+random_bytes = len(os.urandom(8))
 """
-  tests = ("assert forked == 7\nassert ran.stdout == '42\\n', ran\n"
+  # The tests run in the harness: they see the solution's plain-data values (not its
+  # objects or modules).
+  tests = ("assert forked == 7\nassert printed == '42\\n', printed\n"
            "assert sorted(results) == [0, 1, 2, 3]\nassert text == 'hello'\n"
-           "assert time.monotonic() - start >= 0.01 and time.time() > 1.7e9\n"
-           "assert persona >= 0\nassert len(os.urandom(8)) == 8")
+           "assert slept >= 0.01 and now > 1.7e9\n"
+           "assert persona >= 0\nassert random_bytes == 8")
   verdict = code.run_tests(solution, tests, timeout_s=10.0)
   assert verdict.passed and verdict.tests_run == 7, verdict
   assert sandbox_processes() == []
