@@ -92,16 +92,18 @@ def test_per_sample_cancel_frees_its_slot_for_a_waiting_sample():
   engine = sampling.Engine(MODEL, num_slots=2, cache_length=40)
   sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS, steps_per_sync=2)
   request = sched.submit(prompts(1)[0], sampling.SamplingParams(n=4, max_new_tokens=20, seed=1))
-  sched.cancel(request, 3)  # still waiting: never runs
+  sched.cancel(request, 3)  # still waiting: never runs, completes "cancelled" with no tokens
   completions = sched.step()
+  assert [(c.sample_index, c.finish_reason, c.token_ids) for c in completions] == [
+      (3, "cancelled", [])]
   assert sched.metrics()["slots_busy"] == 2  # samples 0 and 1
   sched.cancel(request, 0)
   completions += sched.step()  # sample 0 leaves, sample 2 takes its slot
-  assert [c.sample_index for c in completions if c.finish_reason == "cancelled"] == [0]
+  assert [c.sample_index for c in completions if c.finish_reason == "cancelled"] == [3, 0]
   assert sched.metrics()["slots_busy"] == 2
   completions += sched.run()
   reasons = {c.sample_index: c.finish_reason for c in completions}
-  assert reasons == {0: "cancelled", 1: "length", 2: "length"}  # 3 never started
+  assert reasons == {0: "cancelled", 1: "length", 2: "length", 3: "cancelled"}
   assert not sched.has_work()
 
 
