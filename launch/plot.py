@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app
 from absl import flags
+
+from rlhf_jax import cli
+from rlhf_jax.config_errors import ConfigError
 
 DEFAULT_KEYS = ("reward_mean", "accuracy", "eval_accuracy", "entropy", "response_length_mean",
                 "approx_kl", "clip_frac_upper", "value_loss", "explained_variance",
@@ -28,12 +30,21 @@ def main(argv) -> None:
 
   path = os.path.join(_WORKDIR.value, "metrics.jsonl")
   if not os.path.exists(path):
-    raise app.UsageError(f"{path} does not exist (is --workdir a training run?).")
-  records = [json.loads(line) for line in open(path, encoding="utf-8")]
+    raise ConfigError(f"{path} does not exist (is --workdir a training run?).")
+  records = []
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if not line.endswith("\n"):  # a record still being written by a live run
+        break
+      try:
+        if line.strip():
+          records.append(json.loads(line))
+      except ValueError as error:
+        raise ConfigError(f"{path}:{number}: not JSON ({error})") from None
   series = {key: [(r["step"], r[key]) for r in records if key in r] for key in _KEYS.value}
   series = {key: points for key, points in series.items() if points}
   if not series:
-    raise app.UsageError(f"none of {_KEYS.value} is in {path}.")
+    raise ConfigError(f"none of {_KEYS.value} is in {path}.")
   out = os.path.join(_WORKDIR.value, "plots")
   os.makedirs(out, exist_ok=True)
   columns = min(3, len(series))
@@ -59,4 +70,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, compile_cache=False)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 from absl import flags
+
+from rlhf_jax import cli
+from rlhf_jax.config_errors import ConfigError
 
 from rlhf_jax.analysis.report import evaluations
 from rlhf_jax.analysis.report import plot_evaluations
@@ -26,10 +28,13 @@ def main(argv) -> None:
   del argv
   path = os.path.join(_WORKDIR.value, "metrics.jsonl")
   if not os.path.exists(path):
-    raise app.UsageError(f"{path} does not exist (is --workdir a training run?).")
-  records = evaluations(path)
+    raise ConfigError(f"{path} does not exist (is --workdir a training run?).")
+  try:
+    records = evaluations(path)
+  except ValueError as error:  # not JSON lines (json's error names no file)
+    raise ConfigError(f"{path}: {error}") from None
   if not records:
-    raise app.UsageError(f"{path} has no evaluation (eval_accuracy) records.")
+    raise ConfigError(f"{path} has no evaluation (eval_accuracy) records.")
   table = report_table(records[0], records[-1])
   with open(os.path.join(_WORKDIR.value, "report.md"), "w", encoding="utf-8") as f:
     f.write(table)
@@ -40,4 +45,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, compile_cache=False)

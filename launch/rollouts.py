@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 from absl import flags
+
+from rlhf_jax import cli
+from rlhf_jax.config_errors import ConfigError
 
 from rlhf_jax.analysis.rollouts import read_rollouts
 from rlhf_jax.analysis.rollouts import rollouts_table
@@ -25,14 +27,17 @@ def main(argv) -> None:
   del argv
   path = os.path.join(_WORKDIR.value, "rollouts.jsonl")
   if not os.path.exists(path):
-    raise app.UsageError(f"{path} does not exist (train with "
+    raise ConfigError(f"{path} does not exist (train with "
                          "--config.train.log_rollouts=N to write it).")
-  records = read_rollouts(path, step=_STEP.value)
+  try:
+    records = read_rollouts(path, step=_STEP.value)
+  except ValueError as error:  # not JSON lines (json's error names no file)
+    raise ConfigError(f"{path}: {error}") from None
   if not records:
-    raise app.UsageError(f"{path} has no samples" + (
+    raise ConfigError(f"{path} has no samples" + (
         f" of step {_STEP.value}." if _STEP.value is not None else "."))
   print(rollouts_table(records, width=_WIDTH.value), end="", flush=True)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, compile_cache=False)

@@ -188,12 +188,16 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
     raise ConfigError(f"{error} (--helpshort lists the flags)") from None
 
 
-def run(main: Callable[[list[str]], None]) -> None:
-  """`absl.app.run(main)` with config errors reported in one line (exit status 2)."""
+def run(main: Callable[[list[str]], None], *, compile_cache: bool = True) -> None:
+  """`absl.app.run(main)` with config errors reported in one line (exit status 2).
+  `compile_cache`: turn on JAX's persistent compilation cache first (which imports JAX;
+  False for a launcher that compiles nothing)."""
   from absl import app  # pylint: disable=import-outside-toplevel
   from absl import flags  # pylint: disable=import-outside-toplevel
 
   def with_compile_cache(argv):
+    if not compile_cache:
+      return main(argv)
     from rlhf_jax.runtime import enable_compile_cache  # pylint: disable=import-outside-toplevel
     config = getattr(flags.FLAGS, "config", None) if "config" in flags.FLAGS else None
     enable_compile_cache(compile_cache_dir(config))
