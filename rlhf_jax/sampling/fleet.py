@@ -119,6 +119,8 @@ class SamplerFleet:
         if self.reference is not None:
           client.update_reference(self.reference)
       except grpc.RpcError as error:
+        if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+          raise  # our token is wrong: no wait fixes that
         if error.code() not in _SERVER_LOST:  # it answers, but refuses: say why
           self.log(f"sampler fleet: {address} refused to join: {_describe(error)}")
         continue

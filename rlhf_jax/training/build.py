@@ -276,23 +276,12 @@ def remote_sampler(c) -> bool:
 def _sampler(c, policy: Policy, mesh):
   if jax.process_count() > 1 and not remote_sampler(c):
     return process_sharded_sampler(c, policy, mesh)
-  from rlhf_jax.sampling.security import client_security  # pylint: disable=import-outside-toplevel
-  if tuple(c.sampler.addresses):
-    from rlhf_jax.sampling.fleet import SamplerFleet  # pylint: disable=import-outside-toplevel
-    fleet = SamplerFleet(tuple(c.sampler.addresses), reconnect_s=c.sampler.reconnect_s,
-                         security=client_security(c.sampler))
-    fleet.wait_ready()
-    fleet.update_params(policy.params, version=0)
-    if reference_lib.from_sampler(c):  # the initial policy is the frozen reference
-      reference_lib.send_reference(fleet, policy.params, c.model.dtype)
-    return fleet
-  if c.sampler.address:
+  if remote_sampler(c):
     # grpc is the `serve` extra's: imported only when a sampler server is configured.
-    from rlhf_jax.sampling.client import SamplerClient  # pylint: disable=import-outside-toplevel
-    sampler = SamplerClient(c.sampler.address, security=client_security(c.sampler))
-    sampler.wait_ready()
-    sampler.update_params(policy.params, version=0)
-    if reference_lib.from_sampler(c):
+    from rlhf_jax.sampling import remote  # pylint: disable=import-outside-toplevel
+    sampler = remote.connect(c.sampler)  # a client, or a fleet of sampler.addresses
+    remote.push_initial(sampler, policy.params)
+    if reference_lib.from_sampler(c):  # the initial policy is the frozen reference
       reference_lib.send_reference(sampler, policy.params, c.model.dtype)
     return sampler
   return sampler_config_lib.build_scheduler(

@@ -232,3 +232,28 @@ def test_the_takeover_is_refused_at_its_first_write(token_server):
   assert code == grpc.StatusCode.UNAUTHENTICATED and "embed" not in details
   assert elapsed < 1.0
   assert service.scheduler.newest_version() == 0
+
+
+def test_a_trainer_with_a_wrong_token_or_a_used_server_gets_one_line(token_server, tmp_path):
+  from rlhf_jax.sampling import remote
+  from rlhf_jax.sampling.config import sampler_config
+  address, service = token_server
+  section = sampler_config()
+  section.address = address
+  token = tmp_path / "token"
+  token.write_text("not-the-token\n")
+  section.token_file = str(token)
+  client = remote.connect(section)
+  with pytest.raises(ConfigError, match=r"^config\.sampler\.token_file: the sampling "
+                     "server refused it"):
+    remote.push_initial(client, PARAMS)
+  token.write_text(TOKEN.decode())
+  remote.push_initial(remote.connect(section), PARAMS)
+  service.scheduler.update_params(PARAMS, 7)  # another run's newer weights
+  with pytest.raises(ConfigError, match=r"^config\.sampler\.address: .*older than this "
+                     r"server's 7"):
+    remote.push_initial(remote.connect(section), PARAMS)
+  section.address, section.addresses = "", (address,)
+  section.token_file = ""
+  with pytest.raises(ConfigError, match=r"config\.sampler\.token_file"):
+    remote.push_initial(remote.connect(section), PARAMS)
