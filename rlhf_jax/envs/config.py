@@ -35,6 +35,12 @@ def env_config() -> ml_collections.ConfigDict:
   e.max_tokens = 256
   e.timeout_s = 10.0  # Limit of one reset or step call (a worker is killed beyond it).
   e.workers = 2  # Environment worker processes.
+  # A worker's resident memory, with the processes its environment started, in MB; past it
+  # the worker is replaced and the call it ran fails ("memory"). 0 = no limit.
+  e.worker_memory_mb = 4096
+  # An observation may have this many characters per token left in the row; the worker
+  # cuts a longer one (it cannot fit) and the episode ends as truncated.
+  e.max_chars_per_token = 16
   e.reward_placement = "sum"  # 'sum' or 'turn' (see REWARD_PLACEMENTS).
   # Add the task's verifier score of the last model turn to the episode's reward (and take
   # its verdict as the episode's correctness).
@@ -49,10 +55,13 @@ def validate_env_config(c: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the `env.*` field of an impossible setting; the factory is
   imported (named by `env.factory`) only when `rollout.mode` is 'multi_turn'."""
   e, r = c.env, c.rollout
-  for name in ("max_turns", "max_tokens", "workers"):
+  for name in ("max_turns", "max_tokens", "workers", "max_chars_per_token"):
     value = e[name]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       invalid(f"env.{name}", value, "must be an int >= 1")
+  memory = e.worker_memory_mb
+  if not isinstance(memory, int) or isinstance(memory, bool) or memory < 0:
+    invalid("env.worker_memory_mb", memory, "must be an int >= 0 (0: no limit)")
   check_range("env.timeout_s", e.timeout_s, low=0, low_open=True)
   one_of("env.reward_placement", e.reward_placement, REWARD_PLACEMENTS)
   if r.mode != "multi_turn":

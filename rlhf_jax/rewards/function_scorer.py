@@ -22,6 +22,7 @@ from rlhf_jax.rewards import functions as functions_lib
 from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import ScorerBase
 from rlhf_jax.rewards.scorer import Scores
+from rlhf_jax.rewards.scorer import finite_in_float32
 from rlhf_jax.rewards.scorer import guarded_score
 from rlhf_jax.rewards.workers import KillablePool
 
@@ -56,12 +57,14 @@ def columns_of(examples: Sequence[Example]) -> dict[str, list[Any]]:
 
 
 def _number(value: Any) -> float | None | _Failed:
-  """A returned value as a reward: a finite number, None, or a failure."""
+  """A returned value as a reward: a number finite in float32 (the batch's dtype: 1e39
+  is inf there), None, or a failure."""
   if value is None:
     return None
-  if isinstance(value, numbers.Real) and math.isfinite(float(value)):
+  if finite_in_float32(value):
     return float(value)
-  return _Failed(f"returned {type(value).__name__} {value!r}"[:120] + ", not a finite number")
+  return _Failed(f"returned {type(value).__name__} {value!r}"[:120] +
+                 ", not a number finite in float32")
 
 
 class FunctionScorer(ScorerBase):
@@ -115,6 +118,10 @@ class FunctionScorer(ScorerBase):
         out.append(self.failure_score, False, failed[0], failed[0])
         continue
       reward = sum(f.weight * float(v) for f, v in scored)
+      if not finite_in_float32(reward):
+        failed = f"the weighted sum {reward!r} is not finite in float32"
+        out.append(self.failure_score, False, failed, failed)
+        continue
       full = all(getattr(v, "acc", float(v) >= FULL_MARKS) for _, v in scored)
       correct = verdicts[i] if verdicts[i] is not None else full
       out.append(reward, correct, "", "" if correct else "not full marks")

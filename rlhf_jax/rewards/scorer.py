@@ -10,9 +10,12 @@ sample: the sample gets a failure score and a recorded reason, and the loop goes
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Protocol
 from typing import Sequence
 from typing import runtime_checkable
+
+import numpy as np
 
 from rlhf_jax.data import Example
 
@@ -123,6 +126,21 @@ class ScorerBase:
 
   def close(self) -> None:
     """Nothing to release."""
+
+
+def finite_in_float32(value) -> bool:
+  """Whether `value` is a real number that stays finite as float32, the batch's dtype
+  (1e39 passes `math.isfinite` but is inf in float32: every update would be skipped).
+  Rewards that come from user code (reward functions, environments) are checked with it
+  and fail their sample otherwise."""
+  if not isinstance(value, numbers.Real):
+    return False
+  try:
+    value = float(value)
+  except OverflowError:  # an int beyond float64
+    return False
+  with np.errstate(over="ignore", invalid="ignore"):
+    return bool(np.isfinite(np.float32(value)))
 
 
 def failed_scores(count: int, failure: str, failure_score: float) -> Scores:

@@ -155,6 +155,7 @@ class KillablePool:
           try:
             results[index] = worker.connection.recv()
           except (EOFError, OSError):
+            worker.process.join(1.0)  # its pipe closes before it is reaped: wait for the code
             results[index] = ("error", f"worker died (exit code {worker.process.exitcode})")
             self._replace(slot)
         elif time.monotonic() >= deadline:

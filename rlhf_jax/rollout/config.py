@@ -142,12 +142,12 @@ def build_rollout(r: ml_collections.ConfigDict, generator: GroupGenerator,
   whose environment failed `failure_score`."""
   if r.mode == "multi_turn":
     return MultiTurnRollout(
-        generator, stream, EnvironmentRunner(env.factory, workers=env.workers,
-                                             timeout_s=env.timeout_s),
+        generator, stream, EnvironmentRunner.from_config(env),
         prompts_per_step=r.prompts_per_step, group_size=r.group_size,
         max_turns=env.max_turns, max_tokens=env.max_tokens,
         reward_placement=env.reward_placement, verifier=env.verifier,
-        turn_end_id=turn_end_id(env, generator.tokenizer), failure_score=failure_score)
+        turn_end_id=turn_end_id(env, generator.tokenizer), failure_score=failure_score,
+        max_chars_per_token=env.max_chars_per_token)
   if r.mode == "windows":
     return WindowRollout(generator, stream, prompts_per_step=r.prompts_per_step,
                          group_size=r.group_size, window_tokens=r.windows.window_tokens,

@@ -31,8 +31,10 @@ from typing import Any, Sequence
 from rlhf_jax.algorithms.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.envs import EnvironmentRunner
+from rlhf_jax.envs import observations
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards.scorer import Completion
+from rlhf_jax.rewards.scorer import finite_in_float32
 from rlhf_jax.rollout.base import StreamRollout
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts
@@ -56,8 +58,11 @@ class Episode:
   # Per environment step: (column of the model turn's last token, its reward).
   step_rewards: list[tuple[int, float]] = dataclasses.field(default_factory=list)
   failure: str = ""
+  failure_kind: str = ""  # "<phase>/<kind>": its env/failures/... metric
   truncated: bool = False
   over: bool = False
+  cut_chars: int = 0  # characters of an observation cut to the row's budget
+  escaped: int = 0  # control texts escaped in its tool turns
 
   def append(self, role: str, ids: Sequence[int], text: str, logprobs: Sequence[float],
              versions: Sequence[int]) -> None:
@@ -75,10 +80,11 @@ class Episode:
     return next((t["token_ids"] for t in reversed(self.turns) if t["role"] == "assistant"),
                 [])
 
-  def end(self, failure: str = "") -> None:
-    """Ends the episode (with a failure reason when one is given)."""
+  def end(self, failure: str = "", kind: str = "") -> None:
+    """Ends the episode (with a failure reason and its kind when one is given)."""
     self.over = True
-    self.failure = self.failure or failure
+    if failure and not self.failure:
+      self.failure, self.failure_kind = failure, kind or "other"
 
 
 class MultiTurnRollout(StreamRollout):
@@ -99,12 +105,15 @@ class MultiTurnRollout(StreamRollout):
       the episode's correctness; without it, correct means a positive env reward).
     turn_end_id: a token that ends a model turn without ending the episode, or None.
     failure_score: the score of an episode whose environment failed.
+    max_chars_per_token: an observation may have this many characters per token left in
+      the row; the worker cuts a longer one (envs/observations.py).
   """
 
   def __init__(self, generator: GroupGenerator, stream, runner: EnvironmentRunner, *,
                prompts_per_step: int, group_size: int, max_turns: int, max_tokens: int,
                reward_placement: str = "sum", verifier: bool = True,
-               turn_end_id: int | None = None, failure_score: float = -1.0):
+               turn_end_id: int | None = None, failure_score: float = -1.0,
+               max_chars_per_token: int = 16):
     self.generator = generator
     self.stream = stream
     self.runner = runner
@@ -115,6 +124,8 @@ class MultiTurnRollout(StreamRollout):
     self.reward_placement = reward_placement
     self.verifier = verifier
     self.failure_score = failure_score
+    self.max_chars_per_token = max_chars_per_token
+    self.control = observations.control_pattern(generator.tokenizer)
     eos = generator.tokenizer.eos_id
     self.stop_ids = (eos,) if turn_end_id is None else (eos, turn_end_id)
     self.turn_end = ("" if turn_end_id is None else
@@ -134,12 +145,14 @@ class MultiTurnRollout(StreamRollout):
     seed = self.generator.next_seed() if seed is None else seed
     episodes = [Episode(example=e, prompt_ids=self.generator.encode(e), index=i)
                 for i, e in enumerate(e for e in examples for _ in range(group_size))]
-    for episode, outcome in zip(episodes, self.runner.start([e.example for e in episodes])):
+    started = self.runner.start([e.example for e in episodes],
+                                [self.max_chars(e) for e in episodes])
+    for episode, outcome in zip(episodes, started):
       if outcome.failure:
-        episode.end(f"env reset: {outcome.failure}")
+        episode.end(f"env reset: {outcome.failure}", f"reset/{outcome.kind}")
       else:
         episode.env = outcome.env
-        self.observe(episode, outcome.result)
+        self.observe(episode, outcome.result, cut=outcome.cut)
     for turn in range(self.max_turns):
       live = [e for e in episodes if not e.over]
       if not live:
@@ -147,7 +160,8 @@ class MultiTurnRollout(StreamRollout):
       self.model_turn(live, sampling, seed, turn)
       stepping = [e for e in live if not e.failure]
       outcomes = self.runner.step([e.env for e in stepping],
-                                  [e.turns[-1]["text"] for e in stepping])
+                                  [e.turns[-1]["text"] for e in stepping],
+                                  [self.max_chars(e) for e in stepping])
       for episode, outcome in zip(stepping, outcomes):
         self.after_step(episode, outcome, last_turn=turn == self.max_turns - 1)
     return episodes
@@ -170,7 +184,8 @@ class MultiTurnRollout(StreamRollout):
       episode.append("assistant", ids, tokenizer.decode(ids), completion.model_logprobs,
                      token_versions(completion))
       if completion.finish_reason not in ("stop", "length"):
-        episode.end(f"sampler: {completion.finish_reason} {completion.error}".strip())
+        episode.end(f"sampler: {completion.finish_reason} {completion.error}".strip(),
+                    f"sampler/{completion.finish_reason}")
       elif ids and ids[-1] == tokenizer.eos_id:
         episode.over = True  # the model ended the conversation (the env still scores it)
       elif len(episode.tokens) >= self.max_tokens:
@@ -181,23 +196,36 @@ class MultiTurnRollout(StreamRollout):
     the episode ends here."""
     if outcome.failure:
       episode.env = None
-      episode.end(f"env step: {outcome.failure}")
+      episode.end(f"env step: {outcome.failure}", f"step/{outcome.kind}")
       return
     episode.env = outcome.env
     episode.step_rewards.append((len(episode.tokens) - 1, outcome.result.reward))
     if outcome.result.done or last_turn:
       episode.over = True
     if not episode.over:
-      self.observe(episode, outcome.result.observation, outcome.result.role)
+      self.observe(episode, outcome.result.observation, outcome.result.role, outcome.cut)
 
-  def observe(self, episode: Episode, text: str, role: str = "") -> None:
+  def max_chars(self, episode: Episode) -> int:
+    """The most characters `episode`'s next observation may have: the tokens left in its
+    row (one kept for a model token) × `max_chars_per_token`."""
+    return max(0, self.max_tokens - len(episode.tokens) - 1) * self.max_chars_per_token
+
+  def observe(self, episode: Episode, text: str, role: str = "", cut: int = 0) -> None:
     """Appends an observation (rendered as a `role` turn by the chat template when a role
-    is given), tokenised once; an observation that leaves no room for a model token ends
-    the episode as truncated, without it."""
+    is given, its control text escaped), tokenised once; an observation that leaves no
+    room for a model token ends the episode as truncated, without it. One the worker cut
+    (`cut` characters), or longer than `max_chars`, is not tokenised at all."""
     if not text and not role:
+      return
+    if cut or len(text) > self.max_chars(episode):
+      episode.cut_chars = cut or len(text) - self.max_chars(episode)
+      episode.truncated = True
+      episode.end()
       return
     tokenizer, observation = self.generator.tokenizer, text
     if role:
+      text, escaped = observations.escape_control_text(text, self.control)
+      episode.escaped += escaped
       text = tokenizer.turn_suffix(role, text, turn_end=self.turn_end)
       if self.turn_end and episode.tokens and episode.tokens[-1] != self.stop_ids[-1]:
         text = self.turn_end + text  # the turn hit its cap: close it as the template does
@@ -206,7 +234,8 @@ class MultiTurnRollout(StreamRollout):
     except Exception as error:  # pylint: disable=broad-except
       # A tool's output the tokenizer cannot encode (a character tokenizer has no UNK)
       # ends this episode as failed, not the run.
-      episode.end(f"observation: the tokenizer cannot encode {observation[:40]!r}: {error}")
+      episode.end(f"observation: the tokenizer cannot encode {observation[:40]!r}: {error}",
+                  "observation/unencodable")
       return
     if len(episode.tokens) + len(ids) >= self.max_tokens:
       episode.truncated = True
@@ -229,6 +258,8 @@ class MultiTurnRollout(StreamRollout):
                              turn_rewards=self.reward_placement == "turn")
     rollouts.correct, rollouts.failures = correct, failures
     rollouts.metrics.update(episode_metrics(episodes, time.perf_counter() - started))
+    rollouts.metrics.update(observations.failure_metrics(
+        [(e.failure_kind, e.failure) for e in episodes if e.failure], len(episodes)))
     after = self.prefill_counts()
     if before and after:  # the sampler reports them (an in-process scheduler)
       rollouts.metrics.update({f"env/{k}": after[k] - before[k] for k in after})
@@ -260,12 +291,16 @@ class MultiTurnRollout(StreamRollout):
     scores, correct, failures = [], [], []
     for episode, env_sum, verdict, score, reason in zip(episodes, env_sums, verdicts, base,
                                                         reasons):
+      total = score + (env_sum if self.reward_placement == "sum" else 0.0)
+      if not episode.failure and not finite_in_float32(total):
+        episode.end(f"reward: the episode's score {total!r} is not finite in float32",
+                    "reward/non_finite")
       if episode.failure:
         scores.append(self.failure_score)
         correct.append(False)
         failures.append(episode.failure)
         continue
-      scores.append(score + (env_sum if self.reward_placement == "sum" else 0.0))
+      scores.append(total)
       correct.append(bool(verdict))
       if reason:
         failures.append(reason)
@@ -313,5 +348,7 @@ def episode_metrics(episodes: Sequence[Episode], seconds: float) -> dict[str, fl
           "env/observation_tokens_mean": sum(observed) / count,
           "env/failed_fraction": sum(bool(e.failure) for e in episodes) / count,
           "env/truncated_fraction": sum(e.truncated for e in episodes) / count,
+          "env/observations_cut": float(sum(bool(e.cut_chars) for e in episodes)),
+          "env/control_texts_escaped": float(sum(e.escaped for e in episodes)),
           "env/reward_mean": sum(r for e in episodes for _, r in e.step_rewards) / count,
           "time_episodes": seconds}

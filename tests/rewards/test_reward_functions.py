@@ -206,3 +206,26 @@ def test_weights_without_a_function_and_a_function_with_a_model_route_are_refuse
   c.reward.rm.checkpoint = ""
   with pytest.raises(ConfigError, match="config.reward"):
     validate_config(c)
+
+
+def test_rewards_that_are_inf_in_float32_fail_their_samples(tmp_path):
+  # 1e39 passes math.isfinite but is inf in float32 (the batch's dtype); 3e38 is finite
+  # there, but two of them summed are not.
+  path = tmp_path / "big_reward.py"
+  path.write_text("def big(prompts, completions, **kw):\n"
+                  "  return [{'huge': 1e39, 'max': 3e38, 'one': 1.0}[c] for c in completions]\n"
+                  "def big_verl(data_source, solution_str, ground_truth):\n"
+                  "  return {'score': 1e39 if solution_str == 'huge' else 1.0}\n")
+  examples, completions = rows("huge", "max", "one")
+  with FunctionScorer(functions.parse_functions(f"{path}:big,{path}:big"), render_prompt=str,
+                      encode=list, failure_score=-7.0, workers=1) as s:
+    out = s.score(examples, completions)
+  assert out.scores == [-7.0, -7.0, 2.0]
+  assert out.failures[0] == ("reward.function big: returned float 1e+39, not a number "
+                             "finite in float32")
+  assert out.failures[1] == "the weighted sum 6e+38 is not finite in float32"
+  assert out.failures[2] == ""
+  with FunctionScorer(functions.parse_functions(f"{path}:big_verl"), render_prompt=str,
+                      encode=list, failure_score=-7.0, workers=1) as s:
+    out = s.score(*rows("huge", "one"))
+  assert out.scores == [-7.0, 1.0] and "not a number finite in float32" in out.failures[0]
