@@ -14,6 +14,7 @@ missing meta file) is reported in one line naming its directory, moved aside to
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
@@ -69,12 +70,12 @@ class Checkpointer:
     (a changed config fails them all alike) and the newest's error is a ConfigError."""
     failures = []
     for step in sorted(self.manager.all_steps(), reverse=True):
-      try:
-        state, meta = self.restore(step, state_template)
-      except Exception as error:  # pylint: disable=broad-except
-        failures.append((step, describe_error(error)))  # unreadable: the next older one
-        forget_failed_reads()
-        continue
+      with quiet_failed_reads():
+        try:
+          state, meta = self.restore(step, state_template)
+        except Exception as error:  # pylint: disable=broad-except
+          failures.append((step, describe_error(error)))  # unreadable: the next older one
+          continue
       for bad, error in failures:
         moved = self.set_aside(bad)
         log(f"warning: checkpoint {os.path.join(self.directory, str(bad))} does not restore "
@@ -116,13 +117,15 @@ def describe_error(error: BaseException) -> str:
   return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def forget_failed_reads() -> None:
-  """Collects the reads a failed restore left unfinished without their tracebacks: Orbax
+@contextlib.contextmanager
+def quiet_failed_reads():
+  """Frees the reads a failed restore left unfinished without their tracebacks: Orbax
   gathers one coroutine per array, and those never awaited after the first failure
   print hundreds of lines (a TensorStore spec each) as "Exception ignored" when freed."""
   hook = sys.unraisablehook
   sys.unraisablehook = lambda unraisable: None
   try:
-    gc.collect()
+    yield
   finally:
+    gc.collect()
     sys.unraisablehook = hook
