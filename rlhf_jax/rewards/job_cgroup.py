@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
+import secrets
 import signal
 import time
 
-_COUNTER = itertools.count()
 _BASE = "rlhf_jax_sandbox"
 
 
@@ -105,7 +104,7 @@ class JobCgroup:
   """
 
   def __init__(self, bases: dict, memory_bytes: int, pids: int):
-    name = f"job-{os.getpid()}-{next(_COUNTER)}"
+    name = f"job-{secrets.token_hex(8)}"  # not the pid: PID namespaces repeat pids
     self.dirs = {kind: os.path.join(base, name) for kind, base in bases.items()}
     for directory in self.dirs.values():
       os.mkdir(directory)
