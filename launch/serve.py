@@ -4,7 +4,9 @@ r"""Runs the sampling engine in its own process behind gRPC.
   python launch/serve.py --config=configs/serve.py:hf --config.model.checkpoint=DIR
 
 Prints one JSON line {"event": "serving", "address": ...} once it accepts calls
-(port 0 picks a free port), then serves until SIGINT/SIGTERM. Services:
+(port 0 picks a free port), then serves until SIGINT/SIGTERM. The port is bound before
+the model is built: a port in use is one line, exit status 2. Beyond loopback it needs
+--config.server.token_file (docs/sampling.md, "Who may call a server"). Services:
 rlhf_jax.sampling.Sampler (rlhf_jax/sampling/protos/sampler.proto) and
 JetStream's jetstream_proto.Orchestrator (Decode, HealthCheck). Clients:
 rlhf_jax.sampling.client.SamplerClient, or any JetStream client.
@@ -34,7 +36,10 @@ def main(argv) -> None:
   server, port, service = server_lib.serve_from_config(config)
   print(json.dumps({"event": "serving", "address": f"{config.server.host}:{port}",
                     "num_slots": config.sampler.num_slots,
-                    "cache_length": config.sampler.cache_length}), flush=True)
+                    "cache_length": config.sampler.cache_length,
+                    "token": bool(config.server.token_file), "auth": config.server.auth,
+                    "tls": bool(config.server.tls_cert),
+                    "client_certificates": bool(config.server.tls_ca)}), flush=True)
   stop = threading.Event()
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, lambda *_: stop.set())

@@ -16,6 +16,7 @@ threads are refused with RESOURCE_EXHAUSTED.
 from __future__ import annotations
 
 import concurrent.futures
+import socket
 
 import grpc
 import ml_collections
@@ -60,12 +61,31 @@ def listen(host: str = "localhost", port: int = 0, *, max_workers: int = 16,
   server = grpc.server(
       concurrent.futures.ThreadPoolExecutor(max_workers=max_workers + headroom),
       interceptors=[gate], options=options, maximum_concurrent_rpcs=max_workers + headroom)
+  _check_free(host, port)
   bound = add_port(server, f"{host}:{port}", security)
   if not bound:
     server.stop(None)
     raise OSError(f"could not listen on {host}:{port} (in use, or not an address of "
                   "this machine).")
   return server, bound, gate
+
+
+def _check_free(host: str, port: int) -> None:
+  """OSError when host:port is taken on any address `host` resolves to: gRPC would bind
+  the others and serve half the addresses (and log its own error lines first)."""
+  if not port:
+    return
+  try:
+    addresses = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+  except socket.gaierror as error:
+    raise OSError(f"could not resolve {host}: {error.strerror}") from None
+  for family, kind, proto, _, address in addresses:
+    with socket.socket(family, kind, proto) as probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+      try:
+        probe.bind(address)
+      except OSError as error:
+        raise OSError(f"could not listen on {host}:{port} ({error.strerror}).") from None
 
 
 def start_server(scheduler: Scheduler, *, host: str = "localhost", port: int = 0,

@@ -198,3 +198,25 @@ def test_a_small_client_stays_fast_beside_the_largest_request(served):
       client.generate_one(PROMPT, small)
       latencies.append(time.perf_counter() - start)
   assert max(latencies) < 1.0, latencies
+
+
+@pytest.mark.slow
+def test_launch_serve_reports_a_port_in_use_in_one_line():
+  import os
+  import pathlib
+  import subprocess
+  import sys
+  root = pathlib.Path(__file__).resolve().parents[2]
+  taken, port, _ = server_lib.listen("localhost", 0)
+  try:
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, str(root / "launch" / "serve.py"), "--config=configs/serve.py:tiny",
+         f"--config.server.port={port}"], cwd=root, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    elapsed = time.perf_counter() - start
+  finally:
+    taken.stop(None)
+  lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+  assert lines[0].startswith("error: config.server.port: ") and elapsed < 60

@@ -257,3 +257,19 @@ def test_a_trainer_with_a_wrong_token_or_a_used_server_gets_one_line(token_serve
   section.token_file = ""
   with pytest.raises(ConfigError, match=r"config\.sampler\.token_file"):
     remote.push_initial(remote.connect(section), PARAMS)
+
+
+def test_a_job_pinned_to_an_older_version_rolls_the_server_back(token_server):
+  from rlhf_jax.sampling.versioned import VersionedSampler
+  address, service = token_server
+  client = SamplerClient(address, timeout_s=30, security=ClientSecurity(token=TOKEN))
+  versioned = VersionedSampler(client, PARAMS, keep=3)
+  _, newer = models.init_model(CONFIG, seed=9)
+  versioned.update_params(newer, version=1)
+  versioned.update_params(newer, version=2)
+  with versioned.pinned(2):
+    versioned.generate([PROMPT], SHORT)
+  with versioned.pinned(1):  # evaluation ran ahead; the next job samples version 1
+    (samples,) = versioned.generate([PROMPT], SHORT)
+  assert samples[0].weights_version == (1, 1)
+  client.close()
