@@ -239,10 +239,7 @@ class Trainer:
       self._stop_on_fleet_loss(error)
     finally:
       progress.close()
-      self.rollout.close()  # a worker thread generating ahead stops
-      self.checkpointer.close()
-      self.metrics.close(failed=failed)
-      self.lock.release()
+      self.close(failed=failed)
     policy = os.path.join(self.workdir, "policy")
     params = parallel.host_values(self.learner.policy_params)  # leaf by leaf
     if parallel.is_main_process():
@@ -250,6 +247,14 @@ class Trainer:
                          self.policy.prefix_tokens)
     summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
     return summary
+
+  def close(self, failed: bool = False) -> None:
+    """Ends what the trainer holds (`run` does it): generation running ahead, pending
+    checkpoint writes, the loggers' runs (`failed`: marked failed), the workdir's lock."""
+    self.rollout.close()  # a worker thread generating ahead stops
+    self.checkpointer.close()
+    self.metrics.close(failed=failed)
+    self.lock.release()
 
   def _train(self, summary: dict[str, Any], start: float, progress, signals) -> None:
     c = self.config

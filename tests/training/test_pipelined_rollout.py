@@ -293,7 +293,7 @@ def test_an_async_run_resumes_exactly(tmp_path):
   for _ in range(2):
     first.metrics.write(first.train_step())
   first.save()  # step 2, with batch 2 (sampled by version 1) generated ahead
-  first.rollout.close()  # the process ends here
+  first.close()  # the process ends here (and its workdir lock with it)
   again = async_trainer(resumed, steps=4)
   assert again.step == 2 and sorted(again.rollout.pending) == [2]
   again.run()
