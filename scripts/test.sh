@@ -21,10 +21,11 @@ run_pytest "$VENV/bin/python" -m pytest "${WORKERS[@]}" "$@"
 #    count is fixed when JAX starts, so it cannot share the process above)
 RLHF_JAX_MULTIDEVICE=1 XLA_FLAGS="--xla_force_host_platform_device_count=8 ${XLA_FLAGS:-}" \
   run_pytest "$VENV/bin/python" -m pytest tests/multidevice "$@"
-# 3) the code sandbox's adversarial suite (fork bombs, kill(-1), memory bombs, ...), in a
+# 3) the code sandbox's adversarial suite (fork bombs, kill(-1), memory bombs, forged
+#    verdicts, forked memory, inode floods, uid collisions, ...), in a
 #    PID namespace of its own, bounded in time: whatever escaped the sandbox ends there
 PIDNS=(unshare --pid --fork --mount-proc --kill-child)
 if [ "$(id -u)" -ne 0 ]; then PIDNS=(unshare --user --map-current-user --pid --fork --mount-proc --kill-child); fi
 RLHF_JAX_ADVERSARIAL=1 run_pytest "${PIDNS[@]}" timeout 600 \
   "$VENV/bin/python" -m pytest -p no:cacheprovider tests/rewards/test_sandbox_adversarial.py \
-  tests/rewards/test_sandbox_seccomp.py "$@"
+  tests/rewards/test_sandbox_seccomp.py tests/rewards/test_code_job_bounds.py "$@"

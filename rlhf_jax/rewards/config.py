@@ -10,6 +10,8 @@ launch/train_prm.py, launch/train_judge.py write them).
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import re
 
@@ -26,6 +28,8 @@ from rlhf_jax.rewards import hybrid
 from rlhf_jax.rewards import pairwise
 from rlhf_jax.rewards.judge import check_template
 from rlhf_jax.rewards.sandbox import ISOLATIONS
+from rlhf_jax.rewards.sandbox import Limits
+from rlhf_jax.rewards.sandbox import memory_scope
 from rlhf_jax.sampling import config as sampler_config_lib
 
 MATH_EXTRACTORS = ("auto", "boxed", "answer_line", "gsm8k", "last_number")
@@ -196,6 +200,19 @@ def validate_reward_functions(r) -> None:
     functions.parse_reward_config(r)
 
 
+@functools.cache
+def memory_bound_note(memory_mb: int) -> str:
+  """"" where `reward.sandbox.memory_mb` bounds a code job's processes together (a cgroup
+  can be made here), else the one line that says it bounds each process only."""
+  scope, why = memory_scope()
+  if scope == "job":
+    return ""
+  processes = Limits().max_processes
+  return (f"reward.sandbox.memory_mb={memory_mb} bounds each sandboxed process, not the job "
+          f"({why}): a code job may use up to {memory_mb} MB × {processes} processes "
+          "(docs/sandbox.md)")
+
+
 def validate_rule_rewards(r) -> None:
   """The rule verifiers' part of `reward.*` (rewards/config.py checks the models)."""
   check_range("reward.timeout_s", r.timeout_s, low=0, low_open=True)
@@ -204,6 +221,9 @@ def validate_rule_rewards(r) -> None:
   check_range("reward.sandbox.workers", r.sandbox.workers, low=0, note="(0: 4 per core)")
   check_range("reward.sandbox.memory_mb", r.sandbox.memory_mb, low=64)
   one_of("reward.sandbox.isolation", r.sandbox.isolation, ISOLATIONS)
+  note = memory_bound_note(r.sandbox.memory_mb)
+  if note:
+    logging.warning("%s", note)
   extractor = r.math_extractor
   if not extractor.startswith("re:"):
     if extractor not in MATH_EXTRACTORS:

@@ -169,6 +169,8 @@ def _resolve(namespace, name):
   """A top-level function, or a method of `Solution()` (LeetCode-style answers)."""
   if name in namespace:
     return namespace[name]
+  if "Solution" not in namespace:
+    raise NameError(f"the solution defines no {name!r}")
   return getattr(namespace["Solution"](), name)
 
 

@@ -109,7 +109,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.reward.function_weights = ""  # Their weights, "1.0,0.5" (empty: 1 each).
   c.reward.sandbox = ml_collections.ConfigDict()  # code tasks ('code', 'pycalc'): rewards/code.py
   c.reward.sandbox.timeout_s = 5.0  # Wall clock (and CPU seconds) per program.
-  c.reward.sandbox.memory_mb = 512  # Address space per program.
+  c.reward.sandbox.memory_mb = 512  # Memory of a program's processes together (docs/sandbox.md).
   c.reward.sandbox.workers = 0  # Concurrent sandboxes (0: 4 per core).
   # 'namespaces' (bubblewrap: no network, private /tmp, own PID namespace) or 'rlimits'
   # (machines without user namespaces; weaker, see docs/sandbox.md).

@@ -91,6 +91,8 @@ def _trainer(job_sleep_s: float) -> subprocess.Popen:
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="uids are leased as root only (otherwise a "
+                    "user namespace maps each job)")
 def test_trainers_in_two_pid_namespaces_get_different_uids():
   """Two trainers, both pid 1 of their PID namespace, run jobs at once: the jobs' uids
   differ (the old pid-derived uids were equal: one RLIMIT_NPROC, and one trainer's
