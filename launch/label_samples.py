@@ -50,6 +50,7 @@ def main(argv) -> None:
   if not c.data.train_file and c.variant != "arith":
     invalid("data.train_file", c.data.train_file, "the prompts to sample (a .jsonl/.parquet "
             "file) are required for the hf variant")
+  build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples = build.load_examples(c)[0][:c.data.offline_prompts]

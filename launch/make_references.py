@@ -42,12 +42,15 @@ def main(argv) -> None:
   from rlhf_jax.data import write_examples
   from rlhf_jax.rewards.reward_model import RewardModelScorer
   from rlhf_jax.sampling import SamplingParams
+  from rlhf_jax import file_checks
   from rlhf_jax.training import build
   from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.training.config import validate_config
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
+  build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
+  file_checks.check_checkpoint_dir(_RM.value, f"--rm={_RM.value}")
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples = build.load_examples(c)[0]

@@ -51,10 +51,12 @@ def main(argv) -> None:
 
   from rlhf_jax.search.qsharp import QSharpOptions
   from rlhf_jax.search.qsharp import run_qsharp
+  from rlhf_jax.training import build
   from rlhf_jax.training.config import validate_config
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
+  build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
   options = QSharpOptions(
       rounds=_ROUNDS.value, prompts_per_round=_PROMPTS.value, samples=_SAMPLES.value,
       steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value,

@@ -54,6 +54,7 @@ def main(argv) -> None:
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
+  build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
   if c.variant == "arith" and not (c.model.checkpoint or _WORKDIR.value):
     raise ConfigError("--workdir (with the warm start in <workdir>/sft) or "
                       "--config.model.checkpoint is required")

@@ -49,6 +49,8 @@ def main(argv) -> None:
   config = _CONFIG.value
   # The whole config, first: before the warm start trains anything.
   validate_config(config, num_devices=jax.device_count(), supervised=config.variant == "hf")
+  from rlhf_jax import file_checks
+  file_checks.check_workdir(_WORKDIR.value)
   if config.variant == "hf":  # one's own data: model.checkpoint (or from scratch) → sft/
     if _OVERWRITE.value is False and os.path.exists(os.path.join(_WORKDIR.value, "sft")):
       from rlhf_jax.config_errors import ConfigError
@@ -61,6 +63,7 @@ def main(argv) -> None:
   directory = build.policy_checkpoint_dir(config, _WORKDIR.value)
   if _OVERWRITE.value and os.path.exists(directory):
     shutil.rmtree(directory)
+  build.check_data(config, _WORKDIR.value)  # the data files before the warm start trains
   directory = stages.ensure_arith_warm_start(config, _WORKDIR.value,
                                              log=lambda line: print(line, flush=True))
   _, held_out = build.load_examples(config)

@@ -55,6 +55,7 @@ def read_judged(path: str):
 def questions() -> tuple[list[tuple[str, str]], tuple[str, str]]:
   """The (question, verdict) texts of --kind, and its two verdict texts."""
   from rlhf_jax.data import read_pairs
+  from rlhf_jax.launch_support import read_flag_file
   from rlhf_jax.rewards import genrm, pairwise
   from rlhf_jax.tasks import arith_rewards
   from rlhf_jax.rewards import model_training as rt
@@ -62,12 +63,12 @@ def questions() -> tuple[list[tuple[str, str]], tuple[str, str]]:
     with_reference = _KIND.value == "genrm_reference"
     generate = (arith_rewards.judged_with_references if with_reference
                 else arith_rewards.judged_responses)
-    judged = (read_judged(_JUDGED.value) if _JUDGED.value
+    judged = (read_flag_file("judged", read_judged, _JUDGED.value) if _JUDGED.value
               else generate(_SEED.value, _NUM.value))
     template = genrm.REFERENCE_TEMPLATE if with_reference else genrm.GT_TEMPLATE
     return rt.genrm_sft_pairs(judged, template=template, yes="Y", no="N",
                               reference_key=_REFERENCE_KEY.value), ("Y", "N")
-  pairs = (read_pairs(_PAIRS.value) if _PAIRS.value
+  pairs = (read_flag_file("pairs", read_pairs, _PAIRS.value) if _PAIRS.value
            else arith_rewards.preference_pairs(_SEED.value, _NUM.value // 2))
   return rt.pairwise_sft_pairs(pairs, template=pairwise.PAIR_TEMPLATE, first="A",
                                second="B"), ("A", "B")
@@ -85,10 +86,12 @@ def main(argv) -> None:
   import numpy as np
 
   from rlhf_jax import models
+  from rlhf_jax.launch_support import check_policy_and_output
   from rlhf_jax.launch_support import progress_bar, split_held_out
   from rlhf_jax.rewards import model_training as rt
   from rlhf_jax.algorithms.sft import run_sft
 
+  check_policy_and_output(_POLICY.value, _OUTPUT.value)
   examples, verdicts = questions()
   rng = np.random.default_rng(_SEED.value)
   examples = [examples[i] for i in rng.permutation(len(examples))]

@@ -88,12 +88,15 @@ def main(argv) -> None:
   import numpy as np
 
   from rlhf_jax.data import read_examples
+  from rlhf_jax.launch_support import check_policy_and_output, read_flag_file
   from rlhf_jax.launch_support import progress_bar, split_held_out
   from rlhf_jax.rewards.prm import step_end_token_ids
   from rlhf_jax.tasks import arith
   from rlhf_jax.rewards import model_training as rt
 
-  examples = (read_examples(_PROMPTS.value)[:_NUM_PROMPTS.value] if _PROMPTS.value
+  check_policy_and_output(_POLICY.value, _OUTPUT.value)
+  examples = (read_flag_file("prompts", read_examples, _PROMPTS.value)[:_NUM_PROMPTS.value]
+              if _PROMPTS.value
               else arith.examples(_SEED.value + 5, _NUM_PROMPTS.value, (1, 2)))
   train_prompts, held_prompts = split_held_out(examples, None, _EVAL_FRACTION.value)
   layout = rt.policy_layout(_POLICY.value, _PROMPT_LENGTH.value, _MAX_NEW.value + 1)

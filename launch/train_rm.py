@@ -50,15 +50,17 @@ def main(argv) -> None:
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
   check_flags()
+  from rlhf_jax.launch_support import check_policy_and_output, read_flag_file
   from rlhf_jax.launch_support import progress_bar, split_held_out
   from rlhf_jax.data import read_pairs
   from rlhf_jax.tasks import arith_rewards
   from rlhf_jax.rewards import model_training as rt
 
-  pairs = (read_pairs(_TRAIN.value) if _TRAIN.value
+  check_policy_and_output(_POLICY.value, _OUTPUT.value)
+  pairs = (read_flag_file("train_pairs", read_pairs, _TRAIN.value) if _TRAIN.value
            else arith_rewards.preference_pairs(_SEED.value, _NUM_PAIRS.value))
-  train, held_out = split_held_out(pairs, read_pairs(_EVAL.value) if _EVAL.value else None,
-                                   _EVAL_FRACTION.value)
+  held = read_flag_file("eval_pairs", read_pairs, _EVAL.value) if _EVAL.value else None
+  train, held_out = split_held_out(pairs, held, _EVAL_FRACTION.value)
   model, params = rt.scalar_model_from_policy(_POLICY.value)
   layout = rt.policy_layout(_POLICY.value, _PROMPT_LENGTH.value, _RESPONSE_LENGTH.value)
   with progress_bar(_STEPS.value, "reward model") as progress:

@@ -1,9 +1,14 @@
-"""Small pieces the reward-model launchers share: held-out splits and a tqdm bar."""
+"""Small pieces the reward-model launchers share: held-out splits, a tqdm bar, and the
+checks of their --policy, --output and data files before any work (one-line errors)."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Callable, Iterator, Sequence, TypeVar
+
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.file_checks import check_checkpoint_dir
+from rlhf_jax.file_checks import check_workdir
 
 T = TypeVar("T")
 
@@ -33,3 +38,19 @@ def progress_bar(total: int, description: str) -> Iterator[Callable[[int, float]
     yield progress
   finally:
     bar.close()
+
+
+def check_policy_and_output(policy: str, output: str) -> None:
+  """--policy is a checkpoint directory that loads (its files, not its tensors) and
+  --output can become a directory; else a ConfigError naming the flag."""
+  check_checkpoint_dir(policy, f"--policy={policy}")
+  check_workdir(output, "--output")
+
+
+def read_flag_file(flag: str, reader: Callable[[str], T], path: str) -> T:
+  """`reader(path)` for the file of --<flag>; a missing, empty or malformed file (the
+  readers' OSError / ValueError, which name the file and line) is a ConfigError."""
+  try:
+    return reader(path)
+  except (OSError, ValueError) as error:
+    raise ConfigError(f"--{flag}={path}: {error}") from None

@@ -216,12 +216,15 @@ def check_checkpoint_family(directory: str) -> None:
 
 
 def check_data(c, workdir: str) -> None:
-  """The policy checkpoint's files (when it is there: config.json, the safetensors headers
-  and sizes, the tokenizer; `file_checks.check_checkpoint_dir`) and `load_examples` with
+  """The workdir (when given: no file in its place), the policy checkpoint's files (when it
+  is there: config.json, the safetensors headers and sizes, the tokenizer;
+  `file_checks.check_checkpoint_dir`) and `load_examples` with
   its tokenizer — or, for the arith variant before its warm start, with the task's own
   tokenizer, which the warm start will save — so that the data files' schema, JSON,
   encodability and every prompt's length are checked before any work (`--validate_only`:
   before "config ok"; nothing loads onto a device)."""
+  if workdir:
+    file_checks.check_workdir(workdir)
   directory = policy_checkpoint_dir(c, workdir)
   field = "config.model.checkpoint"
   if os.path.exists(directory) or c.variant != "arith":  # arith trains a missing one

@@ -19,6 +19,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
+from rlhf_jax import file_checks
 from rlhf_jax import models
 from rlhf_jax.algorithms.sft import run_sft
 from rlhf_jax.algorithms.sft import supervised_batches
@@ -96,7 +97,8 @@ def supervised_warm_start(c, workdir: str, log: Callable[[str], None] = print) -
     records = read_records(c.sft.train_file)
   except (OSError, ValueError) as error:
     raise ConfigError(f"config.sft.train_file: {error}") from None
-  if c.model.checkpoint:
+  if c.model.checkpoint:  # its files, before the records are tokenised or anything loads
+    file_checks.check_checkpoint_dir(c.model.checkpoint, "config.model.checkpoint")
     build.check_checkpoint_family(c.model.checkpoint)
   model, params, tokenizer, prefix_tokens = _supervised_start(c, records, log)
   prefix = [tokenizer.backend.token_to_id(t) for t in prefix_tokens]
