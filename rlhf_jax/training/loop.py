@@ -28,6 +28,7 @@ from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax import run_control
+from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.training import build
@@ -83,7 +84,13 @@ class Trainer:
     self.eval_scorer = (self.scorer if scorer is not None else reward_build.evaluation_scorer(
         c, self.scorer, sorted({e.task for e in self.held_out})))
     self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
-    self.sampler = build.build_sampler(c, self.policy, self.mesh)
+    try:
+      self.sampler = build.build_sampler(c, self.policy, self.mesh)
+    except Exception as error:  # pylint: disable=broad-except
+      if not is_fleet_loss(error):
+        raise
+      raise ConfigError(f"config.sampler.addresses: {one_line(error)}",
+                        field="sampler.addresses") from None
     self.fleet = fleet_of(self.sampler)
     self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
                                        self.train_examples, workdir=workdir, log=self.log)
@@ -305,8 +312,7 @@ class Trainer:
     if (self.step_start is not None and self.step_start[0] == self.step == self.recorded_step
         and self.step > 0 and self.saved_step != self.step):
       self.save(rollout_state=self.step_start[1])
-    first = str(error).splitlines()[0] if str(error) else type(error).__name__
-    self.log(f"every sampling server is gone ({first}); {self._last_checkpoint()}; resume "
+    self.log(f"every sampling server is gone ({one_line(error)}); {self._last_checkpoint()}; resume "
              "with the same command once a server is back")
     raise run_control.Stopped(1) from None
 
@@ -326,6 +332,12 @@ def fleet_of(sampler) -> Any:
       return sampler
     sampler = getattr(sampler, "inner", None)
   return None
+
+
+def one_line(error: BaseException) -> str:
+  """An error's message's first line (its type's name when it has none)."""
+  lines = str(error).strip().splitlines()
+  return lines[0] if lines else type(error).__name__
 
 
 def is_fleet_loss(error: BaseException) -> bool:

@@ -361,5 +361,15 @@ def test_losing_every_server_saves_the_last_step_and_resumes_exactly(straight, t
   assert lines[-1] == ("every sampling server is gone (every sampler server is gone: a:1, "
                        f"b:2); checkpoint at step 3 in {directory / 'checkpoints' / '3'}; "
                        "resume with the same command once a server is back")
+
+  def no_server(*args):
+    raise fleet_lib.FleetUnavailableError("no sampler server answered in 60 s: a:1, b:2")
+
+  # Resumed while the servers are still down: one line naming the field (and the lock
+  # is given back, as the resume below shows).
+  monkeypatch.setattr(build, "build_sampler", no_server)
+  with pytest.raises(ConfigError, match=r"^config.sampler.addresses: no sampler server "
+                     r"answered in 60 s: a:1, b:2$"):
+    loop.Trainer(config(), str(directory), log=print, scorer=scorer(config()))
   monkeypatch.setattr(build, "build_sampler", real)
   resume_and_compare(straight, directory, [], expected_step=3)
