@@ -54,8 +54,12 @@ class WorkdirLock:
     holder when another process has it."""
     if self.file is not None:
       return
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    f = open(self.path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+    try:
+      os.makedirs(os.path.dirname(self.path), exist_ok=True)
+      f = open(self.path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+    except OSError as error:  # a workdir that is a file, or not writable
+      raise ConfigError(f"--workdir={os.path.dirname(self.path)}: cannot hold the run's "
+                        f"lock file: {error.strerror or error}: {error.filename}") from None
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -164,6 +164,13 @@ def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
   second.release()
 
 
+def test_a_workdir_that_is_a_file_is_one_error(tmp_path):
+  (tmp_path / "run").write_text("")
+  with pytest.raises(ConfigError, match=rf"^--workdir={tmp_path / 'run'}: cannot hold the "
+                     "run's lock file: "):
+    run_control.WorkdirLock(str(tmp_path / "run")).acquire()
+
+
 def test_a_live_process_holds_the_lock_and_a_dead_one_does_not(tmp_path):
   holder = subprocess.Popen(
       [sys.executable, "-c", "import sys, time; from rlhf_jax import run_control; "
