@@ -68,31 +68,52 @@ def _read(path: str) -> str:
     return f.read()
 
 
+def _v2_base(mounts: dict, own: dict) -> tuple[str | None, str]:
+  """The v2 directory whose children get the memory and pids controllers, or (None, why)."""
+  delegated = os.environ.get("RLHF_JAX_SANDBOX_CGROUP")
+  if delegated:
+    base = delegated
+  else:
+    own_dir = _join(mounts["cgroup2"], own[""]).rstrip("/")
+    # Not inside the trainer's own cgroup: a cgroup with processes cannot pass
+    # controllers to its children (v2's no-internal-processes rule).
+    base = os.path.join(own_dir if own[""] == "/" else os.path.dirname(own_dir), _BASE)
+  try:
+    os.makedirs(base, exist_ok=True)
+    if not {"memory", "pids"} <= set(_read(os.path.join(base, "cgroup.controllers")).split()):
+      if not delegated:
+        os.rmdir(base)
+      return None, (f"cgroup v2: {os.path.dirname(base)} does not pass the memory and pids "
+                    "controllers on (cgroup.subtree_control)")
+    _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")
+  except OSError as error:
+    return None, f"cgroup v2: {error.filename}: {error.strerror}"
+  return base, ""
+
+
 @functools.cache
 def probe() -> tuple[dict | None, str]:
   """({"v2": base} or {"memory": base, "pids": base}, "") where job cgroups can be made,
   else (None, why not). Creates the base directories."""
   try:
     mounts, own = _mounts(), _own_paths()
-    delegated = os.environ.get("RLHF_JAX_SANDBOX_CGROUP")
-    if "cgroup2" in mounts and "" in own:
-      own_dir = _join(mounts["cgroup2"], own[""]).rstrip("/")
-      parent = delegated or (own_dir if own[""] == "/" else os.path.dirname(own_dir))
-      available = _read(os.path.join(parent, "cgroup.controllers")).split()
-      if {"memory", "pids"} <= set(available):
-        base = parent if delegated else os.path.join(parent, _BASE)
-        os.makedirs(base, exist_ok=True)
-        _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")
-        return {"v2": base}, ""
-    if "memory" in mounts and "pids" in mounts:
-      bases = {c: os.path.join(_join(mounts[c], own.get(c, "/")), _BASE)
-               for c in ("memory", "pids")}
+  except OSError as error:
+    return None, f"cannot read the cgroups ({error.filename}: {error.strerror})"
+  why = "no cgroup v2 with the memory and pids controllers, nor cgroup v1 ones"
+  if "cgroup2" in mounts and "" in own:
+    base, why = _v2_base(mounts, own)
+    if base:
+      return {"v2": base}, ""
+  if "memory" in mounts and "pids" in mounts:
+    bases = {c: os.path.join(_join(mounts[c], own.get(c, "/")), _BASE)
+             for c in ("memory", "pids")}
+    try:
       for base in bases.values():
         os.makedirs(base, exist_ok=True)
-      return bases, ""
-    return None, "no cgroup v2 with the memory and pids controllers, nor cgroup v1 ones"
-  except OSError as error:
-    return None, f"cannot create a cgroup ({error.filename}: {error.strerror})"
+    except OSError as error:
+      return None, f"cannot create a cgroup ({error.filename}: {error.strerror})"
+    return bases, ""
+  return None, why
 
 
 class JobCgroup:
