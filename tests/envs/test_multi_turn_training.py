@@ -66,6 +66,8 @@ def test_grpo_trains_on_multi_turn_episodes(tmp_path):
     ({"env.factory": "tests.envs.environments:Absent"}, "env.factory"),
     ({"env.reward_placement": "turn"}, "env.reward_placement"),
     ({"env.max_turns": 0}, "env.max_turns"),
+    ({"env.worker_memory_mb": -1}, "env.worker_memory_mb"),
+    ({"env.max_chars_per_token": 0}, "env.max_chars_per_token"),
     ({"rollout.max_new_tokens": 97}, "rollout.max_new_tokens"),
     ({"sampler.prompt_buckets": (64, 128)}, "sampler.prompt_buckets"),
     ({"sampler.cache_length": 150, "sampler.prompt_buckets": (64, 149)}, "sampler.cache_length"),
