@@ -111,6 +111,11 @@ CASES = [
     ("best_of_n: workdir is a file", "best_of_n.py",
      ("--config=configs/grpo.py:arith", "--workdir={d}/a_file"), "a_file"),
     ("plot: malformed metrics.jsonl", "plot.py", ("--workdir={d}/run",), "metrics.jsonl:2"),
+    ("sft: malformed eval_file (arith)", "sft.py",
+     ("--config=configs/sft.py:arith", "--workdir={w}", *SMALL,
+      "--config.data.eval_file={d}/malformed.jsonl"), "malformed.jsonl:2"),
+    ("train_rm: truncated --policy", "train_rm.py",
+     ("--policy={d}/truncated", "--output={w}/rm"), "model.safetensors"),
 ]
 # Cases that were one line already before issue 34, or repeat another launcher's: measured
 # by main(), not run by the test.
@@ -158,6 +163,18 @@ def test_a_user_error_is_one_line_and_exit_2_before_any_work(case, launcher, arg
   assert names in lines[0]
   assert not (workdir / "sft").exists()  # no warm start before the error
   assert not result.stdout.strip()  # nothing ran that reports
+
+
+def test_the_loaders_name_the_file_they_cannot_read(files, tmp_path):
+  from rlhf_jax import models
+  with pytest.raises(ValueError, match=f"^{files}/truncated/model.safetensors: not a readable"):
+    models.load_hf_checkpoint(str(files / "truncated"))
+  with pytest.raises(ValueError, match=f"^{files}/bad_config/config.json:1: not JSON"):
+    models.load_hf_checkpoint(str(files / "bad_config"))
+  subprocess.run(["cp", "-r", str(files / "ckpt"), str(tmp_path / "ckpt")], check=True)
+  (tmp_path / "ckpt" / "tokenizer.json").write_text("{")
+  with pytest.raises(ValueError, match=f"^{tmp_path}/ckpt/tokenizer.json: not a readable"):
+    models.Tokenizer.from_directory(str(tmp_path / "ckpt"))
 
 
 def write_safetensors(path: pathlib.Path) -> None:

@@ -70,17 +70,24 @@ class _CheckpointFiles:
   """Name → file lookup over a single or sharded safetensors checkpoint."""
 
   def __init__(self, directory: str):
-    from safetensors import safe_open  # the `hf` extra
+    from safetensors import SafetensorError  # the `hf` extra
+    from safetensors import safe_open
 
-    self._safe_open = safe_open
+    def opened(path: str):
+      """safe_open of `path`; a truncated or corrupt file is a ValueError naming it."""
+      try:
+        return safe_open(path, "numpy")
+      except SafetensorError as error:  # its message names no file
+        raise ValueError(f"{path}: not a readable safetensors file ({error}).") from None
+
+    self._safe_open = opened
     index_path = os.path.join(directory, INDEX_FILE)
     single_path = os.path.join(directory, SINGLE_FILE)
     if os.path.exists(index_path):
-      with open(index_path) as f:
-        weight_map = json.load(f)["weight_map"]
+      weight_map = _read_json(index_path)["weight_map"]
       self.file_of = {name: os.path.join(directory, fname) for name, fname in weight_map.items()}
     elif os.path.exists(single_path):
-      with safe_open(single_path, "numpy") as f:
+      with opened(single_path) as f:
         self.file_of = {name: single_path for name in f.keys()}
     else:
       raise FileNotFoundError(f"{directory} has neither {SINGLE_FILE} nor {INDEX_FILE}.")
@@ -94,7 +101,7 @@ class _CheckpointFiles:
     if path not in self._open:
       if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint shard {path} (holding {name}) is missing.")
-      self._open[path] = self._safe_open(path, "numpy").__enter__()
+      self._open[path] = self._safe_open(path).__enter__()
     return self._open[path]
 
   def read(self, name: str, rows: tuple[int, int] | None = None) -> np.ndarray:
@@ -116,12 +123,20 @@ class _CheckpointFiles:
     self._open.clear()
 
 
+def _read_json(path: str) -> Any:
+  """The JSON of `path`; a malformed file is a ValueError naming it and the line."""
+  with open(path, encoding="utf-8") as f:
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as error:  # its message names no file
+      raise ValueError(f"{path}:{error.lineno}: not JSON ({error.msg}).") from None
+
+
 def _read_config_json(directory: str) -> dict[str, Any]:
   path = os.path.join(directory, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist (not an HF checkpoint directory?).")
-  with open(path) as f:
-    return json.load(f)
+  return _read_json(path)
 
 
 def read_hf_config(directory: str, **overrides) -> config_lib.DecoderConfig:

@@ -104,7 +104,11 @@ class Tokenizer:
     config = chat_lib.read_json(os.path.join(directory, "tokenizer_config.json"))
     named = chat_lib.read_special_tokens(directory, config)
     templates = chat_lib.read_chat_templates(directory, config)
-    tokenizer = cls(Backend.from_file(path),
+    try:
+      backend = Backend.from_file(path)
+    except Exception as error:  # tokenizers raises a bare Exception that names no file
+      raise ValueError(f"{path}: not a readable tokenizer ({error}).") from None
+    tokenizer = cls(backend,
                     eos_token=named.get("eos_token") or CHATML_SPECIAL_TOKENS[0],
                     pad_token=named.get("pad_token"), bos_token=named.get("bos_token"),
                     chat_templates=templates, special_tokens=named)
