@@ -24,6 +24,7 @@ import time
 
 MEMORY_EXIT_CODE = 75  # a worker that ended itself for passing its memory limit
 WATCH_INTERVAL_S = 0.2
+GROUP_EVERY = 5  # ticks between scans of the whole group's memory
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -68,14 +69,30 @@ def _kill_others(pgid: int) -> None:
         pass
 
 
+def _resident(pid: int) -> int:
+  """`pid`'s resident bytes (0 once it is gone)."""
+  try:
+    with open(f"/proc/{pid}/statm", "rb") as f:
+      return int(f.read().split()[1]) * _PAGE
+  except (OSError, IndexError, ValueError):
+    return 0
+
+
 def _watch(memory_mb: int, parent: int) -> None:
-  """Worker thread: see the module docstring."""
+  """Worker thread: see the module docstring. Its own memory is read every tick; the
+  group's, a scan of /proc, every `GROUP_EVERY` ticks (cheap on a busy host)."""
   me, limit = os.getpid(), memory_mb * 2**20
+  tick = 0
   while True:
     time.sleep(WATCH_INTERVAL_S)
+    tick += 1
     if os.getppid() != parent:  # the trainer is gone: take the group with us
       kill_group(me)
-    if limit and sum(rss for _, rss in group_members(me)) > limit:
+    if not limit:
+      continue
+    used = (sum(rss for _, rss in group_members(me)) if tick % GROUP_EVERY == 0
+            else _resident(me))
+    if used > limit:
       _kill_others(me)
       os._exit(MEMORY_EXIT_CODE)  # pylint: disable=protected-access
 
