@@ -79,9 +79,8 @@ def build_judge(c, section, verdicts: Sequence[str], field: str, mesh) -> Verdic
     raise ConfigError(str(error)) from None
   if s.address:
     # grpc is the `serve` extra's: imported only when a judge server is configured.
-    from rlhf_jax.sampling.client import SamplerClient  # pylint: disable=import-outside-toplevel
-    sampler = SamplerClient(s.address)
-    sampler.wait_ready()
+    from rlhf_jax.sampling import remote  # pylint: disable=import-outside-toplevel
+    sampler = remote.connect(s, "reward.judge_sampler")  # its token and TLS files
   else:
     role, _, _ = load_frozen(directory, mesh, head="lm", dtype=s.dtype,
                              matmul_precision=s.matmul_precision,
