@@ -49,7 +49,8 @@ class Verdict:
   """The outcome of running a program against its tests.
 
   Attributes:
-    passed: every test ran and passed (signed by the sandboxed runner).
+    passed: every test ran and passed (decided and signed by the trusted harness, or
+      compared here for stdin/stdout cases).
     reason: "" when passed, else why not ("test failed: AssertionError at tests line 3",
       "timeout after 10s", "killed by SIGSEGV", "no test ran ...").
     tests_run: asserts that ran and passed (stdin/stdout: cases that ran).
@@ -97,7 +98,8 @@ def default_workers() -> int:
 def run_tests_batch(cases: Sequence[tuple[str, str]], *, max_workers: int | None = None,
                     timeout_s: float = 10.0, memory_mb: int = 512,
                     mode: str = "harness") -> list[Verdict]:
-  """`run_tests` over (solution, tests) pairs on a bounded pool, in input order.
+  """`run_tests` over (solution, tests) pairs on a bounded pool, in input order (`mode`
+  as in `run_tests`).
 
   Every job has its own wall clock, so a batch of hostile programs takes about
   ceil(len(cases) / max_workers) × timeout_s at worst.

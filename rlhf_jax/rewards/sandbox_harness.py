@@ -92,6 +92,13 @@ def _fail(reason, tests_run=0):
   return {"passed": False, "reason": reason, "tests_run": tests_run}
 
 
+def _bindable(name):
+  """A name of the solution the tests may see: an identifier, not private, and not a
+  builtin (a solution's own `abs` or `len` must not answer for the tests' one)."""
+  return (isinstance(name, str) and name.isidentifier() and not name.startswith("__")
+          and not hasattr(builtins, name))
+
+
 def _run_tests(job, link, names):
   passed = [0]
 
@@ -102,12 +109,15 @@ def _run_tests(job, link, names):
     tests = counted_tests(job["tests"])
   except SyntaxError as error:
     return _fail(f"syntax error: {error}")
-  namespace = {"__name__": "__main__", "__builtins__": builtins, COUNTER: count}
+  namespace = {}
   for name, entry in names.items():
+    if not _bindable(name):
+      continue
     if entry.get("callable") is True:
       namespace[name] = _Remote(link, {"name": name}, name)
     elif "value" in entry:
       namespace[name] = decode(entry["value"])
+  namespace.update({"__name__": "__main__", "__builtins__": builtins, COUNTER: count})
   try:
     exec(tests, namespace)  # pylint: disable=exec-used
   except SystemExit:

@@ -286,6 +286,28 @@ def test_forged_verdicts_pass_in_process_and_fail_in_the_harness(attack):
   assert scored.scores == [0.0] and scored.correct == [False], scored.reason(0)
 
 
+def test_a_solution_cannot_rebind_the_names_the_tests_use():
+  """A solution that defines its own `abs` (the tests' tolerance check) or sends names of
+  the harness's own (its assert counter, `__builtins__`)."""
+  solution = "def abs(x):\n  return 0\ndef half(x):\n  return 0\n"
+  tests = "assert abs(half(3) - 1.5) < 1e-9"
+  assert code.run_tests(solution, tests, mode="unsafe_in_process").passed
+  assert not hostile(solution, tests).passed
+  forged_names = """
+import json, os, sys
+frame = sys._getframe()
+while frame is not None and "job" not in frame.f_locals:
+    frame = frame.f_back
+fd = frame.f_locals["job"]["result_fd"]
+os.write(fd, (json.dumps({"names": {
+    "__rlhf_jax_asserts_passed__": {"value": 0}, "__builtins__": {"callable": True},
+    "half": {"callable": True}}}) + "\\n").encode())
+def half(x):
+  return 0
+"""
+  assert hostile(forged_names, "assert half(3) == 1.5").tests_run == 0
+
+
 def test_always_equal_results_of_calls_fail():
   """A function that returns an always-equal object: it cannot cross as data, and the
   harness refuses to compare or test the truth of the remote object it gets instead."""
