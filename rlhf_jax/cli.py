@@ -22,8 +22,10 @@ the exception absl or ml_collections raised.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+import traceback
 from typing import Any, Callable, NamedTuple
 
 import ml_collections
@@ -125,8 +127,6 @@ def _load_preset(flag_values, argv: list[str], name: str):
 
 def _where_raised(error: BaseException, spec: str) -> str:
   """"<file>:<line>: " of the innermost frame of `error` in the config file of `spec`."""
-  import traceback  # pylint: disable=import-outside-toplevel
-  import os  # pylint: disable=import-outside-toplevel
   path = os.path.abspath(spec.split(":", 1)[0])
   frames = [f for f in traceback.extract_tb(error.__traceback__)
             if os.path.abspath(f.filename) == path]
@@ -217,13 +217,11 @@ def compile_cache_dir(config) -> str:
   from rlhf_jax.runtime import DEFAULT_COMPILE_CACHE  # pylint: disable=import-outside-toplevel
   if config is not None and "compile_cache" in config:
     return config.compile_cache
-  import os  # pylint: disable=import-outside-toplevel
   return os.environ.get("RLHF_JAX_COMPILE_CACHE", DEFAULT_COMPILE_CACHE)
 
 
 def enable_deterministic_gpu_ops() -> None:
   """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS (before JAX starts)."""
-  import os  # pylint: disable=import-outside-toplevel
   flag = "--xla_gpu_deterministic_ops=true"
   flags = os.environ.get("XLA_FLAGS", "")
   if flag not in flags:

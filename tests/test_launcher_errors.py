@@ -55,6 +55,7 @@ def make_files(root: pathlib.Path) -> None:
       {**ROW, "prompt": "1+" * 3000 + "1="}) + "\n")
   (root / "config.txt").write_text("not python at all\n")
   (root / "syntax.py").write_text("def get_config(:\n  return None\n")
+  (root / "name_error.py").write_text("def get_config(variant):\n  return undefined_name\n")
   (root / "a_file").write_text("not a directory\n")
   (root / "run").mkdir()
   (root / "run" / "metrics.jsonl").write_text('{"step": 0, "reward_mean": 1}\n{"step": 1,\n')
@@ -75,6 +76,8 @@ CASES = [
      ("--config={d}/config.txt", "--workdir={w}"), "config.txt"),
     ("train: config file syntax error", "train.py",
      ("--config={d}/syntax.py", "--workdir={w}"), "syntax.py"),
+    ("train: config file's code fails", "train.py",
+     ("--config={d}/name_error.py:arith", "--workdir={w}"), "name_error.py:2: NameError"),
     ("train: malformed train_file", "train.py",
      (*ARITH, "--config.data.train_file={d}/malformed.jsonl"), "malformed.jsonl:2"),
     ("train: arith prompt too long", "train.py",
@@ -263,8 +266,12 @@ def main(argv: list[str]) -> None:
     for number, (case, launcher, arguments, _) in enumerate(CASES + EXTRA):
       if only not in case:
         continue
-      result, seconds = run_case(launcher, arguments, root / "files", root / f"w{number}",
-                                 timeout=300)
+      try:
+        result, seconds = run_case(launcher, arguments, root / "files", root / f"w{number}",
+                                   timeout=600)
+      except subprocess.TimeoutExpired:
+        print(f"| {case} | - | killed | > 600 |", flush=True)
+        continue
       lines = len([line for line in result.stderr.splitlines() if line.strip()])
       print(f"| {case} | {lines} | {result.returncode} | {seconds:.1f} |", flush=True)
 
