@@ -1,7 +1,9 @@
 """rlhf_jax.envs: environments for multi-turn rollouts (`rollout.mode='multi_turn'`).
 
 base.py holds the seam (`Environment`, `StepResult`, `load_factory`); runner.py runs
-environments in killable worker processes with a per-call timeout.
+environments in killable worker processes with a per-call timeout, cutting observations to
+the row's budget; processes.py bounds a worker's memory and the processes it starts;
+observations.py escapes control text in tool turns and reports failures by kind.
 """
 
 from rlhf_jax.envs.base import Environment

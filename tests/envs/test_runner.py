@@ -168,3 +168,15 @@ def test_a_worker_past_its_memory_limit_is_replaced(monkeypatch):
     assert (third.failure, third.result.observation) == ("", " held 1")
   finally:
     runner.close()
+
+
+def test_memory_of_the_processes_an_environment_starts_counts(capfd):
+  runner = EnvironmentRunner(f"{MODULE}:ChildHog", workers=1, timeout_s=20.0, memory_mb=250)
+  try:
+    env = runner.start(["x"])[0].env
+    outcome = runner.step([env], ["a"])[0]
+  finally:
+    runner.close()
+  assert outcome.kind == "memory"
+  child = int(capfd.readouterr().out.split()[-1])  # the worker printed it before it ended
+  assert _gone_within(child, 2.0)
