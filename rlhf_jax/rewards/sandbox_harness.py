@@ -16,7 +16,6 @@ pipe. Two kinds of job:
 """
 
 import builtins
-import ctypes
 import json
 import os
 import sys
@@ -173,6 +172,7 @@ def _judge(job):
 def _undumpable():
   """PR_SET_DUMPABLE 0: another process of this uid (rlimits mode without root, where the
   candidate shares it) cannot ptrace this one or open its /proc files (mem, fd, environ)."""
+  import ctypes  # pylint: disable=import-outside-toplevel  # rlimits mode only
   try:
     ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
   except (OSError, AttributeError):  # not Linux / no libc: the namespaces still separate
@@ -180,7 +180,8 @@ def _undumpable():
 
 
 def main():
-  _undumpable()  # before the tests are read
+  if sys.argv[2:] == ["undumpable"]:  # rlimits mode: no PID namespace between us
+    _undumpable()  # before the tests are read
   report_fd = int(sys.argv[1])
   job = json.loads(sys.stdin.buffer.read())
   os.dup2(os.open(os.devnull, os.O_RDONLY), 0)

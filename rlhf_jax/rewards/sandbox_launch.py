@@ -121,8 +121,10 @@ def command(program: str, report_fd: int, limits, *, uid: int | None,
   prefix = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", *cgroup_procs, "--"] if cgroup_procs else []
   python = [interpreter(), "-I", "-S", "-c", source(program), str(report_fd)]
   if limits.isolation == "rlimits":
-    if program == "runner":  # the harness is trusted (and needs ctypes for prctl)
+    if program == "runner":
       python[4] = _AUDIT_GUARD + python[4]
+    else:  # the trusted harness: no audit guard (it needs ctypes for prctl)
+      python.append("undumpable")
     if uid is None:
       return prefix + python
     _check_runnable_by_others(python[0], uid)

@@ -10,11 +10,9 @@ an object with its own `__eq__` (the "always-equal" hack) cannot reach the side 
 compares: the candidate's encoder is untrusted, the harness's decoder is the boundary.
 """
 
-import ast
 import json
 import os
 import resource
-import traceback
 
 _SCALARS = (str, int, float, bool, type(None))
 _TAGS = {"t": tuple, "s": set, "f": frozenset}
@@ -128,6 +126,7 @@ def lower_limits(job):
 
 def describe(error, filename):
   """"AssertionError at tests line 3" / "ValueError: bad" for the report."""
+  import traceback  # pylint: disable=import-outside-toplevel  # only on errors
   line = ""
   for frame in reversed(traceback.extract_tb(error.__traceback__)):
     if frame.filename == filename:
@@ -140,16 +139,16 @@ def describe(error, filename):
 COUNTER = "__rlhf_jax_asserts_passed__"
 
 
-class CountAsserts(ast.NodeTransformer):
-  """Follows every `assert` with a call that counts it (it runs only if it passed)."""
-
-  def visit_Assert(self, node):
-    count = ast.Expr(ast.Call(ast.Name(COUNTER, ast.Load()), [], []))
-    return [node, ast.copy_location(count, node)]
-
-
 def counted_tests(source):
-  """`source` compiled as "<tests>" with every assert counted (SyntaxError if it is not
-  Python)."""
+  """`source` compiled as "<tests>" with every assert followed by a call that counts it
+  (it runs only if the assert passed); SyntaxError if it is not Python."""
+  import ast  # pylint: disable=import-outside-toplevel  # 10 ms a process: only for tests
+
+  class CountAsserts(ast.NodeTransformer):
+
+    def visit_Assert(self, node):
+      count = ast.Expr(ast.Call(ast.Name(COUNTER, ast.Load()), [], []))
+      return [node, ast.copy_location(count, node)]
+
   tree = ast.fix_missing_locations(CountAsserts().visit(ast.parse(source, "<tests>")))
   return compile(tree, "<tests>", "exec")
