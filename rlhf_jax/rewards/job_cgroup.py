@@ -68,6 +68,14 @@ def _read(path: str) -> str:
     return f.read()
 
 
+def _try_child(base: str) -> None:
+  """OSError unless this process may make job cgroups under `base` (it may exist, made
+  by another user)."""
+  probe_dir = os.path.join(base, f"probe-{secrets.token_hex(4)}")
+  os.mkdir(probe_dir)
+  os.rmdir(probe_dir)
+
+
 def _v2_base(mounts: dict, own: dict) -> tuple[str | None, str]:
   """The v2 directory whose children get the memory and pids controllers, or (None, why)."""
   delegated = os.environ.get("RLHF_JAX_SANDBOX_CGROUP")
@@ -86,6 +94,7 @@ def _v2_base(mounts: dict, own: dict) -> tuple[str | None, str]:
       return None, (f"cgroup v2: {os.path.dirname(base)} does not pass the memory and pids "
                     "controllers on (cgroup.subtree_control)")
     _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")
+    _try_child(base)
   except OSError as error:
     return None, f"cgroup v2: {error.filename}: {error.strerror}"
   return base, ""
@@ -110,6 +119,7 @@ def probe() -> tuple[dict | None, str]:
     try:
       for base in bases.values():
         os.makedirs(base, exist_ok=True)
+        _try_child(base)
     except OSError as error:
       return None, f"cannot create a cgroup ({error.filename}: {error.strerror})"
     return bases, ""
