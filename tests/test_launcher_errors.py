@@ -54,6 +54,8 @@ def make_files(root: pathlib.Path) -> None:
   (root / "long.jsonl").write_text(json.dumps(ROW) + "\n" + json.dumps(
       {**ROW, "prompt": "1+" * 3000 + "1="}) + "\n")
   (root / "config.txt").write_text("not python at all\n")
+  (root / "offline.jsonl").write_text(json.dumps({**ROW, "responses": ["3"], "scores": [1]})
+                                      + "\n{\"prompt\": 1\n")
   (root / "syntax.py").write_text("def get_config(:\n  return None\n")
   (root / "name_error.py").write_text("def get_config(variant):\n  return undefined_name\n")
   (root / "a_file").write_text("not a directory\n")
@@ -82,6 +84,9 @@ CASES = [
      (*ARITH, "--config.data.train_file={d}/malformed.jsonl"), "malformed.jsonl:2"),
     ("train: arith prompt too long", "train.py",
      (*ARITH, "--config.data.train_file={d}/long.jsonl"), "long.jsonl:2"),
+    ("train: malformed offline_file (dpo)", "train.py",
+     ("--config=configs/dpo.py:arith", "--workdir={w}", *SMALL,
+      "--config.data.offline_file={d}/offline.jsonl"), "offline.jsonl:2"),
     ("train: truncated safetensors", "train.py",
      (*HF, "--config.model.checkpoint={d}/truncated"), "model.safetensors"),
     ("train: bad config.json", "train.py",

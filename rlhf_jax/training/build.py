@@ -25,6 +25,7 @@ from rlhf_jax.data import CurriculumStream
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
 from rlhf_jax.data import parse_curriculum
+from rlhf_jax.data import read_labelled
 from rlhf_jax.data import config as data_config_lib
 from rlhf_jax.data.prompts import PromptError
 from rlhf_jax.data.prompts import PromptFormat
@@ -38,6 +39,7 @@ from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout.base import Rollout
 from rlhf_jax.rollout.multi_turn import MultiTurnRollout
+from rlhf_jax.rollout.offline import encode_groups
 from rlhf_jax.rollout.offline import offline_rollout
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.rollout.pipelined import PipelinedRollout
@@ -221,8 +223,9 @@ def check_data(c, workdir: str) -> None:
   `file_checks.check_checkpoint_dir`) and `load_examples` with
   its tokenizer — or, for the arith variant before its warm start, with the task's own
   tokenizer, which the warm start will save — so that the data files' schema, JSON,
-  encodability and every prompt's length are checked before any work (`--validate_only`:
-  before "config ok"; nothing loads onto a device)."""
+  encodability and every prompt's length are checked before any work, and with rollout.mode
+  'offline' the labelled groups of `data.offline_file` (`--validate_only`: before "config
+  ok"; nothing loads onto a device)."""
   if workdir:
     file_checks.check_workdir(workdir)
   directory = policy_checkpoint_dir(c, workdir)
@@ -240,7 +243,15 @@ def check_data(c, workdir: str) -> None:
   else:
     tokenizer = task_registry.get_task(c.data.task).tokenizer()
     prefix = [tokenizer.backend.token_to_id(t) for t in arith.PROMPT_PREFIX]
-  load_examples(c, prompt_format(c, tokenizer, prefix))
+  prompts = prompt_format(c, tokenizer, prefix)
+  load_examples(c, prompts)
+  if c.rollout.mode == "offline" and c.data.offline_file:  # labelled groups, encoded
+    try:
+      encode_groups(read_labelled(c.data.offline_file), prompts,
+                    response_length=c.rollout.max_new_tokens, group_size=c.rollout.group_size,
+                    pairs=c.algorithm.learner == "dpo")
+    except (OSError, ValueError) as error:
+      raise ConfigError(f"config.data.offline_file: {error}") from None
 
 
 def generation_params(c, policy: Policy, params, mesh):
