@@ -237,8 +237,8 @@ class Trainer:
         self._train(summary, start, progress, signals)
       failed = False
     except KeyboardInterrupt:
-      self.log(f"interrupted at once during step {self.step + 1}: nothing saved; resume "
-               f"continues from {self._last_checkpoint()}")
+      self.log(f"interrupted at once during step {self.recorded_step + 1}: nothing saved; "
+               f"resume continues from {self._last_checkpoint()}")
       raise
     except Exception as error:  # pylint: disable=broad-except
       if not is_fleet_loss(error):
@@ -312,8 +312,8 @@ class Trainer:
     if (self.step_start is not None and self.step_start[0] == self.step == self.recorded_step
         and self.step > 0 and self.saved_step != self.step):
       self.save(rollout_state=self.step_start[1])
-    self.log(f"every sampling server is gone ({one_line(error)}); {self._last_checkpoint()}; resume "
-             "with the same command once a server is back")
+    self.log(f"every sampling server is gone ({one_line(error)}); "
+             f"{self._last_checkpoint()}; resume with the same command once a server is back")
     raise run_control.Stopped(1) from None
 
   def _last_checkpoint(self) -> str:

@@ -158,7 +158,10 @@ def test_a_crash_in_training_ends_the_loggers_runs_as_failed(tmp_path, error):
   trainer.config, trainer.held_out, trainer.step = base_config("arith"), [], 0
   trainer.show_progress, trainer.log, trainer.save = False, print, lambda: None
   trainer.metrics = MetricsWriter(str(tmp_path), [recorder])
-  trainer.rollout = trainer.checkpointer = SimpleNamespace(close=lambda: None)
+  trainer.rollout = trainer.checkpointer = SimpleNamespace(close=lambda: None,
+                                                           latest_step=lambda: None)
+  trainer.lock = SimpleNamespace(release=lambda: None)
+  trainer.fleet, trainer.recorded_step = None, 0
   trainer.train_step = lambda: (_ for _ in ()).throw(error("step failed"))
   with pytest.raises(error):
     trainer.run()

@@ -317,11 +317,14 @@ def test_sigint_during_evaluation_finishes_the_step_saves_and_resumes_exactly(st
 def test_an_interrupt_inside_evaluation_saves_no_step_without_its_records(straight,
                                                                           tmp_path):
   directory = split_run(straight, tmp_path, "interrupt")
-  trainer = SignalledInEvaluation(config(), str(directory), log=lambda line: None,
+  lines = []
+  trainer = SignalledInEvaluation(config(), str(directory), log=lines.append,
                                   scorer=scorer(config()))
   trainer.how = "raise"
   with pytest.raises(KeyboardInterrupt):
     trainer.run()
+  assert lines[-1] == ("interrupted at once during step 3: nothing saved; resume continues "
+                       f"from checkpoint at step 2 in {directory / 'checkpoints' / '2'}")
   steps = [r["step"] for r in records(directory)]
   assert steps == [0, 1, 2] and checkpoint_steps(directory) == [2]
   assert set(checkpoint_steps(directory)) <= set(steps)
