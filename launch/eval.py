@@ -13,7 +13,7 @@ flaming-hot first token, or a hot first token of every line, then regular sampli
 modes a pass@k table (their mean, each checkpoint in brackets) and plot.
 
 Before any model loads, every checkpoint's files (config.json, the safetensors headers,
-the tokenizer), --data (JSON, schema) and every prompt against each checkpoint's
+the tokenizer), --data (JSON, schema, a scorer for every row's task) and every prompt against each checkpoint's
 tokenizer and --prompt_length (default 512 tokens) are checked: an error is one line naming the flag, file
 and row, with exit status 2.
 """
@@ -73,9 +73,11 @@ def _examples() -> list[tuple[str, object]]:
   from rlhf_jax.tasks import arith
   if _DATA.value:
     try:
-      return located_jsonl(_DATA.value)
+      located = located_jsonl(_DATA.value)
     except (OSError, ValueError) as error:
       raise ConfigError(f"--data={_DATA.value}: {error}") from None
+    _check_tasks(located)
+    return located
   try:
     levels = tuple(int(level) for level in _ARITH_LEVELS.value)
   except ValueError:
@@ -83,6 +85,22 @@ def _examples() -> list[tuple[str, object]]:
                       ) from None
   examples = arith.examples(_ARITH_SEED.value, _ARITH_COUNT.value, levels)
   return [(f"generated arith problem {i}", e) for i, e in enumerate(examples)]
+
+
+def _check_tasks(located) -> None:
+  """Every row's task has a rule scorer here (math's needs math-verify); else a
+  ConfigError naming the row."""
+  import importlib.util
+  from rlhf_jax.config_errors import ConfigError
+  from rlhf_jax.tasks import registry
+  for where, example in located:
+    if not registry.is_known(example.task):
+      raise ConfigError(f"--data: {where}: no scorer for task {example.task!r} (known: "
+                        f"{', '.join(registry.known_tasks())})")
+    if (registry.scored_by("math", [example.task])
+        and importlib.util.find_spec("math_verify") is None):
+      raise ConfigError(f"--data: {where}: task {example.task!r} is scored by math-verify, "
+                        "which is not installed: pip install 'rlhf-jax[math]'")
 
 
 def _prompts(checkpoint: str, located):

@@ -54,6 +54,7 @@ def make_files(root: pathlib.Path) -> None:
   (root / "long.jsonl").write_text(json.dumps(ROW) + "\n" + json.dumps(
       {**ROW, "prompt": "1+" * 3000 + "1="}) + "\n")
   (root / "config.txt").write_text("not python at all\n")
+  (root / "task.jsonl").write_text(json.dumps({**ROW, "task": "bogus"}) + "\n")
   (root / "offline.jsonl").write_text(json.dumps({**ROW, "responses": ["3"], "scores": [1]})
                                       + "\n{\"prompt\": 1\n")
   (root / "syntax.py").write_text("def get_config(:\n  return None\n")
@@ -103,6 +104,8 @@ CASES = [
      ("--checkpoint={d}/ckpt", "--data={d}/empty.jsonl"), "empty.jsonl"),
     ("eval: wrong-column --data", "eval.py",
      ("--checkpoint={d}/ckpt", "--data={d}/columns.jsonl"), "columns.jsonl"),
+    ("eval: a task without a scorer", "eval.py",
+     ("--checkpoint={d}/ckpt", "--data={d}/task.jsonl"), "task.jsonl:1"),
     ("eval: missing --data", "eval.py",
      ("--checkpoint={d}/ckpt", "--data={d}/nope.jsonl"), "nope.jsonl"),
     ("eval: prompt longer than the cache", "eval.py",
