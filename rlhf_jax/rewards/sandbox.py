@@ -137,7 +137,8 @@ class _Job:
 
   def __exit__(self, *_):
     for process in self.processes:
-      _kill(process.popen)
+      if process.popen.returncode is None:  # not killed by finish (an error came first)
+        _kill(process.popen)
     for fd in (self.report_r, self.report_w):
       if fd >= 0:
         os.close(fd)
