@@ -94,16 +94,29 @@ def check_safetensors(path: str, where: str) -> set[str]:
   return set(tensors)
 
 
-def check_checkpoint_dir(directory: str, where: str, *, tokenizer: bool = True) -> None:
+def check_checkpoint_dir(directory: str, where: str, *, tokenizer: bool = True,
+                         weights: bool = True) -> None:
   """An HF checkpoint directory that loads (module docstring); `where` names the flag or
   field in the error ("--checkpoint=DIR", "config.model.checkpoint"). `tokenizer`: a
-  policy's directory also holds tokenizer.json."""
+  policy's directory also holds tokenizer.json; `weights`: and its safetensors (not for a
+  model served elsewhere, whose config and tokenizer alone are read here)."""
   if not os.path.isdir(directory):
     raise ConfigError(f"{where}: {directory}: "
                       f"{'not a directory' if os.path.exists(directory) else 'no such directory'}")
   if not os.path.exists(os.path.join(directory, "config.json")):
     _missing(directory, "config.json", where)
   _json_object(os.path.join(directory, "config.json"), where)
+  if weights:
+    _check_weights(directory, where)
+  if tokenizer:
+    path = os.path.join(directory, TOKENIZER)
+    if not os.path.exists(path):
+      _missing(directory, f"{TOKENIZER} (its tokenizer)", where)
+    _json_object(path, where)
+
+
+def _check_weights(directory: str, where: str) -> None:
+  """model.safetensors, or the shard index and every shard it names, with sound headers."""
   index = os.path.join(directory, SAFETENSORS_INDEX)
   if os.path.exists(index):
     weight_map = _json_object(index, where).get("weight_map")
@@ -118,11 +131,6 @@ def check_checkpoint_dir(directory: str, where: str, *, tokenizer: bool = True) 
     check_safetensors(os.path.join(directory, SAFETENSORS), where)
   else:
     _missing(directory, f"{SAFETENSORS} (or {SAFETENSORS_INDEX})", where)
-  if tokenizer:
-    path = os.path.join(directory, TOKENIZER)
-    if not os.path.exists(path):
-      _missing(directory, f"{TOKENIZER} (the policy's tokenizer)", where)
-    _json_object(path, where)
 
 
 def _missing(directory: str, name: str, where: str) -> NoReturn:

@@ -35,6 +35,7 @@ from rlhf_jax.models.run_config import model_layout
 from rlhf_jax.models.run_config import model_numerics
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
+from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout.base import Rollout
@@ -243,6 +244,7 @@ def check_data(c, workdir: str) -> None:
   else:
     tokenizer = task_registry.get_task(c.data.task).tokenizer()
     prefix = [tokenizer.backend.token_to_id(t) for t in arith.PROMPT_PREFIX]
+  check_reward_checkpoints(c)
   prompts = prompt_format(c, tokenizer, prefix)
   load_examples(c, prompts)
   if c.rollout.mode == "offline" and c.data.offline_file:  # labelled groups, encoded
@@ -252,6 +254,20 @@ def check_data(c, workdir: str) -> None:
                     pairs=c.algorithm.learner == "dpo")
     except (OSError, ValueError) as error:
       raise ConfigError(f"config.data.offline_file: {error}") from None
+
+
+def check_reward_checkpoints(c) -> None:
+  """The files of every reward, judge or PRM checkpoint the run loads (the `reward` section's
+  routes, `reward.process.checkpoint`): `file_checks.check_checkpoint_dir`, naming the field."""
+  sections = {"rm": "rm", "pairwise": "pairwise"}
+  used = {sections.get(route, "genrm") for route in reward_config_lib.routes_needed(c.reward)}
+  if c.reward.process.checkpoint:
+    used.add("process")
+  served = bool(c.reward.judge_sampler.address)  # the judges' weights are on its server
+  for section in sorted(used):
+    file_checks.check_checkpoint_dir(
+        c.reward[section].checkpoint, f"config.reward.{section}.checkpoint",
+        weights=not (served and section in ("genrm", "pairwise")))
 
 
 def generation_params(c, policy: Policy, params, mesh):
