@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import pickle
+import signal
 import time
 from typing import Any, Callable, Sequence
 
@@ -28,6 +29,9 @@ def _serve(connection, initializer=None) -> None:
   """Worker: run `initializer` (fn, args) if any (an import that must not count against
   a call's deadline), say ready, then receive (fn, args), send ("ok", result) or
   ("error", repr). An initializer that raises is reported at start-up."""
+  # A terminal's Ctrl-C reaches the whole process group: the trainer decides what it
+  # means (training/loop.py finishes the step), so a call in flight must not die of it.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   if initializer is not None:
     try:
       initializer[0](*initializer[1])

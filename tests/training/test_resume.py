@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -148,6 +149,20 @@ def test_signals_set_a_flag_and_a_second_sigint_interrupts():
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
   assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_ctrl_c_to_the_process_group_does_not_kill_a_reward_call_in_flight():
+  from rlhf_jax.rewards.workers import KillablePool
+  pool = KillablePool(1, timeout_s=30)
+  assert pool.map([(time.sleep, (0.0,))]) == [("ok", None)]  # started
+  worker = pool._workers[0].process  # pylint: disable=protected-access
+  timer = threading.Timer(0.5, os.kill, (worker.pid, signal.SIGINT))  # as a terminal does
+  timer.start()
+  try:
+    assert pool.map([(time.sleep, (1.5,))]) == [("ok", None)]  # the step's scores stand
+  finally:
+    timer.join()
+    pool.close()
 
 
 def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
