@@ -136,7 +136,7 @@ def serve_from_config(config: ml_collections.ConfigDict
   the scheduler and serves (validate with `serve_config.validate_serve_config` first).
 
   Raises:
-    ConfigError naming config.server.port when it cannot be bound (before any work).
+    ConfigError: naming config.server.port when it cannot be bound (before any work).
   """
   server = config.server
   security = security_lib.server_security(server)
