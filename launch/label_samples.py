@@ -50,7 +50,8 @@ def main(argv) -> None:
   if not c.data.train_file and c.variant != "arith":
     invalid("data.train_file", c.data.train_file, "the prompts to sample (a .jsonl/.parquet "
             "file) are required for the hf variant")
-  build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
+  # The workdir, checkpoint and data files before loading (offline_file is the output).
+  build.check_data(c, _WORKDIR.value, read_offline=False)
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples = build.load_examples(c)[0][:c.data.offline_prompts]

@@ -218,20 +218,20 @@ def check_checkpoint_family(directory: str) -> None:
     raise ConfigError(f"config.model.checkpoint: {directory}: {error}") from None
 
 
-def check_data(c, workdir: str) -> None:
-  """The workdir (when given: no file in its place), the policy checkpoint's files (when it
-  is there: config.json, the safetensors headers and sizes, the tokenizer;
-  `file_checks.check_checkpoint_dir`) and `load_examples` with
-  its tokenizer — or, for the arith variant before its warm start, with the task's own
-  tokenizer, which the warm start will save — so that the data files' schema, JSON,
-  encodability and every prompt's length are checked before any work, and with rollout.mode
-  'offline' the labelled groups of `data.offline_file` (`--validate_only`: before "config
-  ok"; nothing loads onto a device)."""
+def check_data(c, workdir: str, *, read_offline: bool = True) -> None:
+  """Everything a run reads, before any work (`--validate_only` stops here): the workdir
+  (no file in its place); the policy checkpoint's files (file_checks.check_checkpoint_dir)
+  and the reward models'; every row of the data files (`load_examples`: JSON, schema, task,
+  encodability, length) with the policy's tokenizer — for the arith variant before its
+  warm start, the task's own, which the warm start saves; with rollout.mode 'offline' the
+  labelled groups of `data.offline_file`, unless `read_offline` is False (a labelling run's
+  output). Nothing loads onto a device; errors are ConfigErrors naming field, file, row."""
   if workdir:
     file_checks.check_workdir(workdir)
   directory = policy_checkpoint_dir(c, workdir)
   field = "config.model.checkpoint"
-  if os.path.exists(directory) or c.variant != "arith":  # arith trains a missing one
+  # The arith warm start trains a missing one (a directory without config.json included).
+  if os.path.exists(os.path.join(directory, "config.json")) or c.variant != "arith":
     file_checks.check_checkpoint_dir(directory, field if c.model.checkpoint
                                      else f"{field} (<workdir>/sft)")
     check_checkpoint_family(directory)
@@ -247,7 +247,7 @@ def check_data(c, workdir: str) -> None:
   check_reward_checkpoints(c)
   prompts = prompt_format(c, tokenizer, prefix)
   load_examples(c, prompts)
-  if c.rollout.mode == "offline" and c.data.offline_file:  # labelled groups, encoded
+  if read_offline and c.rollout.mode == "offline" and c.data.offline_file:
     try:
       encode_groups(read_labelled(c.data.offline_file), prompts,
                     response_length=c.rollout.max_new_tokens, group_size=c.rollout.group_size,
