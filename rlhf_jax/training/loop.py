@@ -49,10 +49,13 @@ class Trainer:
     log: where status lines go.
     scorer: the reward (default: the rule-based router of the `reward` section).
     progress: show a tqdm bar (launchers; off in tests).
+    lock: the workdir's lock when the caller took it already (a launcher, before the warm
+      start); the trainer holds it from here and releases it when it ends.
   """
 
   def __init__(self, config, workdir: str, *, log: Callable[[str], None] = print,
-               scorer: Scorer | None = None, progress: bool = False):
+               scorer: Scorer | None = None, progress: bool = False,
+               lock: run_control.WorkdirLock | None = None):
     validate_config(config, num_devices=jax.device_count())
     build.check_deterministic(config)
     self.config = config
@@ -62,7 +65,7 @@ class Trainer:
     self.workdir, self.show_progress = workdir, progress and main
     self.log = log if main else (lambda line: None)
     # One trainer per workdir, before any work: a second one would interleave records.
-    self.lock = run_control.WorkdirLock(workdir)
+    self.lock = lock or run_control.WorkdirLock(workdir)
     if main:
       self.lock.acquire()
     try:

@@ -227,6 +227,15 @@ def test_a_trainer_is_refused_before_any_work_and_the_launcher_says_so_in_one_li
   held.release()
 
 
+def test_a_trainer_takes_over_its_launchers_lock_and_gives_it_back(tmp_path):
+  lock = run_control.WorkdirLock(str(tmp_path))
+  lock.acquire()  # as a launcher does before the warm start
+  config = shrink(preset("grpo"))
+  with pytest.raises(ConfigError, match="no policy checkpoint"):  # past the lock
+    loop.Trainer(config, str(tmp_path), log=print, scorer=scorer(config), lock=lock)
+  assert lock.file is None  # released with the failed trainer
+
+
 # ------------------------------------------------------------------ end to end
 
 
