@@ -66,10 +66,13 @@ def main(argv) -> None:
                       "(label the samples first with launch/label_samples.py)")
   main_process = parallel.is_main_process()
   log = lambda line: print(line, flush=True) if main_process else None
+  from rlhf_jax import run_control
+  lock = run_control.WorkdirLock(_WORKDIR.value)
   if main_process:  # warm start, DPO / DQO offline data: once, in the shared workdir
+    lock.acquire()  # before the warm start: a second launch must not train it as well
     prepare_run(config, _WORKDIR.value, log=log)
   parallel.barrier("prepared")
-  trainer = Trainer(config, _WORKDIR.value, log=log, progress=True)
+  trainer = Trainer(config, _WORKDIR.value, log=log, progress=True, lock=lock)
   summary = trainer.run()
   if not main_process:
     return

@@ -179,6 +179,20 @@ def test_a_user_error_is_one_line_and_exit_2_before_any_work(case, launcher, arg
   assert not result.stdout.strip()  # nothing ran that reports
 
 
+def test_a_workdir_in_use_is_refused_before_the_warm_start(files, tmp_path):
+  from rlhf_jax import run_control
+  held = run_control.WorkdirLock(str(tmp_path / "work"))
+  held.acquire()  # another trainer's, as far as the launcher can tell
+  try:
+    result, _ = run_case("train.py", ARITH, files, tmp_path / "work", timeout=120)
+  finally:
+    held.release()
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert len(lines) == 1 and "in use by another trainer" in lines[0], result.stderr[-3000:]
+  assert not (tmp_path / "work" / "sft").exists()  # the lock came before the warm start
+
+
 def test_the_loaders_name_the_file_they_cannot_read(files, tmp_path):
   from rlhf_jax import models
   with pytest.raises(ValueError, match=f"^{files}/truncated/model.safetensors: not a readable"):
