@@ -43,8 +43,21 @@ _OUTPUT = flags.DEFINE_string("output", "", "Where to save the guide (.npz).")
 flags.mark_flags_as_required(["config"])
 
 
+def _bon_sizes(values) -> list[int]:
+  """--bon_n as positive integers; a ConfigError naming the flag otherwise."""
+  from rlhf_jax.config_errors import ConfigError
+  try:
+    sizes = [int(n) for n in values]
+  except ValueError:
+    sizes = []
+  if len(sizes) != len(values) or any(n < 1 for n in sizes):
+    raise ConfigError(f"--bon_n={','.join(values)}: must be positive integers (e.g. 4,16)")
+  return sizes
+
+
 def main(argv) -> None:
   del argv
+  bon_n = _bon_sizes(_BON_N.value)  # before anything loads
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
   import jax
@@ -61,7 +74,7 @@ def main(argv) -> None:
       rounds=_ROUNDS.value, prompts_per_round=_PROMPTS.value, samples=_SAMPLES.value,
       steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value,
       num_bins=_BINS.value, eta=_ETA.value, top_k=_TOP_K.value,
-      eval_samples=_EVAL_SAMPLES.value, bon_n=[int(n) for n in _BON_N.value],
+      eval_samples=_EVAL_SAMPLES.value, bon_n=bon_n,
       output=_OUTPUT.value)
   for row in run_qsharp(c, _WORKDIR.value, options, log=lambda line: print(line, flush=True)):
     print(json.dumps(row), flush=True)

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 
-from absl import app
 from absl import flags
 
 _CONFIG = flags.DEFINE_string("config", None, "Preset (configs/*.py:arith).")
@@ -172,4 +171,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from rlhf_jax import cli
+  cli.run(main, compile_cache=False)  # a flag error in one line, exit 2; JAX not imported

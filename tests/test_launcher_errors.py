@@ -128,6 +128,9 @@ CASES = [
     ("sft: malformed eval_file (arith)", "sft.py",
      ("--config=configs/sft.py:arith", "--workdir={w}", *SMALL,
       "--config.data.eval_file={d}/malformed.jsonl"), "malformed.jsonl:2"),
+    ("qsharp: --bon_n=x", "qsharp.py",
+     ("--config=configs/grpo.py:arith", "--workdir={w}", "--bon_n=4,x"), "--bon_n=4,x"),
+    ("sweep: unknown flag", "sweep.py", ("--arms=a",), "flag 'arms'"),
     ("train_rm: truncated --policy", "train_rm.py",
      ("--policy={d}/truncated", "--output={w}/rm"), "model.safetensors"),
 ]
