@@ -16,6 +16,7 @@ pipe. Two kinds of job:
 """
 
 import builtins
+import importlib
 import json
 import os
 import sys
@@ -25,6 +26,11 @@ try:  # run as a module (tests); in the sandbox sandbox_wire.py's source comes f
                                               decode, describe, encode, lower_limits, send)
 except ImportError:
   pass
+
+
+# Python's default (4300 digits) refuses e.g. factorial(2000); parsing stays fast at this
+# size, and the job's CPU limit bounds the rest.
+_INT_DIGITS = 100_000
 
 
 class SolutionError(Exception):
@@ -45,6 +51,10 @@ class _Link:
     reply = self.reader.receive()
     if "error" in reply:
       kind = getattr(builtins, str(reply.get("type")), None)
+      if isinstance(kind, type) and issubclass(kind, (StopIteration, StopAsyncIteration)):
+        # Re-raised in the tests it would end their map/filter/all early: an empty
+        # `all(map(f, xs))` is True. As in PEP 479, it becomes a RuntimeError.
+        raise RuntimeError(f"in the solution: {kind.__name__}: {str(reply['error'])[:300]}")
       if isinstance(kind, type) and issubclass(kind, Exception):
         raise kind(f"in the solution: {str(reply['error'])[:300]}")
       raise SolutionError(str(reply["error"])[:300])
@@ -91,6 +101,18 @@ def _fail(reason, tests_run=0):
   return {"passed": False, "reason": reason, "tests_run": tests_run}
 
 
+def _standard_module(name, module):
+  """Whether the solution's name `name` for `module` (its `import math`) is a module of
+  the standard library under its own name, which the harness imports again for the tests:
+  never a path, a module of the solution's own, or a stand-in (`import cmath as math`)."""
+  if not (isinstance(module, str) and len(module) < 100
+          and all(part.isidentifier() for part in module.split("."))):
+    return False
+  top = module.split(".")[0]
+  return (top in sys.stdlib_module_names and name in (top, module.split(".")[-1])
+          and top not in ("antigravity", "this", "idlelib", "turtle"))
+
+
 def _bindable(name):
   """A name of the solution the tests may see: an identifier, not private, and not a
   builtin (a solution's own `abs` or `len` must not answer for the tests' one)."""
@@ -114,6 +136,8 @@ def _run_tests(job, link, names):
       continue
     if entry.get("callable") is True:
       namespace[name] = _Remote(link, {"name": name}, name)
+    elif _standard_module(name, entry.get("module")):  # `import math` for `math.isclose`
+      namespace[name] = importlib.import_module(entry["module"])
     elif "value" in entry:
       namespace[name] = decode(entry["value"])
   namespace.update({"__name__": "__main__", "__builtins__": builtins, COUNTER: count})
@@ -183,6 +207,7 @@ def main():
   if sys.argv[2:] == ["undumpable"]:  # rlimits mode: no PID namespace between us
     _undumpable()  # before the tests are read
   report_fd = int(sys.argv[1])
+  sys.set_int_max_str_digits(_INT_DIGITS)  # a correct answer may be a big integer
   job = json.loads(sys.stdin.buffer.read())
   os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
   nonce = job.pop("nonce")

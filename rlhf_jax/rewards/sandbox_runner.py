@@ -111,7 +111,10 @@ def _exported(namespace):
   the pipe, plain data is sent (small values only), anything else stays here."""
   names = {}
   for name, value in list(namespace.items()):
-    if name.startswith("__") or isinstance(value, types.ModuleType):
+    if name.startswith("__"):
+      continue
+    if isinstance(value, types.ModuleType):  # the harness imports it again, if standard
+      names[name] = {"module": str(value.__name__)}
       continue
     if callable(value):
       names[name] = {"callable": True}
@@ -155,6 +158,7 @@ def _serve(job):
       result = target(*decode(request["args"]), **decode(request["kwargs"]))
       try:
         reply = {"value": encode(result)}
+        json.dumps(reply)  # what send() will write: an int past the digit limit fails here
       except (TypeError, ValueError, RecursionError):
         handles[len(handles)] = result  # an object: the harness may call its methods
         reply = {"handle": len(handles) - 1, "type": type(result).__name__}
@@ -176,6 +180,7 @@ def _resolve(namespace, name):
 
 def main():
   report_fd = int(sys.argv[1])
+  sys.set_int_max_str_digits(100_000)  # as the harness: a big integer result must cross
   job = json.loads(sys.stdin.buffer.read())
   devnull = os.open(os.devnull, os.O_RDONLY)
   os.dup2(devnull, 0)

@@ -117,3 +117,22 @@ def test_a_v2_job_cgroup_sets_and_reads_its_files(tmp_path):
   assert cgroup.oom_kills() == 2 and cgroup.peak_bytes() == 512 << 20
   cgroup.close(patience_s=0.0)
   assert read("cgroup.kill") == "1"
+
+
+def test_the_tests_see_the_standard_modules_the_solution_imported():
+  """MBPP-style tests use the solution's `import math`: the harness imports it again."""
+  solution = "import math\ndef area(r):\n  return math.pi * r * r\n"
+  verdict = code.run_tests(solution, "assert math.isclose(area(1.0), 3.141592653589793)",
+                           timeout_s=5.0)
+  assert verdict.passed, verdict
+  wrong = code.run_tests(solution.replace("r * r", "r"),
+                         "assert math.isclose(area(2.0), 12.566370614359172)", timeout_s=5.0)
+  assert not wrong.passed
+
+
+def test_a_big_integer_result_crosses_to_the_harness():
+  """Past Python's 4300-digit default for int <-> str (factorial(2000) has 5736 digits)."""
+  solution = "import math\ndef fact(n):\n  return math.factorial(n)\n"
+  tests = "assert fact(2000) == math.factorial(2000)\nassert fact(2000) != fact(1999)"
+  verdict = code.run_tests(solution, tests, timeout_s=5.0)
+  assert verdict.passed and verdict.tests_run == 2, verdict

@@ -321,3 +321,21 @@ def test_always_equal_results_of_calls_fail():
   assert "not plain data" in hostile(solution, "assert add(1, 1)").reason
   calls = code.run_calls(solution, "add", [([2, 3], 5)], timeout_s=TIMEOUT)
   assert not calls.passed and "not plain data" in calls.reason
+
+
+def test_stop_iteration_from_the_solution_does_not_end_the_tests_loops():
+  """`raise StopIteration` re-raised inside `all(map(f, xs))` would end the map early (an
+  empty `all` is True): the harness turns it into a RuntimeError, as PEP 479 does."""
+  solution = "def is_prime(n):\n  raise StopIteration\n"
+  tests = "assert all(map(is_prime, [2, 3, 5]))\nassert not any(map(is_prime, [4, 6]))\n"
+  assert code.run_tests(solution, tests, mode="unsafe_in_process").passed
+  verdict = hostile(solution, tests)
+  assert not verdict.passed and "StopIteration" in verdict.reason, verdict
+
+
+def test_a_solution_cannot_pass_a_stand_in_module_for_the_tests_one():
+  """`import cmath as math`: the tests' `math` must not be the solution's choice."""
+  solution = "import cmath as math\ndef root(x):\n  return 0.0\n"
+  tests = "assert math.isclose(root(4.0), 2.0)"
+  verdict = hostile(solution, tests)
+  assert not verdict.passed and "NameError" in verdict.reason, verdict
