@@ -21,6 +21,7 @@ import time
 UID_FIRST = 200_000
 UID_COUNT = 65_536
 DEFAULT_LOCK_DIR = "/run/rlhf_jax_sandbox_uids"
+_QUARANTINED: list[int] = []  # lock fds of uids whose processes outlived their clean-up
 
 
 def lock_dir() -> str:
@@ -48,10 +49,18 @@ def lease():
                  0o600)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      break
     except BlockingIOError:
       os.close(fd)
       fd = -1
+      continue
+    # A holder that died (its lock went with it) may have left processes of the uid,
+    # e.g. a candidate of the rlimits mode that outlived its trainer: they are killed,
+    # and a uid that still has processes is not handed out.
+    kill_uid(uid, patience_s=0.5)
+    if not processes_of(uid):
+      break
+    os.close(fd)
+    fd = -1
   if fd < 0:
     raise NoFreeUid(f"all {UID_COUNT} sandbox uids from {UID_FIRST} are leased "
                     f"(lock files in {directory}).")
@@ -61,7 +70,10 @@ def lease():
     try:
       kill_uid(uid)
     finally:
-      os.close(fd)  # releases the lock
+      if processes_of(uid):  # unkillable for now: the uid stays leased (quarantined)
+        _QUARANTINED.append(fd)
+      else:
+        os.close(fd)  # releases the lock
 
 
 def processes_of(uid: int) -> list[int]:

@@ -106,3 +106,20 @@ def test_trainers_in_two_pid_namespaces_get_different_uids():
   assert all(uid.isdigit() and int(uid) >= 200_000 for uid in uids), uids
   assert uids[0] != uids[1], uids
   assert sandbox_processes() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process as another uid needs root")
+def test_a_uid_is_leased_only_once_its_leftover_processes_are_gone(tmp_path, monkeypatch):
+  """A trainer that died leaves its lock free but maybe a process of its uid (a candidate
+  of the rlimits mode): the next lease kills it before the uid is handed out."""
+  from rlhf_jax.rewards import sandbox_uids
+  monkeypatch.setenv("RLHF_JAX_SANDBOX_UID_DIR", str(tmp_path))
+  uid = sandbox_uids.UID_FIRST
+  leftover = subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[])
+  try:
+    assert sandbox_uids.processes_of(uid) == [leftover.pid]
+    with sandbox_uids.lease() as leased:
+      assert leased == uid
+      assert leftover.wait(timeout=5) == -9  # killed before the uid was handed out
+  finally:
+    leftover.kill()
