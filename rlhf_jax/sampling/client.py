@@ -216,12 +216,14 @@ class SamplerClient:
       call.cancel()
 
   def update_weights(self, params, version: int, chunk_bytes: int = WEIGHT_CHUNK_BYTES, *,
-                     rollback: bool = False) -> sampler_pb2.UpdateWeightsResponse:
+                     rollback: bool = False, timeout_s: float | None = None
+                     ) -> sampler_pb2.UpdateWeightsResponse:
     """Sends new parameters (tensor by tensor, in chunks) tagged with `version`. The
     server refuses a version older than its own unless `rollback` (a job pinned to an
-    older version: `rollback_params`)."""
+    older version: `rollback_params`). `timeout_s`: this call's deadline, else the
+    client's."""
     return self._stub.UpdateWeights(_weight_chunks(params, version, chunk_bytes),
-                                    timeout=self.timeout_s,
+                                    timeout=self.timeout_s if timeout_s is None else timeout_s,
                                     metadata=[ROLLBACK_HEADER] if rollback else None)
 
   def rollback_params(self, params, version: int) -> sampler_pb2.UpdateWeightsResponse:
@@ -256,9 +258,11 @@ class SamplerClient:
     memory for weights that only travel to the server)."""
     return jax.device_get(params)
 
-  def health(self) -> sampler_pb2.HealthResponse:
-    """Liveness and the weight version being served."""
-    return self._stub.Health(sampler_pb2.HealthRequest(), timeout=self.timeout_s)
+  def health(self, timeout_s: float | None = None) -> sampler_pb2.HealthResponse:
+    """Liveness and the weight version being served (`timeout_s`: this call's deadline,
+    else the client's)."""
+    return self._stub.Health(sampler_pb2.HealthRequest(),
+                             timeout=self.timeout_s if timeout_s is None else timeout_s)
 
   def metrics(self) -> dict[str, float]:
     """Queue depth, slot use, tokens/s and counters."""

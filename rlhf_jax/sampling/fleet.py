@@ -37,15 +37,14 @@ import jax
 
 from rlhf_jax.sampling.affinity import CacheAffinity
 from rlhf_jax.sampling.client import SamplerClient
+from rlhf_jax.sampling.fleet_calls import HEALTH_TIMEOUT_S
+from rlhf_jax.sampling.fleet_calls import SERVER_LOST as _SERVER_LOST
+from rlhf_jax.sampling.fleet_calls import before as _before
+from rlhf_jax.sampling.fleet_calls import describe as _describe
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
 from rlhf_jax.sampling.scheduler import Completion
 from rlhf_jax.sampling.security import ClientSecurity
-
-# A call failing with one of these means the server (or the way to it) is gone.
-_SERVER_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
-
 
 _MAX_REJECTIONS = 1200  # a prompt refused for a full queue this often (~1 min): give up
 
@@ -101,9 +100,11 @@ class SamplerFleet:
 
   # ------------------------------------------------------------------ membership
 
-  def probe(self, force: bool = False) -> None:
+  def probe(self, force: bool = False, deadline: float | None = None) -> None:
     """Health-checks the dead servers (at most every `probe_interval_s`, or now with
-    `force`); one that answers gets the current weights, then joins."""
+    `force`); one that answers gets the current weights, then joins. A Health probe
+    waits at most `HEALTH_TIMEOUT_S` (a hung server must not hold up the others), and
+    before `deadline` (time.monotonic()) like the weights a joining server gets."""
     now = time.monotonic()
     for address in self.addresses:
       if address in self.live or (not force and now - self.last_probe[address]
@@ -112,10 +113,9 @@ class SamplerFleet:
       self.last_probe[address] = now
       client = self.clients[address]
       try:
-        client.health()
+        client.health(timeout_s=_before(deadline, HEALTH_TIMEOUT_S))
         if self.weights is not None:
-          client.update_params(*self.weights)
-          self.acked[address] = self.weights[1]
+          self._give_weights(address, _before(deadline, None))
         if self.reference is not None:
           client.update_reference(self.reference)
       except grpc.RpcError as error:
@@ -130,11 +130,19 @@ class SamplerFleet:
       self.log(f"sampler fleet: {address} joined"
                + (f" (weights version {self.weights[1]})" if self.weights else ""))
 
+  def _give_weights(self, address: str, timeout_s: float | None = None) -> None:
+    """The fleet's weights to a server that joins or restarted, as a rollback: after a
+    pinned job's rollback they are older than the ones the server held before its blip,
+    and the fleet's trainer owns the servers' version."""
+    host, version = self.weights
+    self.clients[address].update_weights(host, version, rollback=True, timeout_s=timeout_s)
+    self.acked[address] = version
+
   def wait_ready(self, timeout_s: float = 60.0) -> None:
     """Blocks until at least one server answers."""
     deadline = time.monotonic() + timeout_s
     while not self.live:
-      self.probe(force=True)
+      self.probe(force=True, deadline=deadline)
       if self.live:
         return
       if time.monotonic() > deadline:
@@ -145,17 +153,18 @@ class SamplerFleet:
   def await_server(self, what: str) -> None:
     """Returns once a server is live, probing every `probe_interval_s` (at least 0.2 s)
     for up to `reconnect_s`; raises FleetUnavailableError naming every address after."""
-    self.probe(force=True)
+    start = time.monotonic()
+    deadline = start + self.reconnect_s
+    self.probe(force=True, deadline=deadline)
     if self.live:
       return
     self.counters["reconnect_waits"] += 1
-    start = time.monotonic()
     self.log(f"sampler fleet: every server is gone ({', '.join(self.addresses)}); waiting "
              f"up to {self.reconnect_s:.0f} s for one to come back")
     while time.monotonic() - start < self.reconnect_s:
       time.sleep(min(max(self.probe_interval_s, 0.2),
                      max(self.reconnect_s - (time.monotonic() - start), 0)))
-      self.probe(force=True)
+      self.probe(force=True, deadline=deadline)
       if self.live:
         self.log(f"sampler fleet: {', '.join(sorted(self.live))} back after "
                  f"{time.monotonic() - start:.1f} s")
@@ -342,8 +351,7 @@ class SamplerFleet:
                f"{completions[0].weights_version[0]}, not {sent_version}: sending them "
                "again")
       try:
-        self.clients[address].update_params(*self.weights)
-        self.acked[address] = self.weights[1]
+        self._give_weights(address)
       except grpc.RpcError as error:
         self._lost(address, error)
       return f"{address} had lost its weights"
@@ -385,10 +393,3 @@ class SamplerFleet:
     self.executor.shutdown(wait=False, cancel_futures=True)
     for client in self.clients.values():
       client.close()
-
-
-def _describe(error: Exception) -> str:
-  if isinstance(error, grpc.RpcError):
-    return f"{error.code().name}: {error.details()}"
-  return repr(error)
-

@@ -1,9 +1,10 @@
 """Connecting a config's `sampler` section to its server(s): a client or a fleet with the
 section's credentials, ready, holding the first weights; refusals in one line.
 
-The trainer (`training/build.py`) calls `connect` then `push_initial`; a server that
-refuses the token, or holds a newer weights version (another run's), is a ConfigError
-naming the field, not a traceback.
+The trainer (`training/build.py`) calls `connect` then `push_initial`, which resets a
+server's weights version to 0 (a rollback: the trainer owns the version; a resumed run
+then sends its checkpoint's step). A server that refuses the token, or the weights, is a
+ConfigError naming the field, not a traceback.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def connect(section, prefix: str = "sampler") -> SamplerClient | SamplerFleet:
 
 
 def push_initial(sampler, params: Any, prefix: str = "sampler") -> None:
-  """Sends the first weights (version 0); ConfigError when a server refuses them."""
+  """Sends the first weights (version 0) as a rollback: the trainer owns the server's
+  version, and a server still running from before (a stopped run now resumed) holds a
+  newer one. ConfigError when a server refuses them (the token)."""
   try:
-    sampler.update_params(params, version=0)
+    sampler.rollback_params(params, version=0)
   except grpc.RpcError as error:
     raise _refused(error, prefix) from None
 
@@ -48,6 +51,6 @@ def _refused(error: grpc.RpcError, prefix: str) -> Exception:
     return ConfigError(f"config.{prefix}.token_file: the sampling server refused it "
                        f"({details})", field=f"{prefix}.token_file")
   if code == grpc.StatusCode.FAILED_PRECONDITION:
-    return ConfigError(f"config.{prefix}.address: the sampling server holds newer weights "
-                       f"(another run's?): {details}; restart it", field=f"{prefix}.address")
+    return ConfigError(f"config.{prefix}.address: the sampling server refused the "
+                       f"weights: {details}", field=f"{prefix}.address")
   return error

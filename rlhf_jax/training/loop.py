@@ -156,11 +156,19 @@ class Trainer:
                    tokens_per_second=new_tokens / max(generated - start, 1e-9))
     return metrics
 
-  def push_weights(self) -> None:
-    """The sampler gets the current policy (in its layout), tagged with the step."""
+  def push_weights(self, *, rollback: bool = False) -> None:
+    """The sampler gets the current policy (in its layout), tagged with the step.
+    `rollback` (after a restore): a sampling server that kept running may hold a newer
+    version than the checkpoint's step (the run went on past it); this run owns the
+    server's version, so the older one is sent on purpose."""
     params = build.generation_params(self.config, self.policy, self.learner.policy_params,
                                      self.mesh)
-    self.sampler.update_params(params, version=self.step)
+    # On the class, not the instance: a VersionedSampler forwards unknown attributes to
+    # the sampler it wraps, and must store the version itself (it loads it when needed).
+    if rollback and callable(getattr(type(self.sampler), "rollback_params", None)):
+      self.sampler.rollback_params(params, version=self.step)
+    else:
+      self.sampler.update_params(params, version=self.step)
     self.push_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
 
   # ------------------------------------------------------------------ evaluation
@@ -212,7 +220,7 @@ class Trainer:
     changed = changed_fields(meta["config"], self.config.to_dict())
     if changed:
       self.log(f"resuming with changed config fields: {', '.join(changed)}")
-    self.push_weights()
+    self.push_weights(rollback=True)
     self.metrics.truncate_after(self.step, self.log)
     self.rollout_log.truncate_after(self.step, self.log)
     self.log(f"resumed from step {self.step}")

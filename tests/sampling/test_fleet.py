@@ -5,6 +5,7 @@ killed mid-step whose requests are sent again, and a server that comes back."""
 import threading
 import time
 
+import grpc
 import jax
 import pytest
 
@@ -216,3 +217,49 @@ def test_cache_affinity_finds_the_longest_kept_prefix_and_forgets_a_lost_server(
   assert affinity.owner([1, 2, 3, 4]) is None
   affinity.forget("b")
   assert affinity.owner([1, 2, 3, 4, 5, 9]) is None and affinity.owner([8, 0]) == "a"
+
+
+def test_a_server_back_from_a_blip_takes_the_fleets_older_pinned_weights(fleet):
+  """A server lost while the fleet rolled back to a pinned job's older version still
+  holds the newer one: it joins again with the fleet's weights, not locked out."""
+  fleet, servers, logs = fleet
+  fleet.update_params(NEW_PARAMS, version=4)
+  fleet.live.discard(fleet.addresses[0])  # a blip: the rollback below does not reach it
+  fleet.rollback_params(PARAMS, version=2)
+  fleet.probe(force=True)
+  assert fleet.addresses[0] in fleet.live, logs
+  assert [s.service.scheduler.newest_version() for s in servers] == [2, 2, 2]
+
+
+class HungServer(grpc.RpcError):
+  """A client whose server accepts connections and never answers: each call blocks for
+  its deadline (capped at 3 s, the test's patience), then fails DEADLINE_EXCEEDED."""
+
+  def __init__(self, address):
+    super().__init__()
+    self.timeouts = []
+
+  def health(self, timeout_s=None):
+    self.timeouts.append(timeout_s)
+    time.sleep(min(3.0, 600.0 if timeout_s is None else timeout_s))
+    raise self
+
+  def code(self):
+    return grpc.StatusCode.DEADLINE_EXCEEDED
+
+  def details(self):
+    return "Deadline Exceeded"
+
+  def close(self):
+    pass
+
+
+def test_hung_servers_hold_a_reconnect_wait_no_longer_than_reconnect_s():
+  fleet = SamplerFleet(["a:1", "b:2"], timeout_s=600, probe_interval_s=0.0,
+                       log=lambda line: None, client_factory=HungServer, reconnect_s=1.0)
+  start = time.monotonic()
+  with pytest.raises(FleetUnavailableError, match="none came back in 1 s: a:1, b:2"):
+    fleet.await_server("generate")
+  assert time.monotonic() - start < 2.5
+  assert all(0 < t <= 1.0 for c in fleet.clients.values() for t in c.timeouts)
+  fleet.close()

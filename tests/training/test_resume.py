@@ -271,7 +271,8 @@ def test_losing_every_server_saves_the_last_step_and_resumes_exactly(straight, t
         raise fleet_lib.FleetUnavailableError("every sampler server is gone: a:1, b:2")
       return self.scheduler.generate(prompts, sampling)
 
-    def update_params(self, params, version):
+    def update_params(self, params, version, rollback=False):
+      del rollback  # the in-process scheduler takes any version
       return self.scheduler.update_params(params, version)
 
     def metrics(self):
