@@ -257,22 +257,32 @@ class Trainer:
       self._stop_on_fleet_loss(error)
     finally:
       progress.close()
-      self.close(failed=failed)
+      try:
+        self.close(failed=failed, release_lock=False)
+        if not failed:  # written while the workdir is still this run's
+          policy = self._export_policy()
+      finally:
+        self.lock.release()
+    summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
+    return summary
+
+  def _export_policy(self) -> str:
     policy = os.path.join(self.workdir, "policy")
     params = parallel.host_values(self.learner.policy_params)  # leaf by leaf
     if parallel.is_main_process():
       models.save_policy(policy, self.policy.model, params, self.policy.tokenizer,
                          self.policy.prefix_tokens)
-    summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
-    return summary
+    return policy
 
-  def close(self, failed: bool = False) -> None:
+  def close(self, failed: bool = False, *, release_lock: bool = True) -> None:
     """Ends what the trainer holds (`run` does it): generation running ahead, pending
-    checkpoint writes, the loggers' runs (`failed`: marked failed), the workdir's lock."""
+    checkpoint writes, the loggers' runs (`failed`: marked failed), the workdir's lock
+    (`release_lock`; `run` keeps it until the policy is written)."""
     self.rollout.close()  # a worker thread generating ahead stops
     self.checkpointer.close()
     self.metrics.close(failed=failed)
-    self.lock.release()
+    if release_lock:
+      self.lock.release()
 
   def _train(self, summary: dict[str, Any], start: float, progress, signals) -> None:
     c = self.config

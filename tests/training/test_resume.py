@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -307,3 +308,30 @@ def test_losing_every_server_saves_the_last_step_and_resumes_exactly(straight, t
     loop.Trainer(config(), str(directory), log=print, scorer=scorer(config()))
   monkeypatch.setattr(build, "build_sampler", real)
   resume_and_compare(straight, directory, [], expected_step=3)
+
+
+def test_the_policy_is_written_before_the_workdir_lock_is_released(tmp_path, monkeypatch):
+  """Another run may take the workdir once the lock is gone: `run` exports first."""
+  events = []
+
+  class Held:
+    """What `run` closes; the lock says when it goes."""
+
+    def close(self, **kwargs):
+      del kwargs
+
+    def release(self):
+      events.append("lock released")
+
+  monkeypatch.setattr(loop.models, "save_policy",
+                      lambda path, *args: events.append(f"policy written to {path}"))
+  trainer = object.__new__(loop.Trainer)
+  held = Held()
+  trainer.__dict__.update(
+      config=config(), step=4, show_progress=False, workdir=str(tmp_path), rollout=held,
+      checkpointer=held, metrics=held, lock=held, learner=types.SimpleNamespace(
+          policy_params={"w": np.ones(2)}), policy=types.SimpleNamespace(
+              model=None, tokenizer=None, prefix_tokens=()),
+      _train=lambda *args: None)
+  assert trainer.run()["policy"] == str(tmp_path / "policy")
+  assert events == [f"policy written to {tmp_path / 'policy'}", "lock released"]
