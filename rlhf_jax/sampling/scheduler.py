@@ -287,8 +287,9 @@ class Scheduler:
     request = sample.request
     with self._lock:
       request.outstanding -= 1
-      if reason == "error":
+      if reason == "error":  # its other samples end too; the waiting never start
         request.cancelled = True
+        self._to_reap.append(request)
     self._stats["samples_completed"] += 1
     if request.sampling.keep_cache and reason in ("stop", "length"):
       version = sample.version if set(sample.versions) == {sample.version} else -1

@@ -211,6 +211,20 @@ def test_a_failing_token_callback_ends_only_its_request():
   assert by_id[good].finish_reason == "length"
 
 
+def test_a_request_that_fails_starts_none_of_its_waiting_samples():
+  sched = scheduler()
+  def explode(*args):
+    raise RuntimeError("consumer gone")
+  sched.submit(prompts(1)[0], sampling.SamplingParams(n=ENGINE.num_slots + 3,
+                                                      max_new_tokens=5, seed=0),
+               on_token=explode)
+  out = sorted(sched.run(), key=lambda c: c.sample_index)
+  assert out[0].finish_reason == "error"
+  never_started = out[ENGINE.num_slots:]  # queued behind the slots when it failed
+  assert [(c.finish_reason, c.token_ids) for c in never_started] == [("cancelled", [])] * 3
+  assert not sched.has_work()
+
+
 @pytest.mark.parametrize("policy", ["finish_old", "swap_now"])
 def test_weight_update_policies(policy):
   _, other = peaked_params(seed=1)
