@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -232,9 +234,10 @@ class RolloutLog:
 def truncate_jsonl(path: str, step: int, log: Callable[[str], None] = print) -> None:
   """Drops the lines of a JSON-lines file whose `step` is after `step` (no file: nothing).
 
-  A torn last line (a crash mid-write) is dropped with a warning to `log` naming the file;
-  a malformed line before it is a ConfigError naming the file and line (the records were
-  edited or damaged: resuming over them would hide it)."""
+  The file is replaced at once (a crash leaves the old one). A torn last line (a crash
+  mid-write) is dropped with a warning to `log` naming the file; a malformed line before
+  it is a ConfigError naming the file and line (the records were edited or damaged:
+  resuming over them would hide it)."""
   if not os.path.exists(path):
     return
   with open(path, encoding="utf-8") as f:
@@ -257,5 +260,16 @@ def truncate_jsonl(path: str, step: int, log: Callable[[str], None] = print) -> 
       continue
     if record_step <= step:
       kept.append(line + "\n")  # a last line without its newline gets one
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(kept)
+  # A new file beside it, then renamed over it: a crash mid-write leaves the old records.
+  fd, temp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                              dir=os.path.dirname(os.path.abspath(path)))
+  try:
+    with open(fd, "w", encoding="utf-8") as f:
+      f.writelines(kept)
+      f.flush()
+      os.fsync(f.fileno())
+    shutil.copymode(path, temp)
+    os.replace(temp, path)
+  except BaseException:
+    os.unlink(temp)
+    raise

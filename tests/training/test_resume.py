@@ -50,6 +50,42 @@ def test_a_complete_last_line_without_its_newline_gets_one(tmp_path):
   assert path.read_text() == '{"step": 1}\n{"step": 2}\n'  # the next append starts a line
 
 
+def test_a_crash_while_dropping_later_steps_leaves_the_records_whole(tmp_path, monkeypatch):
+  from rlhf_jax.training import metrics as metrics_lib
+  path = tmp_path / "metrics.jsonl"
+  text = '{"step": 1}\n{"step": 2}\n{"step": 3}\n'
+  path.write_text(text)
+
+  class DiskFull:
+    """A file open for writing whose disk fills after its first line."""
+
+    def __init__(self, f):
+      self.f = f
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.f.close()
+
+    def writelines(self, lines):
+      self.f.write(lines[0])
+      self.f.flush()
+      raise OSError(28, "No space left on device")
+
+  def full_disk_open(file, mode="r", **kwargs):
+    f = open(file, mode, **kwargs)  # pylint: disable=consider-using-with
+    return DiskFull(f) if "w" in mode else f
+
+  monkeypatch.setattr(metrics_lib, "open", full_disk_open, raising=False)
+  with pytest.raises(OSError, match="No space"):
+    truncate_jsonl(str(path), 2, print)
+  assert path.read_text() == text and os.listdir(tmp_path) == ["metrics.jsonl"]
+  monkeypatch.undo()
+  truncate_jsonl(str(path), 2, print)
+  assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
 @pytest.mark.parametrize("middle", ['{"step": 2, "a"', '{"a": 2}', "[]", ""])
 def test_a_malformed_earlier_line_is_one_error_naming_file_and_line(tmp_path, middle):
   path = tmp_path / "metrics.jsonl"
