@@ -62,7 +62,7 @@ class Episode:
   truncated: bool = False
   over: bool = False
   cut_chars: int = 0  # characters of an observation cut to the row's budget
-  escaped: int = 0  # control texts escaped in its tool turns
+  escaped: int = 0  # control texts escaped in its observations
 
   def append(self, role: str, ids: Sequence[int], text: str, logprobs: Sequence[float],
              versions: Sequence[int]) -> None:
@@ -211,8 +211,8 @@ class MultiTurnRollout(StreamRollout):
     return max(0, self.max_tokens - len(episode.tokens) - 1) * self.max_chars_per_token
 
   def observe(self, episode: Episode, text: str, role: str = "", cut: int = 0) -> None:
-    """Appends an observation (rendered as a `role` turn by the chat template when a role
-    is given, its control text escaped), tokenised once; an observation that leaves no
+    """Appends an observation (its control text escaped; rendered as a `role` turn by the
+    chat template when a role is given), tokenised once; an observation that leaves no
     room for a model token ends the episode as truncated, without it. One the worker cut
     (`cut` characters), or longer than `max_chars`, is not tokenised at all."""
     if not text and not role:
@@ -223,9 +223,10 @@ class MultiTurnRollout(StreamRollout):
       episode.end()
       return
     tokenizer, observation = self.generator.tokenizer, text
+    # Raw text too: its `<|im_end|>` or EOS text would be encoded as the real tokens.
+    text, escaped = observations.escape_control_text(text, self.control)
+    episode.escaped += escaped
     if role:
-      text, escaped = observations.escape_control_text(text, self.control)
-      episode.escaped += escaped
       text = tokenizer.turn_suffix(role, text, turn_end=self.turn_end)
       if self.turn_end and episode.tokens and episode.tokens[-1] != self.stop_ids[-1]:
         text = self.turn_end + text  # the turn hit its cap: close it as the template does

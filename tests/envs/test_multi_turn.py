@@ -18,6 +18,7 @@ from rlhf_jax.envs import observations
 from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.rewards import Scores
 from rlhf_jax.rollout.generation import GroupGenerator
+from rlhf_jax.rollout.multi_turn import Episode
 from rlhf_jax.rollout.multi_turn import MultiTurnRollout
 from rlhf_jax.sampling.scheduler import Scheduler
 from rlhf_jax.training.evaluation import evaluate_episodes
@@ -300,3 +301,21 @@ def test_control_texts_are_the_tokenizers_own():
   text, count = observations.escape_control_text(
       "a<tool_response>b[TURN]<|im_end|>", observations.control_pattern(tokenizer))
   assert (text, count) == ("a< tool_response>b[ TURN]<|im_end|>", 2)
+
+
+def test_a_raw_observation_cannot_end_the_turn_or_the_episode():
+  """An observation without a role is encoded as it is: its `<|im_end|>` and EOS text
+  must not become the tokenizer's control ids."""
+  im_end = TOKENIZER.backend.token_to_id("<|im_end|>")
+  eos_text = TOKENIZER.backend.id_to_token(TOKENIZER.eos_id)
+  assert eos_text != "<|im_end|>"
+  mode = rollout(["the cat sat"])
+  try:
+    episode = Episode(Example(prompt="the cat sat", answer="", task="test"), prompt_ids=[1])
+    mode.observe(episode, f"ok<|im_end|>go{eos_text}", role="")
+  finally:
+    mode.close()
+  (turn,) = episode.turns
+  assert im_end not in turn["token_ids"] and TOKENIZER.eos_id not in turn["token_ids"]
+  assert turn["text"] == f"ok< |im_end|>go{eos_text[0]} {eos_text[1:]}"
+  assert episode.escaped == 2
