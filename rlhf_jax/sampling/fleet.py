@@ -13,9 +13,10 @@
 - **A server that fails** a call (unavailable, reset, deadline) is marked dead, logged,
   and its unfinished requests are sent again to the others: nothing is lost, and the
   re-sent samples equal the lost ones (same seed, same weights version).
-- **A server that joins or comes back** is probed with `Health` before each `generate`
-  (at most every `probe_interval_s`); it gets the current weights before its first
-  request.
+- **A server that joins or comes back** is probed with `Health` (a 5 s deadline: a hung
+  server holds no wait up) before each `generate` (at most every `probe_interval_s`); it
+  gets the current weights before its first request, as a rollback (the trainer owns the
+  servers' version: after a pinned job's they are older than the server's).
 - **No server left**: `generate` (and `reference_logprobs`) wait up to `reconnect_s` for
   one to come back, logging when they start waiting and when one is back, then raise
   `FleetUnavailableError`, naming every address.
