@@ -4,6 +4,7 @@ from rlhf_jax.parallel.chunks import run_in_chunks
 from rlhf_jax.parallel.mesh import MESH_AXES
 from rlhf_jax.parallel.mesh import describe
 from rlhf_jax.parallel.distributed import HostExchange
+from rlhf_jax.parallel.distributed import all_processes
 from rlhf_jax.parallel.distributed import barrier
 from rlhf_jax.parallel.distributed import distributed_config
 from rlhf_jax.parallel.distributed import fully_replicated_host_value
@@ -24,7 +25,7 @@ from rlhf_jax.parallel.sharding import reshard
 from rlhf_jax.parallel.sharding import shard_params
 
 __all__ = [
-    "GENERATE_RULES", "HostExchange", "MESH_AXES", "TRAIN_RULES", "barrier", "batch_sharding",
+    "GENERATE_RULES", "HostExchange", "MESH_AXES", "TRAIN_RULES", "all_processes", "barrier", "batch_sharding",
     "describe", "distributed_config", "fully_replicated_host_value", "host_values", "initialize",
     "is_main_process", "local_devices", "logical_to_spec", "make_mesh", "param_shardings",
     "process_share", "reshard", "resolve_axis_sizes", "run_in_chunks", "shard_params",

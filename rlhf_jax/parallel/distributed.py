@@ -120,6 +120,15 @@ def barrier(name: str) -> None:
   distributed.global_state.client.wait_at_barrier(f"rlhf_jax/{name}", _EXCHANGE_TIMEOUT_MS)
 
 
+def all_processes(flag: bool) -> bool:
+  """Whether `flag` holds on every process of the job (itself alone): a decision each
+  process would otherwise make on its own view (a checkpoint one host could not read)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return bool(np.min(multihost_utils.process_allgather(np.int32(bool(flag)))))
+
+
 def process_share(count: int, index: int | None = None, processes: int | None = None
                   ) -> slice:
   """The contiguous part of `count` items that process `index` handles: equal parts,

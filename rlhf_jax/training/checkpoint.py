@@ -70,12 +70,13 @@ class Checkpointer:
     (a changed config fails them all alike) and the newest's error is a ConfigError."""
     failures = []
     for step in sorted(self.manager.all_steps(), reverse=True):
-      with quiet_failed_reads():
-        try:
-          state, meta = self.restore(step, state_template)
-        except Exception as error:  # pylint: disable=broad-except
-          failures.append((step, describe_error(error)))  # unreadable: the next older one
-          continue
+      restored, error = self._try_restore(step, state_template)
+      # Every process of a job resumes from one step: a checkpoint one of them could not
+      # read is unreadable for all (else they would part ways, or wait on each other).
+      if not parallel.all_processes(restored is not None):
+        failures.append((step, error or "unreadable on another process of the job"))
+        continue
+      state, meta = restored
       for bad, error in failures:
         moved = self.set_aside(bad)
         log(f"warning: checkpoint {os.path.join(self.directory, str(bad))} does not restore "
@@ -87,6 +88,18 @@ class Checkpointer:
     raise ConfigError(f"{os.path.join(self.directory, str(step))}: no checkpoint of the run "
                       f"restores (the newest: {error}); if the config "
                       "changed, resume with the saved one, else remove the checkpoints")
+
+  def _try_restore(self, step: int, state_template: Any, attempts: int = 2):
+    """((state, meta), None), or (None, the error in one line) when `step` does not
+    restore in `attempts` tries (a second one, so a passing I/O error moves nothing)."""
+    error = ""
+    for _ in range(attempts):
+      with quiet_failed_reads():
+        try:
+          return self.restore(step, state_template), None
+        except Exception as failure:  # pylint: disable=broad-except
+          error = describe_error(failure)
+    return None, error
 
   def set_aside(self, step: int) -> str:
     """Moves checkpoint `step` to <workdir>/corrupt_checkpoints/<step>[-n] (kept for a

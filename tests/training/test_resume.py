@@ -159,6 +159,43 @@ def test_a_corrupt_latest_checkpoint_is_reported_and_the_previous_used(two_check
   checkpointer.close()
 
 
+def test_a_checkpoint_another_process_cannot_read_is_unreadable_for_all(two_checkpoints,
+                                                                        tmp_path,
+                                                                        monkeypatch):
+  """In a job of several processes all resume from one step: step 4 restores here but not
+  on another process (a shard one host cannot read), so every process takes step 2."""
+  from rlhf_jax.training import checkpoint as checkpoint_lib
+  workdir = tmp_path / "run"
+  shutil.copytree(two_checkpoints, workdir)
+  views = iter([False, True])  # the job's verdict on step 4, then on step 2
+  monkeypatch.setattr(checkpoint_lib.parallel, "all_processes",
+                      lambda flag: flag and next(views))
+  lines = []
+  checkpointer = Checkpointer(str(workdir))
+  step, _, meta = checkpointer.restore_intact(STATE, lines.append)
+  assert (step, meta) == (2, {"step": 2})
+  assert "unreadable on another process of the job" in lines[0]
+  checkpointer.close()
+
+
+def test_a_read_that_fails_once_moves_nothing(two_checkpoints, tmp_path, monkeypatch):
+  workdir = tmp_path / "run"
+  shutil.copytree(two_checkpoints, workdir)
+  checkpointer = Checkpointer(str(workdir))
+  restore, failures = checkpointer.restore, [OSError("a passing I/O error")]
+
+  def flaky(step, template):
+    if failures:
+      raise failures.pop()
+    return restore(step, template)
+
+  monkeypatch.setattr(checkpointer, "restore", flaky)
+  lines = []
+  step, _, _ = checkpointer.restore_intact(STATE, lines.append)
+  assert step == 4 and not lines and not (workdir / "corrupt_checkpoints").exists()
+  checkpointer.close()
+
+
 def test_no_checkpoint_that_restores_is_one_error_and_moves_nothing(two_checkpoints,
                                                                      tmp_path):
   workdir = tmp_path / "run"
