@@ -168,7 +168,16 @@ def files(tmp_path_factory):
   return root
 
 
-@pytest.mark.parametrize("case,launcher,arguments,names", CASES, ids=[c[0] for c in CASES])
+# The quick subset (-m "not slow") runs one case of each kind; the suite runs them all.
+QUICK = ("train: config file's code fails", "train: malformed train_file",
+         "train: truncated safetensors", "eval: unknown flag", "eval: malformed --data",
+         "best_of_n: --prompts=-2")
+assert set(QUICK) <= {case[0] for case in CASES}, "a quick case that is not in the table"
+
+
+@pytest.mark.parametrize("case,launcher,arguments,names", [
+    pytest.param(*c, id=c[0], marks=() if c[0] in QUICK else pytest.mark.slow)
+    for c in CASES])
 def test_a_user_error_is_one_line_and_exit_2_before_any_work(case, launcher, arguments, names,
                                                             files, tmp_path):
   del case
