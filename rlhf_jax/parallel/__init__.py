@@ -6,6 +6,7 @@ from rlhf_jax.parallel.mesh import describe
 from rlhf_jax.parallel.distributed import HostExchange
 from rlhf_jax.parallel.distributed import all_processes
 from rlhf_jax.parallel.distributed import barrier
+from rlhf_jax.parallel.distributed import largest_across_processes
 from rlhf_jax.parallel.distributed import distributed_config
 from rlhf_jax.parallel.distributed import fully_replicated_host_value
 from rlhf_jax.parallel.distributed import host_values
@@ -25,9 +26,9 @@ from rlhf_jax.parallel.sharding import reshard
 from rlhf_jax.parallel.sharding import shard_params
 
 __all__ = [
-    "GENERATE_RULES", "HostExchange", "MESH_AXES", "TRAIN_RULES", "all_processes", "barrier", "batch_sharding",
-    "describe", "distributed_config", "fully_replicated_host_value", "host_values", "initialize",
-    "is_main_process", "local_devices", "logical_to_spec", "make_mesh", "param_shardings",
-    "process_share", "reshard", "resolve_axis_sizes", "run_in_chunks", "shard_params",
-    "validate_distributed_config",
+    "GENERATE_RULES", "HostExchange", "MESH_AXES", "TRAIN_RULES", "all_processes", "barrier",
+    "batch_sharding", "describe", "distributed_config", "fully_replicated_host_value",
+    "host_values", "initialize", "is_main_process", "largest_across_processes", "local_devices",
+    "logical_to_spec", "make_mesh", "param_shardings", "process_share", "reshard",
+    "resolve_axis_sizes", "run_in_chunks", "shard_params", "validate_distributed_config",
 ]

@@ -120,13 +120,19 @@ def barrier(name: str) -> None:
   distributed.global_state.client.wait_at_barrier(f"rlhf_jax/{name}", _EXCHANGE_TIMEOUT_MS)
 
 
-def all_processes(flag: bool) -> bool:
-  """Whether `flag` holds on every process of the job (itself alone): a decision each
-  process would otherwise make on its own view (a checkpoint one host could not read)."""
+def largest_across_processes(value: int) -> int:
+  """The largest of every process's `value` (its own alone): one decision for the job
+  where each process has its own view (a signal that reached one process)."""
   if jax.process_count() == 1:
-    return bool(flag)
+    return int(value)
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  return bool(np.min(multihost_utils.process_allgather(np.int32(bool(flag)))))
+  return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+
+
+def all_processes(flag: bool) -> bool:
+  """Whether `flag` holds on every process of the job (itself alone): e.g. a checkpoint
+  that one host could not read is unreadable for the job."""
+  return not largest_across_processes(int(not flag))
 
 
 def process_share(count: int, index: int | None = None, processes: int | None = None

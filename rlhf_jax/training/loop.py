@@ -313,10 +313,7 @@ class Trainer:
   def _stop_if_asked(self, signals: run_control.StopSignals) -> None:
     """After a step's records (every process agrees): saves the step unless it is saved
     or nothing was trained, says so, and raises `Stopped`."""
-    code = signals.code
-    if jax.process_count() > 1:  # a signal may reach one process: all stop, or none
-      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-      code = int(np.max(multihost_utils.process_allgather(np.int32(code))))
+    code = parallel.largest_across_processes(signals.code)  # a signal may reach one process
     if not code:
       return
     if self.step > 0 and self.saved_step != self.step:
