@@ -160,9 +160,13 @@ class Scheduler:
       self._pending_params = (params, int(version))
 
   def newest_version(self) -> int:
-    """The version of the newest weights handed over (pending or served)."""
+    """The version of the weights handed over last: the pending ones, else those served.
+    Not the larger of the two: after a rollback the pending version is the older one,
+    and it is the one the next update must not go below."""
     with self._lock:
-      return max(self.weights_version, (self._pending_params or (None, -1))[1])
+      if self._pending_params is not None:
+        return self._pending_params[1]
+      return self.weights_version
 
   def has_work(self) -> bool:
     """Something is queued, running, or a weight update is pending."""

@@ -231,6 +231,16 @@ def test_a_server_back_from_a_blip_takes_the_fleets_older_pinned_weights(fleet):
   assert [s.service.scheduler.newest_version() for s in servers] == [2, 2, 2]
 
 
+def test_a_pending_rollback_is_the_version_the_next_update_is_checked_against():
+  """Weights handed over and not yet swapped in count, even when older than the served
+  ones: right after a rollback a server reports it (no race with its serving loop), and
+  the trainer's next version above the rollback is not refused as older."""
+  one = scheduler(NEW_PARAMS, version=4)
+  assert one.newest_version() == 4
+  one.update_params(PARAMS, 2)
+  assert one.newest_version() == 2 and one.weights_version == 4
+
+
 class HungServer(grpc.RpcError):
   """A client whose server accepts connections and never answers: each call blocks for
   its deadline (capped at 3 s, the test's patience), then fails DEADLINE_EXCEEDED."""
