@@ -15,8 +15,9 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models.attention import cached_attention
+from rlhf_jax.models import kernel_choice
 from rlhf_jax.models.attention import grouped_query_attention
+from rlhf_jax.models.cached_attention import cached_attention
 from rlhf_jax.models.config import DecoderConfig
 from rlhf_jax.models.layer_scan import write_cache
 from rlhf_jax.models.rope import apply_rope
@@ -169,12 +170,16 @@ class Attention(nnx.Module):
     scores = dict(precision=self.config.precision, scale=self.config.attention_scale,
                   softcap=self.config.attn_logit_softcapping)
     if layer_cache is None:
-      out = grouped_query_attention(q, k, v, allowed, **scores)
+      # The fused kernels take the layout (padding, segments, window), not the dense mask.
+      out = grouped_query_attention(
+          q, k, v, allowed, impl=kernel_choice.training_attention(self.config.attention_impl),
+          token_mask=token_mask, segment_ids=segment_ids, window=kind.window, **scores)
       new_cache = None
     else:
       num_used = jnp.max(query_slots) + 1  # no query looks further
       out = cached_attention(q, layer_keys, layer_values, allowed, num_used,
-                             kernel=self.config.decode_attention, **scores)
+                             kernel=kernel_choice.decode_attention(
+                                 self.config.decode_attention), **scores)
       new_cache = (cache_keys, cache_values)
     dtype = self.config.jnp_dtype
     batch, time, heads, dim = out.shape

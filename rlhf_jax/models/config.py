@@ -15,7 +15,8 @@ ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
-DECODE_ATTENTION = ("xla", "pallas")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")
+DECODE_ATTENTION = ("auto", "xla", "pallas")
 QK_NORMS = ("none", "head", "projection")
 NORM_PLACEMENTS = ("pre", "post", "sandwich")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -124,8 +125,16 @@ class DecoderConfig:
       from the hidden states (`rlhf_jax.models.lm_head`): the LM head's [chunk, V]
       logits are made one chunk at a time, forward and backward, instead of
       [B, T, V] at once; 0 = unchunked. Not part of HF `config.json`.
+    attention_impl: the kernel of the uncached attention of training and scoring
+      forwards (`grouped_query_attention`): "auto" (default; resolved by
+      `kernel_choice.training_attention`: cuDNN flash on an NVIDIA GPU, XLA
+      elsewhere), "xla" (scores materialised, hand-written backward), "cudnn"
+      (cuDNN's fused flash attention, GPU only), "pallas" (the Pallas flash kernel:
+      Triton on GPU, interpret mode elsewhere: slow, for tests). Not part of HF
+      `config.json`.
     decode_attention: the kernel of a one-token cached step (`cached_attention`):
-      "xla" (default): plain XLA, every row reads the slots up to the longest
+      "auto" (default; `kernel_choice.decode_attention`: "pallas" on a GPU, "xla"
+      elsewhere), "xla": plain XLA, every row reads the slots up to the longest
       row's (rounded up to a block); "pallas": the ragged Pallas kernel
       (`rlhf_jax.models.decode_attention`; Triton on GPU, interpret mode
       elsewhere: slow, for tests), each row reads only its own used slots.
@@ -165,7 +174,8 @@ class DecoderConfig:
   scan_layers: bool = False
   matmul_precision: str = "auto"
   logprob_chunk: int = 0
-  decode_attention: str = "xla"
+  attention_impl: str = "auto"
+  decode_attention: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -212,6 +222,9 @@ class DecoderConfig:
     if self.matmul_precision not in MATMUL_PRECISIONS:
       raise ValueError(f"DecoderConfig.matmul_precision={self.matmul_precision!r}; allowed: "
                        f"{', '.join(MATMUL_PRECISIONS)}.")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"DecoderConfig.attention_impl={self.attention_impl!r}; allowed: "
+                       f"{', '.join(ATTENTION_IMPLS)}.")
     if self.decode_attention not in DECODE_ATTENTION:
       raise ValueError(f"DecoderConfig.decode_attention={self.decode_attention!r}; allowed: "
                        f"{', '.join(DECODE_ATTENTION)}.")

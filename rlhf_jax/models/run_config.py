@@ -10,6 +10,8 @@ from rlhf_jax.config_errors import at_least
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
+from rlhf_jax.models.config import ATTENTION_IMPLS
+from rlhf_jax.models.config import DECODE_ATTENTION
 from rlhf_jax.models.config import DTYPES
 from rlhf_jax.models.config import MATMUL_PRECISIONS
 from rlhf_jax.models.lora import PROJECTIONS
@@ -26,6 +28,11 @@ def model_config(arith: bool) -> ml_collections.ConfigDict:
   # Log-probs from the hidden states this many tokens at a time (models/lm_head.py):
   # [chunk, V] logits at a time instead of [B, R, V], forward and backward; 0 = unchunked.
   m.logprob_chunk = 0 if arith else 1024
+  # Attention kernels (models/kernel_choice.py): training and scoring forwards ('auto':
+  # cuDNN flash on an NVIDIA GPU, XLA elsewhere; 'xla', 'cudnn', 'pallas'), and a sampler's
+  # one-token decode step ('auto': the Pallas ragged kernel on a GPU; 'xla', 'pallas').
+  m.attention_impl = "auto"
+  m.decode_attention = "auto"
   # Rematerialise each layer in the backward (less activation memory, ~1/3 more compute)
   # and what it keeps: a jax.checkpoint_policies name (nothing_saveable, dots_saveable, ...).
   m.remat = False
@@ -48,6 +55,8 @@ def validate_model_config(m: ml_collections.ConfigDict, variant: str) -> None:
   """`model.*`: dtypes, precisions, numerics options, and the tiny arith model's shape."""
   one_of("model.dtype", m.dtype, DTYPES)
   one_of("model.matmul_precision", m.matmul_precision, MATMUL_PRECISIONS)
+  one_of("model.attention_impl", m.attention_impl, ATTENTION_IMPLS)
+  one_of("model.decode_attention", m.decode_attention, DECODE_ATTENTION)
   at_least(m, "model", ("hidden_size", "num_layers", "num_heads"))
   check_range("model.logprob_chunk", m.logprob_chunk, low=0)
   if not callable(getattr(jax.checkpoint_policies, m.remat_policy, None)):
@@ -74,4 +83,5 @@ def model_layout(m: ml_collections.ConfigDict) -> dict:
 def model_numerics(m: ml_collections.ConfigDict) -> dict:
   """The trainer's runtime numerics from the `model` section (`with_numerics` fields)."""
   return dict(dtype=m.dtype, matmul_precision=m.matmul_precision,
-              logprob_chunk=m.logprob_chunk, remat=m.remat, remat_policy=m.remat_policy)
+              logprob_chunk=m.logprob_chunk, remat=m.remat, remat_policy=m.remat_policy,
+              attention_impl=m.attention_impl, decode_attention=m.decode_attention)

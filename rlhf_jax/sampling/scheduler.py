@@ -1,11 +1,9 @@
 """Continuous batching over an Engine's decode slots.
 
-Requests wait in a FIFO queue; whenever slots are free, waiting samples are
-prefilled (prompts of one length bucket together, `n` samples of a prompt
-sharing one prefill) and inserted; every `steps_per_sync` decode steps the
-host reads the tokens, hands back each sample as soon as it finishes, and
-refills its slot. With `continuous=False` the scheduler waits until the whole
-batch is done before admitting more (static batching, for comparison).
+Requests wait in a FIFO queue; free slots get waiting samples, prefilled (one length
+bucket together, a prompt's `n` samples sharing one prefill) and inserted; every
+`steps_per_sync` decode steps the host reads the tokens, hands back each finished
+sample and refills its slot. `continuous=False`: static batching, for comparison.
 
 Thread safety: `submit`, `cancel`, `update_params` and `metrics` may be called
 from any thread; `step`/`run` from one thread at a time (the server's loop).
@@ -160,13 +158,11 @@ class Scheduler:
       self._pending_params = (params, int(version))
 
   def newest_version(self) -> int:
-    """The version of the weights handed over last: the pending ones, else those served.
-    Not the larger of the two: after a rollback the pending version is the older one,
-    and it is the one the next update must not go below."""
+    """The version of the weights handed over last: pending, else served (after a
+    rollback the pending one is older, and the next update must not go below it)."""
     with self._lock:
-      if self._pending_params is not None:
-        return self._pending_params[1]
-      return self.weights_version
+      pending = self._pending_params
+      return self.weights_version if pending is None else pending[1]
 
   def has_work(self) -> bool:
     """Something is queued, running, or a weight update is pending."""

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from rlhf_jax.models.attention import _block_lengths
-from rlhf_jax.models.attention import cached_attention
+from rlhf_jax.models.cached_attention import _block_lengths
+from rlhf_jax.models.cached_attention import cached_attention
 from rlhf_jax.models.attention import grouped_query_attention
 
 

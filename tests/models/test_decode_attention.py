@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlhf_jax.models.attention import cached_attention
+from rlhf_jax.models.cached_attention import cached_attention
 from rlhf_jax.models.config import DecoderConfig
 from rlhf_jax.models.decode_attention import decode_attention
 from rlhf_jax.models.decode_attention import lengths_from_mask
