@@ -21,15 +21,26 @@ is XLA's temporary buffer size for the program (the training step's activations)
       [--remat off,nothing_saveable,dots_saveable] [--repeats 2] [--markdown]
 
 Prints one JSON line per measurement; `--markdown` also prints a table.
+
+  python benchmarks/compile_time.py --arith-run [--sft-steps 3] [--rl-steps 2]
+
+counts instead the programs a whole run compiles (issue 35, item 7): a GRPO arith run
+(`configs/grpo.py:arith`, `--sft-steps` SFT steps then `--rl-steps` RL steps, the
+persistent compilation cache off) under `JAX_LOG_COMPILES=1`, one JSON object with the
+number of XLA compilations, their summed seconds, the run's wall time, and per program
+name the count and seconds ("Finished XLA compilation of jit(NAME) in S sec" lines).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 TRAIN_BATCH, TRAIN_LENGTH = 16, 1024
@@ -163,6 +174,47 @@ def _run_one(program: str, layers: int, scan: bool, remat: str, repeats: int) ->
   return best
 
 
+COMPILE_LINE = re.compile(r"Finished XLA compilation of (\S+) in ([0-9.eE+-]+) sec")
+
+
+def parse_compile_log(text: str) -> dict:
+  """The XLA compilations of a JAX_LOG_COMPILES=1 log: {"programs": n, "compile_s": s,
+  "by_name": {name: {"count", "seconds"}}}, names as jax logs them (`jit(f)`), the
+  largest total first."""
+  by_name = collections.defaultdict(lambda: {"count": 0, "seconds": 0.0})
+  for name, seconds in COMPILE_LINE.findall(text):
+    by_name[name]["count"] += 1
+    by_name[name]["seconds"] += float(seconds)
+  ordered = sorted(by_name.items(), key=lambda item: -item[1]["seconds"])
+  return {"programs": sum(v["count"] for _, v in ordered),
+          "compile_s": round(sum(v["seconds"] for _, v in ordered), 2),
+          "by_name": {k: {"count": v["count"], "seconds": round(v["seconds"], 3)}
+                      for k, v in ordered}}
+
+
+def arith_run(sft_steps: int, rl_steps: int, config: str = "configs/grpo.py:arith",
+              extra: tuple[str, ...] = ()) -> dict:
+  """Runs launch/train.py on `config` for `sft_steps` SFT + `rl_steps` RL steps on CPU with
+  JAX_LOG_COMPILES=1 and the compile cache off; its compilations (`parse_compile_log`)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
+         "JAX_LOG_COMPILES": "1", "RLHF_JAX_COMPILE_CACHE": "",
+         "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+  with tempfile.TemporaryDirectory(prefix="compile_count_") as workdir:
+    command = [sys.executable, os.path.join(root, "launch", "train.py"), f"--config={config}",
+               f"--workdir={workdir}/run", f"--config.sft.steps={sft_steps}",
+               f"--config.train.steps={rl_steps}", "--config.compile_cache=", *extra]
+    start = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=root)
+    wall = time.perf_counter() - start
+  if result.returncode:
+    raise RuntimeError(f"{' '.join(command)} failed (rc {result.returncode}):\n"
+                       f"{result.stderr[-3000:]}")
+  counts = parse_compile_log(result.stdout + result.stderr)
+  return {"run": config, "sft_steps": sft_steps, "rl_steps": rl_steps,
+          "backend": env["JAX_PLATFORMS"], "wall_s": round(wall, 1), **counts}
+
+
 def main():
   """Runs the measurements (or, with --one, a single one in this process)."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -173,7 +225,14 @@ def main():
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--markdown", action="store_true")
   parser.add_argument("--one", help=argparse.SUPPRESS)  # program,layers,scan,remat (child)
+  parser.add_argument("--arith-run", action="store_true",
+                      help="count the compilations of a GRPO arith run instead")
+  parser.add_argument("--sft-steps", type=int, default=3)
+  parser.add_argument("--rl-steps", type=int, default=2)
   args = parser.parse_args()
+  if args.arith_run:
+    print(json.dumps(arith_run(args.sft_steps, args.rl_steps), indent=1), flush=True)
+    return
   if args.one:
     program, layers, scan, remat = args.one.split(",")
     print(json.dumps(measure(program, int(layers), scan == "1", remat)), flush=True)

@@ -143,3 +143,17 @@ def test_tiny_benchmarks_run_on_cpu():
   assert sorted(r["logprob_chunk"] for r in by_part["g4"]) == [0, 16]
   for r in by_part["g4"]:
     assert r["memory_analysis"]["total_gib"] > 0
+
+
+def test_compile_log_counts_programs_per_name():
+  """benchmarks/compile_time.py --arith-run's parser: JAX_LOG_COMPILES lines per program."""
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import compile_time  # noqa: E402 (benchmarks/ is no package)
+  log = ("WARNING Finished tracing + transforming f for pjit in 0.1 sec\n"
+         "WARNING Finished XLA compilation of jit(_generate_impl) in 2.5 sec\n"
+         "I1125 Finished XLA compilation of jit(run) in 1.0e-1 sec\n"
+         "WARNING Finished XLA compilation of jit(_generate_impl) in 0.5 sec\n")
+  counts = compile_time.parse_compile_log(log)
+  assert counts["programs"] == 3 and counts["compile_s"] == pytest.approx(3.1)
+  assert list(counts["by_name"]) == ["jit(_generate_impl)", "jit(run)"]
+  assert counts["by_name"]["jit(_generate_impl)"] == {"count": 2, "seconds": 3.0}
