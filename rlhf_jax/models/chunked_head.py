@@ -7,7 +7,17 @@ is rematerialised: the forward keeps only the per-token results, and the backwar
 recomputes one chunk's `[chunk, V]` logits, takes its gradient and moves on (the
 head's gradient accumulates over chunks). Peak logit memory is one chunk's, forward
 and backward, at the cost of a second head matmul in the backward — the same idea as
-Liger's fused linear cross-entropy and MaxText's vocabulary tiling.
+Liger's fused linear cross-entropy and MaxText's vocabulary tiling. The logits are
+float32 (`decoder.lm_logits` accumulates and emits float32), so the log-probs carry no
+bf16 rounding of the logits.
+
+Four head GEMMs per chunk under `jax.grad` (forward, recompute, dh, dW) is the minimum
+without keeping [T, V] logits: the backward needs the logits z (through p = softmax z)
+and z cannot be rebuilt from what a custom VJP could keep per token (the log-sum-exp,
+the entropy), since dW = Σ_t h_t ⊗ dz_t with dz_t = g_t (e_{a_t} − p_t) + ... needs every
+p_t at the cotangents g_t, which the forward does not know yet. A custom VJP keeping the
+per-token log-sum-exp would only save the backward's re-reduction over V, not a GEMM;
+`jax.checkpoint` is kept.
 
 The per-token formulas are those of `rlhf_jax.kernels.token_logprobs` and
 `entropy_from_logits` (which this calls per chunk), so the chunked and unchunked
