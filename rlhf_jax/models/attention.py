@@ -29,6 +29,9 @@ import math
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.models import kernel_choice
+from rlhf_jax.models.cudnn_attention import cudnn_attention
+from rlhf_jax.models.flash_attention import pallas_attention
 
 
 def _group_queries(x: jax.Array, num_kv_heads: int) -> jax.Array:
@@ -86,8 +89,12 @@ def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
       (None: the backend default).
     scale: a, the factor of the scores (None: 1/√D).
     softcap: c, scores become c·tanh(s/c) before the mask (None: uncapped).
-    impl: the kernel, "xla" (this module) or a fused one ("cudnn", "pallas"; resolved
-      from "auto" by `kernel_choice.training_attention`).
+    impl: the kernel: "xla" (this module), a fused flash kernel ("cudnn":
+      `cudnn_attention`; "pallas": `flash_attention.pallas_attention`; FlashAttention,
+      Dao et al. 2022/2023), or "auto" (`kernel_choice.training_attention` decides from
+      the backend, dtype, head size, length, softcap and window). The fused kernels
+      take the layout (token_mask, segment_ids, window), never the dense mask, give 0
+      on padding queries, and refuse (ValueError) what they cannot compute.
     token_mask: [B, S] bool, the keys that are real tokens (None: all); with
       `segment_ids` and `window` the layout `mask` was built from (causal within a
       segment), for the fused kernels, which never see the dense mask.
@@ -96,10 +103,18 @@ def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
   Returns:
     [B, T, N, D] in v's dtype.
   """
-  if impl != "xla":
-    raise NotImplementedError(f"grouped_query_attention: impl={impl!r} is not built yet; "
-                              "allowed: 'xla'.")
-  return _attention(precision, scale, softcap, q, k, v, mask)
+  if impl == "auto":
+    impl = kernel_choice.training_attention(impl, dtype=q.dtype, head_dim=q.shape[-1],
+                                            time=q.shape[1], softcap=softcap, window=window)
+  layout = dict(token_mask=token_mask, segment_ids=segment_ids, window=window, scale=scale,
+                softcap=softcap)
+  if impl == "xla":
+    return _attention(precision, scale, softcap, q, k, v, mask)
+  if impl == "pallas":
+    return pallas_attention(q, k, v, **layout).astype(v.dtype)
+  if impl == "cudnn":
+    return cudnn_attention(q, k, v, **layout).astype(v.dtype)
+  raise ValueError(f"attention_impl={impl!r}; allowed: 'auto', 'xla', 'cudnn', 'pallas'.")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))

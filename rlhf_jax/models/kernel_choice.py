@@ -11,18 +11,49 @@ from __future__ import annotations
 
 import jax
 
+from rlhf_jax.models import cudnn_attention
+from rlhf_jax.models import flash_attention
+
 
 def _on_gpu() -> bool:
   return jax.default_backend() in ("gpu", "cuda", "rocm")
 
 
-def training_attention(impl: str) -> str:
+def _cudnn_hopper() -> bool:
+  """Whether the first GPU is Hopper or later (cuDNN's packed form needs sm_90)."""
+  capability = getattr(jax.devices()[0], "compute_capability", None)
+  return capability is not None and float(capability) >= 9.0
+
+
+def training_attention(impl: str, *, dtype=None, head_dim: int | None = None,
+                       time: int | None = None, softcap: float | None = None,
+                       window=None) -> str:
   """The kernel of `grouped_query_attention` for `impl` ("auto" | "xla" | "cudnn" |
-  "pallas"): "auto" is "cudnn" on an NVIDIA GPU (cuDNN's fused flash attention) and
-  "xla" elsewhere (CPU, TPU); the others are taken as given."""
+  "pallas"); the others are taken as given (and refuse what they cannot do).
+
+  "auto": "xla" off NVIDIA GPUs (CPU, TPU; interpret mode would be slow). On an
+  NVIDIA GPU, given the attention (compute `dtype`, `head_dim`, sequence length
+  `time`, `softcap`, `window`): "cudnn" (fused flash attention, FlashAttention-2 as
+  cuDNN builds it) on Hopper or later when `cudnn_attention.refusal` finds nothing,
+  else "pallas" (the Triton flash kernel: any dtype and length) when it has no
+  softcap or narrow window, else "xla". Without the attention (`dtype` None) on a
+  GPU it stays "auto", for `grouped_query_attention` to call this again with its
+  arrays.
+  """
   if impl != "auto":
     return impl
-  return "cudnn" if jax.default_backend() in ("gpu", "cuda") else "xla"
+  if jax.default_backend() not in ("gpu", "cuda"):
+    return "xla"
+  if dtype is None:
+    return "auto"
+  if _cudnn_hopper() and cudnn_attention.refusal(dtype, head_dim, time, softcap,
+                                                 window) is None:
+    return "cudnn"
+  try:
+    flash_attention.check_options("pallas", time, softcap, window)
+  except ValueError:
+    return "xla"
+  return "pallas"
 
 
 def decode_attention(kernel: str) -> str:
@@ -32,3 +63,11 @@ def decode_attention(kernel: str) -> str:
   if kernel != "auto":
     return kernel
   return "pallas" if _on_gpu() else "xla"
+
+
+def decode_span_switch() -> bool:
+  """Whether the XLA decode path picks its read span with a per-layer `lax.switch`
+  (`cached_attention`): on CPU (and TPU) a conditional is cheap and skips the empty end of
+  the cache; on a GPU each conditional is a host synchronisation that also cuts CUDA-graph
+  capture (XLA's ConditionalThunk), far dearer than reading every slot, so it reads all."""
+  return not _on_gpu()
