@@ -22,6 +22,8 @@ Parts (--parts, comma-separated):
   g3   g2 with 256 slots (32 decode steps per host sync unless --sync).
   g4   XLA's compiled memory analysis of the g1 step at 16 × 1024 and 32 × 1024 tokens with
        logprob_chunk 0 and 1024, from abstract inputs only (nothing allocated). Ours only.
+  kern the fused attention kernels against the XLA path on small shapes, outputs and
+       gradients (benchmarks/gpu_kern.py); its `verdict` record says which to trust.
   w3   shared/bench/workloads.md W3, one GRPO step (8 prompts × 8 samples, 128 new tokens):
        `who=ours` runs benchmarks/grpo_step.py's `run_ours`, `who=trl` runs TRL's
        GRPOTrainer (`run_trl_gpu.py` from --bench-dir, a copy of shared/bench/run_trl.py
@@ -34,6 +36,16 @@ program's). `--tiny` runs the same code paths on a 2-layer, 64-wide model with t
 
   python benchmarks/gpu.py --parts g1,g2,g4 --who ours [--tiny] [--logprob-chunk 1024]
       [--remat] [--scan-layers] [--decode-attention xla|pallas] [--compile-cache DIR]
+      [--attention xla|cudnn|pallas|auto] [--profile DIR] [--xla-flag=--xla_...]
+      [--autotune-dir benchmarks/autotune] [--autotune-dump DIR] [--autotune-level 0]
+  python benchmarks/gpu.py --tiny --parts kern,g1,g2 --attention pallas --decode-attention pallas
+
+--attention sets `DecoderConfig.attention_impl` of the train parts, --decode-attention
+`decode_attention` of the generation parts. --profile DIR keeps one more timed train step, or
+one short generate call (two dispatches), as DIR/profile_<part>.json.gz (Perfetto). The XLA
+flags (--xla-flag, the autotune results: benchmarks/gpu_profile.py) are set before JAX starts.
+A kernel that is not built yet (NotImplementedError), or cuDNN off a GPU, gives a record with
+`skipped` instead of `error`.
   python benchmarks/gpu.py --parts g1 --who torch_compile
   python benchmarks/gpu.py --parts w3 --who ours,trl --bench-dir .gpu --model-dir /tmp/bm
 
@@ -58,6 +70,9 @@ import traceback
 
 import numpy as np
 
+import gpu_kern  # benchmarks/, beside this file
+import gpu_profile
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PEAK_BF16 = 989e12  # H100 SXM, dense bf16
 HBM_BW = 3.35e12  # H100 SXM HBM3, bytes/s
@@ -78,7 +93,7 @@ SHAPES = {
 }
 SIDES = {"g1": ("ours", "torch", "torch_compile"), "g1b": ("ours", "torch", "torch_compile"),
          "g2": ("ours", "torch", "torch_compile"), "g3": ("ours", "torch", "torch_compile"),
-         "g4": ("ours",), "w3": ("ours", "trl")}
+         "g4": ("ours",), "w3": ("ours", "trl"), "kern": ("ours",)}
 
 _STDOUT = sys.stdout  # the JSON lines; anything else printed goes to stderr (see main)
 
@@ -279,8 +294,12 @@ def train_ours(part: str, args) -> dict:
             "remat": args.remat, "scan_layers": args.scan_layers, **jax_device_info(),
             **args.cache_info}
   args.partial = record  # what an error record keeps (compile time, memory analysis)
+  record["attention_impl"] = args.attention
+  if args.attention == "cudnn" and jax.default_backend() not in ("gpu", "cuda"):
+    raise NotImplementedError(f"attention_impl='cudnn' runs only on an NVIDIA GPU "
+                              f"(backend {jax.default_backend()})")
   config = decoder_config(args, param_dtype="float32", dtype="bfloat16", logprob_chunk=chunk,
-                          remat=args.remat)
+                          remat=args.remat, attention_impl=args.attention)
   start = time.perf_counter()
   model, params = models.init_model(config, seed=0)
   params = jax.device_put(params)
@@ -294,7 +313,7 @@ def train_ours(part: str, args) -> dict:
   record["compile_s"] = time.perf_counter() - start
   record["memory_analysis"] = memory_analysis_gib(compiled)
   params, opt_state, (loss, entropy) = compiled(params, opt_state, batch)
-  float(loss)
+  record["loss_step0"] = float(loss)  # variants of one step compare equal here, not only fast
   record["first_step_s"] = time.perf_counter() - start  # compile + the first step
   times = []
   for _ in range(args.steps):
@@ -302,6 +321,9 @@ def train_ours(part: str, args) -> dict:
     params, opt_state, (loss, entropy) = compiled(params, opt_state, batch)
     float(loss)  # the loss back on the host every step
     times.append(time.perf_counter() - start)
+  with gpu_profile.profiled(args.profile, part, record):
+    params, opt_state, (loss, entropy) = compiled(params, opt_state, batch)
+    float(loss)
   median = statistics.median(times)
   flops = train_flops(model_shape(args), batch_size, seq, prompt)
   record.update(step_s=times, median_s=median, tokens_per_s=batch_size * seq / median,
@@ -467,7 +489,7 @@ def gen_ours(part: str, args) -> dict:
             **jax_device_info(), **args.cache_info}
   args.partial = record
   config = decoder_config(args, param_dtype="bfloat16", dtype="bfloat16",
-                          decode_attention=args.decode_attention)
+                          decode_attention=args.decode_attention, attention_impl="xla")
   model, params = models.init_model(config, seed=0)
   params = jax.device_put(params)
   engine = sampling.Engine(model, num_slots=slots, cache_length=prompt + new)
@@ -487,6 +509,13 @@ def gen_ours(part: str, args) -> dict:
       first = elapsed
     else:
       times.append(elapsed)
+  if args.profile:  # one short call: prefill and two dispatches
+    scheduler = Scheduler(engine, params, prompt_buckets=(prompt,), steps_per_sync=sync,
+                          max_prefill_batch=min(64, slots))
+    requests = [sampling.SamplingParams(temperature=1.0, max_new_tokens=min(new, 2 * sync),
+                                        seed=i) for i in range(slots)]
+    with gpu_profile.profiled(args.profile, part, record):
+      scheduler.generate(prompts, requests)
   record.update(first_s=first, first_tokens=tokens, compilations=engine.compilations(),
                 peak_gib=jax_peak_gib(),
                 **roofline(model_shape(args), slots, prompt, new, config.num_params() * 2))
@@ -789,9 +818,14 @@ def run_one(part: str, who: str, args) -> None:
   args.cache_info, args.partial = {}, {}
   try:
     if who == "ours" and part != "w3":
-      args.cache_info = enable_compile_cache(args.compile_cache)
+      args.cache_info = {**gpu_profile.apply_xla_flags(args),
+                         **enable_compile_cache(args.compile_cache)}
     if part == "g4":
       memory_table(args)
+      return
+    if part == "kern":
+      base = {"who": "ours", "tiny": args.tiny, **jax_device_info(), **args.cache_info}
+      gpu_kern.run_kern(args.tiny, [i for i in args.kern_impls.split(",") if i], emit, base)
       return
     if part in ("g1", "g1b"):
       record = train_ours(part, args) if who == "ours" else train_torch(part, who, args)
@@ -802,6 +836,9 @@ def run_one(part: str, who: str, args) -> None:
     else:
       raise ValueError(f"unknown part {part!r}")
     emit(record)
+  except NotImplementedError as error:  # a kernel not built yet, or GPU-only: said, not failed
+    emit({**args.partial, "part": part, "who": who, "tiny": args.tiny,
+          "skipped": f"{type(error).__name__}: {error}"[:2000]})
   except Exception as error:  # noqa: BLE001 (the figures measured so far stay)
     emit({**args.partial, **error_record(part, who, args, error)})
 
@@ -838,7 +875,21 @@ def main() -> int:
                       help="DecoderConfig.logprob_chunk (1024; tiny 16; 0 = unchunked)")
   parser.add_argument("--remat", action="store_true", help="DecoderConfig.remat")
   parser.add_argument("--scan-layers", action="store_true", help="DecoderConfig.scan_layers")
-  parser.add_argument("--decode-attention", default="xla", choices=("xla", "pallas"))
+  parser.add_argument("--decode-attention", default="xla", choices=("auto", "xla", "pallas"))
+  parser.add_argument("--attention", default="xla", choices=("auto", "xla", "cudnn", "pallas"),
+                      help="DecoderConfig.attention_impl of the train parts")
+  parser.add_argument("--kern-impls", default="cudnn,pallas",
+                      help="kern: the fused training kernels to check against xla")
+  parser.add_argument("--profile", metavar="DIR", default=None,
+                      help="one more step (or a short generate) traced: DIR/profile_<part>.json.gz")
+  parser.add_argument("--xla-flag", action="append", default=None,
+                      help="an XLA flag for our parts (repeatable; the user's XLA_FLAGS win)")
+  parser.add_argument("--autotune-dir", default=None,
+                      help="load the carried autotune results for this GPU and XLA from here")
+  parser.add_argument("--autotune-dump", default=None,
+                      help="write this run's autotune results here (named by GPU and XLA)")
+  parser.add_argument("--autotune-level", type=int, default=None,
+                      help="--xla_gpu_autotune_level (0: off)")
   parser.add_argument("--compile-cache", default=None,
                       help="JAX persistent compilation cache directory (our g1-g4); every "
                            "record says how many entries it held at the start")
