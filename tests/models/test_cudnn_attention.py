@@ -1,0 +1,143 @@
+"""cuDNN's packed description of a layout (offsets, lengths per segment): it rebuilds the
+segments exactly, a NumPy emulation of cuDNN's packed causal mask gives the decoder's
+[B, T, S] mask on real queries, and what cuDNN cannot take is refused in one line.
+(The kernel's numerics need a GPU: scripts/gpu_check.sh; its lowering is in
+test_attention_structure.py.)"""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax.models import packing
+from rlhf_jax.models.blocks import attention_mask
+from rlhf_jax.models.cudnn_attention import cudnn_attention
+from rlhf_jax.models.cudnn_attention import describable
+from rlhf_jax.models.cudnn_attention import packed_description
+
+M = 4
+_describe = jax.jit(packed_description, static_argnums=2)
+
+
+def _rebuilt_segments(offsets, lengths):
+  """[B, T] int: segment i + 1 on the tokens cuDNN's description puts in segment i."""
+  batch = offsets.shape[0]
+  rebuilt = np.zeros((batch, T), np.int32)
+  for b in range(batch):
+    for i, (start, length) in enumerate(zip(offsets[b, :-1], lengths[b])):
+      if length >= 0:
+        assert start >= 0
+        assert not rebuilt[b, start:start + length].any(), "segments overlap"
+        rebuilt[b, start:start + length] = i + 1
+  return rebuilt
+
+
+def _cudnn_mask(offsets, lengths):
+  """[B, T, S] bool: cuDNN's PADDING_CAUSAL packed semantics (query t sees key s
+  when both lie in one described segment [o, o + len) and s ≤ t)."""
+  rebuilt = _rebuilt_segments(offsets, lengths)
+  same = (rebuilt[:, :, None] == rebuilt[:, None, :]) & (rebuilt[:, :, None] > 0)
+  return same & np.tril(np.ones((T, T), bool))[None]
+
+
+T = 48
+
+
+@st.composite
+def _packed_layouts(draw):
+  """A packed batch as packing.plan_rows lays it out: rows of drawn spans in buffers
+  of T tokens (10: one shape for all examples), row + 1 as segment id, 0 on buffer
+  padding."""
+  count = draw(st.integers(1, 10))
+  prompt, response = 12, 12
+  prompts = np.asarray(draw(st.lists(st.integers(1, prompt), min_size=count,
+                                     max_size=count)))
+  responses = np.asarray(draw(st.lists(st.integers(1, response), min_size=count,
+                                       max_size=count)))
+  starts, ends = packing.row_spans(prompts, responses, prompt)
+  plan = packing.plan_rows(list(range(count)), starts, ends, num_rows=count,
+                           width=prompt + response, prompt_width=prompt,
+                           response_width=response, capacity=T, buffers=10)
+  segments = plan["segments"]
+  return segments > 0, segments
+
+
+@st.composite
+def _padded_layouts(draw):
+  """Rows [left pad | real tokens | right pad], no segment ids."""
+  rows = draw(st.integers(1, 3))
+  valid = np.zeros((rows, T), bool)
+  for row in range(rows):
+    start = draw(st.integers(0, T - 1))
+    valid[row, start:draw(st.integers(start + 1, T))] = True
+  return valid, None
+
+
+def _check(valid, segments):
+  offsets, lengths, runs = (np.asarray(x) for x in _describe(
+      jnp.asarray(valid), None if segments is None else jnp.asarray(segments), M))
+  assert np.asarray(describable(jnp.asarray(valid), None if segments is None
+                                else jnp.asarray(segments), jnp.asarray(runs), M)).all()
+  assert (offsets[:, -1] == -1).all()
+  rebuilt = _rebuilt_segments(offsets, lengths)
+  original = valid.astype(np.int32) if segments is None else segments
+  # Exactly the same tokens in segments, and the same partition of them.
+  np.testing.assert_array_equal(rebuilt > 0, valid)
+  for b in range(valid.shape[0]):
+    pairs = {(int(o), int(r)) for o, r in zip(original[b], rebuilt[b]) if r > 0}
+    assert len({o for o, _ in pairs}) == len(pairs) == len({r for _, r in pairs})
+  dense = np.asarray(attention_mask(jnp.broadcast_to(jnp.arange(T), valid.shape),
+                                    jnp.asarray(valid),
+                                    None if segments is None else jnp.asarray(segments),
+                                    None))
+  emulated = _cudnn_mask(offsets, lengths)
+  np.testing.assert_array_equal(emulated[valid], dense[valid])  # real query rows
+
+
+@settings(max_examples=25, deadline=None)
+@given(_packed_layouts())
+def test_packed_description_rebuilds_the_segments(layout):
+  _, segments = layout
+  segments = np.where(segments > M, 0, segments)  # rows 0..M-1 only: within the bound M
+  _check(segments > 0, segments)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_padded_layouts())
+def test_padded_rows_are_one_segment_each(layout):
+  _check(*layout)
+
+
+def test_what_the_description_cannot_hold_is_flagged():
+  valid = np.ones((3, T), bool)
+  segments = np.ones((3, T), np.int32)
+  segments[0, 20:] = 2                       # two segments: fine
+  valid[1, 10:12] = False                    # one id split by padding
+  segments[2] = np.arange(T) // 8 + 1        # 6 segments > M = 4
+  valid, segments = jnp.asarray(valid), jnp.asarray(segments)
+  runs = _describe(valid, segments, M)[2]
+  np.testing.assert_array_equal(describable(valid, segments, runs, M), [True, False, False])
+
+
+@pytest.mark.parametrize("dtype, time, dim, reason", [
+    (jnp.float32, 16, 64, "bfloat16 or float16, got float32"),
+    (jnp.bfloat16, 15, 64, "even sequence length, got 15"),
+    (jnp.bfloat16, 16, 12, "multiple of 8, got 12"),
+    (jnp.bfloat16, 16, 512, "head_dim <= 256"),
+])
+def test_cudnn_refuses_in_one_line(dtype, time, dim, reason):
+  q = jnp.zeros((1, time, 2, dim), dtype)
+  with pytest.raises(ValueError, match=reason) as raised:
+    cudnn_attention(q, q, q)
+  assert "\n" not in str(raised.value)
+
+
+def test_cudnn_refuses_softcap():
+  q = jnp.zeros((1, 16, 2, 64), jnp.bfloat16)
+  with pytest.raises(ValueError, match="soft-cap"):
+    cudnn_attention(q, q, q, softcap=50.0)
