@@ -11,6 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.models import kernel_choice
 from rlhf_jax.models.attention import _group_queries
 from rlhf_jax.models.attention import _ungroup_queries
 from rlhf_jax.models.attention import soft_cap
@@ -29,7 +30,9 @@ def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
   the slot axis, which XLA:CPU vectorises (as a batch of [G, D]×[D, S] GEMMs
   they ran 2.8× slower), and only the first `num_used` slots, rounded up to a
   block, are read: a decode step early in a long cache does not pay for the
-  empty rest (one static slice per block count, chosen with `lax.switch`).
+  empty rest (one static slice per block count, chosen with `lax.switch`). On a GPU
+  (`kernel_choice.decode_span_switch`) every slot is read instead: a conditional there
+  is a host synchronisation per layer and step.
 
   Args:
     q: [B, T, N, D] queries.
@@ -77,7 +80,8 @@ def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
     return _ungroup_queries(out, time)
 
   lengths = _block_lengths(slots)
-  if num_used is None or not decode or len(lengths) == 1:
+  if (num_used is None or not decode or len(lengths) == 1
+      or not kernel_choice.decode_span_switch()):
     return attend(slots)
   block = lengths[0]
   index = jnp.clip((num_used + block - 1) // block - 1, 0, len(lengths) - 1)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
+from rlhf_jax.models import kernel_choice
 from rlhf_jax.models.cached_attention import _block_lengths
 from rlhf_jax.models.cached_attention import cached_attention
 from rlhf_jax.models.attention import grouped_query_attention
@@ -54,6 +55,23 @@ def test_cached_attention_reads_the_used_span_exactly(time, used):
   values = v.transpose(0, 2, 1, 3)  # [B, K, S, D]
   got = jax.jit(cached_attention)(q, keys, values, jnp.asarray(mask), jnp.int32(used))
   np.testing.assert_allclose(got, reference, atol=1e-5)
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_cached_decode_switches_on_the_span_on_cpu_only(monkeypatch, on_gpu):
+  """On a GPU a conditional is a host synchronisation per layer: the XLA decode path reads
+  every slot there (no `cond` in the program), and the result is the same."""
+  monkeypatch.setattr(kernel_choice, "_on_gpu", lambda: on_gpu)
+  slots, used = 320, 70
+  q, k, v, mask = inputs(3, batch=3, time=1, slots=slots)
+  mask = np.asarray(mask) & (np.arange(slots) < used)
+  keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+  args = (q, keys, values, jnp.asarray(mask), jnp.int32(used))
+  fresh = lambda *a: cached_attention(*a)  # traces are cached per function: a new one
+  jaxpr = str(jax.make_jaxpr(fresh)(*args))
+  assert ("cond[" in jaxpr) == (not on_gpu), jaxpr
+  reference = jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask)[:, None])
+  np.testing.assert_allclose(jax.jit(fresh)(*args), reference, atol=1e-5)
 
 
 def test_block_lengths_cover_the_cache():
