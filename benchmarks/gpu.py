@@ -72,6 +72,7 @@ import numpy as np
 
 import gpu_kern  # benchmarks/, beside this file
 import gpu_profile
+import gpu_summary_ab
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PEAK_BF16 = 989e12  # H100 SXM, dense bf16
@@ -115,7 +116,9 @@ def _finite(value):
 
 
 def emit(record: dict) -> None:
-  """One JSON line on the real stdout."""
+  """One JSON line on the real stdout (labelled with gpu_check.sh's step, when it runs one)."""
+  step = os.environ.get("RLHF_JAX_GPU_STEP")
+  record = {**record, "step": step} if step and "step" not in record else record
   _STDOUT.write(json.dumps(_finite(record)) + "\n")
   _STDOUT.flush()
 
@@ -742,8 +745,12 @@ def summarize(out_dir: str, status_path: str | None, budget: float | None) -> di
         steps.append({"name": name, "status": status, "rc": rc,
                       "seconds": float(seconds) if seconds.replace(".", "").isdigit() else None,
                       "cap_s": cap, "note": fields[5] if len(fields) > 5 else ""})
-  records = read_jsonl(os.path.join(out_dir, "bench.jsonl"))
+  every_record = read_jsonl(os.path.join(out_dir, "bench.jsonl"))
   headline, targets = {}, {}
+  ab_head, ab_targets = gpu_summary_ab.ab_headline(every_record)
+  if ab_head:  # `run env ab` (its own figures; the rest below reads the other steps)
+    headline["ab"], targets = ab_head, dict(ab_targets)
+  records = [r for r in every_record if r.get("step") not in gpu_summary_ab.AB_STEPS]
   g1 = {who: _ok(records, "g1", who) for who in ("ours", "torch", "torch_compile")}
   if any(g1.values()):
     headline["g1"] = {who: _pick(r, "median_s", "tokens_per_s", "mfu", "first_step_s", "peak_gib")
@@ -802,7 +809,7 @@ def summarize(out_dir: str, status_path: str | None, budget: float | None) -> di
   summary = {"budget_s": budget, "elapsed_s": sum(s["seconds"] or 0 for s in steps),
              "steps": steps, "headline": headline, "targets": targets,
              "errors": [{"part": r.get("part"), "who": r.get("who"), "oom": r.get("oom"),
-                         "error": str(r["error"])[:300]} for r in records if "error" in r]}
+                         "error": str(r["error"])[:300]} for r in every_record if "error" in r]}
   path = os.path.join(out_dir, "summary.json")
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     json.dump(_finite(summary), f, indent=1)

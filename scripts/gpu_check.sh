@@ -12,7 +12,10 @@
 #                                         (--dry-run: the plan, as if each step took its cap)
 #
 # Groups (default: all, in this order): env tests bench arith mismatch w3 slow. A step
-# name (g1_ours, g2_warm, ...: see PLAN below) selects one step. Each step gets at most
+# name (g1_ours, g2_warm, ...: see PLAN below) selects one step. The group `ab` (issue 35,
+# docs/gpu.md "One call that answers everything"; only when named: `run env ab`) runs the
+# kernel checks and the A/B steps of the fused attention, the Pallas decode, command
+# buffers and autotuning, with one Perfetto profile per part and the autotune results. Each step gets at most
 # its cap, and never so much that the steps after it lose their reserved minimum; a step
 # whose floor does not fit is skipped (recorded). RLHF_JAX_GPU_BUDGET_S (default 560 s:
 # the device tool allows 600 s a command) sets the total; every cap, floor and reserve
@@ -26,6 +29,14 @@
 #   bench.jsonl   benchmarks/gpu.py's JSON lines (+ the mismatch summary, timeouts)
 #   arith_metrics.jsonl, arith_bf16_metrics.jsonl   the two arith runs' metrics
 #   logs.tgz      every step's log
+# and, after `run env ab` (then pytest.txt, junit.xml and the arith files are not written):
+#   profile_g1.json.gz, profile_g2.json.gz   one traced G1 step and G2 generate (Perfetto)
+#   autotune/<gpu>-jaxlib<v>.textproto   this call's autotune results: commit it into
+#                 benchmarks/autotune/, later calls load it (rlhf_jax.runtime.autotune_file)
+#   jax_cache.tgz the persistent compilation cache, when it fits (≤ 15 MiB, 8 files): copy it
+#                 to .gpu/jax_cache.tgz and the next call (carry .gpu) starts from it
+# --test-autotune-level=N (or RLHF_JAX_GPU_TEST_AUTOTUNE_LEVEL=N) runs the tests / slow steps
+# with --xla_gpu_autotune_level=N (0: no autotuning) added to XLA_FLAGS.
 set -u
 
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -69,6 +80,19 @@ with zipfile.ZipFile(wheel) as z:
                 print(req.replace(" ", "").replace("(", "").replace(")", ""))
                 break
 PY
+}
+
+carry_size_check() {  # what travels (the tree git sees + .whl + .gpu) against the 64 MiB limit
+  local tree carried total
+  tree=$(git -C "$ROOT" ls-files -z -co --exclude-standard 2>/dev/null \
+         | (cd "$ROOT" && du -cb --files0-from=- 2>/dev/null) | tail -1 | cut -f1)
+  carried=$(du -cb "$ROOT/.whl" "$ROOT/.gpu" 2>/dev/null | tail -1 | cut -f1)
+  total=$(( ${tree:-0} + ${carried:-0} ))
+  echo "--- carry: tree $((${tree:-0} / 1048576)) MiB + .whl/.gpu $((${carried:-0} / 1048576)) MiB = $((total / 1048576)) MiB of 64 MiB" >&2
+  if [ "$total" -gt "$CARRY_LIMIT_BYTES" ]; then
+    echo "error: over the device tool's 64 MiB: drop .gpu/jax_cache.tgz or wheels" >&2
+    return 1
+  fi
 }
 
 prepare() {
@@ -172,6 +196,7 @@ prepare() {
   echo "--- .whl/ (carried wheels)" >&2
   ls -1 .whl .whl/peer 2>/dev/null | sed 's/^/  /' >&2
   echo "--- sizes: $(du -sh .whl 2>/dev/null | cut -f1) .whl, $(du -sh .gpu | cut -f1) .gpu" >&2
+  carry_size_check || failed=1
   echo "device call (tool 'run', kind nvidia-h100-x1, timeout_s 600):"
   echo "  carry: $CARRY"
   echo "  command: $RUN_COMMAND"
@@ -185,6 +210,15 @@ prepare() {
 # cap: the most it may take.
 PLAN=(
   "env 5 5 30 env"
+  "kern 30 30 45 ab"
+  "g1_xla 45 45 55 ab"
+  "g1_cudnn 45 45 60 ab"
+  "g2_pallas 45 45 70 ab"
+  "g2_pallas_cb 45 45 65 ab"
+  "g1b_cudnn 0 50 65 ab"
+  "g2_xla 0 60 75 ab"
+  "g1_cudnn_at0 0 35 45 ab"
+  "g1_cudnn_file 0 35 45 ab"
   "tests 40 40 100 tests INT"
   "g1_ours 45 45 90 bench"
   "g2_ours 50 50 100 bench"
@@ -202,7 +236,11 @@ PLAN=(
   "w3_trl 0 40 90 w3"
   "slow 0 30 100000 slow INT"
 )
-GROUPS_ALL="env tests bench arith mismatch w3 slow"
+GROUPS_ALL="env tests bench arith mismatch w3 slow"  # `all`; ab only when named
+CB_FLAG="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+MAX_OUT_FILES=8  # the device tool returns at most 8 files, each ≤ 16 MiB
+MAX_CACHE_BYTES=$((15 * 1024 * 1024))
+CARRY_LIMIT_BYTES=$((64 * 1024 * 1024))
 
 setup_run_env() {
   PY="${RLHF_JAX_GPU_PYTHON:-python3}"
@@ -221,6 +259,7 @@ setup_run_env() {
   export PYTHONUNBUFFERED=1 JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" HF_HUB_OFFLINE=1
   export TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
   export MPLBACKEND=Agg RLHF_JAX_COMPILE_CACHE="$CACHE"
+  AUTOTUNE_DIR="$ROOT/benchmarks/autotune"  # carried results (tracked: they always travel)
 }
 
 scaled() { echo $(( $1 * BUDGET / 560 )); }
@@ -243,6 +282,64 @@ bench() {  # bench PART WHO [gpu.py args]: JSON lines to bench.jsonl, stderr to 
     >> "$OUT/bench.jsonl"
 }
 
+fused_impl() {  # the G1 steps' fused kernel: cudnn unless kern found it wrong (then pallas)
+  "$PY" - "$OUT/bench.jsonl" <<'PY' 2>/dev/null || echo cudnn
+import json, sys
+verdict = {}
+for line in open(sys.argv[1], encoding="utf-8"):
+    try:
+        row = json.loads(line)
+    except ValueError:
+        continue
+    if isinstance(row, dict) and row.get("part") == "kern" and "verdict" in row:
+        verdict = row["verdict"]
+print("pallas" if verdict.get("cudnn") is False and verdict.get("pallas") is not False else "cudnn")
+PY
+}
+
+carried_autotune() {  # the carried autotune results for this GPU and XLA, or nothing
+  "$PY" - "$AUTOTUNE_DIR" <<'PY' 2>/dev/null
+import sys
+from rlhf_jax import runtime
+device = runtime.gpu_device_name()
+if device:
+    path = runtime.autotune_file(sys.argv[1], device)
+    if path.is_file():
+        print(path)
+PY
+}
+
+with_xla_flags() {  # with_xla_flags FLAG...: XLA_FLAGS with FLAGs added (the user's win)
+  "$PY" -c 'import os, sys
+from rlhf_jax.runtime import compose_xla_flags
+print(compose_xla_flags(os.environ.get("XLA_FLAGS", ""), sys.argv[1:]))' "$@"
+}
+
+ab_step() {  # the steps of group ab; every one loads the carried autotune results, if any,
+  # except those that measure compiling without them
+  local name=$1 load=(--autotune-dir "$AUTOTUNE_DIR") fused
+  fused=$(fused_impl)
+  case "$name" in g1_cudnn*|g1b_cudnn) echo "fused attention: $fused (kern's verdict)" ;; esac
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
+  case "$name" in
+    kern) bench kern ours ;;
+    g1_xla) bench g1 ours --attention xla "${load[@]}" ;;
+    # cold reference: no cache, no results loaded; dumps this GPU's results
+    g1_cudnn) bench g1 ours --attention "$fused" --compile-cache "" --profile "$OUT" \
+                --autotune-dump "$OUT/autotune" ;;
+    g2_pallas) bench g2 ours --decode-attention pallas --reps 1 --profile "$OUT" "${load[@]}" ;;
+    g2_pallas_cb) bench g2 ours --decode-attention pallas --reps 1 "--xla-flag=$CB_FLAG" "${load[@]}" ;;
+    g1b_cudnn) bench g1b ours --attention "$fused" "${load[@]}" ;;
+    g2_xla) bench g2 ours --decode-attention xla --reps 1 "${load[@]}" ;;
+    g1_cudnn_at0) bench g1 ours --attention "$fused" --steps 3 --compile-cache "" \
+                    --autotune-level 0 ;;
+    g1_cudnn_file)  # the carried results, else the ones g1_cudnn just wrote
+      local from="$AUTOTUNE_DIR"; [ -n "$(carried_autotune)" ] || from="$OUT/autotune"
+      bench g1 ours --attention "$fused" --steps 3 --compile-cache "" --autotune-dir "$from" ;;
+    *) return 2 ;;
+  esac
+}
+
 pytest_args() {  # what the GPU image cannot run: the docs build (mkdocs), notebooks
   # (nbclient), the installed-distribution checks; gRPC only if our grpcio did not install
   PYTEST_ARGS=(-p no:cacheprovider -q -rfE --tb=short -n "${RLHF_JAX_GPU_PYTEST_WORKERS:-4}"
@@ -261,7 +358,9 @@ pytest_args() {  # what the GPU image cannot run: the docs build (mkdocs), noteb
 do_step() {  # the body of one step (runs under `timeout`, in its own bash)
   cd "$ROOT" || return 1
   local name=$1 sft=()
+  export RLHF_JAX_GPU_STEP="$name"  # benchmarks/gpu.py labels its records with it
   case "$name" in
+    kern|g1_xla|g1_cudnn*|g2_pallas*|g1b_cudnn|g2_xla) ab_step "$name" ;;
     env)
       {
         date -u; echo "budget_s=$BUDGET"; nvidia-smi
@@ -269,12 +368,20 @@ do_step() {  # the body of one step (runs under `timeout`, in its own bash)
         "$PY" -c "import jax; print('jax', jax.__version__, jax.default_backend(), jax.devices())"
         "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
         "$PY" -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|jax-cuda|flax|optax|orbax|chex|torch |transformers|tokenizers|grpcio|protobuf|ml.collections|tensorboardx|pytest|trl|datasets|accelerate)'
+        nvidia-smi --query-gpu=driver_version --format=csv,noheader | sed 's/^/cuda driver /'
+        "$PY" -c "from jax._src.lib import cuda_versions as v; print('cudnn', v.cudnn_get_version() if v else None)"
+        "$PY" -c "from rlhf_jax import runtime as r; d = r.gpu_device_name(); print('autotune file', d and r.autotune_file('$AUTOTUNE_DIR', d), 'carried:', bool(d) and r.autotune_file('$AUTOTUNE_DIR', d).is_file())"
+        echo "XLA_FLAGS=${XLA_FLAGS:-}"; du -sh "$CACHE" 2>/dev/null | sed 's/^/compile cache at start /'
         echo "PYTHONPATH=$PYTHONPATH"; ls "$SITE" "$PEER_SITE" 2>/dev/null | head -60
       } > "$OUT/env.txt" 2>&1 ;;
     tests|slow)
       pytest_args
       local marker="not slow" junit="$OUT/junit.xml"
       if [ "$name" = slow ]; then marker="slow"; junit="$LOGS/junit_slow.xml"; fi
+      if [ -n "${RLHF_JAX_GPU_TEST_AUTOTUNE_LEVEL:-}" ]; then
+        XLA_FLAGS=$(with_xla_flags "--xla_gpu_autotune_level=$RLHF_JAX_GPU_TEST_AUTOTUNE_LEVEL")
+        export XLA_FLAGS; echo "XLA_FLAGS=$XLA_FLAGS"
+      fi
       JAX_DEFAULT_MATMUL_PRECISION=highest XLA_PYTHON_CLIENT_PREALLOCATE=false \
         "$PY" -m pytest "${PYTEST_ARGS[@]}" -m "$marker" --junitxml="$junit" \
         ${RLHF_JAX_GPU_TEST_PATHS:-} \
@@ -317,6 +424,7 @@ after_step() {  # copy what a step left (also after a timeout)
           else cat "$f"; fi
         done
       } > "$OUT/pytest.txt" ;;
+    kern) grep '"part": "kern"' "$OUT/bench.jsonl" > "$LOGS/kern.txt" 2>/dev/null ;;
     arith) [ -f "$WORK/arith/metrics.jsonl" ] && cp "$WORK/arith/metrics.jsonl" "$OUT/arith_metrics.jsonl" ;;
     mismatch)
       [ -f "$WORK/arith_bf16/metrics.jsonl" ] && cp "$WORK/arith_bf16/metrics.jsonl" "$OUT/arith_bf16_metrics.jsonl"
@@ -324,15 +432,42 @@ after_step() {  # copy what a step left (also after a timeout)
         "bfloat16=$OUT/arith_bf16_metrics.jsonl" >> "$OUT/bench.jsonl" 2>> "$LOGS/mismatch.log" ;;
   esac
   case "$name" in
-    g*_*|w3_*)
+    g*_*|w3_*|kern)
       if [ "$status" = timeout ]; then
         local part=${name%%_*} who=${name#*_}
-        [ "$who" = warm ] && who=ours
+        case "$name" in
+          g2_warm|kern|g1_xla|g1_cudnn*|g2_pallas*|g1b_cudnn|g2_xla) who=ours ;;
+        esac
         printf '{"part": "%s", "who": "%s", "step": "%s", "error": "timed out after %s s (gpu_check.sh)"}\n' \
           "$part" "$who" "$name" "$cap" >> "$OUT/bench.jsonl"
       fi ;;
   esac
   return 0
+}
+
+restore_cache() {  # the compile cache a previous call brought back (.gpu/jax_cache.tgz, carried)
+  local tgz="$ROOT/.gpu/jax_cache.tgz" start=$SECONDS
+  [ -f "$tgz" ] || return 0
+  if tar -xzf "$tgz" -C "$WORK" 2>> "$LOGS/cache.txt"; then
+    record cache_restore ok 0 $((SECONDS - start)) 0 "$(ls "$CACHE" | wc -l) entries"
+  else
+    record cache_restore failed 1 $((SECONDS - start)) 0 "tar -xzf $tgz failed"
+  fi
+}
+
+pack_cache() {  # the compile cache into $OUT when a file is left of the 8 and it is ≤ 15 MiB
+  local files; files=$(find "$OUT" -type f | wc -l)
+  if [ "$files" -ge "$MAX_OUT_FILES" ]; then
+    record cache_pack skipped - 0 0 "\$OUT already holds $files files"; return 0
+  fi
+  tar -czf "$WORK/jax_cache.tgz" -C "$WORK" jax_cache 2>> "$LOGS/cache.txt" || return 0
+  local size; size=$(stat -c %s "$WORK/jax_cache.tgz")
+  if [ "$size" -le "$MAX_CACHE_BYTES" ]; then
+    mv -f "$WORK/jax_cache.tgz" "$OUT/jax_cache.tgz"
+    record cache_pack ok 0 0 0 "$size bytes"
+  else
+    record cache_pack skipped - 0 0 "$size bytes > $MAX_CACHE_BYTES"
+  fi
 }
 
 install_wheels() {
@@ -353,8 +488,8 @@ install_wheels() {
 }
 
 cap_override() {  # cap_override NAME: the cap RLHF_JAX_GPU_CAPS gives NAME, or nothing
-  local item
-  for item in ${RLHF_JAX_GPU_CAPS//,/ }; do
+  local item caps="${RLHF_JAX_GPU_CAPS:-}"
+  for item in ${caps//,/ }; do
     case "$item" in "$1="[0-9]*) echo "${item#*=}"; return ;; esac
   done
 }
@@ -362,7 +497,8 @@ cap_override() {  # cap_override NAME: the cap RLHF_JAX_GPU_CAPS gives NAME, or 
 selected() {  # selected NAME GROUP: is the step asked for?
   local want
   for want in "${WANT[@]}"; do
-    [ "$want" = all ] || [ "$want" = "$1" ] || [ "$want" = "$2" ] && return 0
+    { [ "$want" = all ] && [ "$2" != ab ]; } || [ "$want" = "$1" ] || [ "$want" = "$2" ] \
+      && return 0
   done
   return 1
 }
@@ -373,6 +509,8 @@ run_check() {
   for arg in "$@"; do
     case "$arg" in
       --dry-run) dry=1 ;;
+      --test-autotune-level=[0-4]) export RLHF_JAX_GPU_TEST_AUTOTUNE_LEVEL="${arg#*=}" ;;
+      --test-autotune-level=*) echo "gpu_check: $arg: the level is 0..4" >&2; return 2 ;;
       -h|--help) sed -n '2,28p' "$SELF"; return 0 ;;
       *) WANT+=("$arg") ;;
     esac
@@ -384,8 +522,8 @@ run_check() {
   : > "$WORK/status.tsv"
   : > "$OUT/bench.jsonl"
   echo "gpu_check: budget ${BUDGET}s, steps: ${WANT[*]}, OUT=$OUT, WORK=$WORK"
-  if [ "$dry" = 0 ]; then install_wheels; fi
-  local n=${#PLAN[@]} i j sim=0  # sim: a dry run's clock, as if each step used its whole cap
+  if [ "$dry" = 0 ]; then install_wheels; restore_cache; fi
+  local n=${#PLAN[@]} i j sim=0 planned=0  # sim: a dry run's clock, as if each step used its whole cap
   for ((i = 0; i < n; i++)); do
     read -r name reserve floor cap group signal <<< "${PLAN[i]}"
     selected "$name" "$group" || continue
@@ -411,7 +549,7 @@ run_check() {
     echo "[$((now - start_epoch))s] $name: up to ${c}s"
     if [ "$dry" = 1 ]; then
       record "$name" dry-run 0 0 "$c"
-      sim=$((sim + c))
+      sim=$((sim + c)); planned=$((planned + 1))
       continue
     fi
     local t0=$SECONDS rc=0
@@ -424,7 +562,9 @@ run_check() {
     echo "[$(( $(date +%s) - start_epoch ))s] $name: $status (rc $rc, $((SECONDS - t0))s)"
     refresh_out
   done
+  [ "$dry" = 0 ] && pack_cache
   refresh_out
+  [ "$dry" = 1 ] && echo "gpu_check: plan of $planned steps, caps total ${sim}s within the ${BUDGET}s budget"
   echo "gpu_check: done in $(( $(date +%s) - start_epoch ))s; $OUT/summary.json"
   "$PY" - "$OUT/summary.json" <<'PY' 2>/dev/null || true
 import json, sys
@@ -440,5 +580,6 @@ case "${1:-}" in
   prepare) shift; prepare "$@" ;;
   run) shift; run_check "$@" ;;
   _step) shift; setup_run_env; do_step "$@" ;;
+  _fused_impl) setup_run_env; fused_impl ;;  # for the tests: the G1 steps' kernel from kern
   *) sed -n '2,28p' "$SELF"; exit 2 ;;
 esac

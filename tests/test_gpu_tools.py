@@ -157,3 +157,127 @@ def test_compile_log_counts_programs_per_name():
   assert counts["programs"] == 3 and counts["compile_s"] == pytest.approx(3.1)
   assert list(counts["by_name"]) == ["jit(_generate_impl)", "jit(run)"]
   assert counts["by_name"]["jit(_generate_impl)"] == {"count": 2, "seconds": 3.0}
+
+
+AB_STEPS = ["kern", "g1_xla", "g1_cudnn", "g2_pallas", "g2_pallas_cb", "g1b_cudnn", "g2_xla",
+            "g1_cudnn_at0", "g1_cudnn_file"]
+
+
+def check_env(tmp_path, **extra):
+  return {**os.environ, "OUT": str(tmp_path / "out"), "RLHF_JAX_GPU_WORK": str(tmp_path / "work"),
+          "RLHF_JAX_GPU_PYTHON": sys.executable, "PYTHONPATH": str(ROOT), **extra}
+
+
+@pytest.mark.parametrize("budget", [560, 400])
+def test_ab_dry_run_names_every_step_within_the_budget(tmp_path, budget):
+  """`run env ab --dry-run` (issue 35's one call): every step of GPU_PLAN §3 recorded with
+  its cap, the caps of the steps that run within the budget (the device tool allows 600 s)."""
+  result = subprocess.run(["bash", str(SCRIPT), "run", "env", "ab", "--dry-run"],
+                          capture_output=True, text=True, timeout=120,
+                          env=check_env(tmp_path, RLHF_JAX_GPU_BUDGET_S=str(budget)))
+  assert result.returncode == 0 and not result.stderr, result.stderr
+  steps = json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]
+  assert [s["name"] for s in steps] == ["env", *AB_STEPS]
+  ran = [s for s in steps if s["status"] == "dry-run"]
+  assert sum(int(s["cap_s"]) for s in ran) <= budget
+  if budget == 560:
+    assert len(ran) == len(steps)  # the whole plan fits the default budget
+  for name in ("env", "kern", "g1_xla", "g1_cudnn", "g2_pallas"):  # reserved: never skipped
+    assert next(s for s in steps if s["name"] == name)["status"] == "dry-run"
+  total = sum(int(s["cap_s"]) for s in ran)
+  assert f"plan of {len(ran)} steps, caps total {total}s within the {budget}s budget" \
+      in result.stdout
+
+
+def test_ab_steps_run_only_when_named(tmp_path):
+  subprocess.run(["bash", str(SCRIPT), "run", "--dry-run"], check=True, capture_output=True,
+                 env=check_env(tmp_path), timeout=120)
+  names = {s["name"] for s in json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]}
+  assert "g1_ours" in names and not set(AB_STEPS) & names
+
+
+def test_test_autotune_level_is_checked(tmp_path):
+  result = subprocess.run(["bash", str(SCRIPT), "run", "tests", "--test-autotune-level=9",
+                           "--dry-run"], capture_output=True, text=True, env=check_env(tmp_path),
+                          timeout=60)
+  assert result.returncode == 2 and "0..4" in result.stderr
+
+
+@pytest.mark.parametrize("verdict, kernel", [
+    (None, "cudnn"), ({"cudnn": True, "pallas": True}, "cudnn"),
+    ({"cudnn": False, "pallas": True}, "pallas"), ({"cudnn": False, "pallas": None}, "pallas"),
+    ({"cudnn": False, "pallas": False}, "cudnn")])
+def test_g1_steps_take_pallas_when_kern_finds_cudnn_wrong(tmp_path, verdict, kernel):
+  (tmp_path / "out").mkdir()
+  rows = [{"part": "g1", "who": "ours"}] + ([{"part": "kern", "verdict": verdict}] if verdict
+                                            else [])
+  (tmp_path / "out" / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  result = subprocess.run(["bash", str(SCRIPT), "_fused_impl"], capture_output=True, text=True,
+                          env=check_env(tmp_path), timeout=60, check=True)
+  assert result.stdout.strip() == kernel
+
+
+def test_ab_summary_applies_the_plans_decision_rules(tmp_path):
+  g1 = dict(part="g1", who="ours", mfu=0.30, tokens_per_s=1.0, first_step_s=30.0)
+  records = [
+      {"part": "kern", "step": "kern", "impl": "cudnn", "layout": "packed", "ok": False,
+       "errors": {"out": 0.5}},
+      {"part": "kern", "step": "kern", "verdict": {"cudnn": False, "pallas": True,
+                                                   "decode_pallas": True}},
+      {**g1, "step": "g1_xla", "median_s": 0.20, "loss_step0": 2.000, "compile_s": 40.0},
+      {**g1, "step": "g1_cudnn", "median_s": 0.10, "loss_step0": 2.010, "compile_s": 60.0,
+       "mfu": 0.40, "attention_impl": "pallas"},
+      {"part": "g1b", "who": "ours", "step": "g1b_cudnn", "error": "RESOURCE_EXHAUSTED",
+       "oom": True},
+      {"part": "g2", "who": "ours", "step": "g2_pallas", "tokens_per_s": 60000.0,
+       "frac_roofline": 0.30},
+      {"part": "g2", "who": "ours", "step": "g2_pallas_cb", "tokens_per_s": 90000.0,
+       "frac_roofline": 0.36},
+      {"part": "g2", "who": "ours", "step": "g2_xla", "tokens_per_s": 30000.0,
+       "frac_roofline": 0.12},
+      {**g1, "step": "g1_cudnn_at0", "median_s": 0.104, "compile_s": 24.0},
+      {**g1, "step": "g1_cudnn_file", "median_s": 0.10, "compile_s": 30.0,
+       "autotune_loaded": "/x/nvidia-h100-80gb-hbm3-jaxlib0.11.2.textproto"},
+  ]
+  (tmp_path / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  subprocess.run([sys.executable, str(GPU_PY), "--summarize", str(tmp_path)], check=True,
+                 timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  ab, targets = summary["headline"]["ab"], summary["targets"]
+  assert ab["kern"]["cudnn"] is False and ab["kern_failed"][0]["layout"] == "packed"
+  assert ab["g1"]["fused_over_xla"] == pytest.approx(2.0)
+  assert ab["g1"]["loss_step0_rel_diff"] == pytest.approx(0.005)
+  assert ab["g2"]["pallas_over_xla"] == pytest.approx(2.0)
+  assert ab["g2"]["command_buffers_over_pallas"] == pytest.approx(1.5)
+  assert ab["compile"]["autotuning_share_of_compile"] == pytest.approx(0.6)
+  assert ab["compile"]["loaded_over_full"] == pytest.approx(0.5)
+  assert targets == {"g1_ahead_of_torch_compile": True, "g1_mfu_ge_35pct": True,
+                     "g1_fused_loss_matches_xla": True, "g1b_32x1024_runs": False,
+                     "g2_roofline_ge_35pct": True, "autotune_level0_for_gpu_tests": True}
+  assert "g1" not in summary["headline"]  # the ab records are not read as the bench group's
+
+
+@pytest.mark.slow
+def test_tiny_run_goes_through_every_path_of_the_one_call(tmp_path):
+  """`gpu.py --tiny --parts kern,g1,g2` with the Pallas kernels (interpret mode) and profiles,
+  as GPU_PLAN §3 asks before a call: no error; cuDNN skipped off a GPU, said so."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+  result = subprocess.run([sys.executable, str(GPU_PY), "--tiny", "--parts", "kern,g1,g2",
+                           "--attention", "pallas", "--decode-attention", "pallas",
+                           "--profile", str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = json_lines(result.stdout)
+  assert not [r for r in records if "error" in r], records
+  kern = [r for r in records if r["part"] == "kern"]
+  assert all("GPU" in r["skipped"] for r in kern if r.get("impl") == "cudnn")
+  verdict = kern[-1]["verdict"]
+  assert verdict["cudnn"] is None and verdict["decode_pallas"] is True
+  assert verdict["pallas"] is True or all(  # or not built yet, said so
+      "not built" in r["skipped"] for r in kern if r.get("impl") == "pallas")
+  (g1,) = [r for r in records if r["part"] == "g1"]
+  (g2,) = [r for r in records if r["part"] == "g2"]
+  assert g1["attention_impl"] == "pallas" and "loss_step0" in g1 and "compile_s" in g1
+  assert g2["decode_attention"] == "pallas" and g2["tokens_per_s"] > 0
+  for part in ("g1", "g2"):
+    assert (tmp_path / f"profile_{part}.json.gz").stat().st_size > 0
