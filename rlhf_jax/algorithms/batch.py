@@ -227,12 +227,11 @@ def response_logprobs(model, params, batch: RolloutBatch, *, with_entropy: bool 
 
 def response_values(critic, params, batch: RolloutBatch, *,
                     packed: PackedRows | None = None) -> jax.Array:
-  """V(s_t) before each response token ([B, R]; the critic reads the same inputs,
-  padded or packed)."""
-  tokens, attention, num_last = response_logits_inputs(batch)
-  layout = {} if packed is not None else {"attention_mask": attention}
-  values = critic.apply(params, tokens, method=lm_head.token_values, num_last=num_last,
-                        packed=packed, **layout)
+  """V(s_t) before each response token ([B, R]; the critic reads the same inputs as
+  the policy, all P + R tokens, padded or packed)."""
+  layout = {} if packed is not None else {"attention_mask": batch.attention_mask}
+  values = critic.apply(params, batch.tokens, method=lm_head.token_values,
+                        num_last=batch.response_length, packed=packed, **layout)
   return values * batch.response_mask
 
 

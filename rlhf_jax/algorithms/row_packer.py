@@ -2,8 +2,8 @@
 prepare's and every micro-batch's of the updates), and the padding they remove.
 
 The plans are made on the host from the rows' prompt and response lengths
-(`models.packing`); buffer counts are rounded up to a multiple of an eighth of the
-rows they hold, so a run compiles at most eight shapes of each program.
+(`models.packing`); buffer counts are rounded up to one of three buckets
+(`packing.buffer_buckets`), so a run compiles at most three shapes of each program.
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ import numpy as np
 from rlhf_jax import parallel
 
 from rlhf_jax.models import packing
-
-# Buffer counts come in multiples of 1/BUCKETS of the rows packed: ≤ BUCKETS shapes.
-BUCKETS = 8
 
 
 class RowPacker:
@@ -54,10 +51,9 @@ class BatchPacking:
     rows = len(lengths)
     starts, ends = packing.row_spans(prompt_lengths, lengths, prompt_width)
     self.real_tokens = int(np.sum(ends - starts))
-    self.row_width = prompt_width + response_width - 1
+    self.row_width = prompt_width + response_width
     self.padded_tokens = rows * self.row_width
-    self._whole = packing.batch_plan(prompt_lengths, lengths, bucket=_bucket(rows),
-                                     **self.widths)
+    self._whole = packing.batch_plan(prompt_lengths, lengths, **self.widths)
     self._update_slots = None
 
   def whole_batch(self) -> packing.PackedRows:
@@ -67,10 +63,9 @@ class BatchPacking:
   def update_plan(self, orders: np.ndarray) -> packing.PackedRows:
     """The buffers of every micro-batch of an update whose epochs visit the rows in
     `orders` [E, B] (host arrays; `TrainedRole.update`'s packer)."""
-    rows_per_micro = len(self.lengths) // (self.minibatches * self.micro_batches)
     plan = packing.update_plan(orders, self.prompt_lengths, self.lengths,
                                minibatches=self.minibatches, micro_batches=self.micro_batches,
-                               bucket=_bucket(max(rows_per_micro, 1)), **self.widths)
+                               **self.widths)
     self._update_slots = plan.source.size // orders.shape[0]  # buffer tokens per epoch
     return plan
 
@@ -85,7 +80,3 @@ class BatchPacking:
       out["packing/padding_fraction_update"] = packing.padding_fraction(
           self.real_tokens, self._update_slots)
     return out
-
-
-def _bucket(rows: int) -> int:
-  return max(1, -(-rows // BUCKETS))

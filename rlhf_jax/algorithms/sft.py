@@ -74,6 +74,6 @@ def supervised_batches(rows, *, batch_size: int, seed: int, prompt_length: int,
     return batch, packing_lib.batch_plan(
         np.array([len(r.prompt_ids) for r in picked]),
         np.array([len(r.response_ids) for r in picked]), prompt_width=prompt_length,
-        response_width=response_length, bucket=max(1, batch_size // 8))
+        response_width=response_length)
 
   return make_batch

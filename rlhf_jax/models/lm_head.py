@@ -12,25 +12,27 @@ from rlhf_jax.models.packing import PackedRows
 from rlhf_jax.models.packing import response_hidden
 
 
-def token_logprobs(module, tokens: jax.Array, targets: jax.Array, *, chunk: int = 0,
+def token_logprobs(module, tokens: jax.Array, *, num_last: int, chunk: int = 0,
                    with_entropy: bool = False, packed: PackedRows | None = None, **forward):
   """A `DecoderLM` method (pass as `FunctionalModel.apply(..., method=token_logprobs)`):
-  log-probs of `targets` under the model, from the last `targets.shape[1]` positions.
+  log-probs of the last `num_last` tokens of each row under the model, each from the
+  state before it (the forward runs on all of `tokens`: `packing.response_hidden`).
 
   Args:
     module: the merged `DecoderLM` (LM head).
-    tokens: [B, T] input ids.
-    targets: [B, T'] ids predicted by the last T' positions (T' ≤ T).
+    tokens: [B, W] ids, whole rows (W = P + R).
+    num_last: R, the scored tokens at the end of each row (R < W).
     chunk: tokens per chunk of the LM head (`chunked_token_logprobs`); 0 applies the
-      head to all positions at once ([B, T', V] logits).
+      head to all positions at once ([B, R, V] logits).
     with_entropy: also return the entropy per position.
     packed: run the forward on the rows packed into buffers (`models.packing`).
-    **forward: other `DecoderLM.__call__` arguments (attention_mask of padded rows).
+    **forward: other `DecoderLM.__call__` arguments (attention_mask [B, W] of padded
+      rows).
   Returns:
-    logprobs [B, T'] float32 (and entropy [B, T'] when `with_entropy`).
+    logprobs [B, R] float32 (and entropy [B, R] when `with_entropy`).
   """
-  hidden = response_hidden(module, tokens, num_last=targets.shape[1], packed=packed,
-                           **forward)
+  targets = tokens[:, -num_last:]
+  hidden = response_hidden(module, tokens, num_last=num_last, packed=packed, **forward)
   if chunk:
     return chunked_token_logprobs(hidden, module.lm_head_matrix(), targets, chunk=chunk,
                                   with_entropy=with_entropy,
@@ -43,8 +45,9 @@ def token_logprobs(module, tokens: jax.Array, targets: jax.Array, *, chunk: int 
 
 def token_values(module, tokens: jax.Array, *, num_last: int,
                  packed: PackedRows | None = None, **forward) -> jax.Array:
-  """A scalar-head `DecoderLM` method: values [B, num_last] (float32) at the last
-  `num_last` positions, padded or packed (`token_logprobs`'s arguments)."""
+  """A scalar-head `DecoderLM` method: values [B, num_last] (float32) of the states
+  before each of the last `num_last` tokens of the rows [B, W], padded or packed
+  (`token_logprobs`'s arguments)."""
   return module.project(response_hidden(module, tokens, num_last=num_last, packed=packed,
                                         **forward))
 
@@ -54,18 +57,17 @@ def rows_logprobs(model, params, tokens: jax.Array, attention_mask: jax.Array,
                   packed: PackedRows | None = None):
   """log π(y_t | x, y_<t) of the response tokens of rows laid out as the rollout batch
   (`algorithms.batch`): tokens and attention_mask [B, P+R], prompt left-padded, response
-  right-padded in the last R = response_mask.shape[1] columns. The last token is dropped
-  from the input (it predicts nothing scored). With `packed`, from the rows packed into
-  buffers. Used by the trainer's forwards and by a sampling server's reference
-  (sampling/reference.py).
+  right-padded in the last R = response_mask.shape[1] columns. The forward runs on all
+  P + R tokens (even, aligned lengths for fused attention kernels) and reads the states
+  at [P − 1, P + R − 1). With `packed`, from the rows packed into buffers. Used by the
+  trainer's forwards and by a sampling server's reference (sampling/reference.py).
 
   Returns:
     logprobs [B, R] (and entropy [B, R] when `with_entropy`), float32, 0 where
     `response_mask` is 0.
   """
-  response_length = response_mask.shape[1]
-  layout = {} if packed is not None else {"attention_mask": attention_mask[:, :-1]}
-  out = model.apply(params, tokens[:, :-1], method=token_logprobs,
-                    targets=tokens[:, -response_length:], chunk=model.config.logprob_chunk,
-                    with_entropy=with_entropy, packed=packed, **layout)
+  layout = {} if packed is not None else {"attention_mask": attention_mask}
+  out = model.apply(params, tokens, method=token_logprobs, num_last=response_mask.shape[1],
+                    chunk=model.config.logprob_chunk, with_entropy=with_entropy,
+                    packed=packed, **layout)
   return tuple(x * response_mask for x in out) if with_entropy else out * response_mask

@@ -9,14 +9,17 @@ the hidden states that predict response tokens are gathered back into the [B, R]
 layout, so log-probs, values and every kernel downstream see the padded shapes.
 
 The plan is made on the host from the row lengths (first-fit decreasing), in numpy;
-its arrays go to the device with the batch. Buffer counts are rounded up to a
-bucket so a run compiles a bounded number of shapes (verl, OpenRLHF and slime remove
-padding the same way; they balance micro-batches by tokens as `split_rows` does).
+its arrays go to the device with the batch. Buffer counts are rounded up to one of
+three buckets (`buffer_buckets`) so each packed program compiles at most three shapes
+(verl, OpenRLHF and slime remove padding the same way; they balance micro-batches by
+tokens as `split_rows` does).
 
-Spans: a row's segment covers input columns [P − prompt_len, P − 1 + response_len)
-of the forward's inputs (`tokens[:, :-1]`): the prompt's real tokens and every
-response token but the last, whose hidden state predicts nothing we score. The
-hidden state at input column P − 1 + t predicts response token t.
+Spans: a row's segment covers columns [P − prompt_len, P + response_len) of the
+whole row (`tokens`, [b, P + R]): the prompt's real tokens and every response
+token. The last one predicts nothing we score, but it is causally after everything
+that is scored, so it changes no hidden state that is read; it keeps the forwards'
+lengths even (`PACK_ALIGN`). The hidden state at column P − 1 + t predicts response
+token t.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+# Tokens per buffer are a multiple of this (of the power of two ≥ P + R for shorter
+# rows): cuDNN's flash attention refuses odd lengths, Pallas kernels want whole blocks
+# (of min(block, C) tokens), and GEMMs run on aligned row counts.
+PACK_ALIGN = 128
 
 
 @flax.struct.dataclass
@@ -53,13 +61,30 @@ class PackedRows:
 
 def row_spans(prompt_lengths: np.ndarray, response_lengths: np.ndarray, prompt_width: int
               ) -> tuple[np.ndarray, np.ndarray]:
-  """(start, end) input columns of each row's segment; end − start is its token count
-  (0 for a row without response tokens)."""
+  """(start, end) columns of each row's segment in the [P + R] row; end − start is
+  its token count, prompt_len + response_len (0 for a row without response tokens)."""
   prompt_lengths = np.asarray(prompt_lengths, np.int64)
   response_lengths = np.asarray(response_lengths, np.int64)
   start = prompt_width - prompt_lengths
-  end = np.where(response_lengths > 0, prompt_width - 1 + response_lengths, start)
+  end = np.where(response_lengths > 0, prompt_width + response_lengths, start)
   return start, end
+
+
+def buffer_capacity(row_width: int) -> int:
+  """C: tokens per buffer for rows of `row_width` (P + R) tokens: rounded up to a
+  multiple of PACK_ALIGN, or, for rows shorter than that, to a power of two (short
+  rows would otherwise pay for up to PACK_ALIGN slots a buffer). A whole row fits;
+  packed forwards cost ≤ C / (P + R) of the padded ones in the worst case (a full
+  batch), < 1.125 for P + R ≥ 1024."""
+  align = min(PACK_ALIGN, 1 << max(row_width - 1, 0).bit_length())
+  return -(-row_width // align) * align
+
+
+def most_buffers(rows: int, row_width: int, capacity: int) -> int:
+  """Buffers that always suffice for `rows` rows of ≤ `row_width` tokens: first-fit
+  opens a bin only when every open one holds ≥ ⌊C / row_width⌋ rows (a bin with
+  fewer has room for any row)."""
+  return max(1, -(-rows // max(1, capacity // row_width)))
 
 
 def first_fit_decreasing(sizes: np.ndarray, capacity: int) -> list[list[int]]:
@@ -94,9 +119,25 @@ def split_rows(sizes: np.ndarray, parts: int) -> list[list[int]]:
   return [sorted(group) for group in groups]
 
 
-def bucketed(count: int, bucket: int) -> int:
-  """`count` rounded up to a multiple of `bucket` (at least one bucket)."""
-  return max(1, -(-count // bucket)) * bucket
+def buffer_buckets(most: int) -> tuple[int, ...]:
+  """The buffer counts a packed forward compiles for: ⌈N/4⌉, ⌈N/2⌉ and N, where N =
+  `most` (the count that always suffices, `most_buffers`); fewer if they coincide.
+
+  Three shapes per program (each a full compile, and on a GPU an autotuning pass) for
+  bounded padding: a need k > N/4 gets at most 2k buffers, and a need k ≤ N/4 gets
+  ⌈N/4⌉, a quarter of the padded forward's worst case.
+  """
+  return tuple(sorted({max(1, -(-most // 4)), max(1, -(-most // 2)), max(1, most)}))
+
+
+def bucketed(needed: int, most: int) -> int:
+  """The buffer count for a need of `needed`: the smallest of `buffer_buckets(most)`
+  that holds it; a need above N (a micro-batch whose token-balanced rows outnumber
+  its share, `update_plan`) rounds up to a multiple of N."""
+  for count in buffer_buckets(most):
+    if needed <= count:
+      return count
+  return -(-needed // most) * most
 
 
 def plan_rows(rows: list[int], starts: np.ndarray, ends: np.ndarray, *, num_rows: int,
@@ -106,9 +147,9 @@ def plan_rows(rows: list[int], starts: np.ndarray, ends: np.ndarray, *, num_rows
 
   Args:
     rows: the rows to pack (indices < num_rows); the others get response_index −1.
-    starts: every row's first input column (`row_spans`).
+    starts: every row's first column (`row_spans`).
     ends: every row's end column, exclusive.
-    width: W, input columns per row (P + R − 1).
+    width: W, columns per row (P + R).
     prompt_width: P.
     response_width: R.
     capacity: C, tokens per buffer (≥ the longest span).
@@ -133,7 +174,7 @@ def plan_rows(rows: list[int], starts: np.ndarray, ends: np.ndarray, *, num_rows
       source[k, span] = row * width + np.arange(starts[row], ends[row])
       positions[k, span] = np.arange(count)
       segments[k, span] = row + 1
-      responses = count - (prompt_width - 1 - starts[row])  # = response length
+      responses = count - (prompt_width - starts[row])  # = response length
       first = k * capacity + offset + (prompt_width - 1 - starts[row])
       response_index[row, :responses] = first + np.arange(responses)
       offset += count
@@ -142,32 +183,36 @@ def plan_rows(rows: list[int], starts: np.ndarray, ends: np.ndarray, *, num_rows
 
 
 def batch_plan(prompt_lengths: np.ndarray, response_lengths: np.ndarray, *, prompt_width: int,
-               response_width: int, bucket: int) -> PackedRows:
+               response_width: int) -> PackedRows:
   """All rows of a batch in one set of buffers (the forwards of `prepare`), the buffer
-  count rounded up to a multiple of `bucket`; host (numpy) arrays."""
+  count one of `buffer_buckets`; host (numpy) arrays."""
   starts, ends = row_spans(prompt_lengths, response_lengths, prompt_width)
   rows = list(range(len(starts)))
-  width = prompt_width + response_width - 1
-  needed = len(first_fit_decreasing(ends - starts, width))
+  width = prompt_width + response_width
+  capacity = buffer_capacity(width)
+  needed = len(first_fit_decreasing(ends - starts, capacity))
+  buffers = bucketed(needed, most_buffers(len(rows), width, capacity))
   return PackedRows(**plan_rows(rows, starts, ends, num_rows=len(rows), width=width,
                                 prompt_width=prompt_width, response_width=response_width,
-                                capacity=width, buffers=bucketed(needed, bucket)))
+                                capacity=capacity, buffers=buffers))
 
 
 def update_plan(orders: np.ndarray, prompt_lengths: np.ndarray, response_lengths: np.ndarray,
                 *, prompt_width: int, response_width: int, minibatches: int,
-                micro_batches: int, bucket: int) -> PackedRows:
+                micro_batches: int) -> PackedRows:
   """Buffers for every micro-batch of an update: leading axes [E, M, U].
 
   Epoch e's mini-batch m holds rows `orders[e, m·b:(m+1)·b]` (b = B / M, local
   indices 0..b−1 in that order); its rows are split into U micro-batches of
   near-equal token counts (`split_rows`), each packed into the same K buffers
-  (the largest need of the step, rounded up to a multiple of `bucket`).
+  (the largest need of the step, bucketed by `bucketed` against the buffers that
+  always suffice for a micro-batch's share of b / U rows).
   """
   epochs, rows = orders.shape
   per_mini = rows // minibatches
   starts, ends = row_spans(prompt_lengths, response_lengths, prompt_width)
-  width = prompt_width + response_width - 1
+  width = prompt_width + response_width
+  capacity = buffer_capacity(width)
   groups = []
   for order in orders:
     for m in range(minibatches):
@@ -175,11 +220,13 @@ def update_plan(orders: np.ndarray, prompt_lengths: np.ndarray, response_lengths
       local_starts, local_ends = starts[members], ends[members]
       for group in split_rows(local_ends - local_starts, micro_batches):
         groups.append((group, local_starts, local_ends))
-  needed = max(len(first_fit_decreasing(e[g] - s[g], width)) if g else 0
+  needed = max(len(first_fit_decreasing(e[g] - s[g], capacity)) if g else 0
                for g, s, e in groups)
+  share = -(-per_mini // micro_batches)
+  buffers = bucketed(needed, most_buffers(share, width, capacity))
   plans = [plan_rows(g, s, e, num_rows=per_mini, width=width, prompt_width=prompt_width,
-                     response_width=response_width, capacity=width,
-                     buffers=bucketed(needed, bucket)) for g, s, e in groups]
+                     response_width=response_width, capacity=capacity, buffers=buffers)
+           for g, s, e in groups]
   stacked = {key: np.stack([p[key] for p in plans]).reshape(
       epochs, minibatches, micro_batches, *plans[0][key].shape) for key in plans[0]}
   return PackedRows(**stacked)
@@ -203,13 +250,16 @@ def unpack_responses(hidden: jax.Array, packed: PackedRows) -> jax.Array:
 
 def response_hidden(module, tokens: jax.Array, *, num_last: int,
                     packed: PackedRows | None = None, **forward) -> jax.Array:
-  """A `DecoderLM`'s final-normed hidden states at the last `num_last` input columns
-  ([b, R, E]): from the padded rows, or from their packed buffers when `packed` is
-  given (then `forward` may hold only arguments that do not describe the rows'
-  layout)."""
+  """A `DecoderLM`'s final-normed hidden states that predict the last `num_last`
+  tokens of the rows `tokens` [b, W] (W = P + R, R = num_last): columns
+  [W − R − 1, W − 1), [b, R, E]. The forward runs on all W tokens (an even, aligned
+  length; the last token is causally after every state read). From the padded rows
+  (`forward` holds their attention_mask [b, W]), or from their packed buffers when
+  `packed` is given (then `forward` may hold only arguments that do not describe the
+  rows' layout)."""
   if packed is None:
-    hidden, _ = module(tokens, num_last=num_last, apply_head=False, **forward)
-    return hidden
+    hidden, _ = module(tokens, num_last=num_last + 1, apply_head=False, **forward)
+    return hidden[:, :-1]
   hidden, _ = module(pack_inputs(tokens, packed), positions=packed.positions,
                      segment_ids=packed.segments, attention_mask=packed.segments > 0,
                      apply_head=False, **forward)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlhf_jax import kernels
 from rlhf_jax import models
 from rlhf_jax.algorithms import batch as batch_lib
 from rlhf_jax.models import lm_head
@@ -118,3 +119,70 @@ def test_chunking_shrinks_the_compiled_temporaries():
   chunked = temp_bytes(models.with_numerics(model, logprob_chunk=64))
   assert unchunked > logits_bytes  # the unchunked program holds the full logits
   assert chunked < unchunked - logits_bytes / 2
+
+
+def old_forward(model, params, batch, chunk=0, head="lm"):
+  """The forward as it was before even lengths, written from `DecoderLM.__call__`: the
+  rows without their last token ([B, P + R − 1]), the head on the last R states."""
+  response = batch.response_length
+  hidden, _ = model.apply(params, batch.tokens[:, :-1], num_last=response, apply_head=False,
+                          attention_mask=batch.attention_mask[:, :-1])
+  mask = batch.response_mask
+  if head == "scalar":
+    return model.apply(params, hidden, method=lambda m, h: m.project(h)) * mask
+  targets = batch.tokens[:, -response:]
+  if chunk:
+    lp, ent = model.apply(params, hidden, method=lambda m, h: lm_head.chunked_token_logprobs(
+        h, m.lm_head_matrix(), targets, chunk=chunk, with_entropy=True,
+        precision=m.config.precision))
+  else:
+    logits = model.apply(params, hidden, method=lambda m, h: m.project(h))
+    lp, ent = kernels.token_logprobs(logits, targets), kernels.entropy_from_logits(logits)
+  return lp * mask, ent * mask
+
+
+def new_forward(model, params, batch, chunk=0, head="lm"):
+  if head == "scalar":
+    return batch_lib.response_values(model, params, batch)
+  return batch_lib.response_logprobs(models.with_numerics(model, logprob_chunk=chunk), params,
+                                     batch, with_entropy=True)
+
+
+@pytest.mark.parametrize("head,chunk", [("lm", 0), ("lm", 5), ("scalar", 0)])
+def test_even_length_forward_equals_the_old_one_and_so_do_its_gradients(head, chunk):
+  """The forward on all P + R tokens (P + R even here, the old one odd) gives the old
+  log-probs, entropy, values and parameter gradients, in float32."""
+  model, params = models.init_model(CONFIG.replace(tie_embeddings=False), seed=5, head=head)
+  batch = rollout_batch(np.random.default_rng(3), rows=4, prompt=5, response=7)
+  weights = jnp.asarray(np.random.default_rng(4).normal(size=(4, 7)), jnp.float32)
+
+  def loss(forward, p):
+    out = forward(model, p, batch, chunk=chunk, head=head)
+    outs = (out,) if head == "scalar" else out
+    return sum(jnp.sum(weights * x) * (i + 1) for i, x in enumerate(outs)), out
+
+  (_, want), want_grad = jax.jit(jax.value_and_grad(
+      lambda p: loss(old_forward, p), has_aux=True))(params)
+  (_, got), got_grad = jax.jit(jax.value_and_grad(
+      lambda p: loss(new_forward, p), has_aux=True))(params)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-6),
+               got, want)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-6),
+               got_grad, want_grad)
+
+
+def test_the_forwards_run_on_whole_rows(monkeypatch):
+  """Padded rows: the forward sees all P + R tokens (even here; it was P + R − 1)."""
+  seen = []
+  call = models.DecoderLM.__call__
+
+  def recording(self, tokens, **kwargs):
+    seen.append(tokens.shape)
+    return call(self, tokens, **kwargs)
+
+  monkeypatch.setattr(models.DecoderLM, "__call__", recording)
+  batch = rollout_batch(np.random.default_rng(0), rows=2, prompt=5, response=7)
+  for head in ("lm", "scalar"):
+    model, params = models.init_model(CONFIG, seed=0, head=head)
+    new_forward(model, params, batch, head=head)
+  assert seen == [(2, 12), (2, 12)]

@@ -250,7 +250,8 @@ def test_a_packed_update_equals_the_padded_one(micro_batches):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
                packed.params, padded.params)
   figures = packing.metrics()
-  assert figures["packing/padding_fraction_prepare"] < figures[
+  # 8 rows of 16 tokens (77 real) need ≥ 5 buffers of 16, so get the bucket of 8
+  assert figures["packing/padding_fraction_prepare"] <= figures[
       "packing/padding_fraction_padded"]
   assert figures["packing/padding_fraction_update"] <= figures[
       "packing/padding_fraction_padded"]
