@@ -204,13 +204,6 @@ def encode_pairs(tokenizer, prompts: Sequence[str], responses: Sequence[str], *,
       response_length=response_length, pad_id=tokenizer.pad_id)
 
 
-def response_logits_inputs(batch: RolloutBatch) -> tuple[jax.Array, jax.Array, int]:
-  """(tokens, attention_mask, num_last) for a forward pass whose last R outputs
-  predict the R response tokens: the last input token is dropped (it predicts
-  nothing we score)."""
-  return batch.tokens[:, :-1], batch.attention_mask[:, :-1], batch.response_length
-
-
 def response_logprobs(model, params, batch: RolloutBatch, *, with_entropy: bool = False,
                       packed: PackedRows | None = None):
   """log π(y_t | x, y_<t) of the response tokens, and optionally the entropy, with the

@@ -24,7 +24,7 @@ from rlhf_jax.algorithms import qsharp
 from rlhf_jax.optim import fit
 from rlhf_jax.optim import make_optimizer
 from rlhf_jax.algorithms.batch import build_rollout_batch
-from rlhf_jax.algorithms.batch import response_logits_inputs
+from rlhf_jax.models.packing import response_hidden
 from rlhf_jax.parallel import run_in_chunks
 from rlhf_jax.sampling import SamplingParams
 
@@ -78,10 +78,9 @@ def guide_data(model, params, rows, responses, switches, returns, *, prompt_leng
                               prompt_length=prompt_length, response_length=response_length,
                               pad_id=pad_id, window_starts=list(switches))
 
-  def hidden_states(p, b):
-    tokens, attention, num_last = response_logits_inputs(b)
-    return model.apply(p, tokens, attention_mask=attention, num_last=num_last,
-                       with_hidden=True)[2]
+  def hidden_states(p, b):  # the forward on whole rows (even lengths), as the trainer's
+    return model.apply(p, b.tokens, method=response_hidden, num_last=b.response_length,
+                       attention_mask=b.attention_mask)
 
   forward = jax.jit(hidden_states)
   hidden = run_in_chunks(lambda b: forward(params, b), [batch], chunk)
