@@ -200,6 +200,8 @@ prepare() {
   echo "device call (tool 'run', kind nvidia-h100-x1, timeout_s 600):"
   echo "  carry: $CARRY"
   echo "  command: $RUN_COMMAND"
+  echo "  (issue 35's one call: bash scripts/gpu_check.sh run env ab; after it, copy the returned"
+  echo "   autotune/*.textproto into benchmarks/autotune/ and jax_cache.tgz into .gpu/)"
   return "$failed"
 }
 
@@ -446,7 +448,7 @@ after_step() {  # copy what a step left (also after a timeout)
 }
 
 restore_cache() {  # the compile cache a previous call brought back (.gpu/jax_cache.tgz, carried)
-  local tgz="$ROOT/.gpu/jax_cache.tgz" start=$SECONDS
+  local tgz="${RLHF_JAX_GPU_CACHE_TGZ:-$ROOT/.gpu/jax_cache.tgz}" start=$SECONDS
   [ -f "$tgz" ] || return 0
   if tar -xzf "$tgz" -C "$WORK" 2>> "$LOGS/cache.txt"; then
     record cache_restore ok 0 $((SECONDS - start)) 0 "$(ls "$CACHE" | wc -l) entries"
@@ -511,7 +513,7 @@ run_check() {
       --dry-run) dry=1 ;;
       --test-autotune-level=[0-4]) export RLHF_JAX_GPU_TEST_AUTOTUNE_LEVEL="${arg#*=}" ;;
       --test-autotune-level=*) echo "gpu_check: $arg: the level is 0..4" >&2; return 2 ;;
-      -h|--help) sed -n '2,28p' "$SELF"; return 0 ;;
+      -h|--help) sed -n '2,39p' "$SELF"; return 0 ;;
       *) WANT+=("$arg") ;;
     esac
   done
@@ -581,5 +583,5 @@ case "${1:-}" in
   run) shift; run_check "$@" ;;
   _step) shift; setup_run_env; do_step "$@" ;;
   _fused_impl) setup_run_env; fused_impl ;;  # for the tests: the G1 steps' kernel from kern
-  *) sed -n '2,28p' "$SELF"; exit 2 ;;
+  *) sed -n '2,39p' "$SELF"; exit 2 ;;
 esac

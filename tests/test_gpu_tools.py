@@ -281,3 +281,23 @@ def test_tiny_run_goes_through_every_path_of_the_one_call(tmp_path):
   assert g2["decode_attention"] == "pallas" and g2["tokens_per_s"] > 0
   for part in ("g1", "g2"):
     assert (tmp_path / f"profile_{part}.json.gz").stat().st_size > 0
+
+
+def test_compile_cache_comes_back_and_is_restored(tmp_path):
+  """The cache a call packs into $OUT is what the next call (carrying it) starts from."""
+  import tarfile
+  seed = tmp_path / "seed" / "jax_cache"
+  seed.mkdir(parents=True)
+  (seed / "jit_step-abc123").write_bytes(b"x" * 1000)
+  archive = tmp_path / "carried.tgz"
+  with tarfile.open(archive, "w:gz") as tar:
+    tar.add(seed, arcname="jax_cache")
+  env = check_env(tmp_path, JAX_PLATFORMS="cpu", RLHF_JAX_GPU_CACHE_TGZ=str(archive))
+  subprocess.run(["bash", str(SCRIPT), "run", "env"], check=True, capture_output=True, env=env,
+                 timeout=300)
+  steps = {s["name"]: s for s in
+           json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]}
+  assert steps["cache_restore"]["status"] == "ok" and steps["cache_pack"]["status"] == "ok"
+  with tarfile.open(tmp_path / "out" / "jax_cache.tgz") as tar:
+    assert "jax_cache/jit_step-abc123" in tar.getnames()
+  assert len([p for p in (tmp_path / "out").rglob("*") if p.is_file()]) <= 8
