@@ -115,3 +115,101 @@ def test_a_rows_draw_depends_on_its_key_only():
   other_keys = jnp.concatenate([keys[:1], jax.random.split(jax.random.key(6), 5)])
   again = np.asarray(call(shuffled_logits, other_keys, 1.0)[0])
   assert first[0] == again[0]
+
+
+def inverse_cdf_float64(logits, uniform, temperature, keep):
+  """The draw from the formula, in float64: the first token v with
+  Σ_{w ≤ v} q_w > u, q ∝ exp(x / T) over the kept tokens. Also the distance from u to
+  the nearest CDF boundary (float32 rounding may flip draws that close)."""
+  scaled = logits.astype(np.float64) / temperature[:, None]
+  weights = np.where(keep, np.exp(scaled - scaled.max(-1, keepdims=True)), 0.0)
+  cdf = np.cumsum(weights, -1) / weights.sum(-1, keepdims=True)
+  tokens = np.sum(cdf <= uniform[:, None], -1)
+  margin = np.min(np.abs(cdf - uniform[:, None]), -1)
+  return tokens, margin
+
+
+def test_blocked_draw_is_the_float64_inverse_cdf():
+  """10⁴ rows over V = 1000 (25 blocks of 40), half of them top-k 50: the token u picks,
+  checked against a float64 inverse CDF written from the formula; every disagreement
+  is within float32 rounding of a CDF boundary, and they are rare."""
+  batch, vocab = 10000, 1000
+  rng = np.random.default_rng(7)
+  logits = (rng.standard_normal((batch, vocab)) * 3).astype(np.float32)
+  temperature = np.where(np.arange(batch) % 2 == 0, 1.0, 0.7).astype(np.float32)
+  top_k = np.where(np.arange(batch) % 4 < 2, 0, 50).astype(np.int32)
+  keys = jax.random.split(jax.random.key(11), batch)
+  uniform = np.asarray(jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys))
+  tokens, sampled, model = map(np.asarray, call(logits, keys, temperature, top_k=top_k))
+  scaled = logits / temperature[:, None]
+  kth = -np.sort(-scaled, -1)[:, 49:50]  # top-k, ties with the k-th value kept
+  keep = (scaled >= kth) | (top_k[:, None] == 0)
+  expected, margin = inverse_cdf_float64(logits, uniform, temperature, keep)
+  differ = tokens != expected
+  assert differ.mean() <= 1e-3, differ.sum()
+  assert np.all(margin[differ] < 1e-5), margin[differ]
+  assert np.all(keep[np.arange(batch), tokens])
+  log_softmax = lambda x: x - x.max(-1, keepdims=True) - np.log(
+      np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+  rows_ = np.arange(batch)
+  model_expected = log_softmax(logits.astype(np.float64))[rows_, tokens]
+  scaled = np.where(keep, logits.astype(np.float64) / temperature[:, None], -np.inf)
+  sampled_expected = log_softmax(scaled)[rows_, tokens]
+  np.testing.assert_allclose(model, model_expected, atol=2e-5)
+  np.testing.assert_allclose(sampled, sampled_expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.6, 0), (1.3, 5)])
+def test_draws_pass_a_chi_square_test(temperature, top_k):
+  """20 000 draws over V = 12 (3 blocks of 4): Pearson's χ² against the tempered,
+  truncated softmax stays below its 0.999 quantile."""
+  scipy_stats = pytest.importorskip("scipy.stats")
+  vocab, draws = 12, 20000
+  base = np.linspace(-2.0, 1.0, vocab).astype(np.float32)[np.random.default_rng(0).permutation(vocab)]
+  keys = jax.random.split(jax.random.key(21), draws)
+  tokens = np.asarray(call(np.broadcast_to(base, (draws, vocab)), keys, temperature,
+                           top_k=top_k)[0])
+  keep = reference_keep(base / temperature, top_k, 1.0, 0.0)
+  probs = np.where(keep, np.exp((base - base.max()) / temperature), 0.0)
+  probs /= probs.sum()
+  counts = np.bincount(tokens, minlength=vocab)
+  assert np.all(counts[~keep] == 0)
+  expected = draws * probs[keep]
+  chi2 = np.sum((counts[keep] - expected) ** 2 / expected)
+  assert chi2 < scipy_stats.chi2.ppf(0.999, keep.sum() - 1), (chi2, counts, expected)
+
+
+def test_the_truncate_variant_draws_the_same_for_rows_that_need_none():
+  """truncate=True (some row needs top-k/top-p/min-p) and truncate=False give rows that
+  need none the same tokens and log-probs: their keep mask is all true by construction."""
+  logits = rows(5, batch=8, vocab=60)
+  keys = jax.random.split(jax.random.key(8), 8)
+  temperature = jnp.asarray([1.0, 0.5, 0.0, 1.0, 2.0, 1.0, 0.8, 1.0], jnp.float32)
+  top_k = jnp.asarray([0, 0, 3, 5, 0, 0, 0, 0], jnp.int32)
+  top_p = jnp.asarray([1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0], jnp.float32)
+  min_p = jnp.asarray([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3, 0.0], jnp.float32)
+  draw = jax.jit(sample_tokens, static_argnames="truncate")
+  both = [np.stack(draw(jnp.asarray(logits), keys, temperature=temperature, top_k=top_k,
+                        top_p=top_p, min_p=min_p, truncate=t)) for t in (False, True)]
+  plain = np.asarray([0, 1, 2, 4, 7])  # no truncation, or greedy
+  np.testing.assert_array_equal(both[0][:, plain], both[1][:, plain])
+  assert not np.array_equal(both[0][:, [3, 5, 6]], both[1][:, [3, 5, 6]])
+
+
+def test_greedy_ties_and_masked_tokens_across_blocks():
+  """The first maximal logit wins across blocks (jnp.argmax); tokens at −∞ (a logits
+  hook's mask), a whole block of them included, are never drawn."""
+  vocab = 36  # 6 blocks of 6
+  logits = np.zeros((4, vocab), np.float32)
+  logits[:, 20] = logits[:, 31] = 5.0
+  logits[:, :6] = -np.inf
+  logits[:, 9] = -np.inf
+  keys = jax.random.split(jax.random.key(2), 4)
+  tokens = np.asarray(call(logits, keys, 0.0)[0])
+  np.testing.assert_array_equal(tokens, 20)
+  many = 4000
+  keys = jax.random.split(jax.random.key(3), many)
+  tokens, sampled, model = map(np.asarray, call(np.broadcast_to(logits[0], (many, vocab)),
+                                                keys, 3.0))
+  assert not np.isin(tokens, [0, 1, 2, 3, 4, 5, 9]).any()
+  assert np.all(np.isfinite(sampled)) and np.all(np.isfinite(model))
