@@ -131,15 +131,28 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(config, (h, d), ("heads", "head_dim"))
       self.k_norm = RMSNorm(config, (k, d), ("kv_heads", "head_dim"))
 
-  def _project(self, x, kernel, bias_name):
-    dtype = self.config.jnp_dtype
+  def qkv(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [B,T,E] → q [B,T,H,D], k and v [B,T,K,D], as ONE GEMM: the three kernels (and
+    biases) are concatenated at use into [E, (H+2K)·D], so the parameter tree and the HF
+    conversion keep q_proj / k_proj / v_proj (LoRA merges into each before the forward),
+    while XLA sees one dot of N = (H+2K)·D instead of two with N = K·D (far below the
+    GEMM sizes that reach tensor-core peak)."""
+    config = self.config
+    dtype = config.jnp_dtype
     batch, time, embed = x.shape
-    _, heads, dim = kernel.shape
-    out = _dense(x, kernel[...].reshape(embed, heads * dim).astype(dtype),
-                 self.config.precision)
-    if self.config.qkv_bias:
-      out = out + getattr(self, bias_name)[...].reshape(1, 1, heads * dim).astype(dtype)
-    return out.reshape(batch, time, heads, dim)
+    kernels = (self.q_proj, self.k_proj, self.v_proj)
+    widths = [kernel.shape[1] * kernel.shape[2] for kernel in kernels]
+    fused = jnp.concatenate([kernel[...].astype(dtype).reshape(embed, width)
+                             for kernel, width in zip(kernels, widths)], axis=1)
+    out = _dense(x, fused, config.precision)
+    if config.qkv_bias:
+      bias = jnp.concatenate([getattr(self, name)[...].astype(dtype).reshape(width)
+                              for name, width in zip(("q_bias", "k_bias", "v_bias"), widths)])
+      out = out + bias.reshape(1, 1, -1)
+    q_end, k_end = widths[0], widths[0] + widths[1]
+    split = lambda part, kernel: part.reshape(batch, time, kernel.shape[1], kernel.shape[2])
+    return (split(out[..., :q_end], self.q_proj), split(out[..., q_end:k_end], self.k_proj),
+            split(out[..., k_end:], self.v_proj))
 
   def __call__(self, x, rope, token_mask, layer_cache, segment_ids, kind: LayerKind):
     """x [B,T,E]; rope: (cos, sin) tables [B,T,1,R] of every layer, then of sliding layers
@@ -148,13 +161,11 @@ class Attention(nnx.Module):
     values, valid, end, layer): this layer's keys [B,K,D,S] / values [B,K,S,D] with layer
     None, or the stacked [L,B,...] caches and this layer's `layer_scan.LayerSlot`; kind:
     this layer's window and RoPE."""
-    q = self._project(x, self.q_proj, "q_bias")
-    k = self._project(x, self.k_proj, "k_bias")
+    q, k, v = self.qkv(x)
     if self.config.qk_norm != "none":
       q, k = self.q_norm(q), self.k_norm(k)
     cos, sin = layer_rope(rope, kind.local_rope)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    v = self._project(x, self.v_proj, "v_bias")
     time = x.shape[1]
     if layer_cache is None:
       key_valid = token_mask
@@ -219,10 +230,18 @@ class MLP(nnx.Module):
     self.up_proj = param(rngs, (e, f), ("embed", "mlp"), config)
     self.down_proj = param(rngs, (f, e), ("mlp", "embed"), config)
 
+  def gate_up(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [..., E] → (gate, up) [..., F] as ONE GEMM on the kernels concatenated at use
+    into [E, 2F] (the parameter tree keeps gate_proj and up_proj)."""
+    dtype, width = self.config.jnp_dtype, self.gate_proj.shape[-1]
+    fused = jnp.concatenate([self.gate_proj[...].astype(dtype),
+                             self.up_proj[...].astype(dtype)], axis=1)
+    out = _dense(x, fused, self.config.precision)
+    return out[..., :width], out[..., width:]
+
   def __call__(self, x):
     dtype, precision = self.config.jnp_dtype, self.config.precision
-    gate = _dense(x, self.gate_proj[...].astype(dtype), precision)
-    up = _dense(x, self.up_proj[...].astype(dtype), precision)
+    gate, up = self.gate_up(x)
     if self.config.activation == "silu":
       gate = jax.nn.silu(gate)
     else:  # gelu_pytorch_tanh

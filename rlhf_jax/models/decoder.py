@@ -263,5 +263,6 @@ def lm_logits(hidden: jax.Array, head: jax.Array, precision: jax.lax.Precision |
   nats per token on average; tests/models/test_chunked_head.py). The trainer's chunked
   head, its unchunked head and the sampler all read their logits from here, so they
   agree with each other."""
-  logits = jnp.matmul(hidden, head, precision=precision, preferred_element_type=jnp.float32)
+  logits = jnp.matmul(hidden, head, precision=precision,
+                      preferred_element_type=jnp.promote_types(hidden.dtype, jnp.float32))
   return soft_cap(logits, softcap)
