@@ -5,21 +5,23 @@
     state, result = engine.generate(params, state)             # one token for every slot
 
 The decode state holds a preallocated KV cache of `num_slots` rows ×
-`cache_length` positions and, per slot, the next-token logits, the request's
-sampling parameters and its PRNG key. `generate` samples every active slot
-from its logits, then runs the model one step to get the next logits; finished
+`cache_length` positions and, per slot, the next token (drawn ahead: `insert`
+draws the first from the prefill's logits), the sampling parameters and PRNG key.
+`generate` emits each active slot's next token, runs the model one step on it and
+draws the one after from the fresh logits (no [S, V] logits carried); finished
 and empty slots ride along (fixed shapes) and emit nothing. The device decides
 when a slot is done (a stop token or `max_new_tokens`), so the host only has to
 read results, and `generate_steps` can run several steps per dispatch.
 
-Compilation: `prefill` and `insert` once per (prefill batch, prompt-length
-bucket), `generate` once per `num_steps`; nothing recompiles in steady state
-(`Engine.compilations()` counts them). The decode state is donated, so the
+Compilation: `prefill` once per (prefill batch, prompt-length bucket), `insert` once
+per prefix shape (one in all for `prefill_rows`' rows), `generate` once per
+`num_steps`; nothing recompiles in steady state (`Engine.compilations()` counts them). The decode state is donated, so the
 cache is updated in place.
 
 Randomness: sample i of a request with seed s draws its t-th token with
 key fold_in(fold_in(key(s), i), t), so its tokens do not depend on which slot
-it got or what else is in the batch.
+it got or what else is in the batch. Whether a draw may need truncation is tracked
+on the host and compiled in (`truncate`): a step holds no conditional.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from rlhf_jax.sampling.engine_state import Prefix
 from rlhf_jax.sampling.engine_state import SlotSampling
 from rlhf_jax.sampling.engine_state import StepResult
 from rlhf_jax.sampling.params import SamplingParams
-from rlhf_jax.sampling.token_sampling import sample_tokens
+from rlhf_jax.sampling.token_sampling import draw_for_slots
+from rlhf_jax.sampling.token_sampling import needs_truncation
 
 
 @dataclasses.dataclass
@@ -83,11 +86,14 @@ class Engine:
     newline[list(self.newline_token_ids)] = True
     self._newline = newline
     self._traces = collections.Counter()
-    self._prefill = jax.jit(self._prefill_impl)
-    self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
-    self._generate = jax.jit(self._generate_impl, static_argnums=(2,), donate_argnums=(1,))
+    self._prefill = jax.jit(self._prefill_impl, static_argnums=(3, 4))
+    self._insert = jax.jit(self._insert_impl, static_argnums=(5,), donate_argnums=(1,))
+    self._generate = jax.jit(self._generate_impl, static_argnums=(2, 3), donate_argnums=(1,))
     self._park = jax.jit(self._park_impl, donate_argnums=(0,))
-    self._resume = jax.jit(self._resume_impl, donate_argnums=(2,))
+    self._resume = jax.jit(self._resume_impl, static_argnums=(7,), donate_argnums=(2,))
+    # Host side, per slot: its draws may need truncation, for at most this many more steps.
+    self._truncating, self._steps_left = np.zeros((self.num_slots,), bool), np.zeros(
+        (self.num_slots,), np.int64)
 
   # ---------------------------------------------------------------- public API
 
@@ -107,7 +113,9 @@ class Engine:
                             self.slot_sampling(SamplingParams(), 0, seed=0))
     return DecodeState(
         cache=KVCache.create(self.model.config, slots, self.cache_length),
-        logits=jnp.zeros((slots, self.vocab_size), jnp.float32),
+        next_token=jnp.zeros((slots,), jnp.int32),
+        next_sampled_logprob=jnp.zeros((slots,), jnp.float32),
+        next_model_logprob=jnp.zeros((slots,), jnp.float32),
         last_token=jnp.full((slots,), -1, jnp.int32),
         generated=jnp.zeros((slots,), jnp.int32),
         active=jnp.zeros((slots,), bool),
@@ -154,6 +162,10 @@ class Engine:
     Returns:
       A Prefix.
     """
+    tokens, true_length = self._check_prompts(tokens, true_length)
+    return self._prefill(params, tokens, true_length, tokens.shape[1], False)
+
+  def _check_prompts(self, tokens, true_length) -> tuple[np.ndarray, np.ndarray]:
     tokens = np.asarray(tokens, np.int32)
     true_length = np.asarray(true_length, np.int32)
     if tokens.ndim != 2 or true_length.shape != tokens.shape[:1]:
@@ -164,7 +176,23 @@ class Engine:
                        f"{self.cache_length}.")
     if np.any(true_length < 1) or np.any(true_length > tokens.shape[1]):
       raise ValueError(f"true_length must be in [1, {tokens.shape[1]}]; got {true_length}.")
-    return self._prefill(params, tokens, true_length)
+    return tokens, true_length
+
+  def prefill_rows(self, params: Params, tokens, true_length, *, pad_to: int
+                   ) -> list[Prefix]:
+    """As `prefill`, but each prompt's row on its own, its KV padded to `pad_to` positions:
+    P Prefixes of one row ([1, ..., pad_to] KV, [1, V] logits), made in the same program.
+
+    Every row has one shape whatever the bucket and prefill batch, so one insert program
+    serves them all (fewer programs compile: each is autotuned on a GPU). `pad_to` is
+    at least the bucket length L and at most `cache_length`; positions past a prompt's
+    true length are never attended to (insert marks them invalid).
+    """
+    tokens, true_length = self._check_prompts(tokens, true_length)
+    if not tokens.shape[1] <= pad_to <= self.cache_length:
+      raise ValueError(f"pad_to={pad_to} must be in [bucket length {tokens.shape[1]}, "
+                       f"cache_length={self.cache_length}].")
+    return list(self._prefill(params, tokens, true_length, int(pad_to), True))
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *, row: int = 0,
              sampling: SlotSampling) -> DecodeState:
@@ -176,7 +204,8 @@ class Engine:
       raise ValueError(f"slot={slot} is outside [0, {self.num_slots}).")
     if not 0 <= row < prefix.logits.shape[0]:
       raise ValueError(f"row={row} is outside the prefix's {prefix.logits.shape[0]} rows.")
-    return self._insert(prefix, decode_state, np.int32(slot), np.int32(row), sampling)
+    return self._insert(prefix, decode_state, np.int32(slot), np.int32(row), sampling,
+                        self._track(slot, sampling))
 
   def park(self, decode_state: DecodeState, slot: int) -> tuple[DecodeState, ParkedRow]:
     """Takes the cache row of slot `slot`, whose sample finished with `keep_cache`, out
@@ -209,18 +238,31 @@ class Engine:
     if not 0 <= slot < self.num_slots:
       raise ValueError(f"slot={slot} is outside [0, {self.num_slots}).")
     return self._resume(params, parked, decode_state, np.int32(slot), tokens,
-                        np.int32(true_length), sampling)
+                        np.int32(true_length), sampling, self._track(slot, sampling))
 
   def generate(self, params: Params, decode_state: DecodeState
                ) -> tuple[DecodeState, StepResult]:
     """One decode step for every slot; the input state is donated."""
-    state, results = self._generate(params, decode_state, 1)
+    state, results = self.generate_steps(params, decode_state, 1)
     return state, jax.tree.map(lambda x: x[0], results)
 
   def generate_steps(self, params: Params, decode_state: DecodeState, num_steps: int
                      ) -> tuple[DecodeState, StepResult]:
-    """`num_steps` decode steps in one dispatch; results stacked as [num_steps, S]."""
-    return self._generate(params, decode_state, int(num_steps))
+    """`num_steps` decode steps in one dispatch; results stacked as [num_steps, S]. One
+    program per (num_steps, truncate): truncate while a sample that may still be drawing
+    asked for top-k / top-p / min-p (`_track`)."""
+    num_steps = int(num_steps)
+    truncate = bool(np.any(self._truncating & (self._steps_left > 0)))
+    self._steps_left -= num_steps
+    return self._generate(params, decode_state, num_steps, truncate)
+
+  def _track(self, slot: int, sampling: SlotSampling) -> bool:
+    """Records on the host whether slot `slot`'s new sample may need truncation, for at
+    most its max_new_tokens steps (it stops no later); returns it (its first draw's)."""
+    truncate = needs_truncation(sampling)
+    self._truncating[slot] = truncate
+    self._steps_left[slot] = int(np.max(np.asarray(sampling.max_new_tokens)))
+    return truncate
 
   # ---------------------------------------------------------------- jitted bodies
 
@@ -232,26 +274,41 @@ class Engine:
     logits, cache, hidden = self.model.apply(params.model, tokens, with_hidden=True, **kwargs)
     return self.logits_hook(params.guide, hidden, logits.astype(jnp.float32)), cache
 
-  def _prefill_impl(self, params, tokens, true_length):
+  def _prefill_impl(self, params, tokens, true_length, pad_to, split_rows):
     self._traces["prefill"] += 1
     batch, length = tokens.shape
     cache = KVCache.create(self.model.config, batch, length)
     mask = jnp.arange(length)[None, :] < true_length[:, None]
     logits, cache = self._logits(params, tokens, attention_mask=mask, cache=cache,
                                  head_positions=true_length - 1)
-    return Prefix(keys=cache.keys, values=cache.values, logits=logits.astype(jnp.float32),
-                  true_length=true_length)
+    # Keys hold positions last ([.., K, D, L]), values second to last ([.., K, L, D]).
+    pad = lambda x, axis: jnp.pad(x, [(0, pad_to - length) if a == x.ndim + axis else (0, 0)
+                                      for a in range(x.ndim)])
+    prefix = Prefix(keys=jax.tree.map(lambda k: pad(k, -1), cache.keys),
+                    values=jax.tree.map(lambda v: pad(v, -2), cache.values),
+                    logits=logits.astype(jnp.float32), true_length=true_length)
+    if not split_rows:
+      return prefix
+    batch_axis = 1 if cache.stacked else 0
+    return tuple(Prefix(
+        keys=jax.tree.map(lambda k: jax.lax.slice_in_dim(k, r, r + 1, axis=batch_axis),
+                          prefix.keys),
+        values=jax.tree.map(lambda v: jax.lax.slice_in_dim(v, r, r + 1, axis=batch_axis),
+                            prefix.values),
+        logits=prefix.logits[r:r + 1], true_length=true_length[r:r + 1])
+                 for r in range(batch))
 
-  def _insert_impl(self, prefix, state, slot, row, sampling):
+  def _insert_impl(self, prefix, state, slot, row, sampling, truncate):
     self._traces["insert"] += 1
     length = prefix.true_length[row]
     valid_row = jnp.arange(self.cache_length) < length
     return self._start_slot(state, slot, row, prefix.keys, prefix.values, valid_row, length,
-                            length, prefix.logits, sampling)
+                            length, prefix.logits, sampling, truncate)
 
   def _start_slot(self, state, slot, row, keys, values, valid_row, end, length, logits,
-                  sampling):
-    """Row `row` of (keys, values, logits) into slot `slot`, which starts sampling."""
+                  sampling, truncate):
+    """Row `row` of (keys, values) into slot `slot`, which starts sampling with its first
+    token drawn from row `row` of `logits`."""
 
     def put(buffer, rows, axis=0):  # rows[row] → buffer[slot] along the batch axis
       update = jax.lax.dynamic_index_in_dim(rows, row, axis).astype(buffer.dtype)
@@ -267,9 +324,15 @@ class Engine:
         valid=cache.valid.at[slot].set(valid_row),
         end=cache.end.at[slot].set(end),
         length=cache.length.at[slot].set(length))
+    first = draw_for_slots(jax.lax.dynamic_index_in_dim(logits, row, 0),
+                           jax.tree.map(lambda x: jnp.asarray(x)[None], sampling),
+                           jnp.zeros((1,), jnp.int32), jnp.full((1,), -1, jnp.int32),
+                           jnp.asarray(self._newline), truncate=truncate)
     return DecodeState(
         cache=cache,
-        logits=put(state.logits, logits),
+        next_token=state.next_token.at[slot].set(first[0][0]),
+        next_sampled_logprob=state.next_sampled_logprob.at[slot].set(first[1][0]),
+        next_model_logprob=state.next_model_logprob.at[slot].set(first[2][0]),
         last_token=state.last_token.at[slot].set(-1),
         generated=state.generated.at[slot].set(0),
         active=state.active.at[slot].set(True),
@@ -290,7 +353,8 @@ class Engine:
     sampling = state.sampling.replace(keep_cache=state.sampling.keep_cache.at[slot].set(False))
     return state.replace(cache=cache, sampling=sampling), parked
 
-  def _resume_impl(self, params, parked, state, slot, tokens, true_length, sampling):
+  def _resume_impl(self, params, parked, state, slot, tokens, true_length, sampling,
+                   truncate):
     self._traces["resume"] += 1
     mask = jnp.arange(tokens.shape[1])[None, :] < true_length
     logits, cache = self._logits(params, tokens, attention_mask=mask, cache=parked.cache(),
@@ -298,26 +362,15 @@ class Engine:
     # The next token goes right after the real new ones (padding positions are invalid).
     end = parked.end[0] + true_length
     return self._start_slot(state, slot, 0, cache.keys, cache.values, cache.valid[0], end,
-                            cache.length[0], logits, sampling)
+                            cache.length[0], logits, sampling, truncate)
 
-  def _generate_impl(self, params, state, num_steps):
-    self._traces[f"generate[{num_steps}]"] += 1
+  def _generate_impl(self, params, state, num_steps, truncate):
+    self._traces[f"generate[{num_steps}]" + ("+truncate" if truncate else "")] += 1
     newline = jnp.asarray(self._newline)
 
     def step(state, _):
       s = state.sampling
-      # FIRE (arXiv:2410.21236): the hot parameters at a sample's first token and,
-      # in every-line mode, after each token that ends a line.
-      after_newline = (state.last_token >= 0) & newline[jnp.maximum(state.last_token, 0)]
-      hot = s.fire & ((state.generated == 0) | (s.fire_every_line & after_newline))
-      keys = jax.vmap(lambda data, t: jax.random.fold_in(jax.random.wrap_key_data(data), t))(
-          s.key, state.generated)
-      tokens, sampled_logprobs, model_logprobs = sample_tokens(
-          state.logits, keys,
-          temperature=jnp.where(hot, s.fire_temperature, s.temperature),
-          top_k=jnp.where(hot, s.fire_top_k, s.top_k),
-          top_p=jnp.where(hot, 1.0, s.top_p),
-          min_p=jnp.where(hot, 0.0, s.min_p))
+      tokens = state.next_token  # drawn from the logits of the forward before
       emitted = state.active
       stopped = emitted & jnp.any(tokens[:, None] == s.stop_token_ids, axis=-1)
       generated = state.generated + emitted.astype(jnp.int32)
@@ -334,11 +387,14 @@ class Engine:
                                         jnp.where(held, old, 0))
       cache = cache.replace(end=keep(cache.end, state.cache.end),
                             length=keep(cache.length, state.cache.length))
-      new_state = DecodeState(cache=cache, logits=logits.astype(jnp.float32),
-                              last_token=jnp.where(emitted, tokens, state.last_token),
+      last_token = jnp.where(emitted, tokens, state.last_token)
+      # The token after, from the fresh logits: what the next step emits.
+      drawn = draw_for_slots(logits, s, generated, last_token, newline, truncate=truncate)
+      new_state = DecodeState(cache=cache, next_token=drawn[0], next_sampled_logprob=drawn[1],
+                              next_model_logprob=drawn[2], last_token=last_token,
                               generated=generated, active=active, sampling=s)
-      return new_state, StepResult(tokens=tokens, sampled_logprobs=sampled_logprobs,
-                                   model_logprobs=model_logprobs, emitted=emitted,
+      return new_state, StepResult(tokens=tokens, sampled_logprobs=state.next_sampled_logprob,
+                                   model_logprobs=state.next_model_logprob, emitted=emitted,
                                    finished=finished, stopped=stopped)
 
     return jax.lax.scan(step, state, None, length=num_steps)

@@ -1,13 +1,16 @@
 """The programs a Scheduler dispatches, and compiling them all ahead of the first request.
 
-Per prompt bucket × padded prefill batch size one prefill (and one insert), per decode
-step count one generate. A continuation of a parked cache row (`keep_cache`) compiles
-one resume per padded length of new tokens (powers of two) when it first runs.
+Few programs, because each costs compile time (on a GPU every distinct GEMM fusion is
+autotuned, and a lent machine starts bare): per prompt bucket × padded prefill batch
+size (`prefill_batch_sizes`, a few) one prefill; one insert in all (every prefill row is
+padded to the longest bucket); one generate for 1 and one for `steps_per_sync` decode
+steps (`step_counts`). A continuation of a parked cache row (`keep_cache`) compiles one
+resume per padded length of new tokens (powers of two) when it first runs.
 """
 
 from __future__ import annotations
 
-import math
+import collections
 from typing import Sequence
 
 import jax
@@ -15,33 +18,102 @@ import numpy as np
 
 from rlhf_jax.models.functional import Params
 from rlhf_jax.sampling.engine import Engine
+from rlhf_jax.sampling.engine_state import DecodeState
 from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.requests import InFlight
+from rlhf_jax.sampling.requests import RequestState
+from rlhf_jax.sampling.requests import candidate_logprobs
 
 
 def step_counts(steps_per_sync: int) -> list[int]:
-  """Decode steps per dispatch: powers of two below `steps_per_sync`, and
-  `steps_per_sync` (one generate program each)."""
-  counts = [2 ** i for i in range(int(math.log2(steps_per_sync)) + 1)]
-  return sorted(set(c for c in counts if c < steps_per_sync) | {steps_per_sync})
+  """Decode steps per dispatch: `steps_per_sync`, and 1 for the last few steps before
+  the longest-running sample's `max_new_tokens` (one generate program each)."""
+  return sorted({1, steps_per_sync})
+
+
+def steps_for(remaining: int, steps_per_sync: int) -> int:
+  """The steps of the next dispatch when the most tokens any running sample may still
+  emit is `remaining`: all `steps_per_sync` while they fit, else one at a time (a slot
+  that finishes early never idles for more than `steps_per_sync - 1` steps)."""
+  return steps_per_sync if remaining >= steps_per_sync else 1
 
 
 def prefill_batch_sizes(max_prefill_batch: int) -> list[int]:
-  """Padded prefill batch sizes: powers of two up to `max_prefill_batch`."""
-  return [2 ** i for i in range(int(math.log2(max_prefill_batch)) + 1)]
+  """Padded prefill batch sizes: powers of four below `max_prefill_batch`, and
+  `max_prefill_batch` (8 → 1, 4, 8): a batch is padded at most 4× its prompts."""
+  sizes, size = {max_prefill_batch}, 1
+  while size < max_prefill_batch:
+    sizes.add(size)
+    size *= 4
+  return sorted(sizes)
+
+
+def padded_batch(prompts: int, max_prefill_batch: int) -> int:
+  """The prefill batch size `prompts` (≤ max_prefill_batch) prompts are padded to."""
+  return next(b for b in prefill_batch_sizes(max_prefill_batch) if b >= prompts)
 
 
 def warmup(engine: Engine, params: Params, prompt_buckets: Sequence[int], *,
            max_prefill_batch: int, steps_per_sync: int) -> dict[str, int]:
-  """Compiles every prefill, insert and generate program on dummy inputs; returns
-  `engine.compilations()`."""
+  """Compiles every prefill, insert and generate program the Scheduler dispatches, on
+  dummy inputs; returns `engine.compilations()`."""
   state = engine.init_decode_state()
   sampling = engine.slot_sampling(SamplingParams(max_new_tokens=1), 0, seed=0)
   for bucket in prompt_buckets:
     for batch in prefill_batch_sizes(max_prefill_batch):
-      prefix = engine.prefill(params, np.zeros((batch, bucket), np.int32),
-                              np.ones((batch,), np.int32))
-      state = engine.insert(prefix, state, 0, row=0, sampling=sampling)
+      rows = engine.prefill_rows(params, np.zeros((batch, bucket), np.int32),
+                                 np.ones((batch,), np.int32), pad_to=max(prompt_buckets))
+      state = engine.insert(rows[0], state, 0, row=0, sampling=sampling)
   for steps in step_counts(steps_per_sync):
     state, _ = engine.generate_steps(params, state, steps)
   jax.block_until_ready(state)
   return engine.compilations()
+
+
+def prefill_requests(engine: Engine, params: Params, requests: Sequence[RequestState], *,
+                     max_prefill_batch: int, pad_to: int, version: int) -> int:
+  """Prefills `requests` (one prompt bucket per call, at most `max_prefill_batch` prompts
+  padded to `padded_batch`), handing each its own prefix row (KV padded to `pad_to`, the
+  longest bucket: one insert program) made by weights `version`. Returns the prompt
+  tokens prefilled."""
+  by_bucket = collections.defaultdict(list)
+  for request in requests:
+    by_bucket[request.bucket].append(request)
+  prefilled = 0
+  for bucket, group in by_bucket.items():
+    for start in range(0, len(group), max_prefill_batch):
+      chunk = group[start:start + max_prefill_batch]
+      batch = padded_batch(len(chunk), max_prefill_batch)
+      tokens = np.zeros((batch, bucket), np.int32)
+      lengths = np.ones((batch,), np.int32)
+      for row, request in enumerate(chunk):
+        tokens[row, :len(request.prompt_ids)] = request.prompt_ids
+        lengths[row] = len(request.prompt_ids)
+        prefilled += len(request.prompt_ids)
+      rows = engine.prefill_rows(params, tokens, lengths, pad_to=pad_to)
+      for request, prefix in zip(chunk, rows):
+        request.prefix, request.prefix_row, request.prefix_version = prefix, 0, version
+        if request.sampling.candidate_token_ids:
+          # The first token is drawn from these logits: its T=1 log-probs are exact.
+          request.candidate_logprobs = candidate_logprobs(
+              prefix.logits[0], request.sampling.candidate_token_ids)
+  return prefilled
+
+
+def dispatch(engine: Engine, params: Params, state: DecodeState, samples, steps: int,
+             version: int) -> tuple[DecodeState, InFlight]:
+  """Dispatches `steps` decode steps and starts copying their results to the host, so
+  that reading them later does not wait for the copy; returns the new state and the
+  in-flight record of which sample each slot held (`samples`: {slot: SampleState})."""
+  state, results = engine.generate_steps(params, state, steps)
+  for leaf in jax.tree.leaves(results):
+    leaf.copy_to_host_async()
+  return state, InFlight(results=results, samples=dict(samples), steps=steps, version=version)
+
+
+def read(flight: InFlight):
+  """A dispatch's StepResult as NumPy arrays (waits for the device only if the dispatch
+  has not finished; the copy was started at dispatch)."""
+  if not isinstance(flight.results.tokens, np.ndarray):
+    flight.results = jax.device_get(flight.results)
+  return flight.results

@@ -12,7 +12,7 @@ import numpy as np
 from rlhf_jax.sampling.engine_state import Prefix
 from rlhf_jax.sampling.params import SamplingParams
 
-__all__ = ["Completion", "RequestState", "SampleState", "TokenCallback",
+__all__ = ["Completion", "InFlight", "RequestState", "SampleState", "TokenCallback",
            "cancelled_before_start", "candidate_logprobs", "drop_cancelled_waiting"]
 
 
@@ -90,6 +90,37 @@ class SampleState:
   def __post_init__(self):
     if self.logits_version < 0:
       self.logits_version = self.version  # the prefill's
+
+  def add(self, token: int, sampled: float, model: float, version: int) -> None:
+    """Appends a token read from a dispatch that ran weights `version`."""
+    # Drawn from the logits of the forward before it (token 0: the prefill's), whose
+    # weights may predate a swap; the forward after it runs this dispatch's weights.
+    self.versions.append(self.logits_version)
+    self.logits_version = version
+    self.tokens.append(token)
+    self.sampled.append(sampled)
+    self.model.append(model)
+
+
+@dataclasses.dataclass
+class InFlight:
+  """A dispatched generate whose results the host has not read yet.
+
+  Attributes:
+    results: its StepResult ([steps, S] arrays, being copied to the host).
+    samples: {slot: SampleState} of every slot that held a sample at dispatch; a slot
+      whose sample finished or was cancelled since is skipped when the results are read.
+    steps: the decode steps dispatched.
+    version: the weights version the dispatch ran.
+  """
+  results: Any
+  samples: dict
+  steps: int
+  version: int
+
+  def ahead(self, slot: int, sample: SampleState) -> int:
+    """Tokens `sample` (in `slot`) may emit in this dispatch beyond those read."""
+    return self.steps if self.samples.get(slot) is sample else 0
 
 
 def drop_cancelled_waiting(requests) -> list[tuple[RequestState, list[int]]]:

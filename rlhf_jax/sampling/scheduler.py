@@ -4,6 +4,8 @@ Requests wait in a FIFO queue; free slots get waiting samples, prefilled (one le
 bucket together, a prompt's `n` samples sharing one prefill) and inserted; every
 `steps_per_sync` decode steps the host reads the tokens, hands back each finished
 sample and refills its slot. `continuous=False`: static batching, for comparison.
+With `overlap_host`, the host reads a dispatch's results while the device runs the next
+one (a finished slot is refilled one dispatch later; the tokens are the same).
 
 Thread safety: `submit`, `cancel`, `update_params` and `metrics` may be called
 from any thread; `step`/`run` from one thread at a time (the server's loop).
@@ -13,12 +15,10 @@ from __future__ import annotations
 
 import collections
 import itertools
-import math
 import threading
 import time
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from rlhf_jax.models.functional import Params
@@ -32,7 +32,6 @@ from rlhf_jax.sampling.requests import RequestState
 from rlhf_jax.sampling.requests import SampleState
 from rlhf_jax.sampling.requests import TokenCallback
 from rlhf_jax.sampling.requests import cancelled_before_start
-from rlhf_jax.sampling.requests import candidate_logprobs
 from rlhf_jax.sampling.requests import drop_cancelled_waiting
 from rlhf_jax.sampling.scheduler_options import default_prompt_buckets
 from rlhf_jax.sampling.scheduler_options import validate_request
@@ -61,16 +60,20 @@ class Scheduler:
     seed: seeds the draws for requests that give no seed.
     weights_version: the version number of `params`.
     max_prefill_batch: most prompts per prefill call (a power of two); prefill
-      batches are padded to powers of two up to it, one compile each.
+      batches are padded to a few sizes up to it (`programs.prefill_batch_sizes`).
     parked_rows: most finished samples' cache rows kept for continuations (requests
       with `keep_cache`: sampling/prefix_cache.py); None: `num_slots`.
+    overlap_host: dispatch the next decode steps before reading the last ones' results
+      (the device never waits for the host's bookkeeping); False: read each dispatch's
+      results before the next (the same completions, one dispatch sooner).
   """
 
   def __init__(self, engine: Engine, params: Params, *,
                prompt_buckets: Sequence[int] | None = None, steps_per_sync: int = 8,
                continuous: bool = True, max_queue: int = 4096,
                update_policy: str = "finish_old", seed: int = 0, weights_version: int = 0,
-               max_prefill_batch: int = 8, parked_rows: int | None = None):
+               max_prefill_batch: int = 8, parked_rows: int | None = None,
+               overlap_host: bool = True):
     buckets = tuple(default_prompt_buckets(engine.cache_length) if prompt_buckets is None
                     else prompt_buckets)
     validate_scheduler_options(
@@ -84,6 +87,8 @@ class Scheduler:
     self.steps_per_sync = steps_per_sync
     self.max_prefill_batch = max_prefill_batch
     self.continuous = continuous
+    self.overlap_host = bool(overlap_host)
+    self._in_flight: programs.InFlight | None = None  # dispatched, results not read yet
     self.max_queue = max_queue
     self.update_policy = update_policy
     self.weights_version = weights_version
@@ -226,6 +231,7 @@ class Scheduler:
       self._requests.clear()
       self._queue.clear()
       self._to_reap.clear()
+    self._in_flight = None
     self._state = self.engine.init_decode_state()
     return completions
 
@@ -239,49 +245,63 @@ class Scheduler:
     return completions
 
   def step(self) -> list[Completion]:
-    """Admits waiting samples into free slots, runs up to `steps_per_sync`
-    decode steps, and returns the samples that finished."""
+    """Admits waiting samples into free slots, dispatches up to `steps_per_sync` decode
+    steps, and returns the samples that finished in the dispatch before (`overlap_host`:
+    read while the device runs this one), else in this one."""
     completions = self._reap_cancelled()
     self._admit()  # swaps the weights first when due
-    active = [i for i, s in enumerate(self._slots) if s is not None]
-    if not active:
-      self._drop_finished_requests()
-      return completions
-    remaining = max(self._slots[i].request.sampling.max_new_tokens - len(self._slots[i].tokens)
-                    for i in active)
-    steps = max(n for n in self.step_counts() if n <= max(remaining, 1))
-    self._state, results = self.engine.generate_steps(self.params, self._state, steps)
-    results = jax.device_get(results)
-    self._stats["slot_steps"] += steps * self.engine.num_slots
-    for slot in active:
-      completions.extend(self._collect(slot, results))
+    running = self._dispatch()
+    for flight in (self._in_flight, running if not self.overlap_host else None):
+      if flight is not None:
+        completions.extend(self._read(flight))
+    self._in_flight = running if self.overlap_host else None
     self._drop_finished_requests()
     return completions
 
-  def _collect(self, slot, results) -> list[Completion]:
+  def _dispatch(self) -> programs.InFlight | None:
+    """Dispatches the running samples' decode steps; None when each is sure to finish
+    (max_new_tokens) in the dispatch in flight."""
+    flight, running = self._in_flight, {i: s for i, s in enumerate(self._slots) if s}
+    remaining = max((s.request.sampling.max_new_tokens - len(s.tokens) - (
+        flight.ahead(i, s) if flight else 0) for i, s in running.items()), default=0)
+    if remaining <= 0:
+      return None
+    steps = programs.steps_for(remaining, self.steps_per_sync)
+    self._stats["slot_steps"] += steps * self.engine.num_slots
+    self._state, flight = programs.dispatch(self.engine, self.params, self._state, running,
+                                            steps, self.weights_version)
+    return flight
+
+  def _read(self, flight: programs.InFlight) -> list[Completion]:
+    """Hands a dispatch's tokens to the samples that still hold their slots."""
+    results = programs.read(flight)
+    # A slot whose sample finished, was cancelled or replaced since is skipped.
+    return [c for slot, sample in flight.samples.items() if self._slots[slot] is sample
+            for c in self._collect(slot, results, flight.version)]
+
+  def _collect(self, slot, results, version: int) -> list[Completion]:
     sample = self._slots[slot]
     request = sample.request
     for t in np.nonzero(results.emitted[:, slot])[0]:
       token = int(results.tokens[t, slot])
-      # Drawn from the logits of the forward before it (token 0: the prefill's), whose
-      # weights may predate a swap; the forward after it runs this dispatch's weights.
-      sample.versions.append(sample.logits_version)
-      sample.logits_version = self.weights_version
-      sample.tokens.append(token)
-      sample.sampled.append(float(results.sampled_logprobs[t, slot]))
-      sample.model.append(float(results.model_logprobs[t, slot]))
+      sample.add(token, float(results.sampled_logprobs[t, slot]),
+                 float(results.model_logprobs[t, slot]), version)
       self._stats["emitted_tokens"] += 1
       if request.on_token is not None and not request.cancelled:
         try:
           request.on_token(request.request_id, sample.index, token, sample.sampled[-1],
                            sample.model[-1])
         except Exception as error:  # a failing consumer ends its request only
-          return [self._finish(slot, "error", f"on_token raised {error!r}")]
+          return [self._finish(slot, "error", f"on_token raised {error!r}", version)]
       if results.finished[t, slot]:
-        return [self._finish(slot, "stop" if results.stopped[t, slot] else "length")]
+        return [self._finish(slot, "stop" if results.stopped[t, slot] else "length",
+                             version=version)]
     return []
 
-  def _finish(self, slot: int, reason: str, error: str = "") -> Completion:
+  def _finish(self, slot: int, reason: str, error: str = "",
+              version: int | None = None) -> Completion:
+    """Ends slot `slot`'s sample, last run by weights `version` (None: the served ones)."""
+    last = self.weights_version if version is None else version
     sample = self._slots[slot]
     self._slots[slot] = None
     request = sample.request
@@ -299,7 +319,7 @@ class Scheduler:
                       prompt_ids=request.prompt_ids, token_ids=sample.tokens,
                       sampled_logprobs=sample.sampled, model_logprobs=sample.model,
                       finish_reason=reason, seed=request.seed,
-                      weights_version=(sample.version, self.weights_version), error=error,
+                      weights_version=(sample.version, last), error=error,
                       candidate_logprobs=request.candidate_logprobs,
                       token_versions=sample.versions)
 
@@ -375,26 +395,6 @@ class Scheduler:
         request.prefix = request.parked = None  # every sample is in a slot: free them
 
   def _prefill(self, requests: list[RequestState]) -> None:
-    by_bucket = collections.defaultdict(list)
-    for request in requests:
-      by_bucket[request.bucket].append(request)
-    chunks = [(bucket, group[i:i + self.max_prefill_batch])
-              for bucket, group in by_bucket.items()
-              for i in range(0, len(group), self.max_prefill_batch)]
-    for bucket, group in chunks:
-      # Batch sizes are powers of two, so few prefill programs compile.
-      batch = 2 ** math.ceil(math.log2(len(group)))
-      tokens = np.zeros((batch, bucket), np.int32)
-      lengths = np.ones((batch,), np.int32)
-      for row, request in enumerate(group):
-        tokens[row, :len(request.prompt_ids)] = request.prompt_ids
-        lengths[row] = len(request.prompt_ids)
-        self._stats["prefilled_tokens"] += len(request.prompt_ids)
-      prefix = self.engine.prefill(self.params, tokens, lengths)
-      for row, request in enumerate(group):
-        request.prefix, request.prefix_row = prefix, row
-        request.prefix_version = self.weights_version
-        if request.sampling.candidate_token_ids:
-          # The first token is drawn from these logits: its T=1 log-probs are exact.
-          request.candidate_logprobs = candidate_logprobs(
-              prefix.logits[row], request.sampling.candidate_token_ids)
+    self._stats["prefilled_tokens"] += programs.prefill_requests(
+        self.engine, self.params, requests, max_prefill_batch=self.max_prefill_batch,
+        pad_to=self.prompt_buckets[-1], version=self.weights_version)

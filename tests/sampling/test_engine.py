@@ -115,18 +115,37 @@ def test_seed_reproduces_and_a_drawn_seed_is_reported():
   assert first.token_ids == again.token_ids
 
 
-@pytest.mark.slow
-def test_no_recompiles_after_warmup():
-  engine = sampling.Engine(MODEL, num_slots=4, cache_length=40)
-  sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS, steps_per_sync=4,
-                    max_prefill_batch=2)
-  compiled = sched.warmup()
-  assert compiled == {"prefill": 4, "insert": 4, "generate[1]": 1, "generate[2]": 1,
-                      "generate[4]": 1}
-  sched.generate(prompts(6, seed=6), sampling.SamplingParams(max_new_tokens=9, seed=0))
-  sched.generate(prompts(3, seed=7), [sampling.SamplingParams(
-      max_new_tokens=n, seed=1, temperature=0.5, top_p=0.8, n=n % 3 + 1) for n in (2, 5, 13)])
-  assert engine.compilations() == compiled
+def test_prefill_rows_are_the_prefill_padded_and_insert_alike():
+  """prefill_rows: each prompt's row alone, KV zero-padded to pad_to; inserted, a row
+  samples the same tokens as row r of the unpadded prefix (one insert program)."""
+  batch = prompts(3, seed=9)
+  tokens = np.zeros((4, 16), np.int32)
+  lengths = np.ones((4,), np.int32)
+  for r, prompt in enumerate(batch):
+    tokens[r, :len(prompt)], lengths[r] = prompt, len(prompt)
+  whole = ENGINE.prefill(PARAMS, tokens, lengths)
+  rows = ENGINE.prefill_rows(PARAMS, tokens, lengths, pad_to=24)
+  assert len(rows) == 4
+  for r, row in enumerate(rows):
+    np.testing.assert_array_equal(row.logits, whole.logits[r:r + 1])
+    for key, full in zip(jax.tree.leaves(row.keys), jax.tree.leaves(whole.keys)):
+      assert key.shape[-4] == 1 and key.shape[-1] == 24  # [.., 1, K, D, positions]
+      np.testing.assert_array_equal(key[..., :16], np.take(full, [r], axis=-4))
+      assert not np.any(np.asarray(key[..., 16:]))
+    for value, full in zip(jax.tree.leaves(row.values), jax.tree.leaves(whole.values)):
+      assert value.shape[-4] == 1 and value.shape[-2] == 24  # [.., 1, K, positions, D]
+      np.testing.assert_array_equal(value[..., :16, :], np.take(full, [r], axis=-4))
+      assert not np.any(np.asarray(value[..., 16:, :]))
+  params = sampling.SamplingParams(max_new_tokens=6, seed=3)
+  drawn = []
+  for prefix, row in ((whole, 2), (rows[2], 0)):
+    state = ENGINE.insert(prefix, ENGINE.init_decode_state(), 1, row=row,
+                          sampling=ENGINE.slot_sampling(params, 0))
+    state, result = ENGINE.generate_steps(PARAMS, state, 6)
+    drawn.append(np.asarray(result.tokens[:, 1]))
+  np.testing.assert_array_equal(drawn[0], drawn[1])
+  with pytest.raises(ValueError, match="pad_to=12"):
+    ENGINE.prefill_rows(PARAMS, tokens, lengths, pad_to=12)
 
 
 def sample_first_tokens(fire, draws=400, max_new_tokens=3):
@@ -282,3 +301,25 @@ def test_prompts_of_one_seeded_call_draw_independent_numbers():
   assert len({tuple(c.token_ids) for (c,) in out}) >= 5  # one seed for all: 1
   assert [c.seed for (c,) in out] == [sampling.prompt_seed(5, k) for k in range(6)]
   assert out[0][0].token_ids == scheduler().generate([prompt], params)[0][0].token_ids
+
+
+def test_decode_state_carries_tokens_not_logits_and_truncates_only_when_asked():
+  """No [S, V] logits in the decode state (the next token is drawn inside the step), and
+  the truncating variant of generate compiles only while a sample that asked for top-k
+  may still be drawing (at most max_new_tokens steps after its insert)."""
+  engine = sampling.Engine(MODEL, num_slots=2, cache_length=40)
+  state = engine.init_decode_state()
+  assert not any(VOCAB in leaf.shape for leaf in jax.tree.leaves(state)), state
+  prefix = engine.prefill(PARAMS, np.full((1, 8), 9, np.int32), np.asarray([5], np.int32))
+  plain = sampling.SamplingParams(max_new_tokens=6, seed=1)
+  state = engine.insert(prefix, state, 0, sampling=engine.slot_sampling(plain, 0))
+  state, _ = engine.generate_steps(PARAMS, state, 2)
+  assert set(engine.compilations()) == {"prefill", "insert", "generate[2]"}
+  topk = plain.replace(top_k=5, max_new_tokens=3)
+  state = engine.insert(prefix, state, 1, sampling=engine.slot_sampling(topk, 0))
+  state, _ = engine.generate_steps(PARAMS, state, 2)
+  state, _ = engine.generate_steps(PARAMS, state, 1)  # its 3rd and last step
+  state, _ = engine.generate_steps(PARAMS, state, 2)  # slot 1 has finished by now
+  compiled = engine.compilations()
+  assert compiled["generate[2]+truncate"] == 1 and compiled["generate[1]+truncate"] == 1
+  assert compiled["generate[2]"] == 1 and "generate[1]" not in compiled

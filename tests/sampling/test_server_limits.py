@@ -81,7 +81,7 @@ def test_more_calls_than_workers_are_refused_and_counted(served, monkeypatch):
   address, service = served
   original = ENGINE.generate_steps
   monkeypatch.setattr(ENGINE, "generate_steps", lambda *a: (time.sleep(0.05), original(*a))[1])
-  long = sampling.SamplingParams(max_new_tokens=20, stop_token_ids=())
+  long = sampling.SamplingParams(max_new_tokens=29, stop_token_ids=())  # the most that fit
   with SamplerClient(address, timeout_s=60) as client:
     streams = [client.stream(PROMPT, long) for _ in range(4)]  # the 4 workers
     for stream in streams:
