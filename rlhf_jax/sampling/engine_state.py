@@ -60,14 +60,19 @@ class DecodeState:
 
   Attributes:
     cache: the KV cache, [S, cache_length].
-    logits: [S, V] float32 logits for each slot's next token.
+    next_token: [S] int32 each slot's next token, already drawn (at insert from the
+      prefill's logits, then in each step from the fresh ones: no [S, V] logits are
+      carried); the next step emits it.
+    next_sampled_logprob, next_model_logprob: [S] its two log-probabilities.
     last_token: [S] int32 the slot's last emitted token (-1 before the first).
     generated: [S] int32 tokens emitted for the slot's current sample.
     active: [S] bool, the slot holds a sample that is still generating.
     sampling: SlotSampling with a leading [S] axis.
   """
   cache: KVCache
-  logits: jax.Array
+  next_token: jax.Array
+  next_sampled_logprob: jax.Array
+  next_model_logprob: jax.Array
   last_token: jax.Array
   generated: jax.Array
   active: jax.Array
