@@ -110,7 +110,8 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   et al. 2022/2023), the result of `grouped_query_attention` on real tokens.
 
   Args:
-    q: [B, T, N, D] queries; k, v: [B, T, K, D] (cuDNN groups the heads itself);
+    q: [B, T, N, D] queries; k, v: [B, T, K, D] (cuDNN groups the heads itself, but
+      the packed form gets K/V repeated to N heads: jax PR #39521);
       bf16/fp16, T even, D ≤ 256 and a multiple of 8 (else a ValueError naming it).
     token_mask: [B, T] bool, real tokens (None: all); each row's real tokens of one
       segment contiguous.
@@ -136,6 +137,10 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   offsets, lengths, runs = packed_description(valid, segment_ids, bound)
   keep = valid[:, :, None, None]
   q, k, v = (jnp.where(keep, x, jnp.zeros((), x.dtype)) for x in (q, k, v))
+  # The packed form scales kv offsets by the query's heads (jax < PR #39521: silently
+  # wrong keys under GQA), so K/V go in with N heads; autodiff sums the repeats back.
+  group = q.shape[2] // k.shape[2]
+  k, v = (jnp.repeat(x, group, axis=2) for x in (k, v)) if group > 1 else (k, v)
   out = cudnn_fa.dot_product_attention(
       q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets, kv_offsets=offsets,
       scale=scale, mask_type=cudnn_fa.MaskType.PADDING_CAUSAL)

@@ -18,6 +18,7 @@ from rlhf_jax.models import packing
 from rlhf_jax.models.blocks import attention_mask
 from rlhf_jax.models.cudnn_attention import cudnn_attention
 from rlhf_jax.models.cudnn_attention import describable
+from rlhf_jax.models.cudnn_attention import MAX_SEGMENTS
 from rlhf_jax.models.cudnn_attention import packed_description
 
 M = 4
@@ -141,3 +142,34 @@ def test_cudnn_refuses_softcap():
   q = jnp.zeros((1, 16, 2, 64), jnp.bfloat16)
   with pytest.raises(ValueError, match="soft-cap"):
     cudnn_attention(q, q, q, softcap=50.0)
+
+
+@pytest.mark.parametrize("layout, key_heads", [("causal", 2), ("padded", 8), ("packed", 8)])
+def test_what_cudnn_is_given(monkeypatch, layout, key_heads):
+  """Plain causal rows go in as they are (cuDNN does GQA); padded and packed rows take
+  the packed form, whose kv offsets jax scales by the query's heads (before jax PR
+  #39521), so K/V are repeated to N heads; padding queries come back 0."""
+  from rlhf_jax.models import cudnn_attention as module
+  seen = {}
+
+  def spy(q, k, v, **kwargs):
+    seen.update(kwargs, key_shape=k.shape)
+    return jnp.ones_like(q)
+
+  monkeypatch.setattr(module.cudnn_fa, "dot_product_attention", spy)
+  q = jnp.zeros((2, 16, 8, 64), jnp.bfloat16)
+  k = jnp.zeros((2, 16, 2, 64), jnp.bfloat16)
+  valid = jnp.arange(16)[None, :] >= jnp.asarray([[0], [5]])  # row 1 left-padded
+  layouts = {"causal": {}, "padded": dict(token_mask=valid),
+             "packed": dict(token_mask=valid, segment_ids=(jnp.arange(16) // 8)[None] + 0 * valid)}
+  out = cudnn_attention(q, k, k, **layouts[layout])
+  assert seen["key_shape"] == (2, 16, key_heads, 64)
+  if layout == "causal":
+    assert seen["mask_type"] == module.cudnn_fa.MaskType.CAUSAL and "q_offsets" not in seen
+    return
+  assert seen["mask_type"] == module.cudnn_fa.MaskType.PADDING_CAUSAL
+  np.testing.assert_array_equal(np.asarray(out[1, :5], np.float32), 0)
+  np.testing.assert_array_equal(np.asarray(out[1, 5:], np.float32), 1)
+  want = [[0, -1, -1], [5, -1, -1]] if layout == "padded" else [[0, 8, -1], [5, 8, -1]]
+  np.testing.assert_array_equal(seen["q_offsets"][:, :3], want)
+  assert seen["q_offsets"].shape[1] == (3 if layout == "padded" else MAX_SEGMENTS + 1)
