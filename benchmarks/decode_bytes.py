@@ -25,11 +25,13 @@ float32 and back around every write (real traffic on CPU, ~10× the cache per
 step); `cache_write_bytes` and `without_writes_bytes` separate that part out,
 `breakdown_mb` says roughly where the rest goes.
 
-  python benchmarks/decode_bytes.py [--shapes tiny mid qwen2.5-0.5b] [--ragged]
+  python benchmarks/decode_bytes.py [--shapes tiny mid qwen2.5-0.5b] [--ragged] [--sampling]
 
 Prints one JSON line per (shape, used length): shape, batch, cache_length, used
 (the longest row), bytes_accessed, ideal_bytes, ratio, the ideal's parts, and
-the write / breakdown fields of `measure`.
+the write / breakdown fields of `measure`. `--sampling` adds one line per truncate
+variant for the sampling step of each shape (`measure_sampling`): its bytes against
+the float32 logits' [batch, V].
 """
 
 from __future__ import annotations
@@ -209,6 +211,56 @@ def measure(name: str, used: int, *, ragged: bool = False, shapes=None) -> dict:
           "breakdown_mb": breakdown(compiled), "compile_s": round(compile_s, 1)}
 
 
+def measure_sampling(name: str, truncate: bool, *, shapes=None) -> dict:
+  """One JSON record: XLA:CPU's bytes accessed by `sample_tokens` on float32 [batch, V]
+  logits (per-row keys and parameters as the engine passes them), against the logits'
+  bytes. `breakdown_mb`: "logits_pass" (fusions that reduce over the logits), "gather"
+  (taking one vocabulary block and the drawn logit per row: the cost model charges a
+  gather its whole operand, though it reads batch × block), "other" (block-sized work)."""
+  from rlhf_jax.sampling.token_sampling import sample_tokens  # noqa: PLC0415 (env first)
+  fields, batch, _, _ = (shapes or SHAPES)[name]
+  vocab = fields["vocab_size"]
+
+  def draw(logits, key_data, temperature, top_k, top_p, min_p):
+    keys = jax.vmap(jax.random.wrap_key_data)(key_data)
+    return sample_tokens(logits, keys, temperature=temperature, top_k=top_k, top_p=top_p,
+                         min_p=min_p, truncate=truncate)
+
+  row = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)
+  compiled = jax.jit(draw).lower(
+      jax.ShapeDtypeStruct((batch, vocab), jnp.float32),
+      jax.ShapeDtypeStruct((batch, 2), jnp.uint32), row(jnp.float32), row(jnp.int32),
+      row(jnp.float32), row(jnp.float32)).compile()
+  accessed = int(_cost(compiled)["bytes accessed"])
+  logits_bytes = batch * vocab * 4
+  kinds = _kinds(compiled, lambda name, moved: (
+      "gather" if "gather" in name else
+      "logits_pass" if "reduce" in name and moved >= logits_bytes else "other"))
+  return {"shape": name, "sampling": True, "truncate": truncate, "batch": batch,
+          "vocab": vocab, "bytes_accessed": accessed, "logits_bytes": logits_bytes,
+          "ratio": round(accessed / logits_bytes, 3), "breakdown_mb": kinds}
+
+
+def _kinds(compiled, kind_of) -> dict:
+  """MB moved per kind of the entry computation's top-level instructions (as
+  `breakdown`), `kind_of(name, moved_bytes)` naming each kind."""
+  text = compiled.as_text()
+  entry = text[text.index("ENTRY"):].split("\n}\n")[0].splitlines()[1:]
+  sizes, kinds = {}, {}
+  for line in entry:
+    match = re.match(r"\s*(?:ROOT )?%(\S+) = (\(.*?\)|\S+) ([\w-]+)\((.*?)\)", line)
+    if not match:
+      continue
+    name, shape, op, operands = match.groups()
+    sizes[name] = _shape_bytes(shape)
+    if op in _FREE:
+      continue
+    moved = sizes[name] + sum(sizes.get(o, 0) for o in re.findall(r"%([\w.\-]+)", operands))
+    kind = kind_of(name, moved)
+    kinds[kind] = kinds.get(kind, 0) + moved
+  return {kind: round(value / 1e6, 1) for kind, value in sorted(kinds.items())}
+
+
 def main():
   """Measures the chosen shapes at their used lengths; one JSON line each."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -216,8 +268,12 @@ def main():
                       choices=sorted(SHAPES))
   parser.add_argument("--ragged", action="store_true",
                       help="also measure rows whose used lengths spread over 1..used")
+  parser.add_argument("--sampling", action="store_true",
+                      help="also measure the sampling step (truncate off and on)")
   args = parser.parse_args()
   for name in args.shapes:
+    for truncate in (False, True) if args.sampling else ():
+      print(json.dumps(measure_sampling(name, truncate)), flush=True)
     for used in SHAPES[name][3]:
       for ragged in (False, True) if args.ragged else (False,):
         print(json.dumps(measure(name, used, ragged=ragged)), flush=True)
