@@ -104,6 +104,8 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     scale: the scores' factor (None: 1/√D).
     softcap: must be None (the kernel cannot soft-cap).
     interpret: run the kernel in Pallas' interpret mode (None: off a GPU only).
+      On a GPU, float32 products are Triton's default (TF32); in interpret mode
+      they are the backend's.
   Returns:
     [B, T, N, D] in q's dtype, 0 on padding queries.
   """

@@ -10,6 +10,7 @@ fused kernels on a GPU without edits.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from rlhf_jax.models import cudnn_attention
 from rlhf_jax.models import flash_attention
@@ -35,8 +36,9 @@ def training_attention(impl: str, *, dtype=None, head_dim: int | None = None,
   NVIDIA GPU, given the attention (compute `dtype`, `head_dim`, sequence length
   `time`, `softcap`, `window`): "cudnn" (fused flash attention, FlashAttention-2 as
   cuDNN builds it) on Hopper or later when `cudnn_attention.refusal` finds nothing,
-  else "pallas" (the Triton flash kernel: any dtype and length) when it has no
-  softcap or narrow window, else "xla". Without the attention (`dtype` None) on a
+  else for bf16/fp16 "pallas" (the Triton flash kernel: any length and head size)
+  when there is no softcap or narrow window, else "xla" (float32 too: the Triton
+  kernel's float32 products are TF32, below `DecoderConfig.precision`). Without the attention (`dtype` None) on a
   GPU it stays "auto", for `grouped_query_attention` to call this again with its
   arrays.
   """
@@ -49,6 +51,8 @@ def training_attention(impl: str, *, dtype=None, head_dim: int | None = None,
   if _cudnn_hopper() and cudnn_attention.refusal(dtype, head_dim, time, softcap,
                                                  window) is None:
     return "cudnn"
+  if jnp.dtype(dtype).itemsize > 2:  # Triton's float32 dots are TF32: keep `precision`
+    return "xla"
   try:
     flash_attention.check_options("pallas", time, softcap, window)
   except ValueError:

@@ -151,8 +151,9 @@ def test_auto_is_xla_on_cpu():
 @pytest.mark.parametrize("dtype, time, options, hopper, want", [
     (jnp.bfloat16, 1024, {}, True, "cudnn"),
     (jnp.bfloat16, 1024, {}, False, "pallas"),     # packed cuDNN needs Hopper
-    (jnp.float32, 1024, {}, True, "pallas"),       # cuDNN: bf16/fp16 only
+    (jnp.float32, 1024, {}, True, "xla"),          # cuDNN: bf16/fp16; Triton: TF32
     (jnp.bfloat16, 1023, {}, True, "pallas"),      # cuDNN: even lengths only
+    (jnp.float16, 1024, {}, False, "pallas"),
     (jnp.bfloat16, 1024, dict(softcap=30.0), True, "xla"),
     (jnp.bfloat16, 1024, dict(window=512), True, "xla"),
     (jnp.bfloat16, 1024, dict(window=4096), True, "cudnn"),
