@@ -87,10 +87,10 @@ class Engine:
     self._newline = newline
     self._traces = collections.Counter()
     self._prefill = jax.jit(self._prefill_impl, static_argnums=(3, 4))
-    self._insert = jax.jit(self._insert_impl, static_argnums=(5,), donate_argnums=(1,))
+    self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._generate = jax.jit(self._generate_impl, static_argnums=(2, 3), donate_argnums=(1,))
     self._park = jax.jit(self._park_impl, donate_argnums=(0,))
-    self._resume = jax.jit(self._resume_impl, static_argnums=(7,), donate_argnums=(2,))
+    self._resume = jax.jit(self._resume_impl, donate_argnums=(2,))
     # Host side, per slot: its draws may need truncation, for at most this many more steps.
     self._truncating, self._steps_left = np.zeros((self.num_slots,), bool), np.zeros(
         (self.num_slots,), np.int64)
@@ -204,8 +204,8 @@ class Engine:
       raise ValueError(f"slot={slot} is outside [0, {self.num_slots}).")
     if not 0 <= row < prefix.logits.shape[0]:
       raise ValueError(f"row={row} is outside the prefix's {prefix.logits.shape[0]} rows.")
-    return self._insert(prefix, decode_state, np.int32(slot), np.int32(row), sampling,
-                        self._track(slot, sampling))
+    self._track(slot, sampling)
+    return self._insert(prefix, decode_state, np.int32(slot), np.int32(row), sampling)
 
   def park(self, decode_state: DecodeState, slot: int) -> tuple[DecodeState, ParkedRow]:
     """Takes the cache row of slot `slot`, whose sample finished with `keep_cache`, out
@@ -237,8 +237,9 @@ class Engine:
       raise ValueError(f"true_length={true_length} must be in [1, {tokens.shape[1]}].")
     if not 0 <= slot < self.num_slots:
       raise ValueError(f"slot={slot} is outside [0, {self.num_slots}).")
+    self._track(slot, sampling)
     return self._resume(params, parked, decode_state, np.int32(slot), tokens,
-                        np.int32(true_length), sampling, self._track(slot, sampling))
+                        np.int32(true_length), sampling)
 
   def generate(self, params: Params, decode_state: DecodeState
                ) -> tuple[DecodeState, StepResult]:
@@ -246,23 +247,21 @@ class Engine:
     state, results = self.generate_steps(params, decode_state, 1)
     return state, jax.tree.map(lambda x: x[0], results)
 
-  def generate_steps(self, params: Params, decode_state: DecodeState, num_steps: int
-                     ) -> tuple[DecodeState, StepResult]:
+  def generate_steps(self, params: Params, decode_state: DecodeState, num_steps: int, *,
+                     truncate: bool | None = None) -> tuple[DecodeState, StepResult]:
     """`num_steps` decode steps in one dispatch; results stacked as [num_steps, S]. One
-    program per (num_steps, truncate): truncate while a sample that may still be drawing
-    asked for top-k / top-p / min-p (`_track`)."""
+    program per (num_steps, truncate): None = while a sample that may still be drawing
+    asked for top-k / top-p / min-p (`_track`); True compiles that variant (warmup)."""
     num_steps = int(num_steps)
-    truncate = bool(np.any(self._truncating & (self._steps_left > 0)))
+    truncate = bool(np.any(self._truncating & (self._steps_left > 0)) or truncate)
     self._steps_left -= num_steps
     return self._generate(params, decode_state, num_steps, truncate)
 
-  def _track(self, slot: int, sampling: SlotSampling) -> bool:
+  def _track(self, slot: int, sampling: SlotSampling) -> None:
     """Records on the host whether slot `slot`'s new sample may need truncation, for at
-    most its max_new_tokens steps (it stops no later); returns it (its first draw's)."""
-    truncate = needs_truncation(sampling)
-    self._truncating[slot] = truncate
+    most its max_new_tokens steps (it stops no later)."""
+    self._truncating[slot] = needs_truncation(sampling)
     self._steps_left[slot] = int(np.max(np.asarray(sampling.max_new_tokens)))
-    return truncate
 
   # ---------------------------------------------------------------- jitted bodies
 
@@ -298,17 +297,18 @@ class Engine:
         logits=prefix.logits[r:r + 1], true_length=true_length[r:r + 1])
                  for r in range(batch))
 
-  def _insert_impl(self, prefix, state, slot, row, sampling, truncate):
+  def _insert_impl(self, prefix, state, slot, row, sampling):
     self._traces["insert"] += 1
     length = prefix.true_length[row]
     valid_row = jnp.arange(self.cache_length) < length
     return self._start_slot(state, slot, row, prefix.keys, prefix.values, valid_row, length,
-                            length, prefix.logits, sampling, truncate)
+                            length, prefix.logits, sampling)
 
   def _start_slot(self, state, slot, row, keys, values, valid_row, end, length, logits,
-                  sampling, truncate):
+                  sampling):
     """Row `row` of (keys, values) into slot `slot`, which starts sampling with its first
-    token drawn from row `row` of `logits`."""
+    token drawn from row `row` of `logits` (truncate=True: one row's sort costs little
+    beside a prefill, and one program serves every request; the same draw as without)."""
 
     def put(buffer, rows, axis=0):  # rows[row] → buffer[slot] along the batch axis
       update = jax.lax.dynamic_index_in_dim(rows, row, axis).astype(buffer.dtype)
@@ -327,7 +327,7 @@ class Engine:
     first = draw_for_slots(jax.lax.dynamic_index_in_dim(logits, row, 0),
                            jax.tree.map(lambda x: jnp.asarray(x)[None], sampling),
                            jnp.zeros((1,), jnp.int32), jnp.full((1,), -1, jnp.int32),
-                           jnp.asarray(self._newline), truncate=truncate)
+                           jnp.asarray(self._newline), truncate=True)
     return DecodeState(
         cache=cache,
         next_token=state.next_token.at[slot].set(first[0][0]),
@@ -353,8 +353,7 @@ class Engine:
     sampling = state.sampling.replace(keep_cache=state.sampling.keep_cache.at[slot].set(False))
     return state.replace(cache=cache, sampling=sampling), parked
 
-  def _resume_impl(self, params, parked, state, slot, tokens, true_length, sampling,
-                   truncate):
+  def _resume_impl(self, params, parked, state, slot, tokens, true_length, sampling):
     self._traces["resume"] += 1
     mask = jnp.arange(tokens.shape[1])[None, :] < true_length
     logits, cache = self._logits(params, tokens, attention_mask=mask, cache=parked.cache(),
@@ -362,7 +361,7 @@ class Engine:
     # The next token goes right after the real new ones (padding positions are invalid).
     end = parked.end[0] + true_length
     return self._start_slot(state, slot, 0, cache.keys, cache.values, cache.valid[0], end,
-                            cache.length[0], logits, sampling, truncate)
+                            cache.length[0], logits, sampling)
 
   def _generate_impl(self, params, state, num_steps, truncate):
     self._traces[f"generate[{num_steps}]" + ("+truncate" if truncate else "")] += 1
