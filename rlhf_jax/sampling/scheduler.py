@@ -50,8 +50,8 @@ class Scheduler:
     params: model parameters (replaced by `update_params`).
     prompt_buckets: padded prompt lengths (one prefill compile each), each in
       [1, engine.cache_length); default `default_prompt_buckets(engine.cache_length)`.
-    steps_per_sync: most decode steps per dispatch before the host looks at
-      the results; a finished slot idles at most this many steps minus one.
+    steps_per_sync: most decode steps per dispatch; a finished slot idles at most this
+      many steps minus one (with overlap_host, one dispatch more) before it is refilled.
     continuous: refill slots as samples finish (False: static batching).
     max_queue: most requests waiting or running; `submit` raises QueueFull beyond.
     update_policy: "finish_old" (in-flight samples finish on the old weights;
