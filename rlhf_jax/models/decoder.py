@@ -191,8 +191,8 @@ class DecoderLM(nnx.Module):
     if config.scale_embeddings:  # Gemma: × √E in the embedding's dtype, as transformers
       scale = jnp.asarray(config.hidden_size ** 0.5, config.jnp_param_dtype)
       x = (self.embed[...][tokens] * scale).astype(config.jnp_dtype)
-    else:
-      x = self.embed[...].astype(config.jnp_dtype)[tokens]
+    else:  # rows gathered, then cast: the backward scatter-adds into float32 rows
+      x = self.embed[...][tokens].astype(config.jnp_dtype)
 
     if cache is not None:
       valid = write_rows(cache.valid, token_mask, cache.end)

@@ -47,7 +47,7 @@ class FunctionalModel:
     `method(module, tokens, **kwargs)` on the merged module when `method` is given
     (e.g. `rlhf_jax.models.lm_head.token_logprobs`)."""
     state = jax.tree.map(lambda leaf: leaf, self.abstract_state)  # fresh Variables
-    nnx.replace_by_pure_dict(state, params)
+    nnx.replace_by_pure_dict(state, compute_params(params, self.config))
     module = nnx.merge(self.graphdef, state)
     return module(tokens, **kwargs) if method is None else method(module, tokens, **kwargs)
 
@@ -58,6 +58,26 @@ class FunctionalModel:
   def logical_axes(self) -> Params:
     """The parameter dict's logical axis names, one tuple per array."""
     return logical_axes(self.abstract_state)
+
+
+# The parameters a forward reads only in the compute dtype (GEMM operands and the q/k/v
+# biases). The embedding is not among them (rows are gathered, then cast), nor the norms
+# (Gemma's (1 + w) is formed in float32) and the scalar head (float32).
+COMPUTE_CAST = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "q_bias", "k_bias",
+                          "v_bias", "gate_proj", "up_proj", "down_proj", "lm_head"})
+
+
+def compute_params(params: Params, config: DecoderConfig) -> Params:
+  """`params` with the COMPUTE_CAST leaves in the compute dtype: one cast per forward at
+  its top instead of one per use inside the layers (a rematerialised layer recast its
+  float32 kernels in the backward; a stacked one sliced float32 kernels then cast each
+  slice). The cast's transpose returns the gradients in the parameters' dtype."""
+  dtype = config.jnp_dtype
+
+  def cast(path, leaf):
+    name = getattr(path[-1], "key", None)
+    return leaf.astype(dtype) if name in COMPUTE_CAST and leaf.dtype != dtype else leaf
+  return jax.tree_util.tree_map_with_path(cast, params)
 
 
 def critic_from_policy(policy: FunctionalModel, policy_params: Params

@@ -91,3 +91,34 @@ def test_score_at_last_token():
   values = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
   mask = jnp.array([[1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 0]])
   np.testing.assert_array_equal(models.score_at_last_token(values, mask), [2.0, 7.0, 0.0])
+
+
+def converts(config, shape) -> int:
+  """`convert` ops on arrays of `shape` in the lowered gradient program of a bf16 model
+  with float32 parameters."""
+  model, params = models.init_model(config)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 96, (2, 9)), jnp.int32)
+  text = jax.jit(jax.grad(lambda p: loss(model, p, tokens))).lower(params).as_text()
+  typed = "tensor<" + "x".join(map(str, shape)) + "x"
+  return sum("stablehlo.convert" in line and typed in line for line in text.splitlines())
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_embedding_rows_are_gathered_before_the_cast(tie):
+  """The [V, E] table is never cast for the gather (its backward scatter-adds float32
+  rows); tied, the head casts it once and its cotangent comes back once (was 2 and 4)."""
+  config = CONFIG.replace(dtype="bfloat16", tie_embeddings=tie)
+  assert converts(config, (96, 32)) == (2 if tie else 0)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_kernels_are_cast_once_per_forward(scan):
+  """A rematerialised layer reads kernels cast before it, so its backward does not recast
+  them: gate and up of 2 layers, one cast forward and one cotangent back each (was 12
+  with the recasts); stacked, the whole [L, E, F] kernels are cast outside the scan and
+  no [E, F] slice is cast inside (was 6)."""
+  config = CONFIG.replace(dtype="bfloat16", remat=True, scan_layers=scan)
+  if scan:
+    assert (converts(config, (2, 32, 48)), converts(config, (32, 48))) == (4, 0)
+  else:
+    assert converts(config, (32, 48)) == 2 * 2 * 2
