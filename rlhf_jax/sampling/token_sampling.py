@@ -106,21 +106,26 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: jax.Array,
   target = uniform * total
   block = _first_above(cumulative, target, block_weight > 0)
   block = jnp.where(greedy, jnp.argmax(model_max, axis=-1).astype(jnp.int32), block)
-  pick = lambda table, index: jnp.take_along_axis(table, index[:, None], axis=-1)[:, 0]
-  rows = jnp.take_along_axis(logits.reshape(batch, nb, size), block[:, None, None], axis=1)[:, 0]
+  before = jnp.take_along_axis(cumulative - block_weight, block[:, None], axis=-1)[:, 0]
+  index, rows, scaled = _pick_in_block(logits.reshape(batch, nb, size), keep, block,
+                                       inverse_t, scaled_peak, target - before)
+  index = jnp.where(greedy, jnp.argmax(rows, axis=-1).astype(jnp.int32), index)
+  pick = lambda table: jnp.take_along_axis(table, index[:, None], axis=-1)[:, 0]
+  sampled_logprobs = jnp.where(greedy, 0.0, pick(scaled) - scaled_peak[:, 0] - jnp.log(total))
+  return block * size + index, sampled_logprobs, pick(rows) - lse
+
+
+def _pick_in_block(blocks, keep, block, inverse_t, scaled_peak, residual):
+  """Inside each row's chosen block (a [B, size] gather, not a pass over V): the first
+  token whose cumulative weight exp(x / T − peak) exceeds `residual`. Returns (index in
+  the block, the block's logits, its tempered and truncated logits)."""
+  take = lambda x: jnp.take_along_axis(x, block[:, None, None], axis=1)[:, 0]
+  rows = take(blocks)
   scaled = rows * inverse_t
   if keep is not None:
-    kept = jnp.take_along_axis(keep.reshape(batch, nb, size), block[:, None, None], axis=1)
-    scaled = jnp.where(kept[:, 0], scaled, _NEG_INF)
-  inner = jnp.exp(scaled - scaled_peak)  # [B, size]: 0 where truncated
-  before = pick(cumulative - block_weight, block)
-  index = _first_above(jnp.cumsum(inner, axis=-1), target - before, inner > 0)
-  index = jnp.where(greedy, jnp.argmax(rows, axis=-1).astype(jnp.int32), index)
-  tokens = block * size + index
-  sampled_logprobs = jnp.where(greedy, 0.0,
-                               pick(scaled, index) - scaled_peak[:, 0] - jnp.log(total))
-  model_logprobs = pick(rows, index) - lse
-  return tokens, sampled_logprobs, model_logprobs
+    scaled = jnp.where(take(keep.reshape(blocks.shape)), scaled, _NEG_INF)
+  inner = jnp.exp(scaled - scaled_peak)  # 0 where truncated
+  return _first_above(jnp.cumsum(inner, axis=-1), residual, inner > 0), rows, scaled
 
 
 def _blocks(vocab: int) -> tuple[int, int]:
