@@ -1,5 +1,7 @@
 """Per-row token sampling against NumPy references written from HF's warper order."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +9,7 @@ import pytest
 
 from rlhf_jax.sampling import sample_tokens
 from rlhf_jax.sampling import truncation_mask
+from rlhf_jax.sampling.token_sampling import needs_truncation
 
 
 def reference_keep(scaled, top_k, top_p, min_p):
@@ -213,3 +216,21 @@ def test_greedy_ties_and_masked_tokens_across_blocks():
                                                 keys, 3.0))
   assert not np.isin(tokens, [0, 1, 2, 3, 4, 5, 9]).any()
   assert np.all(np.isfinite(sampled)) and np.all(np.isfinite(model))
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({}, False), ({"top_k": 5}, True), ({"top_p": 0.9}, True), ({"min_p": 0.1}, True),
+    ({"top_k": 5, "temperature": 0.0}, False),  # greedy: never truncated
+    ({"fire": True, "fire_top_k": 16}, True),  # FIRE's hot draws use fire_top_k
+    ({"fire": True, "fire_top_k": 16, "fire_temperature": 0.0}, False),
+    ({"fire": False, "fire_top_k": 16}, False)])
+def test_needs_truncation_on_the_host(fields, expected):
+  """The static flag the engine picks: any draw these parameters make may be truncated
+  (cold: top_k / top_p / min_p at T > 0; hot FIRE draws: fire_top_k at T_fire > 0)."""
+  values = {**dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, fire=False,
+                   fire_temperature=1.0, fire_top_k=0), **fields}
+  one = types.SimpleNamespace(**{k: np.asarray(v) for k, v in values.items()})
+  assert needs_truncation(one) is expected
+  batch = types.SimpleNamespace(**{k: np.stack([np.asarray(v), np.zeros_like(v)])
+                                   for k, v in values.items()})
+  assert needs_truncation(batch) is expected
