@@ -18,6 +18,7 @@ masked out as keys and get positions that never matter.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import flax.struct
@@ -262,7 +263,39 @@ def lm_logits(hidden: jax.Array, head: jax.Array, precision: jax.lax.Precision |
   magnitude 16-32 are rounded to 0.125-0.25, which lands whole in log π (~0.01-0.03
   nats per token on average; tests/models/test_chunked_head.py). The trainer's chunked
   head, its unchunked head and the sampler all read their logits from here, so they
-  agree with each other."""
-  logits = jnp.matmul(hidden, head, precision=precision,
-                      preferred_element_type=jnp.promote_types(hidden.dtype, jnp.float32))
+  agree with each other. The backward's two GEMMs stay in the operands' dtype
+  (`_head_matmul`)."""
+  if jnp.dtype(jnp.result_type(hidden, head)).itemsize >= 4:
+    logits = jnp.matmul(hidden, head, precision=precision)
+  else:
+    logits = _head_matmul(hidden, head, precision)
   return soft_cap(logits, softcap)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _head_matmul(hidden, head, precision):
+  """hidden [..., E] @ head [E, V] of 16-bit operands, accumulated and emitted in
+  float32. Autodiff of a dot with a float32 `preferred_element_type` upcasts the
+  16-bit operands of both backward GEMMs (dh, dW) to float32: two float32 GEMMs of the
+  largest matrix of the model. Here the float32 cotangent is rounded to the operands'
+  dtype first (as the bf16 head's cotangent was), and both GEMMs accumulate in float32."""
+  return jnp.matmul(hidden, head, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _head_matmul_fwd(hidden, head, precision):
+  return _head_matmul(hidden, head, precision), (hidden, head)
+
+
+def _head_matmul_bwd(precision, residuals, d_logits):
+  hidden, head = residuals
+  d_logits = d_logits.astype(jnp.result_type(hidden, head))
+  flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+  flat_d = d_logits.reshape(-1, d_logits.shape[-1])
+  d_hidden = jnp.matmul(d_logits, head.T, precision=precision,
+                        preferred_element_type=jnp.float32)
+  d_head = jnp.matmul(flat_hidden.T, flat_d, precision=precision,
+                      preferred_element_type=jnp.float32)
+  return d_hidden.astype(hidden.dtype), d_head.astype(head.dtype)
+
+
+_head_matmul.defvjp(_head_matmul_fwd, _head_matmul_bwd)

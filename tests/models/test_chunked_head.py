@@ -63,6 +63,27 @@ def test_lm_logits_are_float32_for_bf16_inputs():
   np.testing.assert_allclose(logits, exact, atol=1e-4, rtol=1e-5)
 
 
+def test_bf16_head_gradient_runs_bf16_gemms_and_matches_the_formula():
+  """The backward's dh and dW GEMMs read bf16 operands (autodiff of a float32-emitting
+  dot would upcast both to float32 GEMMs), and the gradients are those of the formula
+  (float64 NumPy: dz = onehot − softmax(z), dh = dz·Wᵀ, dW = hᵀ·dz) to bf16 rounding."""
+  hidden, head, targets = bf16_inputs(2)
+  total = lambda h, w: jnp.sum(chunked_token_logprobs(h, w, targets, chunk=16))
+  grad = jax.jit(jax.value_and_grad(total, argnums=(0, 1)))
+  dots = [line.split(":")[-1] for line in grad.lower(hidden, head).as_text().splitlines()
+          if "stablehlo.dot_general" in line]
+  operands = [dot.split("->")[0] for dot in dots]
+  assert len(dots) == 4 and all("f32" not in o and o.count("bf16") == 2 for o in operands)
+  _, (d_hidden, d_head) = grad(hidden, head)
+  h64, w64 = np.asarray(hidden, np.float64), np.asarray(head, np.float64)
+  logits = h64 @ w64
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  d_logits = np.eye(VOCAB)[np.asarray(targets)] - probs / probs.sum(-1, keepdims=True)
+  for got, want in ((d_hidden, d_logits @ w64.T), (d_head, h64.T @ d_logits)):
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-2, atol=2e-2)
+
+
 CONFIG = models.DecoderConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=4,
                               num_kv_heads=2, head_dim=8, intermediate_size=48,
                               dtype="bfloat16")
