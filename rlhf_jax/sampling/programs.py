@@ -4,7 +4,8 @@ Few programs, because each costs compile time (on a GPU every distinct GEMM fusi
 autotuned, and a lent machine starts bare): per prompt bucket × padded prefill batch
 size (`prefill_batch_sizes`, a few) one prefill; one insert in all (every prefill row is
 padded to the longest bucket); one generate for 1 and one for `steps_per_sync` decode
-steps (`step_counts`). A continuation of a parked cache row (`keep_cache`) compiles one
+steps (`step_counts`), each with and without top-k / top-p / min-p truncation (the
+engine compiles the truncating one only while a running sample asks for it). A continuation of a parked cache row (`keep_cache`) compiles one
 resume per padded length of new tokens (powers of two) when it first runs.
 """
 
@@ -15,6 +16,8 @@ from typing import Sequence
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 
 from rlhf_jax.models.functional import Params
 from rlhf_jax.sampling.engine import Engine
@@ -53,11 +56,26 @@ def padded_batch(prompts: int, max_prefill_batch: int) -> int:
   return next(b for b in prefill_batch_sizes(max_prefill_batch) if b >= prompts)
 
 
+def state_program(engine: Engine, params: Params):
+  """`engine.init_decode_state` (which must stay pure: it is traced once) as one compiled
+  program, its state placed as the engine's programs place theirs on a one-device mesh
+  of the params (replicated): else its ~13 array constructors compile one by one, and
+  the first insert compiles once more for a state not yet committed to the mesh."""
+  mesh = getattr(getattr(jax.tree.leaves(params)[0], "sharding", None), "mesh", None)
+  replicated = mesh is not None and mesh.size == 1
+  return jax.jit(engine.init_decode_state,
+                 out_shardings=NamedSharding(mesh, PartitionSpec()) if replicated else None)
+
+
 def warmup(engine: Engine, params: Params, prompt_buckets: Sequence[int], *,
-           max_prefill_batch: int, steps_per_sync: int) -> dict[str, int]:
+           max_prefill_batch: int, steps_per_sync: int, truncation: bool = True,
+           init_state=None) -> dict[str, int]:
   """Compiles every prefill, insert and generate program the Scheduler dispatches, on
-  dummy inputs; returns `engine.compilations()`."""
-  state = engine.init_decode_state()
+  dummy inputs; returns `engine.compilations()`. `truncation=False` leaves out the
+  truncating generate programs (for callers whose samples never ask for top-k / top-p /
+  min-p; one would then compile at its first use). `init_state`: the Scheduler's
+  `state_program` (default `engine.init_decode_state`)."""
+  state = (init_state or engine.init_decode_state)()
   sampling = engine.slot_sampling(SamplingParams(max_new_tokens=1), 0, seed=0)
   for bucket in prompt_buckets:
     for batch in prefill_batch_sizes(max_prefill_batch):
@@ -65,7 +83,8 @@ def warmup(engine: Engine, params: Params, prompt_buckets: Sequence[int], *,
                                  np.ones((batch,), np.int32), pad_to=max(prompt_buckets))
       state = engine.insert(rows[0], state, 0, row=0, sampling=sampling)
   for steps in step_counts(steps_per_sync):
-    state, _ = engine.generate_steps(params, state, steps)
+    for truncate in (None, True) if truncation else (None,):
+      state, _ = engine.generate_steps(params, state, steps, truncate=truncate)
   jax.block_until_ready(state)
   return engine.compilations()
 

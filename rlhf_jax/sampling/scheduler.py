@@ -100,7 +100,8 @@ class Scheduler:
     self._slots: list[SampleState | None] = [None] * engine.num_slots
     self._pending_params: tuple[Params, int] | None = None
     self._to_reap: list[RequestState] = []  # requests with a cancel since the last step
-    self._state = engine.init_decode_state()
+    self._new_state = programs.state_program(engine, params)  # one program, not ~13
+    self._state = self._new_state()
     self.prefix_cache = PrefixCache(engine, engine.num_slots if parked_rows is None
                                     else parked_rows)
     self._stats = collections.Counter()
@@ -209,16 +210,13 @@ class Scheduler:
         done[completion.request_id][completion.sample_index] = completion
     return [done[rid] for rid in ids]
 
-  def step_counts(self) -> list[int]:
-    """Decode steps per dispatch (sampling/programs.py)."""
-    return programs.step_counts(self.steps_per_sync)
-
-  def warmup(self) -> dict[str, int]:
-    """Compiles every program the scheduler can dispatch (sampling/programs.py), so no
-    request pays for compilation. Returns `engine.compilations()`."""
+  def warmup(self, truncation: bool = True) -> dict[str, int]:
+    """Compiles every program the scheduler can dispatch (sampling/programs.py; without
+    the truncating generates if not `truncation`), so no request pays for compilation.
+    Returns `engine.compilations()`."""
     return programs.warmup(self.engine, self.params, self.prompt_buckets,
-                           max_prefill_batch=self.max_prefill_batch,
-                           steps_per_sync=self.steps_per_sync)
+                           max_prefill_batch=self.max_prefill_batch, init_state=self._new_state,
+                           steps_per_sync=self.steps_per_sync, truncation=truncation)
 
   def fail_all(self, reason: str) -> list[Completion]:
     """Ends every queued and running request with finish_reason "error" and starts
@@ -232,7 +230,7 @@ class Scheduler:
       self._queue.clear()
       self._to_reap.clear()
     self._in_flight = None
-    self._state = self.engine.init_decode_state()
+    self._state = self._new_state()
     return completions
 
   # ---------------------------------------------------------------- loop side

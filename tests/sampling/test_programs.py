@@ -6,7 +6,11 @@ import logging
 import re
 
 import jax
+import numpy as np
 import pytest
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 
 from rlhf_jax import sampling
 from rlhf_jax.sampling import programs
@@ -77,18 +81,26 @@ def varied_load(sched):
 
 @pytest.mark.slow
 def test_warmup_compiles_the_whole_set_and_serving_compiles_nothing():
+  """With the params on a mesh, as the launchers place them: the first state is placed
+  as the programs' (else the first insert compiles twice, the state not yet committed)."""
+  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
+  params = jax.device_put(PARAMS, NamedSharding(mesh, PartitionSpec()))
   engine = sampling.Engine(MODEL, num_slots=4, cache_length=40)
-  sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS, steps_per_sync=4,
-                    max_prefill_batch=8)
-  names = ("_prefill_impl", "_insert_impl", "_generate_impl")
+  names = ("init_decode_state", "_prefill_impl", "_insert_impl", "_generate_impl",
+           "broadcast_in_dim")
   with compile_log() as log:
+    sched = Scheduler(engine, params, prompt_buckets=BUCKETS, steps_per_sync=4,
+                      max_prefill_batch=8)
     compiled = sched.warmup()
     warm = {name: log.count(name) for name in names}
     varied_load(sched)
     served = {name: log.count(name) for name in names}
-  # 2 buckets × batch sizes {1, 4, 8}; one insert; generate for 1 and 4 steps.
-  assert compiled == {"prefill": 6, "insert": 1, "generate[1]": 1, "generate[4]": 1}
-  assert warm == {"_prefill_impl": 6, "_insert_impl": 1, "_generate_impl": 2}
+  # 2 buckets × batch sizes {1, 4, 8}; one insert; generate for 1 and 4 steps, each
+  # with and without truncation (top_p below).
+  assert compiled == {"prefill": 6, "insert": 1, "generate[1]": 1, "generate[4]": 1,
+                      "generate[1]+truncate": 1, "generate[4]+truncate": 1}
+  assert warm == {"init_decode_state": 1, "_prefill_impl": 6, "_insert_impl": 1,
+                  "_generate_impl": 4, "broadcast_in_dim": 0}
   assert served == warm
   assert engine.compilations() == compiled
 
