@@ -39,7 +39,8 @@ def validate_scheduler_options(*, prompt_buckets: Sequence[int], cache_length: i
     cache_length: KV positions per slot (the Engine's; checked by the Engine).
     steps_per_sync: a positive integer (decode steps per dispatch).
     max_queue: a positive integer (most requests waiting or running).
-    max_prefill_batch: a power of two (prefill batches are padded to powers of two).
+    max_prefill_batch: a power of two (prefill batches are padded to a few sizes up to it:
+      `programs.prefill_batch_sizes`).
     update_policy: one of UPDATE_POLICIES.
     prefix: prepended to the field names, e.g. "config.sampler.".
   """
