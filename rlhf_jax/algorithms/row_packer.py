@@ -2,8 +2,9 @@
 prepare's and every micro-batch's of the updates), and the padding they remove.
 
 The plans are made on the host from the rows' prompt and response lengths
-(`models.packing`); buffer counts are rounded up to one of three buckets
-(`packing.buffer_buckets`), so a run compiles at most three shapes of each program.
+(`models.packing`); buffer counts are rounded up to eighths of the count that
+always suffices (`packing.buffer_buckets`), so a run compiles at most eight shapes of
+each program.
 """
 
 from __future__ import annotations

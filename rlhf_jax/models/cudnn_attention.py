@@ -34,11 +34,11 @@ import jax.numpy as jnp
 from rlhf_jax.models.flash_attention import check_options
 from rlhf_jax.models.flash_attention import kernel_segments
 from rlhf_jax.models.flash_attention import valid_tokens
+from rlhf_jax.models.packing import MAX_ROWS_PER_BUFFER
 
 # Segments per packed buffer the cuDNN call describes (a static bound: its softmax
-# statistics are [B·M, N, T] float32). Packing fills buffers of ≥ 1024 tokens with
-# RL rows (prompt + response), far longer than 1024 / 32 tokens each.
-MAX_SEGMENTS = 32
+# statistics are [B·M, N, T] float32); packing puts no more rows in a buffer.
+MAX_SEGMENTS = MAX_ROWS_PER_BUFFER
 
 
 def refusal(dtype, head_dim: int, time: int, softcap: float | None = None,
