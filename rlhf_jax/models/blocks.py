@@ -81,6 +81,25 @@ def _dense(x: jax.Array, kernel: jax.Array, precision: jax.lax.Precision | None)
   return out.reshape(*leading, kernel.shape[-1])
 
 
+def join_per_kv_head(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """q [..., H, D], k and v [..., K, D] (kernels [E, ., D] or biases [., D]) → [...,
+  K·(G+2)·D]: per KV head k, its G = H / K query heads (k·G ... k·G+G−1, the attention's
+  grouping), then its key, then its value. Any contiguous split of the result into n
+  blocks (n dividing K) is the join of the heads of one block of a split of H and K: a
+  split over `tensor` stays on each device."""
+  kv_heads = k.shape[-2]
+  leading = q.shape[:-2]
+  joined = jnp.concatenate([part.reshape(*leading, kv_heads, -1) for part in (q, k, v)],
+                           axis=-1)
+  return joined.reshape(*leading, -1)
+
+
+def interleave_columns(a: jax.Array, b: jax.Array) -> jax.Array:
+  """a, b [..., F] → [..., 2F] with column 2f = a's f and 2f+1 = b's f: a contiguous
+  split into n blocks (n dividing F) is the interleave of the same blocks of a and b."""
+  return jnp.stack([a, b], axis=-1).reshape(*a.shape[:-1], 2 * a.shape[-1])
+
+
 class RMSNorm(nnx.Module):
   """y = x / sqrt(mean(x²) + eps) · w over x's trailing axes of w's shape, computed in
   float32 (Zhang & Sennrich 2019). Default w: [hidden_size]; a q/k norm passes its own
@@ -132,27 +151,31 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(config, (k, d), ("kv_heads", "head_dim"))
 
   def qkv(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """x [B,T,E] → q [B,T,H,D], k and v [B,T,K,D], as ONE GEMM: the three kernels (and
-    biases) are concatenated at use into [E, (H+2K)·D], so the parameter tree and the HF
-    conversion keep q_proj / k_proj / v_proj (LoRA merges into each before the forward),
-    while XLA sees one dot of N = (H+2K)·D instead of two with N = K·D (far below the
-    GEMM sizes that reach tensor-core peak)."""
+    """x [B,T,E] → q [B,T,H,D], k and v [B,T,K,D], as ONE GEMM of N = (H+2K)·D instead of
+    three (k's and v's N = K·D are far below the sizes that reach tensor-core peak).
+
+    The kernels (and biases) are joined at use, so the parameter tree and the HF
+    conversion keep q_proj / k_proj / v_proj (LoRA merges into each before the forward).
+    They are joined per KV head (`join_per_kv_head`), not as [q | k | v]: with heads and
+    kv_heads split over `tensor`, each device joins and splits its own heads (a plain
+    concatenation along the split axis made XLA move columns between devices: in a
+    1-layer probe at tensor=4, 3 all-gathers and 12 collective-permutes in the forward;
+    none this way)."""
     config = self.config
     dtype = config.jnp_dtype
-    batch, time, embed = x.shape
-    kernels = (self.q_proj, self.k_proj, self.v_proj)
-    widths = [kernel.shape[1] * kernel.shape[2] for kernel in kernels]
-    fused = jnp.concatenate([kernel[...].astype(dtype).reshape(embed, width)
-                             for kernel, width in zip(kernels, widths)], axis=1)
-    out = _dense(x, fused, config.precision)
+    batch, time, _ = x.shape
+    _, heads, dim = self.q_proj.shape
+    kv_heads = self.k_proj.shape[1]
+    group = heads // kv_heads
+    parts = lambda names: [getattr(self, name)[...].astype(dtype) for name in names]
+    out = _dense(x, join_per_kv_head(*parts(("q_proj", "k_proj", "v_proj"))),
+                 config.precision)
     if config.qkv_bias:
-      bias = jnp.concatenate([getattr(self, name)[...].astype(dtype).reshape(width)
-                              for name, width in zip(("q_bias", "k_bias", "v_bias"), widths)])
+      bias = join_per_kv_head(*parts(("q_bias", "k_bias", "v_bias")))
       out = out + bias.reshape(1, 1, -1)
-    q_end, k_end = widths[0], widths[0] + widths[1]
-    split = lambda part, kernel: part.reshape(batch, time, kernel.shape[1], kernel.shape[2])
-    return (split(out[..., :q_end], self.q_proj), split(out[..., q_end:k_end], self.k_proj),
-            split(out[..., k_end:], self.v_proj))
+    out = out.reshape(batch, time, kv_heads, (group + 2) * dim)
+    q = out[..., :group * dim].reshape(batch, time, heads, dim)
+    return q, out[..., group * dim:(group + 1) * dim], out[..., (group + 1) * dim:]
 
   def __call__(self, x, rope, token_mask, layer_cache, segment_ids, kind: LayerKind):
     """x [B,T,E]; rope: (cos, sin) tables [B,T,1,R] of every layer, then of sliding layers
@@ -231,13 +254,17 @@ class MLP(nnx.Module):
     self.down_proj = param(rngs, (f, e), ("mlp", "embed"), config)
 
   def gate_up(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """x [..., E] → (gate, up) [..., F] as ONE GEMM on the kernels concatenated at use
-    into [E, 2F] (the parameter tree keeps gate_proj and up_proj)."""
+    """x [..., E] → (gate, up) [..., F] as ONE GEMM on the kernels joined at use into
+    [E, F, 2] → [E, 2F] (column 2f is gate's f, 2f+1 up's; the parameter tree keeps
+    gate_proj and up_proj). Interleaved rather than concatenated so the mlp axis stays
+    whole: split over `tensor`, each device joins and splits its own columns (a [gate |
+    up] concatenation along a split axis made XLA move the halves between devices)."""
     dtype, width = self.config.jnp_dtype, self.gate_proj.shape[-1]
-    fused = jnp.concatenate([self.gate_proj[...].astype(dtype),
-                             self.up_proj[...].astype(dtype)], axis=1)
+    fused = interleave_columns(self.gate_proj[...].astype(dtype),
+                               self.up_proj[...].astype(dtype))
     out = _dense(x, fused, self.config.precision)
-    return out[..., :width], out[..., width:]
+    out = out.reshape(*out.shape[:-1], width, 2)
+    return out[..., 0], out[..., 1]
 
   def __call__(self, x):
     dtype, precision = self.config.jnp_dtype, self.config.precision

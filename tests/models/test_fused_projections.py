@@ -142,3 +142,22 @@ def test_three_fewer_gemms_a_layer(grad, unfused):
   fused = dots(model, params, grad)
   unfused()
   assert dots(model, params, grad) - fused == 3 * (3 if grad else 1)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4])
+def test_fused_kernels_split_like_their_parts(shards):
+  """Tensor parallelism splits heads, kv_heads and mlp into `shards` contiguous blocks:
+  block j of a fused kernel must be the fusion of block j of its parts (each device
+  fuses its own columns; no data moves between devices)."""
+  rng = np.random.default_rng(shards)
+  e, h, k, d, f = 3, 8, 4, 2, 12
+  q, kk, v = (jnp.asarray(rng.normal(size=(e, n, d))) for n in (h, k, k))
+  gate, up = (jnp.asarray(rng.normal(size=(e, f))) for _ in range(2))
+  block = lambda x, j, axis: jnp.split(x, shards, axis=axis)[j]
+  for j in range(shards):
+    np.testing.assert_array_equal(
+        block(blocks.join_per_kv_head(q, kk, v), j, 1),
+        blocks.join_per_kv_head(block(q, j, 1), block(kk, j, 1), block(v, j, 1)))
+    np.testing.assert_array_equal(block(blocks.interleave_columns(gate, up), j, 1),
+                                  blocks.interleave_columns(block(gate, j, 1),
+                                                            block(up, j, 1)))
