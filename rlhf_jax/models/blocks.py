@@ -206,7 +206,7 @@ class Attention(nnx.Module):
     if layer_cache is None:
       # The fused kernels take the layout (padding, segments, window), not the dense mask.
       out = grouped_query_attention(
-          q, k, v, allowed, impl=kernel_choice.training_attention(self.config.attention_impl),
+          q, k, v, allowed, impl=self.config.attention_impl,
           token_mask=token_mask, segment_ids=segment_ids, window=kind.window, **scores)
       new_cache = None
     else:

@@ -145,8 +145,9 @@ def init_model(config: DecoderConfig, *, seed: int = 0, head: HeadKind = "lm",
                           abstract_state=abstract_state)
   if abstract:
     return model, nnx.to_pure_dict(abstract_state)
-  _, state = nnx.split(build(), nnx.Param)
-  return model, nnx.to_pure_dict(state)
+  # One program for every parameter (eagerly, each shape compiled its own draw and scale).
+  initial = jax.jit(lambda: nnx.to_pure_dict(nnx.split(build(), nnx.Param)[1]))
+  return model, initial()
 
 
 def with_numerics(model: FunctionalModel, **runtime) -> FunctionalModel:

@@ -43,7 +43,7 @@ def fit(loss_fn: Callable, params, make_batch: Callable[[int], object], *, steps
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  opt_state = optimizer.init(params)
+  opt_state = jax.jit(optimizer.init)(params)  # one program, not one per moment's shape
   losses = []
   start = time.perf_counter()
   for step in range(steps):

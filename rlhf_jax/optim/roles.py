@@ -52,6 +52,10 @@ def on_mesh(tree, mesh):
   return jax.tree.map(place, tree)
 
 
+# One program for a whole tree (eagerly, every leaf's shape compiled a copy of its own).
+_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+
 def new_train_state(optimizer: optax.GradientTransformation, params, mesh) -> TrainState:
   """Params with a fresh optimizer state on `mesh`: moments take the params' layout,
   scalars (step counts) and params not yet laid out on the mesh are replicated."""
@@ -205,7 +209,7 @@ class FrozenRole:
 
   def __init__(self, model, params):
     self.model = model
-    self.params = jax.tree.map(jnp.copy, params)
+    self.params = _copy(params)
     self._ema = jax.jit(lambda ref, new, rate: jax.tree.map(
         lambda r, p: (1 - rate) * r + rate * p, ref, new), donate_argnums=(0,))
 

@@ -20,8 +20,10 @@ from rlhf_jax.models.config import DTYPES
 from rlhf_jax.models.config import MATMUL_PRECISIONS
 from rlhf_jax.sampling import security
 from rlhf_jax.sampling.engine import Engine
+from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.scheduler import Scheduler
 from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
+from rlhf_jax.sampling.token_sampling import needs_truncation
 
 
 def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
@@ -109,10 +111,13 @@ def newline_token_ids(tokenizer) -> list[int]:
 
 
 def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokenizer=None,
-                    seed: int = 0, logits_hook=None) -> Scheduler:
+                    seed: int = 0, logits_hook=None,
+                    requests: SamplingParams | None = None) -> Scheduler:
   """An Engine and Scheduler as the sampler section says (validate it first): the
   model computes in `config.dtype` at `config.matmul_precision`; with `config.warmup`,
-  every program is compiled before this returns. Every launcher builds its sampler here.
+  every program is compiled before this returns; given the `requests` a caller will send,
+  the top-k/top-p generate variants only if those truncate (a request that does compiles
+  them on first use). Every launcher builds its sampler here.
   With a `logits_hook` (guided decoding), `params` are `GuidedParams(model, guide)`."""
   newline = newline_token_ids(tokenizer) if tokenizer is not None else ()
   model = with_numerics(model, dtype=config.dtype, matmul_precision=config.matmul_precision)
@@ -125,7 +130,9 @@ def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokeniz
                    max_prefill_batch=config.max_prefill_batch,
                    parked_rows=None if config.parked_rows == -1 else config.parked_rows)
   if config.warmup:
-    scheduler.warmup()
+    truncation = requests is None or needs_truncation(
+        engine.slot_sampling(requests, 0, seed=0))
+    scheduler.warmup(truncation=truncation)
   return scheduler
 
 

@@ -316,7 +316,8 @@ def _sampler(c, policy: Policy, mesh):
     return sampler
   return sampler_config_lib.build_scheduler(
       c.sampler, policy.model, generation_params(c, policy, policy.params, mesh),
-      tokenizer=policy.tokenizer, seed=c.seed)
+      tokenizer=policy.tokenizer, seed=c.seed,
+      requests=rollout_config_lib.sampling_params(c.rollout, ()))
 
 
 def process_sharded_sampler(c, policy: Policy, mesh):
