@@ -127,8 +127,9 @@ class DecoderConfig:
       [B, T, V] at once; 0 = unchunked. Not part of HF `config.json`.
     attention_impl: the kernel of the uncached attention of training and scoring
       forwards (`grouped_query_attention`): "auto" (default; resolved by
-      `kernel_choice.training_attention`: cuDNN flash on an NVIDIA GPU, XLA
-      elsewhere), "xla" (scores materialised, hand-written backward), "cudnn"
+      `kernel_choice.training_attention`: cuDNN flash on an NVIDIA Hopper GPU, the
+      Pallas kernel for bf16/fp16 where cuDNN cannot, XLA for float32 and off
+      NVIDIA GPUs), "xla" (scores materialised, hand-written backward), "cudnn"
       (cuDNN's fused flash attention, GPU only), "pallas" (the Pallas flash kernel:
       Triton on GPU, interpret mode elsewhere: slow, for tests). Not part of HF
       `config.json`.

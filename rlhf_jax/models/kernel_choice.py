@@ -16,14 +16,25 @@ from rlhf_jax.models import cudnn_attention
 from rlhf_jax.models import flash_attention
 
 
-def _on_gpu() -> bool:
-  return jax.default_backend() in ("gpu", "cuda", "rocm")
+def on_gpu() -> bool:
+  """Whether programs are traced for a GPU (CUDA or ROCm: both run Pallas' Triton
+  kernels; elsewhere the Pallas kernels run in interpret mode)."""
+  return jax.default_backend() == "gpu"
+
+
+def _on_nvidia_gpu() -> bool:
+  return on_gpu() and "cuda" in str(getattr(jax.devices()[0].client, "platform_version",
+                                            "")).lower()
 
 
 def _cudnn_hopper() -> bool:
-  """Whether the first GPU is Hopper or later (cuDNN's packed form needs sm_90)."""
+  """Whether the first GPU is an NVIDIA Hopper or later (cuDNN's packed form needs
+  sm_90)."""
   capability = getattr(jax.devices()[0], "compute_capability", None)
-  return capability is not None and float(capability) >= 9.0
+  try:
+    return capability is not None and float(capability) >= 9.0
+  except ValueError:  # not an NVIDIA capability ("gfx90a" on ROCm)
+    return False
 
 
 def training_attention(impl: str, *, dtype=None, head_dim: int | None = None,
@@ -44,7 +55,7 @@ def training_attention(impl: str, *, dtype=None, head_dim: int | None = None,
   """
   if impl != "auto":
     return impl
-  if jax.default_backend() not in ("gpu", "cuda"):
+  if not _on_nvidia_gpu():
     return "xla"
   if dtype is None:
     return "auto"
@@ -66,7 +77,7 @@ def decode_attention(kernel: str) -> str:
   the step) and "xla" elsewhere (on CPU the XLA path is faster than interpret mode)."""
   if kernel != "auto":
     return kernel
-  return "pallas" if _on_gpu() else "xla"
+  return "pallas" if on_gpu() else "xla"
 
 
 def decode_span_switch() -> bool:
@@ -74,4 +85,4 @@ def decode_span_switch() -> bool:
   (`cached_attention`): on CPU (and TPU) a conditional is cheap and skips the empty end of
   the cache; on a GPU each conditional is a host synchronisation that also cuts CUDA-graph
   capture (XLA's ConditionalThunk), far dearer than reading every slot, so it reads all."""
-  return not _on_gpu()
+  return not on_gpu()

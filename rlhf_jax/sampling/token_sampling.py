@@ -108,7 +108,8 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: jax.Array,
   block = jnp.where(greedy, jnp.argmax(model_max, axis=-1).astype(jnp.int32), block)
   before = jnp.take_along_axis(cumulative - block_weight, block[:, None], axis=-1)[:, 0]
   index, rows, scaled = _pick_in_block(logits.reshape(batch, nb, size), keep, block,
-                                       inverse_t, scaled_peak, target - before)
+                                       inverse_t, scaled_peak,
+                                       jnp.maximum(target - before, 0.0))
   index = jnp.where(greedy, jnp.argmax(rows, axis=-1).astype(jnp.int32), index)
   pick = lambda table: jnp.take_along_axis(table, index[:, None], axis=-1)[:, 0]
   sampled_logprobs = jnp.where(greedy, 0.0, pick(scaled) - scaled_peak[:, 0] - jnp.log(total))
@@ -160,12 +161,14 @@ def _block_stats(blocks: jax.Array, inverse_t: jax.Array, keep: jax.Array | None
 
 
 def _first_above(cumulative: jax.Array, target: jax.Array, positive: jax.Array) -> jax.Array:
-  """Per row, the first index whose cumulative weight exceeds `target`, at most the last
-  index of positive weight (u · total can round up to the total: p ≈ 2⁻²⁴)."""
+  """Per row, the first index whose cumulative weight exceeds `target`, never one of zero
+  weight: at most the last positive index (u · total can round up to the total, p ≈ 2⁻²⁴)
+  and at least the first (a block's residual target − before can round below 0)."""
   count = jnp.sum(cumulative <= target[:, None], axis=-1, dtype=jnp.int32)
   iota = jnp.arange(cumulative.shape[-1], dtype=jnp.int32)
   last = jnp.max(jnp.where(positive, iota, -1), axis=-1)
-  return jnp.minimum(count, last)
+  first = jnp.argmax(positive, axis=-1).astype(jnp.int32)
+  return jnp.clip(count, first, last)
 
 
 def draw_for_slots(logits: jax.Array, sampling, generated: jax.Array, last_token: jax.Array,

@@ -61,7 +61,7 @@ def test_cached_attention_reads_the_used_span_exactly(time, used):
 def test_cached_decode_switches_on_the_span_on_cpu_only(monkeypatch, on_gpu):
   """On a GPU a conditional is a host synchronisation per layer: the XLA decode path reads
   every slot there (no `cond` in the program), and the result is the same."""
-  monkeypatch.setattr(kernel_choice, "_on_gpu", lambda: on_gpu)
+  monkeypatch.setattr(kernel_choice, "on_gpu", lambda: on_gpu)
   slots, used = 320, 70
   q, k, v, mask = inputs(3, batch=3, time=1, slots=slots)
   mask = np.asarray(mask) & (np.arange(slots) < used)

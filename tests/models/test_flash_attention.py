@@ -161,6 +161,7 @@ def test_auto_is_xla_on_cpu():
 def test_auto_on_a_gpu(monkeypatch, dtype, time, options, hopper, want):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   monkeypatch.setattr(kernel_choice, "_cudnn_hopper", lambda: hopper)
+  monkeypatch.setattr(kernel_choice, "_on_nvidia_gpu", lambda: True)
   assert kernel_choice.training_attention("auto") == "auto"  # decided with the arrays
   assert kernel_choice.training_attention("auto", dtype=dtype, head_dim=64, time=time,
                                           **options) == want

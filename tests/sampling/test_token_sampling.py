@@ -234,3 +234,15 @@ def test_needs_truncation_on_the_host(fields, expected):
   batch = types.SimpleNamespace(**{k: np.stack([np.asarray(v), np.zeros_like(v)])
                                    for k, v in values.items()})
   assert needs_truncation(batch) is expected
+
+
+def test_a_target_rounded_below_a_block_start_never_picks_a_zero_weight_token():
+  """float32 (c + w) − w can exceed c: the residual inside the chosen block is then a hair
+  below 0, and the first token of the block (here of zero weight, a −∞ logit) must not be
+  taken; nor can a target at the total pick the zero-weight tail."""
+  from rlhf_jax.sampling.token_sampling import _first_above
+  cumulative = jnp.array([[0.0, 0.5, 1.0, 1.0]])
+  positive = jnp.array([[False, True, True, False]])
+  assert int(_first_above(cumulative, jnp.array([-1e-8]), positive)[0]) == 1
+  assert int(_first_above(cumulative, jnp.array([1.0]), positive)[0]) == 2
+  assert int(_first_above(cumulative, jnp.array([0.7]), positive)[0]) == 2
