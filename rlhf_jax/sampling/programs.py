@@ -125,8 +125,9 @@ def dispatch(engine: Engine, params: Params, state: DecodeState, samples, steps:
   that reading them later does not wait for the copy; returns the new state and the
   in-flight record of which sample each slot held (`samples`: {slot: SampleState})."""
   state, results = engine.generate_steps(params, state, steps)
-  for leaf in jax.tree.leaves(results):
-    leaf.copy_to_host_async()
+  if jax.default_backend() != "cpu":  # on CPU the results already are host memory
+    for leaf in jax.tree.leaves(results):
+      leaf.copy_to_host_async()
   return state, InFlight(results=results, samples=dict(samples), steps=steps, version=version)
 
 
