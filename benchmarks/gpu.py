@@ -5,7 +5,7 @@ Parts (--parts, comma-separated):
   g1   PPO actor step on the Qwen2.5-0.5B shape (V=151936, E=896, L=24, H=14, K=2, D=64,
        F=4864, tied, q/k/v bias, RoPE θ 1e6), float32 parameters, bfloat16 compute,
        16 × 1024 tokens (prompt 256 + response 768). Ours is the library's own path:
-       `algorithms.batch.response_logprobs(..., with_entropy=True)` (LM head chunked by
+       `batch.response_logprobs(..., with_entropy=True)` (LM head chunked by
        `DecoderConfig.logprob_chunk`) → `kernels.ppo_policy_loss` (token-mean) →
        `jax.value_and_grad` → optax clip 1.0 + AdamW, parameters and optimizer state
        donated. Median step time, tokens/s, MFU against the H100 SXM dense bf16 peak

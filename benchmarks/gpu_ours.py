@@ -38,7 +38,7 @@ def logprob_chunk(args) -> int:
 def host_batch(batch: int, seq: int, prompt: int, vocab: int, seed: int = 0):
   """A RolloutBatch (NumPy) of full rows: random prompt and response ids, random old
   log-probs, one advantage per row broadcast over its response."""
-  from rlhf_jax.algorithms import batch as batch_lib
+  from rlhf_jax import batch as batch_lib
   rng = np.random.default_rng(seed)
   response = seq - prompt
   prompts = rng.integers(3, vocab, (batch, prompt)).tolist()
@@ -59,7 +59,7 @@ def make_train_step(model):
   import optax
 
   from rlhf_jax import kernels
-  from rlhf_jax.algorithms import batch as batch_lib
+  from rlhf_jax import batch as batch_lib
 
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6, weight_decay=0.0))
 
@@ -85,7 +85,7 @@ def train_ours(part: str, args) -> dict:
   import jax
 
   from rlhf_jax import models
-  from rlhf_jax.algorithms import batch as batch_lib
+  from rlhf_jax import batch as batch_lib
 
   batch_size, seq, prompt = SHAPES[args.tiny][part]
   chunk = logprob_chunk(args)

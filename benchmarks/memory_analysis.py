@@ -83,7 +83,7 @@ def measure(rows: int, chunk: int, layers: int, remat: bool, scan: bool = False,
 
   from rlhf_jax import kernels
   from rlhf_jax import models
-  from rlhf_jax.algorithms import batch as batch_lib
+  from rlhf_jax import batch as batch_lib
   from rlhf_jax.models import blocks
 
   if attention == "flash":  # this process only: each configuration runs in its own

@@ -57,7 +57,7 @@ def make_batch(seed: int, rows: int, response: int):
   """A rollout batch with log-normal response lengths and ragged prompts."""
   import numpy as np
 
-  from rlhf_jax.algorithms import batch as batch_lib
+  from rlhf_jax import batch as batch_lib
 
   rng = np.random.default_rng(seed)
   lengths = np.clip(np.round(rng.lognormal(np.log(96), 0.8, rows)), 1, response).astype(int)

@@ -27,5 +27,5 @@ RLHF_JAX_MULTIDEVICE=1 XLA_FLAGS="--xla_force_host_platform_device_count=8 ${XLA
 PIDNS=(unshare --pid --fork --mount-proc --kill-child)
 if [ "$(id -u)" -ne 0 ]; then PIDNS=(unshare --user --map-current-user --pid --fork --mount-proc --kill-child); fi
 RLHF_JAX_ADVERSARIAL=1 run_pytest "${PIDNS[@]}" timeout 600 \
-  "$VENV/bin/python" -m pytest -p no:cacheprovider tests/rewards/test_sandbox_adversarial.py \
-  tests/rewards/test_sandbox_seccomp.py tests/rewards/test_code_job_bounds.py "$@"
+  "$VENV/bin/python" -m pytest -p no:cacheprovider tests/sandbox/test_sandbox_adversarial.py \
+  tests/sandbox/test_sandbox_seccomp.py tests/rewards/test_code_job_bounds.py "$@"

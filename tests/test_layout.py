@@ -13,23 +13,28 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "rlhf_jax"
 GENERATED = ("protos",)
 
 # Who may import whom (package → packages of ours it must not import). One way:
-# kernels → models → sampling → rewards → rollout → algorithms' learners → training.
+# kernels → models → batch → sampling → sandbox → rewards → envs → rollout → algorithms'
+# learners → training. The rollout batch lives in batch/ (not algorithms/), the sandbox in
+# sandbox/ (not rewards/), speculative rejection in search/ (not rollout/): the old arrows
+# rollout/rewards/tasks → algorithms, envs → rewards and search ← rollout are forbidden.
+ABOVE_MODELS = {"sampling", "rewards", "rollout", "algorithms", "optim", "training", "search",
+                "envs", "batch", "sandbox", "tasks", "analysis"}
 FORBIDDEN = {
-    "kernels": {"models", "sampling", "rewards", "rollout", "algorithms", "optim", "training",
-                "search", "analysis", "data", "tasks", "parallel", "envs"},
-    "models": {"sampling", "rewards", "rollout", "algorithms", "optim", "training", "search",
-               "envs"},
-    "parallel": {"models", "sampling", "rewards", "rollout", "algorithms", "optim", "training",
-                 "search", "envs"},
-    "optim": {"models", "sampling", "rewards", "rollout", "algorithms", "training", "search",
-              "envs"},
-    "sampling": {"rewards", "rollout", "algorithms", "optim", "training", "search", "envs"},
-    "rewards": {"rollout", "training", "search", "envs"},
-    "envs": {"models", "sampling", "rollout", "algorithms", "optim", "training", "search"},
-    "rollout": {"training", "search"},
-    "algorithms": {"rollout", "training", "search", "envs"},
-    "data": {"sampling", "rewards", "rollout", "algorithms", "optim", "training", "search",
-             "envs"},
+    "kernels": ABOVE_MODELS | {"models", "data", "parallel"},
+    "models": ABOVE_MODELS,
+    "parallel": ABOVE_MODELS | {"models"},
+    "optim": ABOVE_MODELS - {"optim"} | {"models"},
+    "batch": ABOVE_MODELS - {"batch"} | {"data"},
+    "sandbox": ABOVE_MODELS - {"sandbox"} | {"models", "parallel"},
+    "sampling": ABOVE_MODELS - {"sampling", "batch"},
+    # rewards/config.py's cross-section rule on the estimator moves to training/config.py
+    "rewards": {"rollout", "training", "search", "envs", "analysis"},
+    "envs": {"models", "sampling", "rewards", "rollout", "algorithms", "optim", "training",
+             "search", "tasks", "analysis"},
+    "rollout": {"algorithms", "training", "search", "tasks", "analysis"},
+    "tasks": {"algorithms", "training", "search", "analysis"},
+    "algorithms": {"rollout", "training", "search", "envs", "sandbox", "tasks", "analysis"},
+    "data": ABOVE_MODELS,
     "training": {"search", "analysis"},
 }
 

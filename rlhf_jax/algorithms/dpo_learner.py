@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.algorithms import dpo
 from rlhf_jax.algorithms.learner import LearnerBase
 from rlhf_jax.algorithms.learner import rl_optimizers

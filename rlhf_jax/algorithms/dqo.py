@@ -16,9 +16,9 @@ import jax
 import ml_collections
 
 from rlhf_jax import kernels
-from rlhf_jax.algorithms.batch import RolloutBatch
-from rlhf_jax.algorithms.batch import response_logprobs
-from rlhf_jax.algorithms.batch import response_values
+from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.batch import response_logprobs
+from rlhf_jax.batch import response_values
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.algorithms import dqo
 from rlhf_jax.algorithms.learner import LearnerBase
 from rlhf_jax.algorithms.learner import initial_critic

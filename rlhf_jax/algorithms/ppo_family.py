@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from rlhf_jax import kernels
 from rlhf_jax.algorithms.ppo_config import uses_critic  # noqa: F401  (re-exported)
 from rlhf_jax.algorithms.ppo_config import uses_reference  # noqa: F401
-from rlhf_jax.algorithms.batch import RolloutBatch
+from rlhf_jax.batch import RolloutBatch
 
 
 class Normalizers(NamedTuple):

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
 from rlhf_jax.algorithms.learner import LearnerBase

@@ -23,7 +23,7 @@ import numpy as np
 from rlhf_jax.algorithms import qsharp
 from rlhf_jax.optim import fit
 from rlhf_jax.optim import make_optimizer
-from rlhf_jax.algorithms.batch import build_rollout_batch
+from rlhf_jax.batch import build_rollout_batch
 from rlhf_jax.models.packing import response_hidden
 from rlhf_jax.parallel import run_in_chunks
 from rlhf_jax.sampling import SamplingParams

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jax
 
 from rlhf_jax import kernels
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.models import packing as packing_lib
 from rlhf_jax.models.packing import PackedRows
 from rlhf_jax.optim import FitResult

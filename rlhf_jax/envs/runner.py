@@ -1,4 +1,4 @@
-"""Environments in killable worker processes, like the verifiers (rewards/workers.py).
+"""Environments in killable worker processes, like the verifiers (sandbox/workers.py).
 
 An environment's `reset` and `step` are user code: one that hangs, raises, returns
 something malformed, floods its observation or its memory must end its own episode with a
@@ -23,8 +23,8 @@ from typing import Any, Sequence
 from rlhf_jax.envs import processes
 from rlhf_jax.envs.base import StepResult
 from rlhf_jax.envs.base import load_factory
-from rlhf_jax.rewards.scorer import finite_in_float32
-from rlhf_jax.rewards.workers import KillablePool
+from rlhf_jax.batch import finite_in_float32
+from rlhf_jax.sandbox.workers import KillablePool
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ import time
 from typing import Any, Mapping, Protocol, Sequence
 
 from rlhf_jax.envs.base import StepResult
-from rlhf_jax.rewards import sandbox
+from rlhf_jax.sandbox import jobs as sandbox
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -131,7 +131,7 @@ class Calculator:
 
 @dataclasses.dataclass
 class PythonTool:
-  """`python`: runs {"code": ...} in the code sandbox (rewards/sandbox.py, namespaces
+  """`python`: runs {"code": ...} in the code sandbox (sandbox/jobs.py, namespaces
   isolation with the seccomp filter) and returns its stdout, or the exception it raised;
   both cut to `max_output_chars`. Each call gets at most `timeout_s`."""
   name: str = "python"

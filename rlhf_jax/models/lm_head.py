@@ -1,5 +1,5 @@
 """Log-probabilities, entropy and values of given tokens from a `DecoderLM`'s forward:
-the padded and packed row layouts of the rollout batch (`algorithms.batch`), the LM head
+the padded and packed row layouts of the rollout batch (`rlhf_jax.batch`), the LM head
 applied a chunk of tokens at a time (`rlhf_jax.models.chunked_head`)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def rows_logprobs(model, params, tokens: jax.Array, attention_mask: jax.Array,
                   response_mask: jax.Array, *, with_entropy: bool = False,
                   packed: PackedRows | None = None):
   """log π(y_t | x, y_<t) of the response tokens of rows laid out as the rollout batch
-  (`algorithms.batch`): tokens and attention_mask [B, P+R], prompt left-padded, response
+  (`rlhf_jax.batch`): tokens and attention_mask [B, P+R], prompt left-padded, response
   right-padded in the last R = response_mask.shape[1] columns. The forward runs on all
   P + R tokens (even, aligned lengths for fused attention kernels) and reads the states
   at [P − 1, P + R − 1). With `packed`, from the rows packed into buffers. Used by the

@@ -40,7 +40,7 @@ from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.optim import FrozenRole
 from rlhf_jax.rewards.prm import PrefixValueScorer
 from rlhf_jax.rewards.router import router_for_tasks
-from rlhf_jax.rewards.sandbox import SandboxUnavailable
+from rlhf_jax.sandbox.jobs import SandboxUnavailable
 from rlhf_jax.sampling import config as sampler_config_lib
 
 

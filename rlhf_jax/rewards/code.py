@@ -36,7 +36,7 @@ import re
 from typing import Any, Sequence
 
 from rlhf_jax.data import Example
-from rlhf_jax.rewards import sandbox
+from rlhf_jax.sandbox import jobs as sandbox
 from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import ScorerBase
 

@@ -27,9 +27,9 @@ from rlhf_jax.rewards import genrm
 from rlhf_jax.rewards import hybrid
 from rlhf_jax.rewards import pairwise
 from rlhf_jax.rewards.judge import check_template
-from rlhf_jax.rewards.sandbox import ISOLATIONS
-from rlhf_jax.rewards.sandbox import Limits
-from rlhf_jax.rewards.sandbox import memory_scope
+from rlhf_jax.sandbox.jobs import ISOLATIONS
+from rlhf_jax.sandbox.jobs import Limits
+from rlhf_jax.sandbox.jobs import memory_scope
 from rlhf_jax.sampling import config as sampler_config_lib
 
 MATH_EXTRACTORS = ("auto", "boxed", "answer_line", "gsm8k", "last_number")

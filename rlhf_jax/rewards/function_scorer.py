@@ -22,9 +22,9 @@ from rlhf_jax.rewards import functions as functions_lib
 from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import ScorerBase
 from rlhf_jax.rewards.scorer import Scores
-from rlhf_jax.rewards.scorer import finite_in_float32
+from rlhf_jax.batch import finite_in_float32
 from rlhf_jax.rewards.scorer import guarded_score
-from rlhf_jax.rewards.workers import KillablePool
+from rlhf_jax.sandbox.workers import KillablePool
 
 FULL_MARKS = 1.0  # a function's value that counts as a correct answer (TRL's, verl's 1.0)
 

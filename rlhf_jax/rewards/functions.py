@@ -13,7 +13,7 @@ Two conventions, told apart by the function's parameter names:
       called once per sample; a dict's "score" is the reward, its other numbers are logged.
 
 `async def` functions are awaited. A function runs in killable worker processes
-(rewards/workers.py), each call within `reward.timeout_s`: an exception, a hang, a wrong
+(sandbox/workers.py), each call within `reward.timeout_s`: an exception, a hang, a wrong
 type or a wrong length fails those samples with a one-line reason (`reward_failures`),
 never the run. `None` means "not scored by this function"; a sample that no function
 scores is a failure. The reward is Σ weight × value over the functions that scored it.

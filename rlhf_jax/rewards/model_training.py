@@ -15,7 +15,7 @@ import numpy as np
 
 from rlhf_jax import kernels
 from rlhf_jax import models
-from rlhf_jax.algorithms.batch import encode_pairs
+from rlhf_jax.batch import encode_pairs
 from rlhf_jax.data import Example
 from rlhf_jax.data import PreferencePair
 from rlhf_jax.rewards import genrm as genrm_lib

@@ -16,8 +16,8 @@ import jax
 import numpy as np
 
 from rlhf_jax.parallel import run_in_chunks
-from rlhf_jax.algorithms.batch import RolloutBatch
-from rlhf_jax.algorithms.batch import build_rollout_batch
+from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.models import score_at_last_token

@@ -2,7 +2,7 @@
 
 A rule verifier is a module-level `fn(response_text, answer) -> Judgement | bool |
 float` (rewards/math.py's `verify`, tasks/arith.py's `verify`). `VerifierScorer`
-runs them in worker processes with a per-sample deadline (rewards/workers.py): one
+runs them in worker processes with a per-sample deadline (sandbox/workers.py): one
 that raises, hangs or crashes its worker gives that sample `failure_score` and a
 recorded reason, and the run goes on. `RewardRouter` dispatches each example to the
 `Scorer` of its task (verifiers, the code sandbox, later reward models) and keeps
@@ -22,7 +22,7 @@ from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import gather_scores
 from rlhf_jax.rewards.scorer import guarded_score
-from rlhf_jax.rewards.workers import KillablePool
+from rlhf_jax.sandbox.workers import KillablePool
 from rlhf_jax.tasks import registry
 from rlhf_jax.rewards.scorer import ScorerBase
 
@@ -212,7 +212,7 @@ def router_for_tasks(tasks: Sequence[str], *, correct_score: float = 1.0,
   code_tasks = registry.scored_by("sandbox", tasks)
   if code_tasks:
     from rlhf_jax.rewards import code  # pylint: disable=import-outside-toplevel
-    from rlhf_jax.rewards import sandbox  # pylint: disable=import-outside-toplevel
+    from rlhf_jax.sandbox import jobs as sandbox  # pylint: disable=import-outside-toplevel
     sandbox.check_isolation(sandbox_isolation)
     scorer = code.CodeScorer(code_tasks, timeout_s=sandbox_timeout_s,
                              memory_mb=sandbox_memory_mb, max_workers=sandbox_workers,

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rlhf_jax.algorithms.batch import RolloutBatch
-from rlhf_jax.algorithms.batch import build_rollout_batch
+from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.rewards import Scorer

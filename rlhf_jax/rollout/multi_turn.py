@@ -28,13 +28,13 @@ import dataclasses
 import time
 from typing import Any, Sequence
 
-from rlhf_jax.algorithms.batch import build_rollout_batch
+from rlhf_jax.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.envs import observations
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards.scorer import Completion
-from rlhf_jax.rewards.scorer import finite_in_float32
+from rlhf_jax.batch import finite_in_float32
 from rlhf_jax.rollout.base import StreamRollout
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts

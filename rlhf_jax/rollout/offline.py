@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from rlhf_jax.algorithms.batch import RolloutBatch
-from rlhf_jax.algorithms.batch import response_logprobs
+from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.batch import response_logprobs
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import PromptStream

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhf_jax.algorithms.batch import RolloutBatch
+from rlhf_jax.batch import RolloutBatch
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rollout.generation import Rollouts
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rlhf_jax.algorithms.batch import build_rollout_batch
+from rlhf_jax.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
 from rlhf_jax.rollout.generation import GroupGenerator

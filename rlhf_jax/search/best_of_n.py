@@ -17,7 +17,7 @@ from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards.router import has_verifier
 from rlhf_jax.rollout import config as rollout_config_lib
-from rlhf_jax.rollout.best_of_n import SpeculativeRejection
+from rlhf_jax.search.speculative_rejection import SpeculativeRejection
 from rlhf_jax.training import build
 
 

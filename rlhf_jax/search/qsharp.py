@@ -18,12 +18,12 @@ import numpy as np
 
 from rlhf_jax.algorithms import qsharp
 from rlhf_jax.algorithms import qsharp_fit
-from rlhf_jax.algorithms.batch import build_rollout_batch
-from rlhf_jax.algorithms.batch import response_logprobs
+from rlhf_jax.batch import build_rollout_batch
+from rlhf_jax.batch import response_logprobs
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import config as rollout_config_lib
-from rlhf_jax.rollout.best_of_n import SpeculativeRejection
+from rlhf_jax.search.speculative_rejection import SpeculativeRejection
 from rlhf_jax.sampling import GuidedParams
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling import config as sampler_config_lib

@@ -27,7 +27,7 @@ def arith_sft_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
   each incoming carry or borrow with that probability (`arith.slipped_solution`).
   For the `pycalc` task the demonstration is the program (`tasks/pycalc.program`).
   """
-  from rlhf_jax.algorithms.batch import encode_pairs  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.batch import encode_pairs  # pylint: disable=import-outside-toplevel
 
   def make_batch(step):
     problems = list(arith.generate(seed * 1_000_003 + step, batch_size, levels, weights))

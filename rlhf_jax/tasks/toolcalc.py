@@ -97,7 +97,7 @@ def sft_batches(tokenizer, *, seed: int, batch_size: int, levels, weights,
   the model's turns only. `slip_rate` (arith's careless teacher) does not apply: the
   calculator's demonstrations work out nothing by hand."""
   del slip_rate
-  from rlhf_jax.algorithms.batch import build_rollout_batch  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.batch import build_rollout_batch  # pylint: disable=import-outside-toplevel
 
   def make_batch(step):
     problems = list(generate(seed * 1_000_003 + step, batch_size, levels, weights))

@@ -8,7 +8,7 @@ import pytest
 
 from rlhf_jax import kernels
 from rlhf_jax import models
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.models import lm_head
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -8,7 +8,7 @@ import pytest
 
 from rlhf_jax import kernels
 from rlhf_jax import models
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.models import packing
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,

@@ -1,4 +1,4 @@
-"""The trusted harness and its wire (rewards/sandbox_harness.py, sandbox_wire.py) on
+"""The trusted harness and its wire (sandbox/harness.py, sandbox_wire.py) on
 ordinary programs, and the config check's memory note (hostile programs:
 test_sandbox_adversarial.py)."""
 
@@ -9,9 +9,9 @@ import pytest
 
 from rlhf_jax.rewards import code
 from rlhf_jax.rewards import config as reward_config
-from rlhf_jax.rewards import job_cgroup
-from rlhf_jax.rewards import sandbox
-from rlhf_jax.rewards import sandbox_wire as wire
+from rlhf_jax.sandbox import job_cgroup
+from rlhf_jax.sandbox import jobs as sandbox
+from rlhf_jax.sandbox import wire as wire
 from rlhf_jax.training import config as training_config
 
 

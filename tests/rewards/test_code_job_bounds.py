@@ -14,8 +14,8 @@ import time
 import pytest
 
 from rlhf_jax.rewards import code
-from rlhf_jax.rewards import sandbox
-from tests.rewards.test_sandbox_adversarial import sandbox_processes
+from rlhf_jax.sandbox import jobs as sandbox
+from tests.sandbox.test_sandbox_adversarial import sandbox_processes
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("RLHF_JAX_ADVERSARIAL") != "1",
@@ -74,7 +74,7 @@ def test_a_flood_of_empty_files_stops_at_the_inode_cap():
 
 TRAINER = """
 import sys
-from rlhf_jax.rewards import sandbox
+from rlhf_jax.sandbox import jobs as sandbox
 program = f"import os, time\\ntime.sleep({sys.argv[1]})\\nprint(os.getuid())"
 outcome = sandbox.run_job({"mode": "io", "program": program, "inputs": [""]},
                           sandbox.Limits(timeout_s=30.0))
@@ -112,7 +112,7 @@ def test_trainers_in_two_pid_namespaces_get_different_uids():
 def test_a_uid_is_leased_only_once_its_leftover_processes_are_gone(tmp_path, monkeypatch):
   """A trainer that died leaves its lock free but maybe a process of its uid (a candidate
   of the rlimits mode): the next lease kills it before the uid is handed out."""
-  from rlhf_jax.rewards import sandbox_uids
+  from rlhf_jax.sandbox import uids as sandbox_uids
   monkeypatch.setenv("RLHF_JAX_SANDBOX_UID_DIR", str(tmp_path))
   uid = sandbox_uids.UID_FIRST
   leftover = subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[])

@@ -267,7 +267,7 @@ def test_critic_initialised_from_a_prm_gives_its_step_values(tmp_path):
   prm = prm_lib.ProcessRewardModel(role, LAYOUT, newline)
   prompt, response = "3+4?\n", "1=7\n2\nAnswer: 7"
   steps, _ = prm.step_scores([prompt], [response])
-  from rlhf_jax.algorithms.batch import encode_pairs, response_values
+  from rlhf_jax.batch import encode_pairs, response_values
   batch = encode_pairs(TOKENIZER, [prompt], [response], prompt_prefix=(),
                        prompt_length=LAYOUT.prompt_length,
                        response_length=LAYOUT.response_length)

@@ -12,7 +12,7 @@ from rlhf_jax.rewards import RewardRouter
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import Scores
 from rlhf_jax.rewards.router import VerifierScorer
-from rlhf_jax.rewards.workers import KillablePool
+from rlhf_jax.sandbox.workers import KillablePool
 from rlhf_jax.tasks import arith
 from rlhf_jax.rewards.scorer import ScorerBase
 from tests.rewards import verifiers
@@ -147,7 +147,7 @@ def test_a_call_deadline_does_not_include_the_workers_start_up(tmp_path):
       import operator
       import time
       time.sleep(2.0)  # a slow main-module import, repeated in every spawned worker
-      from rlhf_jax.rewards.workers import KillablePool
+      from rlhf_jax.sandbox.workers import KillablePool
       if __name__ == "__main__":
         pool = KillablePool(1, timeout_s=1.0)
         print(pool.map([(operator.add, (1, 2))]))
@@ -160,7 +160,7 @@ def test_a_call_deadline_does_not_include_the_workers_start_up(tmp_path):
 def test_a_script_without_a_main_guard_gets_an_error_not_a_hang(tmp_path):
   done = _run_script(tmp_path, """
       import operator
-      from rlhf_jax.rewards.workers import KillablePool
+      from rlhf_jax.sandbox.workers import KillablePool
       pool = KillablePool(1, timeout_s=1.0)
       print(pool.map([(operator.add, (1, 2))]))
       """)

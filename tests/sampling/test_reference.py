@@ -13,7 +13,7 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax import sampling
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.rollout.generation import Rollouts

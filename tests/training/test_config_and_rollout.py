@@ -10,7 +10,7 @@ import pytest
 from rlhf_jax import kernels
 from rlhf_jax import models
 from rlhf_jax.algorithms import ppo_family
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.config import validate_config
 

@@ -4,7 +4,7 @@ without padding, trained on where the response is; resumed runs drop later steps
 import json
 
 from rlhf_jax import models
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.analysis.rollouts import read_rollouts
 from rlhf_jax.analysis.rollouts import rollouts_table
 from rlhf_jax.rollout.generation import Rollouts

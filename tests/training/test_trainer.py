@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rlhf_jax import models
-from rlhf_jax.algorithms import batch as batch_lib
+from rlhf_jax import batch as batch_lib
 from rlhf_jax.rewards import RewardRouter
 from rlhf_jax.training import loop
 from rlhf_jax.training import stages

@@ -1,0 +1,144 @@
+"""`algorithm.policy_loss.kind`: validation per kind, and `ppo_family.actor_loss`'s one
+dispatch to the PPO / GSPO / GSPO-token / CISPO kernels, exact under micro-batching."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax import kernels
+from rlhf_jax import batch as batch_lib
+from rlhf_jax.algorithms import ppo_config
+from rlhf_jax.algorithms import ppo_family
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.training.config import validate_config
+from tests.training.test_config_and_rollout import preset
+
+KERNELS = {"ppo": kernels.ppo_policy_loss, "gspo": kernels.gspo_policy_loss,
+           "gspo_token": kernels.gspo_token_policy_loss, "cispo": kernels.cispo_policy_loss}
+CLIPS = {"ppo": (0.2, 0.28), "gspo": (0.1, 0.15), "gspo_token": (0.1, 0.15),
+         "cispo": (1.0, 0.28)}
+
+
+def algorithm(kind, agg):
+  a = ppo_config.algorithm_config()
+  a.policy_loss.kind, a.policy_loss.agg = kind, agg
+  a.policy_loss.clip_low, a.policy_loss.clip_high = CLIPS[kind]
+  return a
+
+
+def rollout_batch(rows=8, response_length=6, seed=0):
+  """Ragged responses with per-response advantages, correction weights and a reference."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, response_length + 1, rows)
+  batch = batch_lib.build_rollout_batch(
+      [[1, 2]] * rows, [[3] * n for n in lengths],
+      [list(-rng.uniform(0.1, 2.0, n)) for n in lengths], list(rng.choice([-1.0, 1.0], rows)),
+      [False] * rows, [i // 4 for i in range(rows)], prompt_length=2,
+      response_length=response_length, pad_id=0)
+  batch = batch_lib.as_device(batch)
+  mask = np.asarray(batch.response_mask)
+  shape = mask.shape
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  batch = batch.replace(advantages=f32(rng.standard_normal((rows, 1)) * mask),
+                        is_weights=f32(rng.uniform(0.5, 1.5, shape) * mask),
+                        ref_logprobs=f32(-rng.uniform(0.1, 2.0, shape) * mask))
+  logprobs = f32(batch.old_logprobs + rng.uniform(-0.4, 0.4, shape) * mask)
+  entropy = f32(rng.uniform(0.0, 2.0, shape))
+  return batch, logprobs, entropy
+
+
+@pytest.mark.parametrize("kind", ppo_config.POLICY_LOSS_KINDS)
+def test_actor_loss_dispatches_to_the_kind_s_kernel(kind):
+  a = algorithm(kind, "seq-mean-token-mean")
+  batch, logprobs, entropy = rollout_batch()
+  loss, metrics = ppo_family.actor_loss(a, logprobs, entropy, batch,
+                                        ppo_family.normalizers(a, batch))
+  clip_low, clip_high = CLIPS[kind]
+  expected, kernel_metrics = KERNELS[kind](
+      logprobs, batch.old_logprobs, batch.advantages, batch.policy_mask(), clip_low=clip_low,
+      clip_high=clip_high, agg="seq-mean-token-mean", weights=batch.is_weights)
+  np.testing.assert_allclose(loss, expected, rtol=1e-6)
+  np.testing.assert_allclose(metrics["pg_loss"], expected, rtol=1e-6)
+  for key in ("clip_frac_upper", "clip_frac_lower", "approx_kl"):
+    np.testing.assert_allclose(metrics[key], kernel_metrics[key], rtol=1e-6)
+  # The kinds differ on this off-policy batch, so the dispatch is seen (GSPO-token has
+  # GSPO's value with per-response advantages).
+  for other in {"ppo", "gspo", "cispo"} - {kind, kind.replace("_token", "")}:
+    other_loss, _ = KERNELS[other](
+        logprobs, batch.old_logprobs, batch.advantages, batch.policy_mask(),
+        clip_low=CLIPS[other][0], clip_high=CLIPS[other][1], agg="seq-mean-token-mean",
+        weights=batch.is_weights)
+    assert abs(float(other_loss) - float(loss)) > 1e-4, other
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ppo_config.POLICY_LOSS_KINDS)
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_micro_batches_sum_to_the_mini_batch(kind, agg):
+  """With the KL loss, entropy bonus and positive NLL on: row slices that share the
+  mini-batch's normalizers give the unsplit loss and gradient."""
+  a = algorithm(kind, agg)
+  a.kl.placement, a.kl.coef = "loss", 0.05
+  a.policy_loss.entropy_coef, a.policy_loss.positive_nll_coef = 0.01, 0.1
+  batch, logprobs, entropy = rollout_batch(seed=1)
+  norm = ppo_family.normalizers(a, batch)
+
+  def loss(lp, rows):
+    piece = jax.tree.map(lambda x: x[rows], batch)
+    return ppo_family.actor_loss(a, lp, entropy[rows], piece, norm)[0]
+
+  whole = slice(0, 8)
+  pieces = (slice(0, 2), slice(2, 5), slice(5, 8))
+  total = sum(loss(logprobs[rows], rows) for rows in pieces)
+  np.testing.assert_allclose(total, loss(logprobs, whole), rtol=1e-5, atol=1e-7)
+  grads = np.concatenate([jax.grad(loss)(logprobs[rows], rows) for rows in pieces])
+  np.testing.assert_allclose(grads, jax.grad(loss)(logprobs, whole), rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("name,overrides,match", [
+    ("gspo", {"policy_loss.kind": "trpo"},
+     r"config\.algorithm\.policy_loss\.kind: invalid value 'trpo': must be one of ppo, gspo, "
+     r"gspo_token, cispo"),
+    ("gspo", {"policy_loss.dual_clip": 3.0},
+     r"config\.algorithm\.policy_loss\.dual_clip: invalid value 3\.0: must be None with "
+     r"algorithm\.policy_loss\.kind='gspo'"),
+    ("cispo", {"policy_loss.dual_clip": 3.0},
+     r"config\.algorithm\.policy_loss\.dual_clip: invalid value 3\.0: must be None with "
+     r"algorithm\.policy_loss\.kind='cispo'"),
+    ("gspo", {"advantage.estimator": "gae"},
+     r"config\.algorithm\.policy_loss\.kind: invalid value 'gspo': must be 'gspo_token' .*"
+     r"algorithm\.advantage\.estimator='gae'"),
+    ("gspo", {"advantage.estimator": "reinforce_pp"},
+     r"config\.algorithm\.policy_loss\.kind: invalid value 'gspo'"),
+    ("gspo", {"policy_loss.clip_high": 0.0},
+     r"config\.algorithm\.policy_loss\.clip_high: invalid value 0\.0: must be >= 0\.0003"),
+    ("gspo", {"policy_loss.clip_low": 1.0},
+     r"config\.algorithm\.policy_loss\.clip_low: invalid value 1\.0: must be in \[0, 1\)"),
+    ("cispo", {"policy_loss.clip_high": 0.0},
+     r"config\.algorithm\.policy_loss\.clip_high: invalid value 0\.0: must be > 0"),
+    ("cispo", {"policy_loss.clip_low": -0.5},
+     r"config\.algorithm\.policy_loss\.clip_low: invalid value -0\.5: must be >= 0"),
+])
+def test_validation_by_kind_names_the_field(name, overrides, match):
+  config = preset(name)
+  for field, value in overrides.items():
+    section, key = field.split(".")
+    config.algorithm[section][key] = value
+  with pytest.raises(ConfigError, match=match):
+    validate_config(config, num_devices=1)
+
+
+@pytest.mark.parametrize("name,overrides", [
+    ("gspo", {"policy_loss.kind": "gspo_token", "advantage.estimator": "gae"}),
+    ("gspo", {"policy_loss.kind": "gspo_token"}),
+    ("cispo", {"policy_loss.clip_low": 5.0}),  # ≥ 1: no lower bound
+    ("cispo", {"policy_loss.positive_nll_coef": 0.1, "policy_loss.entropy_coef": 0.01}),
+    ("gspo", {"correction.mode": "mis_sequence"}),
+])
+def test_valid_combinations_pass(name, overrides):
+  config = preset(name)
+  for field, value in overrides.items():
+    section, key = field.split(".")
+    config.algorithm[section][key] = value
+  validate_config(config, num_devices=1)

@@ -1,0 +1,127 @@
+"""SFT on one's own data (data/conversations.py, launch/sft.py hf): the loss on the
+assistant's tokens only, rows from conversations and prompt/completion pairs, and a model
+from scratch that launch/train.py then trains with RL."""
+
+import json
+
+import pytest
+
+from rlhf_jax import models
+from rlhf_jax.data.conversations import check_row
+from rlhf_jax.data.conversations import supervised_row
+from rlhf_jax.data.prompts import PromptFormat
+from tests.launch.test_launchers import run
+
+CONVERSATION = [{"role": "system", "content": "Be terse."},
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4"},
+                {"role": "user", "content": "and 3+3?"},
+                {"role": "assistant", "content": "6"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  tok = models.train_bpe_tokenizer(["Be terse. 2+2? 4 and 3+3? 6 hello"] * 10, vocab_size=300)
+  tok.chat_template = models.tokenizer.CHATML_JINJA
+  return tok
+
+
+def pieces(tok, row):
+  """(trained text, context text) of a row's response, by its mask."""
+  trained = [i for i, m in zip(row.response_ids, row.loss_mask) if m]
+  context = [i for i, m in zip(row.response_ids, row.loss_mask) if not m]
+  return (tok.decode(trained, skip_special_tokens=False),
+          tok.decode(context, skip_special_tokens=False))
+
+
+def test_a_conversation_trains_the_assistant_turns_only(tokenizer):
+  row = supervised_row({"messages": CONVERSATION}, "f.jsonl:1", PromptFormat(tokenizer))
+  # ChatML by hand: the prompt ends with the first generation prompt; the user turn between
+  # the assistant turns is context; the last turn ends with EOS.
+  assert tokenizer.decode(row.prompt_ids, skip_special_tokens=False) == (
+      "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+      "<|im_start|>assistant\n")
+  trained, context = pieces(tokenizer, row)
+  assert trained == "4<|im_end|>\n6<|im_end|>\n<|endoftext|>"
+  assert context == "<|im_start|>user\nand 3+3?<|im_end|>\n<|im_start|>assistant\n"
+  assert row.loss_mask[:len(tokenizer.encode("4<|im_end|>\n"))] == [1] * len(
+      tokenizer.encode("4<|im_end|>\n"))
+
+
+def test_prompt_completion_pairs_plain_and_conversational(tokenizer):
+  prompts = PromptFormat(tokenizer, system_prompt="Be terse.")
+  row = supervised_row({"prompt": "2+2?", "completion": " 4"}, "f:1", prompts)
+  assert tokenizer.decode(row.prompt_ids) == "2+2?"  # a plain prompt stays raw text
+  assert row.response_ids == tokenizer.encode(" 4") + [tokenizer.eos_id]
+  assert row.loss_mask == [1] * len(row.response_ids)
+  row = supervised_row({"prompt": CONVERSATION[1:2], "completion": CONVERSATION[2:3]}, "f:2",
+                       prompts)
+  assert tokenizer.decode(row.prompt_ids, skip_special_tokens=False).startswith(
+      "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n2+2?")
+  assert pieces(tokenizer, row) == ("4<|im_end|>\n<|endoftext|>", "")
+
+
+def test_rows_that_cannot_train_name_the_row(tokenizer):
+  prompts = PromptFormat(tokenizer)
+  with pytest.raises(ValueError, match="f:3: no assistant turn to train on"):
+    supervised_row({"messages": CONVERSATION[:2]}, "f:3", prompts)
+  with pytest.raises(ValueError, match=r"f:4: needs 'messages', or 'prompt' and 'completion'"):
+    supervised_row({"text": "x"}, "f:4", prompts)
+  row = supervised_row({"messages": CONVERSATION}, "f:5", prompts)
+  with pytest.raises(ValueError, match=r"f:5: the response has \d+ tokens, more than "
+                                       r"sft.response_length=3"):
+    check_row(row, "f:5", prompt_length=64, response_length=3)
+
+
+@pytest.mark.slow
+def test_sft_from_scratch_on_conversations_then_rl_from_its_checkpoint(tmp_path):
+  data = tmp_path / "chats.jsonl"
+  data.write_text("".join(json.dumps({"messages": [
+      {"role": "user", "content": f"{a}+{a}?"},
+      {"role": "assistant", "content": str(2 * a)}]}) + "\n" for a in range(20)))
+  small = ["--config.model.hidden_size=32", "--config.model.num_layers=1",
+           "--config.model.num_heads=2", "--config.data.prompt_length=32",
+           "--config.sampler.prompt_buckets=32", "--config.sampler.cache_length=48",
+           "--config.rollout.max_new_tokens=8", "--config.sampler.num_slots=8",
+           "--config.sampler.warmup=False", "--config.model.logprob_chunk=0"]
+  sft = run("sft.py", "--config=configs/sft.py:hf", f"--workdir={tmp_path}",
+            f"--config.sft.train_file={data}", "--config.sft.steps=3",
+            "--config.sft.batch_size=4", "--config.sft.vocab_size=300",
+            "--config.sft.learning_rate=1e-3", *small)
+  assert sft.returncode == 0, sft.stderr[-3000:]
+  checkpoint = json.loads(sft.stdout.strip().splitlines()[-1])["checkpoint"]
+  assert checkpoint == str(tmp_path / "sft")
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}+{a}?"}],
+                                         "solution": str(2 * a)}) + "\n" for a in range(4)))
+  rl = run("train.py", "--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'rl'}",
+           f"--config.model.checkpoint={checkpoint}", f"--config.data.train_file={prompts}",
+           "--config.data.columns=answer=solution", "--config.data.default_task=doubling",
+           "--config.reward.function=tests.rewards.reward_fns:solution_match",
+           "--config.rollout.prompts_per_step=2", "--config.rollout.group_size=2",
+           "--config.train.steps=1", "--config.train.minibatches=1",
+           "--config.train.loggers=", *small)
+  assert rl.returncode == 0, rl.stderr[-3000:]
+  assert json.loads(rl.stdout.strip().splitlines()[-1])["steps"] == 1
+
+
+def test_packed_rows_give_the_padded_loss(tokenizer):
+  import numpy as np
+  from rlhf_jax.algorithms.sft import sft_loss
+  from rlhf_jax.algorithms.sft import supervised_batches
+  from rlhf_jax.tasks import arith
+  prompts = PromptFormat(tokenizer)
+  rows = [supervised_row({"messages": CONVERSATION[:3]}, "a", prompts),
+          supervised_row({"messages": CONVERSATION}, "b", prompts),
+          supervised_row({"prompt": "2+2?", "completion": " 4"}, "c", prompts)]
+  model, params = models.init_model(arith.model_config(
+      vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=2, num_heads=2,
+      max_positions=128), seed=1)
+  options = dict(batch_size=4, seed=0, prompt_length=40, response_length=40,
+                 pad_id=tokenizer.pad_id)
+  padded = supervised_batches(rows, **options)(0)
+  batch, packed = supervised_batches(rows, packing=True, **options)(0)
+  np.testing.assert_array_equal(batch.tokens, padded.tokens)
+  assert packed.buffers < 4  # four rows share fewer buffers than rows
+  np.testing.assert_allclose(sft_loss(model, params, batch, packed),
+                             sft_loss(model, params, padded), rtol=1e-5)

@@ -1,0 +1,129 @@
+"""Your model, your data, your reward, end to end as a new user runs them (fresh
+processes, flags only): a Qwen3 checkpoint saved by transformers with a chat template, a
+TRL conversational JSONL with a task the library has never heard of, and a reward
+function of one's own in TRL's signature."""
+
+import json
+
+import pytest
+
+from rlhf_jax import models
+from tests.models.hf_fixtures import save_family_model
+from tests.launch.test_launchers import run
+
+TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+MESSAGES = [{"role": "system", "content": "Answer with one word."},
+            {"role": "user", "content": "Name a colour."}]
+TINY = ["--config.data.prompt_length=96", "--config.sampler.prompt_buckets=96",
+        "--config.sampler.cache_length=112", "--config.rollout.max_new_tokens=12",
+        "--config.sampler.num_slots=8", "--config.sampler.warmup=False",
+        "--config.rollout.prompts_per_step=2", "--config.rollout.group_size=2",
+        "--config.train.steps=2", "--config.train.minibatches=1", "--config.train.eval_every=2",
+        "--config.train.loggers=", "--config.train.log_rollouts=2",
+        "--config.model.logprob_chunk=0", "--config.optimizer.warmup_steps=1"]
+
+
+def family_checkpoint(directory, family: str) -> str:
+  """A tiny random `family` checkpoint saved by transformers, with a BPE tokenizer and a
+  chat template."""
+  tokenizer = models.train_bpe_tokenizer(
+      ["Answer with one word. Name a colour. red green blue"] * 20, vocab_size=200)
+  tokenizer.chat_template = TEMPLATE
+  tokenizer.save(str(directory))
+  save_family_model(directory, family, vocab_size=tokenizer.vocab_size,
+                    eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+  return str(directory)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  return family_checkpoint(tmp_path_factory.mktemp("qwen3"), "qwen3")
+
+
+def trl_file(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+@pytest.mark.slow
+def test_trl_conversational_data_and_a_trl_reward_function_on_a_qwen3_checkpoint(
+    tmp_path, checkpoint):
+  data = trl_file(tmp_path / "colours.jsonl",
+                  [{"prompt": MESSAGES, "solution": colour} for colour in ("red", "blue")] * 2)
+  flags = ["--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
+           f"--config.model.checkpoint={checkpoint}", f"--config.data.train_file={data}",
+           f"--config.data.eval_file={data}", "--config.data.columns=answer=solution",
+           "--config.data.default_task=colours",
+           "--config.reward.function=tests.rewards.reward_fns:solution_match", *TINY]
+  checked = run("train.py", *flags, "--validate_only")
+  assert checked.returncode == 0 and checked.stdout.strip() == "config ok", checked.stderr
+  # A row too long for data.prompt_length is named before anything loads.
+  long = trl_file(tmp_path / "long.jsonl", [{"prompt": MESSAGES, "solution": "red"},
+                                            {"prompt": "red " * 120, "solution": "red"}])
+  refused = run("train.py", *flags, f"--config.data.train_file={long}", "--validate_only")
+  assert refused.returncode == 2, refused.stderr
+  assert refused.stderr.strip().splitlines()[-1].startswith(
+      f"error: config.data.train_file: {long}:2: the prompt has ")
+
+  result = run("train.py", *flags)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert json.loads(result.stdout.strip().splitlines()[-1])["steps"] == 2
+  rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+          .splitlines()]
+  steps = [r for r in rows if "reward_mean" in r]
+  assert len(steps) == 2 and all("reward/solution_match/mean" in r for r in steps)
+  # The model was given the chat template's rendering, token for token as transformers has it.
+  transformers = pytest.importorskip("transformers")
+  reference = transformers.AutoTokenizer.from_pretrained(checkpoint)
+  expected = reference.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+  expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+  logged = json.loads((tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()[0])
+  prompt = logged["token_ids"][:logged["loss_mask"].index(1)]
+  assert prompt == expected
+  # The trained policy keeps the checkpoint's tokenizer and template: transformers renders
+  # the same chat from it as from the original.
+  policy = json.loads(result.stdout.strip().splitlines()[-1])["policy"]
+  exported = transformers.AutoTokenizer.from_pretrained(policy)
+  assert exported.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False) == (
+      reference.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False))
+
+
+def test_a_family_that_cannot_load_is_refused_by_validate_only(tmp_path, checkpoint):
+  import shutil
+  moe = tmp_path / "moe"
+  shutil.copytree(checkpoint, moe)
+  config = json.loads((moe / "config.json").read_text())
+  config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=4)
+  (moe / "config.json").write_text(json.dumps(config))
+  data = trl_file(tmp_path / "d.jsonl", [{"prompt": MESSAGES, "solution": "red"}])
+  result = run("train.py", "--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
+               f"--config.model.checkpoint={moe}", f"--config.data.train_file={data}",
+               "--config.data.columns=answer=solution", "--config.data.default_task=colours",
+               "--config.reward.function=tests.rewards.reward_fns:solution_match", *TINY,
+               "--validate_only")
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+  assert result.stderr.strip().splitlines() == [
+      f"error: config.model.checkpoint: {moe}: config.json: Qwen3MoeForCausalLM is a "
+      "mixture-of-experts model; MoE is not supported yet."]
+
+
+@pytest.mark.slow
+def test_a_gemma3_checkpoint_trains_from_the_launcher(tmp_path):
+  checkpoint = family_checkpoint(tmp_path / "gemma3", "gemma3_text")
+  data = trl_file(tmp_path / "colours.jsonl",
+                  [{"prompt": MESSAGES, "solution": colour} for colour in ("red", "blue")])
+  result = run("train.py", "--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
+               f"--config.model.checkpoint={checkpoint}", f"--config.data.train_file={data}",
+               "--config.data.columns=answer=solution", "--config.data.default_task=colours",
+               "--config.reward.function=tests.rewards.reward_fns:solution_match", *TINY,
+               "--config.train.steps=1", "--config.train.log_rollouts=0")
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  assert summary["steps"] == 1
+  transformers = pytest.importorskip("transformers")
+  exported = transformers.AutoModelForCausalLM.from_pretrained(summary["policy"])
+  assert type(exported).__name__ == "Gemma3ForCausalLM"
