@@ -168,7 +168,9 @@ class PPOLearner(LearnerBase):
     if packer is not None:
       out["learner"] = packer.metrics()
     if self.reference is not None and self.algorithm.kl.reference_ema > 0:
-      self.reference.move_toward(self.actor.params, self.algorithm.kl.reference_ema)
+      # The policy's weights in the reference's layout: with LoRA the merged base and
+      # adapters, not the {adapters, base} tree the actor trains.
+      self.reference.move_toward(self.policy_params, self.algorithm.kl.reference_ema)
     return out
 
   def extra_state(self) -> dict[str, Any]:
