@@ -8,8 +8,7 @@ from rlhf_jax.batch.rollout_batch import RolloutBatch
 from rlhf_jax.batch.rollout_batch import as_device
 from rlhf_jax.batch.rollout_batch import build_rollout_batch
 from rlhf_jax.batch.rollout_batch import encode_pairs
-from rlhf_jax.batch.rollout_batch import finite_in_float32
 from rlhf_jax.batch.rollout_batch import only_packed_rows
 
-__all__ = ["RolloutBatch", "as_device", "build_rollout_batch", "encode_pairs", "finite_in_float32",
+__all__ = ["RolloutBatch", "as_device", "build_rollout_batch", "encode_pairs",
            "only_packed_rows", "response_logprobs", "response_values"]

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from rlhf_jax.envs import processes
 from rlhf_jax.envs.base import StepResult
 from rlhf_jax.envs.base import load_factory
-from rlhf_jax.batch import finite_in_float32
+from rlhf_jax.reward_values import finite_in_float32
 from rlhf_jax.sandbox.workers import KillablePool
 
 

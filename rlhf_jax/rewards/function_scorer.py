@@ -22,7 +22,7 @@ from rlhf_jax.rewards import functions as functions_lib
 from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import ScorerBase
 from rlhf_jax.rewards.scorer import Scores
-from rlhf_jax.batch import finite_in_float32
+from rlhf_jax.reward_values import finite_in_float32
 from rlhf_jax.rewards.scorer import guarded_score
 from rlhf_jax.sandbox.workers import KillablePool
 

@@ -34,7 +34,7 @@ from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.envs import observations
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards.scorer import Completion
-from rlhf_jax.batch import finite_in_float32
+from rlhf_jax.reward_values import finite_in_float32
 from rlhf_jax.rollout.base import StreamRollout
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts
