@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib
 import re
-from typing import Any, Iterable, NoReturn
+from typing import Any, Callable, Iterable, NoReturn
 
 UNKNOWN_FIELD = "unknown field"
 INVALID_VALUE = "invalid value"
@@ -89,6 +90,28 @@ def check_range(field: str, value: Any, *, low: float | None = None,
   else:
     bounds = f"{'<' if high_open else '<='} {high}"
   invalid(field, value, f"must be {bounds}{' ' + note if note else ''}")
+
+
+def load_object(path: str, field: str, *, accept: Callable[[Any], bool] = callable,
+                what: str = "callable") -> Any:
+  """The attribute named by "package.module:name" of a config field (`env.factory`,
+  `algorithm.advantage.estimator`, `algorithm.policy_loss.kind`), imported before any work.
+
+  Raises:
+    ConfigError: naming `field`, for a malformed path, a module that does not import, or
+      a missing attribute or one that `accept` refuses (`what` names what it must be).
+  """
+  module_name, _, attribute = path.partition(":")
+  if not module_name or not attribute:
+    invalid(field, path, f"must be 'package.module:{what}'")
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as error:  # pylint: disable=broad-except
+    invalid(field, path, f"its module does not import: {type(error).__name__}: {error}")
+  value = getattr(module, attribute, None)
+  if value is None or not accept(value):
+    invalid(field, path, f"module {module_name!r} has no {what} {attribute!r}")
+  return value
 
 
 def at_least(section, prefix: str, fields: Iterable[str], low: int = 1) -> None:

@@ -20,13 +20,12 @@ import ml_collections
 from ml_collections import config_dict
 
 from rlhf_jax import kernels
+from rlhf_jax.algorithms import estimators
+from rlhf_jax.algorithms import losses
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 
-ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
-CRITIC_ESTIMATORS = ("gae",)
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
 LAMBDA_SCHEDULES = ("fixed", "length_adaptive")
 KL_PLACEMENTS = ("none", "loss", "reward")
 KL_CONTROLLERS = ("fixed", "adaptive")
@@ -34,11 +33,11 @@ CORRECTION_MODES = ("auto",) + tuple(kernels.ROLLOUT_CORRECTION_MODES)
 PROCESS_SHAPINGS = ("none", "clip", "delta", "clip_delta")
 # How decoupled PPO bounds a stale token's behaviour weight (kernels.rollout_correction).
 STALENESS_MODES = ("tis", "mis_token")
-# The actor's surrogate (ppo_family.actor_loss): kernels.ppo_policy_loss,
-# gspo_policy_loss, gspo_token_policy_loss, cispo_policy_loss.
-POLICY_LOSS_KINDS = ("ppo", "gspo", "gspo_token", "cispo")
-# Estimators whose advantages read per-token rewards (the others use sequence scores).
-TOKEN_REWARD_ESTIMATORS = ("gae", "reinforce_pp")
+# Estimators and policy losses are records (algorithms/estimators.py, algorithms/losses.py):
+# validation reads their capabilities, never their names.
+# Transitional: rewards/config.py's PRM rule reads this until it moves to training/config.py.
+TOKEN_REWARD_ESTIMATORS = tuple(name for name in estimators.names()
+                                if estimators.estimator(name).reads_token_rewards)
 
 
 def algorithm_config() -> ml_collections.ConfigDict:
@@ -47,7 +46,9 @@ def algorithm_config() -> ml_collections.ConfigDict:
   a.name = "grpo"  # Preset name (informational).
 
   a.advantage = ml_collections.ConfigDict()
-  a.advantage.estimator = "grpo"  # gae, grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline.
+  # gae, grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, a registered name or
+  # "package.module:name" (algorithms/estimators.py; docs/extending.md).
+  a.advantage.estimator = "grpo"
   a.advantage.gamma = 1.0  # Discount γ.
   a.advantage.actor_lam = 0.95  # GAE λ for the actor.
   a.advantage.critic_lam = 1.0  # GAE λ for the critic's targets (VC-PPO: 1.0, Monte Carlo).
@@ -57,8 +58,9 @@ def algorithm_config() -> ml_collections.ConfigDict:
 
   a.policy_loss = ml_collections.ConfigDict()
   # The surrogate: 'ppo' (token ratio clip), 'gspo' (sequence ratio clip, arXiv:2507.18071),
-  # 'gspo_token' (GSPO with per-token advantages) or 'cispo' (clipped stop-gradient IS
-  # weight times log π, arXiv:2506.13585).
+  # 'gspo_token' (GSPO with per-token advantages), 'cispo' (clipped stop-gradient IS
+  # weight times log π, arXiv:2506.13585), a registered name or "package.module:name"
+  # (algorithms/losses.py; docs/extending.md).
   a.policy_loss.kind = "ppo"
   # ε_low (GSPO: 3e-4; CISPO: ε_low^IS, ≥ 1 means no lower bound).
   a.policy_loss.clip_low = 0.2
@@ -120,13 +122,15 @@ def algorithm_config() -> ml_collections.ConfigDict:
 
 
 def uses_critic(algorithm) -> bool:
-  """Whether the estimator needs a value model."""
-  return algorithm.advantage.estimator in CRITIC_ESTIMATORS
+  """Whether the estimator needs a value model (its record's `needs_critic`)."""
+  return estimators.estimator(algorithm.advantage.estimator).needs_critic
 
 
 def uses_reference(algorithm) -> bool:
-  """Whether a reference policy is needed (KL as a loss or in the reward)."""
-  return algorithm.kl.placement != "none"
+  """Whether a reference policy is needed: KL as a loss or in the reward, or an
+  estimator that reads its log-probs (`needs_reference`: e.g. a teacher's)."""
+  return (algorithm.kl.placement != "none"
+          or estimators.estimator(algorithm.advantage.estimator).needs_reference)
 
 
 def trainer_holds_reference(c) -> bool:
@@ -156,8 +160,8 @@ def validate_algorithm_config(a, *, group_size: int, response_length: int) -> No
   """Raises ConfigError naming the `algorithm.*` field of an impossible setting
   (`group_size`, `response_length`: rollout.group_size, rollout.max_new_tokens)."""
   v, p = a.advantage, a.policy_loss
-  one_of("algorithm.advantage.estimator", v.estimator, ESTIMATORS)
-  if v.estimator in GROUP_ESTIMATORS and group_size < 2:
+  estimator = estimators.estimator(v.estimator)
+  if estimator.group_based and group_size < 2:
     invalid("rollout.group_size", group_size, f"must be >= 2 for algorithm.advantage."
             f"estimator={v.estimator!r} (a baseline from the group)")
   for field in ("gamma", "actor_lam", "critic_lam"):
@@ -165,18 +169,7 @@ def validate_algorithm_config(a, *, group_size: int, response_length: int) -> No
   one_of("algorithm.advantage.lam_schedule", v.lam_schedule, LAMBDA_SCHEDULES)
   check_range("algorithm.advantage.length_adaptive_alpha", v.length_adaptive_alpha, low=0,
               low_open=True)
-  _validate_surrogate(p)
-  if p.dual_clip is not None and p.kind != "ppo":
-    invalid("algorithm.policy_loss.dual_clip", p.dual_clip, "must be None with "
-            f"algorithm.policy_loss.kind={p.kind!r} (it bounds PPO's token ratio; GSPO clips "
-            "whole sequences, CISPO's weight is capped at 1 + clip_high)")
-  if p.dual_clip is not None:
-    check_range("algorithm.policy_loss.dual_clip", p.dual_clip, low=1, low_open=True,
-                note="(None: off)")
-  if p.kind == "gspo" and v.estimator in TOKEN_REWARD_ESTIMATORS:
-    invalid("algorithm.policy_loss.kind", p.kind, "must be 'gspo_token' (or 'ppo', 'cispo') "
-            f"with algorithm.advantage.estimator={v.estimator!r}: its advantages are per "
-            "token, GSPO's sequence clip takes one per response")
+  _validate_surrogate(p, estimator)
   one_of("algorithm.policy_loss.agg", p.agg, kernels.AGGREGATION_MODES)
   for field in ("entropy_coef", "positive_nll_coef"):
     check_range(f"algorithm.policy_loss.{field}", p[field], low=0)
@@ -193,16 +186,29 @@ def validate_algorithm_config(a, *, group_size: int, response_length: int) -> No
   check_range("algorithm.process_reward.coef", a.process_reward.coef, low=0)
 
 
-def _validate_surrogate(p) -> None:
-  one_of("algorithm.policy_loss.kind", p.kind, POLICY_LOSS_KINDS)
-  if p.kind == "cispo":  # ε^IS bound the weight: 1 − ε_low ≤ r̂ ≤ 1 + ε_high (ε_low ≥ 1: none)
-    check_range("algorithm.policy_loss.clip_low", p.clip_low, low=0, note="(CISPO's ε_low^IS)")
-    check_range("algorithm.policy_loss.clip_high", p.clip_high, low=0, low_open=True,
-                note="(CISPO's ε_high^IS)")
-    return
-  check_range("algorithm.policy_loss.clip_low", p.clip_low, low=0, high=1, high_open=True)
-  check_range("algorithm.policy_loss.clip_high", p.clip_high, low=p.clip_low,
-              note="(algorithm.policy_loss.clip_low)")
+def _validate_surrogate(p, estimator: estimators.Estimator) -> None:
+  """The policy loss's record decides: its clip bounds, the options it reads (PPO's
+  dual_clip), and whether it takes one advantage per response."""
+  loss = losses.policy_loss(p.kind)
+  loss.check_clip(p)
+  for name in loss.options:
+    if name not in p:
+      invalid("algorithm.policy_loss.kind", p.kind, f"reads algorithm.policy_loss.{name}, "
+              "which the section does not have")
+  if p.dual_clip is not None and "dual_clip" not in loss.options:
+    readers = [n for n in losses.names() if "dual_clip" in losses.policy_loss(n).options]
+    invalid("algorithm.policy_loss.dual_clip", p.dual_clip, "must be None with "
+            f"algorithm.policy_loss.kind={p.kind!r} (it bounds the token ratio of "
+            f"{', '.join(readers)}; GSPO clips whole sequences, CISPO's weight is capped at "
+            "1 + clip_high)")
+  if p.dual_clip is not None:
+    check_range("algorithm.policy_loss.dual_clip", p.dual_clip, low=1, low_open=True,
+                note="(None: off)")
+  if loss.sequence_advantages and estimator.reads_token_rewards:
+    token_level = [n for n in losses.names() if not losses.policy_loss(n).sequence_advantages]
+    invalid("algorithm.policy_loss.kind", p.kind, f"must be one of {', '.join(token_level)} "
+            f"with algorithm.advantage.estimator={estimator.name!r}: its advantages are per "
+            f"token, {p.kind!r} takes one per response (a sequence clip)")
 
 
 def _validate_staleness(s) -> None:
@@ -217,7 +223,7 @@ def _validate_value(a) -> None:
   check_range("algorithm.value.pretrain_steps", a.value.pretrain_steps, low=0)
   if a.value.pretrain_steps and not uses_critic(a):
     invalid("algorithm.value.pretrain_steps", a.value.pretrain_steps, "must be 0 without a "
-            "critic (algorithm.advantage.estimator 'gae')")
+            f"critic (algorithm.advantage.estimator={a.advantage.estimator!r} has none)")
 
 
 def _validate_kl(kl) -> None:

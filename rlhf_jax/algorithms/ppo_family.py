@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax import kernels
+from rlhf_jax.algorithms import estimators
+from rlhf_jax.algorithms import losses
 from rlhf_jax.algorithms.ppo_config import uses_critic  # noqa: F401  (re-exported)
 from rlhf_jax.algorithms.ppo_config import uses_reference  # noqa: F401
 from rlhf_jax.batch import RolloutBatch
@@ -77,38 +79,18 @@ def rollout_kl(algorithm, batch: RolloutBatch) -> jax.Array:
 
 def advantages_and_returns(algorithm, batch: RolloutBatch, kl_coef: jax.Array | float, *,
                            group_size: int) -> tuple[jax.Array, jax.Array]:
-  """Advantages [B, R] for the actor and returns [B, R] for the critic.
-
-  gae: (decoupled) GAE with λ_actor (or VAPO's length-adaptive λ) and λ_critic;
-  rows with `finished` False (T-PPO) bootstrap from their last value (Extended
-  GAE). grpo / dr_grpo / rloo / reinforce_pp_baseline: group-relative outcome
-  advantages broadcast over the response; reinforce_pp: batch-whitened
-  discounted returns. Returns are zeros for critic-free estimators.
+  """Advantages [B, R] for the actor and returns [B, R] for the critic, from the record
+  of `algorithm.advantage.estimator` (algorithms/estimators.py: gae, grpo, dr_grpo, rloo,
+  reinforce_pp, reinforce_pp_baseline, registered or "module:name"), then whitened over
+  the batch when `advantage.whiten`. Returns are zeros for critic-free estimators.
   """
-  v, mask = algorithm.advantage, batch.response_mask
+  mask = batch.response_mask
   rewards = token_rewards(algorithm, batch, kl_coef)
-  returns = jnp.zeros_like(mask)
-  if v.estimator == "gae":
-    actor_lam = v.actor_lam
-    if v.lam_schedule == "length_adaptive":
-      actor_lam = kernels.length_adaptive_lambda(batch.lengths, alpha=v.length_adaptive_alpha)
-    bootstrap = kernels.truncation_bootstrap_values(batch.values, mask, batch.finished)
-    advantages, returns = kernels.decoupled_gae(rewards, batch.values, mask, gamma=v.gamma,
-                                                actor_lam=actor_lam, critic_lam=v.critic_lam,
-                                                bootstrap_values=bootstrap)
-  elif v.estimator in ("grpo", "dr_grpo"):
-    advantages = kernels.group_advantages(batch.scores, group_size=group_size,
-                                          normalize_by_std=v.estimator == "grpo")[:, None] * mask
-  elif v.estimator == "rloo":
-    advantages = kernels.rloo_advantages(batch.scores, group_size=group_size)[:, None] * mask
-  elif v.estimator == "reinforce_pp":
-    advantages, _ = kernels.reinforce_pp_advantages(rewards, mask, gamma=v.gamma)
-  elif v.estimator == "reinforce_pp_baseline":
-    advantages = kernels.reinforce_pp_baseline_advantages(batch.scores, mask,
-                                                          group_size=group_size)
-  else:
-    raise ValueError(f"algorithm.advantage.estimator={v.estimator!r}.")
-  if v.whiten:
+  record = estimators.estimator(algorithm.advantage.estimator)
+  advantages, returns = record.fn(batch, rewards, algorithm, group_size=group_size)
+  if returns is None:
+    returns = jnp.zeros_like(mask)
+  if algorithm.advantage.whiten:
     advantages = kernels.masked_whiten(advantages, batch.policy_mask())
   return advantages, returns
 
@@ -120,7 +102,9 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
   stale tokens: Hilton et al. arXiv:2110.00641, AReaL arXiv:2505.24298; ALGORITHMS.md §20).
 
   A sampled token is fresh when its `token_versions` entry equals `version` (the policy
-  whose weights `trainer_logprobs` were computed with), else stale. Per token:
+  whose weights `trainer_logprobs` were computed with) and its row's sampled tokens are
+  all of one version, else stale (`RolloutBatch.stale_mask`: a partial rollout's tokens
+  after a mid-sample swap were drawn over the older weights' KV cache). Per token:
 
     fresh, correction 'none':  π_old = π_sampler,  w = 1       (PPO, exactly)
     fresh, correction c:       π_old = π_trainer,  w = c(π_trainer / π_sampler)
@@ -150,7 +134,7 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
     lag = jnp.zeros(sampled.shape, jnp.int32)
   else:
     lag = jnp.asarray(version, jnp.int32) - batch.token_versions
-    stale = (lag != 0) & (sampled > 0)
+    stale = batch.stale_mask(version) > 0
   stale_mask = sampled * stale
   fresh_mask = sampled - stale_mask
   weights, keep, metrics = kernels.rollout_correction(
@@ -263,7 +247,8 @@ def critic_normalizers(algorithm, batch: RolloutBatch) -> Normalizers:
 
 def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: RolloutBatch,
                norm: Normalizers) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The surrogate of `policy_loss.kind` (PPO-clip, GSPO, GSPO-token or CISPO), weighted
+  """The surrogate of `policy_loss.kind` (algorithms/losses.py: PPO-clip, GSPO, GSPO-token,
+  CISPO, registered or "module:name"), weighted
   by the rollout correction (+ KL loss, entropy bonus, VAPO's positive-example NLL) of
   one (micro-)batch.
 
@@ -283,19 +268,12 @@ def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: Rollou
   mask = batch.policy_mask()
   # Dr. GRPO's constant: the response cap R (the mode's only use of a horizon).
   horizon = float(batch.response_length) if p.agg == "seq-mean-token-sum-norm" else None
-  inputs = (logprobs, batch.old_logprobs, batch.advantages, mask)
-  shared = dict(clip_low=p.clip_low, clip_high=p.clip_high, agg=p.agg,
-                agg_normalizer=norm.agg, agg_horizon=horizon, weights=batch.is_weights)
-  if p.kind == "ppo":
-    loss, metrics = kernels.ppo_policy_loss(*inputs, dual_clip=p.dual_clip, **shared)
-  elif p.kind == "gspo":
-    loss, metrics = kernels.gspo_policy_loss(*inputs, **shared)
-  elif p.kind == "gspo_token":
-    loss, metrics = kernels.gspo_token_policy_loss(*inputs, **shared)
-  elif p.kind == "cispo":
-    loss, metrics = kernels.cispo_policy_loss(*inputs, **shared)
-  else:
-    raise ValueError(f"algorithm.policy_loss.kind={p.kind!r}.")
+  surrogate = losses.policy_loss(p.kind)
+  options = {name: p[name] for name in surrogate.options}  # PPO's dual_clip
+  loss, metrics = surrogate.fn(logprobs, batch.old_logprobs, batch.advantages, mask,
+                               clip_low=p.clip_low, clip_high=p.clip_high, agg=p.agg,
+                               agg_normalizer=norm.agg, agg_horizon=horizon,
+                               weights=batch.is_weights, **options)
   metrics = dict(metrics, pg_loss=loss)
   if algorithm.kl.placement == "loss":
     kl = kernels.kl_penalty(logprobs, batch.ref_logprobs, estimator=algorithm.kl.estimator)

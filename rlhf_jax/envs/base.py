@@ -14,10 +14,9 @@ their state travels with each call.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import load_object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,14 +61,4 @@ def load_factory(path: str, field: str = "env.factory") -> Callable[[], Environm
     ConfigError: naming `field`, for a malformed path, a module that does not import, or
       a missing or non-callable attribute.
   """
-  module_name, _, attribute = path.partition(":")
-  if not module_name or not attribute:
-    invalid(field, path, "must be 'package.module:callable'")
-  try:
-    module = importlib.import_module(module_name)
-  except Exception as error:  # pylint: disable=broad-except
-    invalid(field, path, f"its module does not import: {type(error).__name__}: {error}")
-  factory = getattr(module, attribute, None)
-  if not callable(factory):
-    invalid(field, path, f"module {module_name!r} has no callable {attribute!r}")
-  return factory
+  return load_object(path, field)

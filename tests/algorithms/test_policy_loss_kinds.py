@@ -8,6 +8,7 @@ import pytest
 
 from rlhf_jax import kernels
 from rlhf_jax import batch as batch_lib
+from rlhf_jax.algorithms import losses
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
 from rlhf_jax.config_errors import ConfigError
@@ -48,7 +49,7 @@ def rollout_batch(rows=8, response_length=6, seed=0):
   return batch, logprobs, entropy
 
 
-@pytest.mark.parametrize("kind", ppo_config.POLICY_LOSS_KINDS)
+@pytest.mark.parametrize("kind", losses.BUILT_IN)
 def test_actor_loss_dispatches_to_the_kind_s_kernel(kind):
   a = algorithm(kind, "seq-mean-token-mean")
   batch, logprobs, entropy = rollout_batch()
@@ -73,7 +74,7 @@ def test_actor_loss_dispatches_to_the_kind_s_kernel(kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ppo_config.POLICY_LOSS_KINDS)
+@pytest.mark.parametrize("kind", losses.BUILT_IN)
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 def test_micro_batches_sum_to_the_mini_batch(kind, agg):
   """With the KL loss, entropy bonus and positive NLL on: row slices that share the
@@ -107,7 +108,8 @@ def test_micro_batches_sum_to_the_mini_batch(kind, agg):
      r"config\.algorithm\.policy_loss\.dual_clip: invalid value 3\.0: must be None with "
      r"algorithm\.policy_loss\.kind='cispo'"),
     ("gspo", {"advantage.estimator": "gae"},
-     r"config\.algorithm\.policy_loss\.kind: invalid value 'gspo': must be 'gspo_token' .*"
+     r"config\.algorithm\.policy_loss\.kind: invalid value 'gspo': must be one of ppo, "
+     r"gspo_token, cispo with "
      r"algorithm\.advantage\.estimator='gae'"),
     ("gspo", {"advantage.estimator": "reinforce_pp"},
      r"config\.algorithm\.policy_loss\.kind: invalid value 'gspo'"),

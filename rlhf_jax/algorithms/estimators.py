@@ -1,0 +1,173 @@
+"""Advantage estimators as records: one table, read by the loss and by validation.
+
+An estimator is a function with one signature,
+
+    fn(batch, token_rewards, algorithm, *, group_size) -> (advantages, returns)
+
+  batch          the RolloutBatch after `ppo_family.prepare`'s behaviour correction:
+                 old_logprobs (π_old, or the student's own), ref_logprobs (when a
+                 reference or teacher exists), values (with a critic), scores, lengths,
+                 finished and the masks are set;
+  token_rewards  [B, R] the score at the last token, plus step / turn rewards and −β·KL
+                 when the KL is in the reward (`ppo_family.token_rewards`);
+  algorithm      the whole `algorithm` config section (its λ, γ, ... in `advantage`);
+  group_size     G: the rows of a group are adjacent;
+  advantages     [B, R] float32, 0 off `batch.response_mask`;
+  returns        [B, R] the critic's targets, or None without a critic.
+
+and capabilities that the rest of the library reads instead of the estimator's name:
+needs_critic (values and returns: a value model is trained), group_based (a baseline
+from the group: rollout.group_size >= 2), reads_token_rewards (per-token rewards: a
+PRM's steps, KL in the reward, an environment's turn rewards) and needs_reference
+(reads batch.ref_logprobs: a reference policy or a teacher is kept).
+
+`algorithm.advantage.estimator` names a built-in below, one added with
+`register_estimator`, or "package.module:name" (an `Estimator`, or a function with the
+signature above and no capabilities), imported and checked when the config is validated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Callable
+
+import jax
+
+from rlhf_jax import kernels
+from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import load_object
+
+FIELD = "algorithm.advantage.estimator"
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+  """An advantage estimator and what it needs (see the module docstring)."""
+  name: str
+  fn: Callable
+  needs_critic: bool = False
+  group_based: bool = False
+  reads_token_rewards: bool = False
+  needs_reference: bool = False
+
+
+def gae(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
+  """(Decoupled) GAE with λ_actor (or VAPO's length-adaptive λ) for the advantages and
+  λ_critic for the returns; rows not `finished` (T-PPO) bootstrap from their last value
+  (Extended GAE)."""
+  del group_size
+  v, mask = algorithm.advantage, batch.response_mask
+  actor_lam = v.actor_lam
+  if v.lam_schedule == "length_adaptive":
+    actor_lam = kernels.length_adaptive_lambda(batch.lengths, alpha=v.length_adaptive_alpha)
+  bootstrap = kernels.truncation_bootstrap_values(batch.values, mask, batch.finished)
+  return kernels.decoupled_gae(token_rewards, batch.values, mask, gamma=v.gamma,
+                               actor_lam=actor_lam, critic_lam=v.critic_lam,
+                               bootstrap_values=bootstrap)
+
+
+def grpo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
+  """GRPO: the score minus the group's mean, over the group's std, on every token."""
+  del token_rewards, algorithm
+  advantages = kernels.group_advantages(batch.scores, group_size=group_size,
+                                        normalize_by_std=True)
+  return advantages[:, None] * batch.response_mask, None
+
+
+def dr_grpo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
+  """Dr. GRPO: the score minus the group's mean (no std), on every token."""
+  del token_rewards, algorithm
+  advantages = kernels.group_advantages(batch.scores, group_size=group_size,
+                                        normalize_by_std=False)
+  return advantages[:, None] * batch.response_mask, None
+
+
+def rloo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
+  """RLOO: the score minus the mean of the group's other scores, on every token."""
+  del token_rewards, algorithm
+  advantages = kernels.rloo_advantages(batch.scores, group_size=group_size)
+  return advantages[:, None] * batch.response_mask, None
+
+
+def reinforce_pp(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *,
+                 group_size: int):
+  """REINFORCE++: batch-whitened discounted returns of the token rewards."""
+  del group_size
+  advantages, _ = kernels.reinforce_pp_advantages(token_rewards, batch.response_mask,
+                                                  gamma=algorithm.advantage.gamma)
+  return advantages, None
+
+
+def reinforce_pp_baseline(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *,
+                          group_size: int):
+  """REINFORCE++-baseline: the group-mean baseline, then global whitening."""
+  del token_rewards, algorithm
+  return kernels.reinforce_pp_baseline_advantages(batch.scores, batch.response_mask,
+                                                  group_size=group_size), None
+
+
+_BUILT_IN = (
+    Estimator("gae", gae, needs_critic=True, reads_token_rewards=True),
+    Estimator("grpo", grpo, group_based=True),
+    Estimator("dr_grpo", dr_grpo, group_based=True),
+    Estimator("rloo", rloo, group_based=True),
+    Estimator("reinforce_pp", reinforce_pp, reads_token_rewards=True),
+    Estimator("reinforce_pp_baseline", reinforce_pp_baseline, group_based=True),
+)
+BUILT_IN = tuple(e.name for e in _BUILT_IN)
+_TABLE: dict[str, Estimator] = {e.name: e for e in _BUILT_IN}
+
+
+def register_estimator(name: str, fn: Callable, *, needs_critic: bool = False,
+                       group_based: bool = False, reads_token_rewards: bool = False,
+                       needs_reference: bool = False) -> Estimator:
+  """Adds (or replaces) the estimator `name`, so `algorithm.advantage.estimator=name`
+  trains with `fn` (the signature of the module docstring). Built-ins cannot be replaced;
+  a name holds no ':' (that spells a module path)."""
+  if not name or ":" in name:
+    raise ValueError(f"An estimator's name must be non-empty without ':'; got {name!r}.")
+  if name in BUILT_IN:
+    raise ValueError(f"{name!r} is a built-in estimator; register under another name.")
+  record = Estimator(name, fn, needs_critic=needs_critic, group_based=group_based,
+                     reads_token_rewards=reads_token_rewards, needs_reference=needs_reference)
+  _check_signature(record.fn, name)
+  _TABLE[name] = record
+  return record
+
+
+def names() -> tuple[str, ...]:
+  """The estimators known by name: built-ins, then registered ones."""
+  return tuple(_TABLE)
+
+
+def estimator(name: str) -> Estimator:
+  """The record of `algorithm.advantage.estimator`: a built-in, a registered name, or
+  "package.module:name" (an `Estimator`, or a function taken with no capabilities).
+
+  Raises:
+    ConfigError: one line naming algorithm.advantage.estimator, for an unknown name, a
+      module that does not import, or an attribute that is neither.
+  """
+  if not isinstance(name, str) or ":" not in name:
+    if name not in _TABLE:
+      invalid(FIELD, name, f"must be one of {', '.join(_TABLE)}, or 'package.module:name' "
+              "(an Estimator or a function; docs/extending.md)")
+    return _TABLE[name]
+  value = load_object(name, FIELD, what="Estimator or function",
+                      accept=lambda v: isinstance(v, Estimator) or callable(v))
+  record = value if isinstance(value, Estimator) else Estimator(name, value)
+  _check_signature(record.fn, name)
+  return record
+
+
+def _check_signature(fn: Callable, name: str) -> None:
+  """ConfigError unless `fn` takes (batch, token_rewards, algorithm, *, group_size)."""
+  try:
+    inspect.signature(fn).bind(None, None, None, group_size=2)
+  except TypeError as error:
+    invalid(FIELD, name, "its function must take (batch, token_rewards, algorithm, *, "
+            f"group_size): {error}")
+  except ValueError:  # no signature to inspect (a builtin): taken on trust
+    pass
