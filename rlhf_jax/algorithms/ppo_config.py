@@ -126,6 +126,12 @@ def uses_critic(algorithm) -> bool:
   return estimators.estimator(algorithm.advantage.estimator).needs_critic
 
 
+def reads_token_rewards(algorithm) -> bool:
+  """Whether the estimator reads per-token rewards (its record's `reads_token_rewards`):
+  a PRM's step rewards, an environment's turn rewards, KL in the reward reach it."""
+  return estimators.estimator(algorithm.advantage.estimator).reads_token_rewards
+
+
 def uses_reference(algorithm) -> bool:
   """Whether a reference policy is needed: KL as a loss or in the reward, or an
   estimator that reads its log-probs (`needs_reference`: e.g. a teacher's)."""

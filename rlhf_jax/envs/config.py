@@ -18,10 +18,9 @@ from rlhf_jax.config_errors import one_of
 from rlhf_jax.envs.base import load_factory
 
 # 'sum': the episode's score is the sum of its step rewards (plus the verifier's); 'turn':
-# each step's reward sits on the last token of the model turn it answers (needs a per-token
-# advantage estimator: gae, reinforce_pp).
+# each step's reward sits on the last token of the model turn it answers (needs an advantage
+# estimator that reads token rewards: its record's `reads_token_rewards`, e.g. gae).
 REWARD_PLACEMENTS = ("sum", "turn")
-PER_TOKEN_ESTIMATORS = ("gae", "reinforce_pp")
 
 
 def env_config() -> ml_collections.ConfigDict:
@@ -51,9 +50,11 @@ def env_config() -> ml_collections.ConfigDict:
   return e
 
 
-def validate_env_config(c: ml_collections.ConfigDict) -> None:
+def validate_env_config(c: ml_collections.ConfigDict, *, reads_token_rewards: bool) -> None:
   """Raises ConfigError naming the `env.*` field of an impossible setting; the factory is
-  imported (named by `env.factory`) only when `rollout.mode` is 'multi_turn'."""
+  imported (named by `env.factory`) only when `rollout.mode` is 'multi_turn'.
+  `reads_token_rewards`: the advantage estimator's capability (`ppo_config.
+  reads_token_rewards`; envs/ sits below algorithms/ and does not read the table)."""
   e, r = c.env, c.rollout
   for name in ("max_turns", "max_tokens", "workers", "max_chars_per_token"):
     value = e[name]
@@ -78,9 +79,9 @@ def validate_env_config(c: ml_collections.ConfigDict) -> None:
     invalid("rollout.max_new_tokens", r.max_new_tokens, f"must be <= env.max_tokens="
             f"{e.max_tokens} (a model turn fits in the row's budget)")
   estimator = c.algorithm.advantage.estimator
-  if e.reward_placement == "turn" and estimator not in PER_TOKEN_ESTIMATORS:
-    invalid("env.reward_placement", "turn", f"needs a per-token advantage estimator "
-            f"({', '.join(PER_TOKEN_ESTIMATORS)}); algorithm.advantage.estimator="
+  if e.reward_placement == "turn" and not reads_token_rewards:
+    invalid("env.reward_placement", "turn", "needs an advantage estimator that reads "
+            f"per-token rewards (e.g. gae, reinforce_pp); algorithm.advantage.estimator="
             f"{estimator!r} reads the episode's score only (use 'sum')")
   if e.reward_placement == "turn" and c.algorithm.process_reward.shaping != "none":
     invalid("algorithm.process_reward.shaping", c.algorithm.process_reward.shaping,
