@@ -19,13 +19,13 @@ if [ -n "${RLHF_JAX_TEST_WORKERS:-}" ]; then WORKERS=(-n "$RLHF_JAX_TEST_WORKERS
 run_pytest "$VENV/bin/python" -m pytest "${WORKERS[@]}" "$@"
 # 2) the mesh tests, in their own process with 8 emulated CPU devices (the device
 #    count is fixed when JAX starts, so it cannot share the process above)
-RLHF_JAX_MULTIDEVICE=1 XLA_FLAGS="--xla_force_host_platform_device_count=8 ${XLA_FLAGS:-}" \
-  run_pytest "$VENV/bin/python" -m pytest tests/multidevice "$@"
+XLA_FLAGS="--xla_force_host_platform_device_count=8 ${XLA_FLAGS:-}" \
+  run_pytest "$VENV/bin/python" -m pytest --suite=multidevice tests/multidevice "$@"
 # 3) the code sandbox's adversarial suite (fork bombs, kill(-1), memory bombs, forged
 #    verdicts, forked memory, inode floods, uid collisions, ...), in a
 #    PID namespace of its own, bounded in time: whatever escaped the sandbox ends there
 PIDNS=(unshare --pid --fork --mount-proc --kill-child)
 if [ "$(id -u)" -ne 0 ]; then PIDNS=(unshare --user --map-current-user --pid --fork --mount-proc --kill-child); fi
-RLHF_JAX_ADVERSARIAL=1 run_pytest "${PIDNS[@]}" timeout 600 \
-  "$VENV/bin/python" -m pytest -p no:cacheprovider tests/sandbox/test_sandbox_adversarial.py \
-  tests/sandbox/test_sandbox_seccomp.py tests/rewards/test_code_job_bounds.py "$@"
+# (the suite refuses to start in the PID namespace it was launched from)
+RLHF_JAX_OUTER_PIDNS="$(stat -L -c %i /proc/self/ns/pid)" run_pytest "${PIDNS[@]}" timeout 600 \
+  "$VENV/bin/python" -m pytest -p no:cacheprovider --suite=adversarial tests/sandbox "$@"

@@ -10,6 +10,7 @@ if "--xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
                              + " --xla_gpu_deterministic_ops=true").strip()
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 # Implicit rank promotion hides [B] vs [B, T] broadcasting bugs; tests forbid it.
@@ -20,9 +21,46 @@ settings.register_profile("rlhf_jax", max_examples=25, deadline=None, derandomiz
                           print_blob=True)
 settings.load_profile("rlhf_jax")
 
-# tests/multidevice needs 8 emulated devices, fixed before JAX starts: scripts/test.sh runs
-# it in its own pytest process with XLA_FLAGS and RLHF_JAX_MULTIDEVICE=1.
-collect_ignore = [] if os.environ.get("RLHF_JAX_MULTIDEVICE") == "1" else ["multidevice"]
+# Three suites, one per pytest process (scripts/test.sh), chosen with --suite and told apart by
+# markers: `multidevice` (tests/multidevice: 8 emulated devices, fixed before JAX starts) and
+# `adversarial` (hostile programs, run only inside a PID namespace of their own).
+SUITES = ("main", "multidevice", "adversarial")
+
+
+def pytest_addoption(parser):
+  parser.addoption("--suite", default="main", choices=SUITES,
+                   help="which suite to run: main (default), multidevice (with XLA_FLAGS="
+                        "--xla_force_host_platform_device_count=8) or adversarial (inside "
+                        "`unshare --pid --fork --mount-proc`); scripts/test.sh runs all three")
+
+
+_INIT_PID_NAMESPACE = 0xEFFFFFFC  # the kernel's inode number of the initial PID namespace
+
+
+def _in_own_pid_namespace() -> bool:
+  """Whether this process runs in a PID namespace of its own: not the one its launcher
+  ran in (scripts/test.sh exports that as RLHF_JAX_OUTER_PIDNS), else not the host's."""
+  outer = int(os.environ.get("RLHF_JAX_OUTER_PIDNS") or _INIT_PID_NAMESPACE)
+  return os.stat("/proc/self/ns/pid").st_ino != outer
+
+
+def pytest_collection_modifyitems(config, items):
+  """Keeps the items of the selected suite (an unmarked item belongs to 'main')."""
+  suite = config.getoption("--suite")
+  for item in items:
+    if "tests/multidevice/" in item.nodeid or item.nodeid.startswith("multidevice/"):
+      item.add_marker("multidevice")
+  keep, drop = [], []
+  for item in items:
+    marks = {m for m in SUITES[1:] if item.get_closest_marker(m)}
+    (keep if (marks == {suite} if marks else suite == "main") else drop).append(item)
+  if drop:
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+  if suite == "adversarial" and keep and not _in_own_pid_namespace():
+    raise pytest.UsageError("--suite=adversarial runs hostile programs: only inside a PID "
+                            "namespace of its own (scripts/test.sh: unshare --pid --fork "
+                            "--mount-proc --kill-child timeout 600 pytest ...)")
 
 # The persistent compilation cache (runtime.enable_compile_cache): a second run of the
 # suite loads the programs the first compiled (most of a test's time here is XLA's

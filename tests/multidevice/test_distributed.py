@@ -51,7 +51,6 @@ def start_job(workdir, name: str, steps: int, processes: int = 2, staleness: int
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
       "--xla_force_host_platform_device_count=8", "")  # the job sets its own count
-  env.pop("RLHF_JAX_MULTIDEVICE", None)
   workers = []
   for process_id in range(processes):
     job = {"preset": name, "workdir": str(workdir), "steps": steps, "mesh": MESH,

@@ -2,7 +2,7 @@
 
 Runs only inside its own PID namespace, so that a program that escaped could not take
 the machine down: scripts/test.sh starts it as
-  RLHF_JAX_ADVERSARIAL=1 unshare --pid --fork --mount-proc timeout ... pytest <this file>
+  unshare --pid --fork --mount-proc timeout ... pytest --suite=adversarial <this file>
 Each program's verdict must be a failure (or, where the program reports what it saw, its
 report must show that it saw nothing it should not), within its time limit, and no
 process of the sandbox may outlive its job.
@@ -16,28 +16,11 @@ import time
 import pytest
 
 from rlhf_jax.rewards import code
+from tests.sandbox.processes import sandbox_processes
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("RLHF_JAX_ADVERSARIAL") != "1",
-    reason="hostile programs run only in their own PID namespace: see scripts/test.sh")
+pytestmark = pytest.mark.adversarial
 
 TIMEOUT = 2.0
-
-
-def sandbox_processes() -> list[int]:
-  """PIDs of live processes running as a sandbox uid (≥ 200000)."""
-  pids = []
-  for name in os.listdir("/proc"):
-    if not name.isdigit():
-      continue
-    try:
-      with open(f"/proc/{name}/status") as f:
-        fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
-      continue
-    if int(fields["Uid"].split()[0]) >= 200_000 and "Z" not in fields["State"]:
-      pids.append(int(name))
-  return pids
 
 
 def hostile(solution: str, tests: str = "assert True", timeout_s: float = TIMEOUT, **kwargs):

@@ -25,11 +25,9 @@ import pytest
 from rlhf_jax.rewards import code
 from rlhf_jax.sandbox import jobs as sandbox
 from rlhf_jax.sandbox import seccomp_filter
-from tests.sandbox.test_sandbox_adversarial import sandbox_processes
+from tests.sandbox.processes import sandbox_processes
 
-adversarial = pytest.mark.skipif(
-    os.environ.get("RLHF_JAX_ADVERSARIAL") != "1",
-    reason="hostile programs run only in their own PID namespace: see scripts/test.sh")
+adversarial = pytest.mark.adversarial
 x86_64 = pytest.mark.skipif(platform.machine() != "x86_64",
                             reason="raw system call numbers and ABIs of x86_64")
 

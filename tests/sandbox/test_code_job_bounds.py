@@ -15,11 +15,9 @@ import pytest
 
 from rlhf_jax.rewards import code
 from rlhf_jax.sandbox import jobs as sandbox
-from tests.sandbox.test_sandbox_adversarial import sandbox_processes
+from tests.sandbox.processes import sandbox_processes
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("RLHF_JAX_ADVERSARIAL") != "1",
-    reason="hostile programs run only in their own PID namespace: see scripts/test.sh")
+pytestmark = pytest.mark.adversarial
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Six children each touch 400 MB (2.4 GB together, each under the 512 MB address space
