@@ -81,14 +81,18 @@ def run_prepare(a, batch, trainer, *, correction="none", version=CURRENT):
 
 def reference_weights(trainer, sampler, versions, lengths, starts, *, correction, c_corr,
                       stale_mode, cap):
-  """Per token, from §20: (π_old, w, keep), 0 off the sampled tokens."""
+  """Per token, from §20: (π_old, w, keep), 0 off the sampled tokens. A token is fresh
+  when it is of version CURRENT and its row's sampled tokens are of one version (a row
+  spanning versions was swapped mid-sample: its later tokens were drawn over the older
+  weights' KV cache, so every token of it is stale)."""
   old, weight, keep = np.zeros_like(trainer), np.zeros_like(trainer), np.zeros_like(trainer)
   for b in range(trainer.shape[0]):
+    row_versions = set(versions[b, starts[b]:lengths[b]].tolist())
     for t in range(trainer.shape[1]):
       if not starts[b] <= t < lengths[b]:
         continue
       ratio = np.exp(float(trainer[b, t]) - float(sampler[b, t]))
-      if versions[b, t] == CURRENT:  # fresh: π_prox = π_behav
+      if row_versions == {CURRENT}:  # fresh: π_prox = π_behav
         if correction == "none":
           old[b, t], weight[b, t], keep[b, t] = sampler[b, t], 1.0, 1.0
         else:  # TIS for the sampler–trainer mismatch
@@ -146,8 +150,10 @@ def test_decoupled_ppo_weights_and_loss_match_a_numpy_loop(correction, stale_mod
   expected = reference_loss(theta, old, weight, keep, advantages, sampled,
                             a.policy_loss.clip_low, a.policy_loss.clip_high)
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
-  # Metrics: the mismatch over fresh tokens only, the lag of stale ones separately.
+  # Metrics: the mismatch over fresh tokens only, the lag of stale ones separately. Row
+  # 4's window spans versions 4 and 5: all of it is stale.
   stale = sampled & (versions != CURRENT)
+  stale[4] = sampled[4]
   fresh = sampled & ~stale
   gap = np.abs(trainer - sampler)
   np.testing.assert_allclose(metrics["logprob_mismatch_max"], gap[fresh].max(), rtol=1e-5)
