@@ -72,6 +72,37 @@ def _split_rows(tree, parts: int):
   return jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), tree)
 
 
+# How a micro-batch's metrics combine into its mini-batch's: the one place that decides,
+# for every role. A loss term divided by the mini-batch's global count (`Normalizers`,
+# `agg_normalizer`) is the micro-batch's share of the mini-batch's term: shares are
+# summed (as the loss itself is), so the logged term is the unsplit loss's. A name
+# ending in `_max` / `_min` is an extreme over the micro-batch: max / min. Any other
+# metric is a mean over the micro-batch's own tokens or rows (entropy, clip fractions,
+# KL estimates, log-prob gaps, value mean, DPO's reward margins): the mean of those
+# means, exact when the micro-batches hold equal counts (verl averages its micro-batch
+# metrics the same way). The critic's explained variance, a ratio of variances, is
+# logged as its micro-batches' mean: an estimate, not the mini-batch's value. A loss
+# that logs another globally normalised term adds its name here.
+SUMMED_METRICS = frozenset({"pg_loss", "kl_loss", "positive_nll", "value_loss"})
+
+
+def combine_micro_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Metrics stacked over U micro-batches ([U] leaves) → the mini-batch's (scalars), as
+  `SUMMED_METRICS` says: sums for global-normalised loss terms, max / min for extremes,
+  means otherwise."""
+
+  def combine(name, values):
+    if name in SUMMED_METRICS:
+      return jnp.sum(values, axis=0)
+    if name.endswith("_max"):
+      return jnp.max(values, axis=0)
+    if name.endswith("_min"):
+      return jnp.min(values, axis=0)
+    return jnp.mean(values, axis=0)
+
+  return {name: combine(name, values) for name, values in metrics.items()}
+
+
 # loss_fn(params, batch, normalizers[, packed=...]) -> (loss, metrics);
 # normalizer_fn(batch) -> normalizers
 LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
@@ -83,7 +114,8 @@ def minibatch_update(loss_fn: LossFn, normalizer_fn: Callable, has_target: Calla
   gradient summed over `micro_batches` slices (or, with `packed` buffers
   ([U, K, C] leading), over its U packed micro-batches, each passed to `loss_fn` as
   `packed=`). Skipped (state unchanged) when the loss or gradient is not finite or
-  `has_target(minibatch)` is False; metrics `skipped` / `applied` say so."""
+  `has_target(minibatch)` is False; metrics `skipped` / `applied` say so. The loss and
+  the metrics are the whole mini-batch's, whatever `micro_batches` (`combine_micro_metrics`)."""
 
   def step(state: TrainState, inputs):
     batch, packed = inputs
@@ -108,7 +140,7 @@ def minibatch_update(loss_fn: LossFn, normalizer_fn: Callable, has_target: Calla
       zeros = jax.tree.map(jnp.zeros_like, state.params)
       pieces = _split_rows(batch, micro_batches) if packed is None else packed
       (loss, grads), metrics = jax.lax.scan(accumulate, (jnp.zeros(()), zeros), pieces)
-      metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+      metrics = combine_micro_metrics(metrics)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     apply = finite & has_target(batch)
