@@ -110,6 +110,10 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
     fresh, correction c:       π_old = π_trainer,  w = c(π_trainer / π_sampler)
     stale:                     π_old = π_prox = π_trainer,  w = s(π_prox / π_behav)
 
+  A stale token that s = 'mis_token' masks keeps its place in the loss mask with w = 0
+  (AReaL: it still counts in the token-mean's denominator); a fresh token that c masks
+  leaves the mask and the denominator (verl's rollout rejection sampling).
+
   with π_behav = π_sampler (the sampler's log-probs of its own version) and c, s the
   `kernels.rollout_correction` modes of `algorithm.correction` and `algorithm.staleness`
   (s: TIS truncation at C, or masked outside [1/C, C]). The objective per token is then
@@ -143,6 +147,13 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
   s = algorithm.staleness
   stale_weights, stale_keep, stale_metrics = kernels.rollout_correction(
       trainer_logprobs, batch.sampler_logprobs, stale_mask, mode=s.mode, threshold=s.cap)
+  # AReaL's behaviour mask: a stale token whose w leaves the trust region gets w = 0 but
+  # stays in the loss mask, so the aggregation normalizer still counts it and the kept
+  # tokens' gradients are not scaled up by N / N_kept (AReaL ppo_actor_loss_fn:
+  # Σ w·ℓ / loss_mask_count). Fresh tokens that correction 'mis_*' drops leave the mask
+  # and the normalizer instead, as verl's rollout rejection sampling drops them from
+  # response_mask.
+  stale_keep = stale_mask
   # Without a correction a fresh token keeps the sampler's π_old: equal to the trainer's
   # up to float rounding, which must not become a weight ≠ 1.
   use_trainer = stale if correction == "none" else jnp.ones(stale.shape, bool)

@@ -17,7 +17,10 @@ being truncated): the follow-ups to it (Liu et al. 2025, "When speed kills
 stability") and verl's rollout correction (`rollout_is` / `rollout_rs`).
 
 The weights multiply the per-token policy loss (`ppo_policy_loss(weights=...)`);
-`keep` removes dropped tokens from the loss mask (and its normalizer).
+`keep` removes dropped tokens from the loss mask (and its normalizer), as verl's rollout
+rejection sampling drops them from its response mask. Decoupled PPO's stale tokens use
+only the weights: a masked one keeps its place in the loss mask with w = 0, as AReaL's
+behaviour mask does (`ppo_family.behaviour_correction`).
 """
 
 from __future__ import annotations

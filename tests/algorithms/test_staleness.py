@@ -101,9 +101,9 @@ def reference_weights(trainer, sampler, versions, lengths, starts, *, correction
         old[b, t] = trainer[b, t]
         if stale_mode == "tis":
           weight[b, t], keep[b, t] = min(ratio, cap), 1.0
-        else:
+        else:  # masked: w = 0, still in the loss mask (AReaL's behaviour mask)
           inside = 1.0 / cap <= ratio <= cap
-          weight[b, t], keep[b, t] = ratio * inside, float(inside)
+          weight[b, t], keep[b, t] = ratio * inside, 1.0
   return old, weight, keep
 
 
@@ -142,7 +142,9 @@ def test_decoupled_ppo_weights_and_loss_match_a_numpy_loop(correction, stale_mod
                              rtol=1e-6)
   np.testing.assert_allclose(np.asarray(prepared.is_weights), weight, rtol=1e-5, atol=1e-7)
   np.testing.assert_array_equal(np.asarray(prepared.correction_mask), keep)
-  assert (keep[2, 0], keep[3, 1]) == ((0.0, 0.0) if stale_mode == "mis_token" else (1, 1))
+  assert (keep[2, 0], keep[3, 1]) == (1, 1)
+  if stale_mode == "mis_token":
+    assert (weight[2, 0], weight[3, 1]) == (0.0, 0.0)
   # The loss on independent advantages.
   advantages = np.random.default_rng(9).normal(size=theta.shape).astype(np.float32)
   prepared = prepared.replace(advantages=jnp.asarray(advantages) * prepared.response_mask)
@@ -173,6 +175,43 @@ def test_decoupled_ppo_weights_and_loss_match_a_numpy_loop(correction, stale_mod
     outside = (ratio < 1 / a.staleness.cap) | (ratio > a.staleness.cap)
     np.testing.assert_allclose(metrics["staleness/weight_masked_frac"], outside.mean(),
                                rtol=1e-6)
+
+
+def areal_loss(theta, prox, behav, advantages, loss_mask, *, cap, clip_low, clip_high):
+  """AReaL's decoupled loss (`ppo_actor_loss_fn`), in NumPy: the behaviour weight
+  w = π_prox / π_behav is zeroed outside the cap (AReaL: w > cap; here the band
+  [1/cap, cap] that mis_token keeps) and the surrogate summed over the loss mask is divided
+  by the loss mask's count, masked tokens included."""
+  ratio = np.exp(theta - prox)
+  surrogate = np.maximum(-advantages * ratio,
+                         -advantages * np.clip(ratio, 1 - clip_low, 1 + clip_high))
+  w = np.exp(prox - behav)
+  behaviour_mask = (w <= cap) & (w >= 1 / cap) & loss_mask
+  w = np.where(behaviour_mask, w, 0.0)
+  return np.where(loss_mask, surrogate * w, 0.0).sum() / loss_mask.sum(), behaviour_mask
+
+
+def test_masked_stale_tokens_stay_in_the_token_mean_denominator():
+  """staleness.mode='mis_token' masks a stale token with w outside [1/cap, cap] as AReaL
+  does: w = 0, the token still counted by the token mean (the kept tokens' gradients are
+  not scaled up by N / N_kept)."""
+  a = algorithm("mis_token")
+  batch, trainer, theta = mixed_batch()
+  mask = np.asarray(batch.response_mask)
+  batch = batch.replace(token_versions=np.where(mask > 0, CURRENT - 1, 0).astype(np.int32))
+  prepared, _, _ = run_prepare(a, batch, trainer)
+  advantages = np.random.default_rng(5).normal(size=theta.shape).astype(np.float32)
+  prepared = prepared.replace(advantages=jnp.asarray(advantages) * prepared.response_mask)
+  loss, _ = actor_loss(a, jnp.asarray(theta), prepared)
+  sampled = np.asarray(batch.sampled_mask()) > 0
+  expected, kept = areal_loss(theta.astype(np.float64), trainer.astype(np.float64),
+                              np.asarray(batch.sampler_logprobs, np.float64), advantages,
+                              sampled, cap=a.staleness.cap, clip_low=a.policy_loss.clip_low,
+                              clip_high=a.policy_loss.clip_high)
+  assert 0 < kept.sum() < sampled.sum()  # some stale tokens are masked
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+  # Dropping them from the denominator would have scaled the loss by N / N_kept.
+  assert abs(float(loss) - expected * sampled.sum() / kept.sum()) > 1e-3 * abs(expected)
 
 
 def test_fresh_rows_give_exactly_the_ppo_loss():
