@@ -108,7 +108,8 @@ def algorithm_config() -> ml_collections.ConfigDict:
   a.staleness = ml_collections.ConfigDict()
   # 'tis' (default): w truncated at cap, so every stale token keeps a clipped weight (the
   # decoupled-PPO objective of §20); 'mis_token': a token whose w leaves [1/cap, cap]
-  # leaves the loss (AReaL masks w above its behav_imp_weight_cap).
+  # gets w = 0 and still counts in the token mean's denominator (AReaL's behaviour mask,
+  # which masks only w above its behav_imp_weight_cap).
   a.staleness.mode = "tis"
   a.staleness.cap = 5.0  # C (AReaL's example configs: behav_imp_weight_cap 5.0, floor 0.2).
 
