@@ -141,7 +141,7 @@ def _evaluate(checkpoint: str, prompts, examples) -> dict[str, dict]:
   from rlhf_jax import models
   from rlhf_jax.rewards.router import router_for_tasks
   from rlhf_jax.sampling import config as sampler_config_lib
-  from rlhf_jax.training.evaluation import evaluate_policy
+  from rlhf_jax.rollout.evaluation import evaluate_policy
   model, params = models.load_hf_checkpoint(checkpoint)
   tokenizer = prompts.tokenizer
   longest = max(len(ids) for ids in prompts.encode_all(examples))

@@ -44,7 +44,8 @@ def main(argv) -> None:
   from rlhf_jax.training import stages
   from rlhf_jax.config_errors import invalid
   from rlhf_jax.training.config import validate_config
-  from rlhf_jax.training.evaluation import evaluate_policy
+  from rlhf_jax.rollout import modes as rollout_modes
+  from rlhf_jax.rollout.evaluation import evaluate_policy
 
   config = _CONFIG.value
   # The whole config, first: before the warm start trains anything.
@@ -68,16 +69,16 @@ def main(argv) -> None:
                                              log=lambda line: print(line, flush=True))
   _, held_out = build.load_examples(config)
   scorer = reward_build.verifiers(config, sorted({e.task for e in held_out}))
-  if config.rollout.mode == "multi_turn":  # whole greedy episodes with the environment
+  if rollout_modes.rollout_mode(config).needs_environment:  # whole greedy episodes
     mesh = build.trainer_mesh(config)
     policy = build.load_policy(config, _WORKDIR.value, mesh)
     sampler = build.build_sampler(config, policy, mesh)
-    rollout = build.build_rollout(config, policy, sampler, scorer, held_out)
+    parts = build.rollout_parts(config, policy, sampler, scorer)
     try:
-      result = build.build_evaluator(config, policy, sampler, rollout, held_out,
-                                     scorer)(samples=1, temperature=0.0)
+      result = build.build_evaluator(config, parts, held_out, scorer)(samples=1,
+                                                                      temperature=0.0)
     finally:
-      rollout.close()
+      parts.close()
   else:
     model, params = models.load_hf_checkpoint(directory)
     tokenizer = models.Tokenizer.from_directory(directory)

@@ -59,7 +59,8 @@ def main(argv) -> None:
   from rlhf_jax.training.loop import Trainer
   from rlhf_jax.training.stages import prepare_run
 
-  offline_to_label = config.rollout.mode == "offline" and not config.data.offline_file
+  from rlhf_jax.rollout.modes import rollout_mode
+  offline_to_label = rollout_mode(config).fixed_data and not config.data.offline_file
   if jax.process_count() > 1 and offline_to_label:
     from rlhf_jax.config_errors import ConfigError
     raise ConfigError("config.data.offline_file: must be given in a job of several processes "

@@ -50,9 +50,11 @@ def env_config() -> ml_collections.ConfigDict:
   return e
 
 
-def validate_env_config(c: ml_collections.ConfigDict, *, reads_token_rewards: bool) -> None:
+def validate_env_config(c: ml_collections.ConfigDict, *, reads_token_rewards: bool,
+                        episodes: bool) -> None:
   """Raises ConfigError naming the `env.*` field of an impossible setting; the factory is
-  imported (named by `env.factory`) only when `rollout.mode` is 'multi_turn'.
+  imported (named by `env.factory`) and the episodes' limits checked only when the rollout
+  mode runs `episodes` (its record's `needs_environment`: rollout/modes.py).
   `reads_token_rewards`: the advantage estimator's capability (`ppo_config.
   reads_token_rewards`; envs/ sits below algorithms/ and does not read the table)."""
   e, r = c.env, c.rollout
@@ -65,7 +67,7 @@ def validate_env_config(c: ml_collections.ConfigDict, *, reads_token_rewards: bo
     invalid("env.worker_memory_mb", memory, "must be an int >= 0 (0: no limit)")
   check_range("env.timeout_s", e.timeout_s, low=0, low_open=True)
   one_of("env.reward_placement", e.reward_placement, REWARD_PLACEMENTS)
-  if r.mode != "multi_turn":
+  if not episodes:
     return
   if not e.factory:
     invalid("env.factory", e.factory, "rollout.mode='multi_turn' needs an environment: "

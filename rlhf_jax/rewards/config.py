@@ -180,9 +180,6 @@ def _validate_process_and_critic(c) -> None:
       invalid("reward.process.checkpoint", r.process.checkpoint, "gives per-step rewards, "
               f"which algorithm.advantage.estimator={estimator!r} ignores; use one of "
               f"{', '.join(ppo_config.TOKEN_REWARD_ESTIMATORS)} (or leave it empty)")
-    if c.rollout.mode == "windows":
-      invalid("reward.process.checkpoint", r.process.checkpoint, "must be empty with "
-              "rollout.mode='windows' (not supported)")
   if c.critic.init_from:
     _check_checkpoint("critic.init_from", c.critic.init_from, "")
     if not ppo_config.uses_critic(c.algorithm):

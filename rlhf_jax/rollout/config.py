@@ -1,10 +1,7 @@
 """The `rollout` config section: how prompts become a step's training batch.
 
-Modes: "groups" (G samples of each of `prompts_per_step` prompts), "dynamic"
-(DAPO's dynamic sampling over groups), "windows" (T-PPO's in-flight responses, W
-tokens per step), "multi_turn" (G episodes with an environment per prompt:
-rollout/multi_turn.py, configured by the `env` section) and "offline" (labelled groups
-from a file: rollout/offline.py, built by training/build.py since it reads no sampler).
+The fields of every mode live here; what a mode is (how it builds, its response length,
+its own rules) is its record in rollout/modes.py, the one module that reads `rollout.mode`.
 """
 
 from __future__ import annotations
@@ -14,20 +11,8 @@ import ml_collections
 from rlhf_jax.config_errors import at_least
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
-from rlhf_jax.config_errors import one_of
-from rlhf_jax.data import PromptStream
-from rlhf_jax.envs import EnvironmentRunner
-from rlhf_jax.envs.config import turn_end_id
-from rlhf_jax.rollout.generation import GroupGenerator
-from rlhf_jax.rollout.groups import DynamicSamplingRollout
-from rlhf_jax.rollout.groups import GroupRollout
-from rlhf_jax.rollout.multi_turn import MultiTurnRollout
-from rlhf_jax.rollout.windows import WindowRollout
-from rlhf_jax.rollout.windows import longest_request_prompt
 from rlhf_jax.sampling import FireSchedule
 from rlhf_jax.sampling import SamplingParams
-
-MODES = ("groups", "dynamic", "windows", "multi_turn", "offline")
 
 
 def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collections.ConfigDict:
@@ -35,7 +20,8 @@ def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collecti
   r = ml_collections.ConfigDict()
   # 'groups', 'dynamic' (DAPO dynamic sampling), 'windows' (T-PPO), 'multi_turn' (episodes
   # with the `env` section's environment) or 'offline' (data.offline_file's labelled
-  # groups: DPO, DQO).
+  # groups: DPO, DQO), or one registered with rollout/modes.py's `register_rollout_mode`
+  # ('package.module:NAME' of a RolloutMode imports it).
   r.mode = "groups"
   r.prompts_per_step = prompts_per_step  # Prompts (groups) per training step.
   r.group_size = 8  # G: samples per prompt.
@@ -74,12 +60,11 @@ def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collecti
   return r
 
 
-def validate_rollout_config(r: ml_collections.ConfigDict, *, prompt_length: int,
-                            prompt_buckets: tuple[int, ...]) -> None:
+def validate_rollout_config(r: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the `rollout.*` field of an impossible setting. Every
   field is checked whatever the mode (a value set for another mode is still a typo),
-  and the sampling fields with SamplingParams' ranges, before the first rollout."""
-  one_of("rollout.mode", r.mode, MODES)
+  and the sampling fields with SamplingParams' ranges, before the first rollout; the
+  mode's own rules are `modes.validate_mode`'s."""
   at_least(r, "rollout", ("prompts_per_step", "group_size", "max_new_tokens"))
   check_range("rollout.temperature", r.temperature, low=0, note="(0: greedy)")
   check_range("rollout.top_p", r.top_p, low=0, high=1, low_open=True, note="(1: no limit)")
@@ -102,21 +87,6 @@ def validate_rollout_config(r: ml_collections.ConfigDict, *, prompt_length: int,
   if r.partial_rollouts and not r.max_staleness:
     invalid("rollout.partial_rollouts", True, "needs rollout.max_staleness >= 1 (weights "
             "change under samples in flight only when generation runs ahead)")
-  if r.max_staleness and r.mode not in ("groups", "dynamic", "multi_turn"):
-    invalid("rollout.max_staleness", r.max_staleness, f"must be 0 for rollout.mode="
-            f"{r.mode!r} (generation ahead of the learner: modes groups, dynamic, "
-            "multi_turn)")
-  if r.mode == "dynamic" and r.group_size < 2:
-    invalid("rollout.group_size", r.group_size, "must be >= 2 for rollout.mode='dynamic' (it "
-            "keeps groups whose correctness varies)")
-  if r.mode == "windows":
-    w = r.windows.window_tokens
-    # A continued response is re-sent as prompt + tokens so far.
-    longest = longest_request_prompt(prompt_length, r.max_new_tokens, w)
-    if longest > max(prompt_buckets):
-      invalid("sampler.prompt_buckets", tuple(prompt_buckets), f"must reach {longest} tokens "
-              f"with rollout.windows.window_tokens={w} (a continued response is sent as "
-              "prompt + the tokens so far)")
 
 
 def sampling_params(r: ml_collections.ConfigDict, stop_token_ids: tuple[int, ...]
@@ -126,38 +96,3 @@ def sampling_params(r: ml_collections.ConfigDict, stop_token_ids: tuple[int, ...
   return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                         max_new_tokens=r.max_new_tokens, stop_token_ids=stop_token_ids,
                         n=r.group_size, fire=fire)
-
-
-def response_length(c: ml_collections.ConfigDict) -> int:
-  """R, the batch's response columns: `rollout.max_new_tokens`, or with mode 'multi_turn'
-  the row's budget after the prompt, `env.max_tokens`."""
-  return c.env.max_tokens if c.rollout.mode == "multi_turn" else c.rollout.max_new_tokens
-
-
-def build_rollout(r: ml_collections.ConfigDict, generator: GroupGenerator,
-                  stream: PromptStream, *, env: ml_collections.ConfigDict | None = None,
-                  failure_score: float = -1.0):
-  """The rollout of `r.mode` (an object with `collect() -> Rollouts`, `state()`,
-  `restore(state)`); mode 'multi_turn' needs the `env` section and scores an episode
-  whose environment failed `failure_score`."""
-  if r.mode == "multi_turn":
-    return MultiTurnRollout(
-        generator, stream, EnvironmentRunner.from_config(env),
-        prompts_per_step=r.prompts_per_step, group_size=r.group_size,
-        max_turns=env.max_turns, max_tokens=env.max_tokens,
-        reward_placement=env.reward_placement, verifier=env.verifier,
-        turn_end_id=turn_end_id(env, generator.tokenizer), failure_score=failure_score,
-        max_chars_per_token=env.max_chars_per_token)
-  if r.mode == "windows":
-    return WindowRollout(generator, stream, prompts_per_step=r.prompts_per_step,
-                         group_size=r.group_size, window_tokens=r.windows.window_tokens,
-                         response_length=r.max_new_tokens)
-  if r.mode == "dynamic":
-    return DynamicSamplingRollout(generator, stream, prompts_per_step=r.prompts_per_step,
-                                  response_length=r.max_new_tokens,
-                                  oversample=r.dynamic.oversample,
-                                  max_rounds=r.dynamic.max_rounds,
-                                  keep_surplus=r.dynamic.keep_surplus,
-                                  max_age=r.dynamic.max_age)
-  return GroupRollout(generator, stream, prompts_per_step=r.prompts_per_step,
-                      response_length=r.max_new_tokens)

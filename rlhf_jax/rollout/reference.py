@@ -18,6 +18,7 @@ import numpy as np
 
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.rollout.generation import Rollouts
+from rlhf_jax.rollout.modes import rollout_mode
 
 PLACES = ("trainer", "sampler")
 
@@ -39,7 +40,7 @@ def check_config(c, *, uses_reference: bool, remote: bool) -> None:
   why = None
   if not remote:
     why = "needs sampling servers (sampler.address or sampler.addresses)"
-  elif c.algorithm.learner != "ppo" or c.rollout.mode == "offline":
+  elif c.algorithm.learner != "ppo" or rollout_mode(c).fixed_data:
     why = "is for the PPO family's learner on sampled rollouts"
   elif not uses_reference:
     why = "needs a reference: algorithm.kl.placement is 'none'"

@@ -120,14 +120,14 @@ def tokenizer():
   return models.build_character_tokenizer(ALPHABET)
 
 
-def validate_run(c) -> None:
-  """The settings the task's demonstrations assume: multi-turn episodes whose calling turn
-  ends at `TURN_END`, a turn cap that fits the longest call and a row budget that fits the
-  longest demonstration (of `data.levels` and `sft.levels`). Raises ConfigError naming
-  the field."""
+def validate_run(c, mode) -> None:
+  """The settings the task's demonstrations assume: episodes with an environment (`mode`,
+  the run's `rollout.modes.RolloutMode`, needs one) whose calling turn ends at
+  `TURN_END`, a turn cap that fits the longest call and a row budget that fits the longest
+  demonstration (of `data.levels` and `sft.levels`). Raises ConfigError naming the field."""
   from rlhf_jax.config_errors import invalid  # pylint: disable=import-outside-toplevel
-  if c.rollout.mode != "multi_turn":
-    invalid("rollout.mode", c.rollout.mode, "must be 'multi_turn' for data.task='toolcalc' "
+  if not mode.needs_environment:
+    invalid("rollout.mode", mode.name, "must be 'multi_turn' for data.task='toolcalc' "
             "(episodes with the calculator, as configs/toolcalc.py sets)")
   if c.env.turn_end != TURN_END:
     invalid("env.turn_end", c.env.turn_end, f"must be {TURN_END!r} for data.task="

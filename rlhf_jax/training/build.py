@@ -1,13 +1,12 @@
 """Building a run's parts from its config: mesh, policy, data, sampler, scorer, rollout and
 learner. The loop (training/loop.py) receives them ready to use; each part's own
-package decides its details (rewards/build.py the reward, rollout/config.py the
+package decides its details (rewards/build.py the reward, rollout/modes.py the
 rollout mode, algorithms/registry.py the learner).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import json
 import os
@@ -21,11 +20,7 @@ from rlhf_jax import parallel
 from rlhf_jax.algorithms import registry
 from rlhf_jax.algorithms.learner import Learner
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.data import CurriculumStream
 from rlhf_jax.data import Example
-from rlhf_jax.data import PromptStream
-from rlhf_jax.data import parse_curriculum
-from rlhf_jax.data import read_labelled
 from rlhf_jax.data import config as data_config_lib
 from rlhf_jax.data.prompts import PromptError
 from rlhf_jax.data.prompts import PromptFormat
@@ -36,19 +31,14 @@ from rlhf_jax.models.run_config import model_numerics
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards import config as reward_config_lib
-from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
+from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.rollout.base import Rollout
-from rlhf_jax.rollout.multi_turn import MultiTurnRollout
-from rlhf_jax.rollout.offline import encode_groups
-from rlhf_jax.rollout.offline import offline_rollout
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
-from rlhf_jax.training.evaluation import evaluate_episodes
-from rlhf_jax.training.evaluation import evaluate_policy
 
 
 @dataclasses.dataclass
@@ -247,13 +237,9 @@ def check_data(c, workdir: str, *, read_offline: bool = True) -> None:
   check_reward_checkpoints(c)
   prompts = prompt_format(c, tokenizer, prefix)
   load_examples(c, prompts)
-  if read_offline and c.rollout.mode == "offline" and c.data.offline_file:
-    try:
-      encode_groups(read_labelled(c.data.offline_file), prompts,
-                    response_length=c.rollout.max_new_tokens, group_size=c.rollout.group_size,
-                    pairs=c.algorithm.learner == "dpo")
-    except (OSError, ValueError) as error:
-      raise ConfigError(f"config.data.offline_file: {error}") from None
+  mode = rollout_modes.rollout_mode(c)
+  if read_offline and mode.check_data is not None:
+    mode.check_data(c, prompts, pairs=registry.learner_spec(c).pairs)
 
 
 def check_reward_checkpoints(c) -> None:
@@ -337,27 +323,30 @@ def process_sharded_sampler(c, policy: Policy, mesh):
   return ProcessShardedSampler(local, mesh, to_local)
 
 
-def build_rollout(c, policy: Policy, sampler, scorer: Scorer, examples: list[Example], *,
-                  workdir: str = "", log: Callable[[str], None] = print) -> Rollout:
-  """The rollout of `rollout.mode` over a resumable stream of `examples` (mode 'offline':
-  over the labelled groups of `data.offline_file`, rollout/offline.py)."""
-  if c.rollout.mode == "offline":
-    return offline_rollout(c, policy, offline_path(c, workdir), log=log)
-  stop = (policy.tokenizer.eos_id,) if c.rollout.stop_at_eos else ()
-  generator = GroupGenerator(sampler, scorer, policy.prompts,
-                             sampling=rollout_config_lib.sampling_params(c.rollout, stop),
-                             seed=c.seed,
-                             step_end_ids=reward_build.step_end_ids(c, policy.tokenizer))
-  if c.data.curriculum:
-    stream = CurriculumStream(examples, parse_curriculum(c.data.curriculum), seed=c.seed,
-                              shuffle=c.data.shuffle)
-  else:
-    stream = PromptStream(examples, seed=c.seed, shuffle=c.data.shuffle)
-  inner = rollout_config_lib.build_rollout(c.rollout, generator, stream, env=c.env,
-                                          failure_score=c.reward.failure_score)
+def rollout_parts(c, policy: Policy, sampler, scorer: Scorer, examples: list[Example] = (),
+                  *, workdir: str = "", log: Callable[[str], None] = print
+                  ) -> rollout_modes.RolloutParts:
+  """The pieces the rollout mode builds its rollout and evaluator from (rollout/modes.py):
+  the policy, sampler, scorer and training `examples`, the PRM's step ends, whether the
+  learner reads pairs, and the offline data's path. `close()` it when no rollout owns
+  its environment workers (an evaluation alone)."""
+  return rollout_modes.RolloutParts(
+      policy, sampler, scorer, examples,
+      step_end_ids=reward_build.step_end_ids(c, policy.tokenizer),
+      pairs=registry.learner_spec(c).pairs, offline_path=offline_path(c, workdir), log=log)
+
+
+def build_rollout(c, parts: rollout_modes.RolloutParts) -> Rollout:
+  """The rollout of the run's mode (`rollout_mode(c).build`) over `parts`; a mode that
+  samples gets the sampler-side reference and the look-ahead around it."""
+  mode = rollout_modes.rollout_mode(c)
+  inner = mode.build(c, parts)
+  if mode.fixed_data:  # nothing sampled: no reference from the sampler, nothing ahead
+    return inner
+  sampler = parts.sampler
   if reference_lib.from_sampler(c):
     inner = reference_lib.SamplerReferenceRollout(inner, sampler)
-  return PipelinedRollout(inner, sampler if c.rollout.max_staleness else None, scorer,
+  return PipelinedRollout(inner, sampler if c.rollout.max_staleness else None, parts.scorer,
                           max_staleness=c.rollout.max_staleness, last_step=c.train.steps)
 
 
@@ -366,16 +355,9 @@ def build_learner(c, policy: Policy, mesh) -> Learner:
   return registry.build_learner(c, policy.model, policy.params, mesh)
 
 
-def build_evaluator(c, policy: Policy, sampler, rollout: Rollout, held_out: list[Example],
+def build_evaluator(c, parts: rollout_modes.RolloutParts, held_out: list[Example],
                     scorer: Scorer) -> Callable[..., dict[str, float]]:
-  """The held-out evaluation, `evaluate(samples=, temperature=, seed=) -> figures`: one
-  response per sample (training/evaluation.py `evaluate_policy`), or with mode
-  'multi_turn' whole episodes with the run's environment and limits
-  (`evaluate_episodes`, over the rollout's own environment workers)."""
-  if c.rollout.mode == "multi_turn":
-    episodes = rollout
-    while not isinstance(episodes, MultiTurnRollout):  # unwrap the rollout's wrappers
-      episodes = episodes.inner
-    return functools.partial(evaluate_episodes, episodes, held_out, scorer)
-  return functools.partial(evaluate_policy, sampler, policy.prompts, held_out, scorer,
-                           max_new_tokens=c.rollout.max_new_tokens)
+  """The held-out evaluation of the run's mode, `evaluate(samples=, temperature=, seed=) ->
+  figures` (`rollout_mode(c).evaluator`: one response per sample, or whole episodes with
+  the run's environment on the workers of `parts`)."""
+  return rollout_modes.rollout_mode(c).evaluator(c, parts, held_out, scorer)

@@ -35,6 +35,7 @@ from rlhf_jax.models.run_config import validate_model_config
 from rlhf_jax.optim.optimizer import validate_optimizer
 from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
+from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import registry as task_registry
@@ -195,19 +196,19 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   rows = r.prompts_per_step * r.group_size
   sampler_config_lib.validate_sampler_config(c.sampler)
   ppo_config.validate_algorithm_config(a, group_size=r.group_size,
-                                       response_length=rollout_config_lib.response_length(c))
-  if r.mode == "windows" and not ppo_config.uses_critic(a):
-    invalid("rollout.mode", r.mode, "T-PPO's windows need a critic for Extended GAE "
+                                       response_length=rollout_modes.response_length(c))
+  if (mode := rollout_modes.rollout_mode(c)).needs_critic and not ppo_config.uses_critic(a):
+    invalid("rollout.mode", mode.name, "T-PPO's windows need a critic for Extended GAE "
             "(algorithm.advantage.estimator 'gae')")
   one_of("algorithm.learner", a.learner, tuple(LEARNERS))
-  if a.learner != "ppo" and r.mode not in ("groups", "dynamic", "offline"):
-    invalid("rollout.mode", r.mode, f"must be one of groups, dynamic, offline for "
+  if a.learner != "ppo" and mode.name not in ("groups", "dynamic", "offline"):
+    invalid("rollout.mode", mode.name, f"must be one of groups, dynamic, offline for "
             f"algorithm.learner={a.learner!r} (it trains on whole responses)")
   dpo.validate_dpo_fields(a.dpo)
   dqo.validate_dqo_fields(a.dqo)
-  rollout_config_lib.validate_rollout_config(r, prompt_length=c.data.prompt_length,
-                                             prompt_buckets=tuple(c.sampler.prompt_buckets))
-  env_config_lib.validate_env_config(c)
+  rollout_config_lib.validate_rollout_config(r)
+  rollout_modes.validate_mode(c)
+  env_config_lib.validate_env_config(c, episodes=rollout_modes.rollout_mode(c).needs_environment)
   validate_model_config(c.model, c.variant)
   validate_data(c)
   validate_sft(c.sft)
@@ -248,7 +249,7 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
   if c.variant == "hf" and not c.model.checkpoint:
     invalid("model.checkpoint", c.model.checkpoint, "an HF checkpoint directory is required "
             "for the hf variant")
-  if c.variant == "hf" and not c.data.train_file and r.mode != "offline":
+  if c.variant == "hf" and not c.data.train_file and not rollout_modes.rollout_mode(c).fixed_data:
     invalid("data.train_file", c.data.train_file, "a prompt file (JSONL: prompt, answer, "
             "task) is required for the hf variant")
 
@@ -265,15 +266,15 @@ def _validate_learner(c, *, labelling: bool) -> None:
     invalid("model.lora_rank", c.model.lora_rank, f"must be 0 for algorithm.learner="
             f"{a.learner!r} (LoRA adapters are the PPO family's learner's for now)")
   if a.learner == "dpo":
-    dpo.validate_dpo_config(a.dpo, rollout_mode=r.mode, group_size=r.group_size,
+    dpo.validate_dpo_config(a.dpo, rollout_mode=rollout_modes.rollout_mode(c).name, group_size=r.group_size,
                             prompts_per_step=r.prompts_per_step,
                             minibatches=c.train.minibatches)
     if (r.prompts_per_step // c.train.minibatches) % c.train.micro_batches:
       invalid("train.micro_batches", c.train.micro_batches, "must divide the "
               f"{r.prompts_per_step // c.train.minibatches} pairs of a mini-batch")
   if a.learner == "dqo":
-    dqo.validate_dqo_config(a.dqo, rollout_mode=r.mode)
-  if r.mode == "offline":
+    dqo.validate_dqo_config(a.dqo, rollout_mode=rollout_modes.rollout_mode(c).name)
+  if rollout_modes.rollout_mode(c).fixed_data:
     _validate_offline(c, labelling=labelling)
 
 
@@ -284,7 +285,7 @@ def _validate_offline(c, *, labelling: bool) -> None:
     invalid("data.offline_file", path, "must be an existing .jsonl/.parquet file of labelled "
             "samples or pairs (or empty for arith: the warm start's are written first)")
   if a.learner == "ppo":
-    invalid("rollout.mode", r.mode, "trains on fixed data: it needs algorithm.learner 'dpo' "
+    invalid("rollout.mode", rollout_modes.rollout_mode(c).name, "trains on fixed data: it needs algorithm.learner 'dpo' "
             "or 'dqo'")
   if not c.data.offline_file and c.variant != "arith":
     invalid("data.offline_file", c.data.offline_file, "labelled samples or pairs are "
@@ -322,7 +323,7 @@ def validate_data(c) -> None:
   one_of("data.task", d.task, task_registry.generated_tasks())
   _check_levels("data", d.levels, d.level_weights)
   if c.variant == "arith" and d.task == toolcalc.TASK:
-    toolcalc.validate_run(c)
+    toolcalc.validate_run(c, rollout_modes.rollout_mode(c))
 
 
 def validate_sft(sft) -> None:

@@ -8,7 +8,7 @@
 
 Everything algorithm-specific lives behind two seams: the `Learner` of
 `algorithm.learner` (algorithms/learner.py; it also decides when the actor updates)
-and the `Rollout` of `rollout.mode` (rollout/base.py; it owns the data position and
+and the `Rollout` of the rollout mode (rollout/modes.py; it owns the data position and
 the curriculum phase). The reward is decided in rewards/build.py. The loop is the
 same for every preset.
 """
@@ -95,10 +95,11 @@ class Trainer:
       raise ConfigError(f"config.sampler.addresses: {one_line(error)}",
                         field="sampler.addresses") from None
     self.fleet = fleet_of(self.sampler)
-    self.rollout = build.build_rollout(c, self.policy, self.sampler, self.scorer,
-                                       self.train_examples, workdir=workdir, log=self.log)
-    self.evaluator = build.build_evaluator(c, self.policy, self.sampler, self.rollout,
-                                           self.held_out, self.eval_scorer)
+    # The mode's rollout and its evaluator share the parts (generator, environment workers).
+    parts = build.rollout_parts(c, self.policy, self.sampler, self.scorer, self.train_examples,
+                                workdir=workdir, log=self.log)
+    self.rollout = build.build_rollout(c, parts)
+    self.evaluator = build.build_evaluator(c, parts, self.held_out, self.eval_scorer)
     self.learner = build.build_learner(c, self.policy, self.mesh)
     # The last step whose records are all written, the last one saved, and (fleet runs)
     # the rollout's state when the step in progress began: what a checkpoint needs.

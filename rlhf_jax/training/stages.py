@@ -34,6 +34,7 @@ from rlhf_jax.data import write_labelled
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
+from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
@@ -70,7 +71,7 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   common = dict(seed=c.seed + 17, batch_size=c.sft.batch_size, levels=tuple(c.sft.levels),
                 weights=tuple(c.sft.level_weights), prompt_prefix=prefix,
                 prompt_length=c.data.prompt_length,
-                response_length=rollout_config_lib.response_length(c),
+                response_length=rollout_modes.response_length(c),
                 direct_fraction=c.sft.direct_fraction, slip_rate=c.sft.carry_slip)
   make_batch = task.demonstrations(tokenizer, **common)
   result = _run_with_bar(model, params, make_batch, c, "SFT warm start")
@@ -103,7 +104,7 @@ def supervised_warm_start(c, workdir: str, log: Callable[[str], None] = print) -
   model, params, tokenizer, prefix_tokens = _supervised_start(c, records, log)
   prefix = [tokenizer.backend.token_to_id(t) for t in prefix_tokens]
   prompts = build.prompt_format(c, tokenizer, prefix)
-  response_length = c.sft.response_length or rollout_config_lib.response_length(c)
+  response_length = c.sft.response_length or rollout_modes.response_length(c)
   rows = []
   for where, record in records:
     try:
@@ -198,9 +199,10 @@ def label_samples(c, policy, sampler, scorer, examples, *, chunk: int = 256,
 
 
 def ensure_offline_data(c, workdir: str, log: Callable[[str], None] = print) -> None:
-  """Writes <workdir>/offline.jsonl (labelled samples of the warm start) when rollout.mode
-  is 'offline', `data.offline_file` is empty and it does not exist yet."""
-  if c.rollout.mode != "offline" or c.data.offline_file:
+  """Writes <workdir>/offline.jsonl (labelled samples of the warm start) when the rollout
+  mode trains on fixed data ('offline'), `data.offline_file` is empty and it does not
+  exist yet."""
+  if not rollout_modes.rollout_mode(c).fixed_data or c.data.offline_file:
     return
   path = build.offline_path(c, workdir)
   if os.path.exists(path):

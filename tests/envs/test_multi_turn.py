@@ -21,7 +21,7 @@ from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.multi_turn import Episode
 from rlhf_jax.rollout.multi_turn import MultiTurnRollout
 from rlhf_jax.sampling.scheduler import Scheduler
-from rlhf_jax.training.evaluation import evaluate_episodes
+from rlhf_jax.rollout.evaluation import evaluate_episodes
 
 CORPUS = ["the cat sat on the mat", "ok go then", "a tool said ok", "count the tokens",
           "multi turn agents call tools"] * 20

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rlhf_jax.training.evaluation import pass_at_k
+from rlhf_jax.rollout.evaluation import pass_at_k
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = ["--config.model.hidden_size=32", "--config.model.num_layers=1",
