@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax import batch as batch_lib
+from rlhf_jax.algorithms import distillation
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
 from rlhf_jax.algorithms.learner import LearnerBase
@@ -60,6 +61,25 @@ def critic_role(model, params, optimizer, mesh, algorithm, train) -> TrainedRole
                      has_target=lambda b: jnp.sum(b.value_mask()) > 0, **role_options(train))
 
 
+def reference_role(c, model, params, mesh) -> FrozenRole | None:
+  """The frozen reference the trainer holds: a teacher loaded from
+  `algorithm.distill.teacher` (on-policy distillation; any size, the policy's tokenizer),
+  else a copy of the initial policy; None when nothing reads it here (no KL term or
+  distillation, or the sampling servers bring log π_ref: rollout.reference_logprobs)."""
+  if not ppo_config.trainer_holds_reference(c):
+    return None
+  if distillation.teacher_checkpoint(c):
+    return FrozenRole(*distillation.load_teacher(c, model, mesh))
+  return FrozenRole(model, params)
+
+
+def validate_run(c, *, fixed_data: bool) -> None:
+  """The PPO learner's rules on the whole config beyond its `algorithm` sub-sections:
+  the teacher of `algorithm.distill` (`distillation.validate_distill`)."""
+  del fixed_data  # the registry's validation rules out offline data for this learner
+  distillation.validate_distill(c)
+
+
 class PPOLearner(LearnerBase):
   """Actor (+ critic, + reference) and the jitted prepare of the PPO family.
 
@@ -99,7 +119,7 @@ class PPOLearner(LearnerBase):
     actor_optimizer, critic_optimizer = rl_optimizers(c)
     # The reference first: FrozenRole copies, and the actor's update donates its tree. With
     # rollout.reference_logprobs='sampler' the servers hold it and the batch brings log π_ref.
-    reference = FrozenRole(model, params) if ppo_config.trainer_holds_reference(c) else None
+    reference = reference_role(c, model, params, mesh)
     critic = None
     if ppo_config.uses_critic(a):
       critic_parts = with_adapters(*initial_critic(c, model, params, mesh), critic_optimizer,

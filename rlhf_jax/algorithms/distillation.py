@@ -1,0 +1,170 @@
+"""On-policy distillation: a student trained on a teacher's per-token log-probs over the
+student's own samples (Agarwal et al., GKD, arXiv:2306.13649; Lu & Thinking Machines,
+"On-Policy Distillation", 2025), added to the PPO family as an advantage estimator.
+
+The student samples a response y; per token the advantage is the negative reverse KL
+estimate
+
+    A_t = log π_teacher(y_t | y_<t) − log π_θ(y_t | y_<t)          (+ c · A_task_t)
+
+with π_θ the batch's `old_logprobs` (the student's own, from `ppo_family.prepare`) and
+π_teacher its `ref_logprobs`: the teacher is held as the learner's frozen reference role,
+loaded from `algorithm.distill.teacher` (a checkpoint that shares the student's tokenizer,
+of any size). Maximising Σ_t A_t · log π_θ(y_t) with the surrogate of `policy_loss.kind`
+lowers KL(π_θ ‖ π_teacher) on the states the student itself visits. With
+`algorithm.distill.task_coef` c > 0 the advantages of `algorithm.distill.task_estimator`
+(e.g. GRPO's from the verifier's reward) are added.
+
+The estimator is registered as "distill" (`estimators.register_estimator`,
+needs_reference=True): `algorithm.advantage.estimator = "distill"` and nothing in the loop
+changes. docs/distillation.md has the preset, the run and the other route (the sampling
+servers' reference log-probs, `rollout.reference_logprobs='sampler'`).
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+
+from rlhf_jax import file_checks
+from rlhf_jax import models
+from rlhf_jax import parallel
+from rlhf_jax.algorithms import estimators
+from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.models.run_config import model_layout
+from rlhf_jax.models.run_config import model_numerics
+
+NAME = "distill"
+SECTION = "distill"
+TEACHER_FIELD = "algorithm.distill.teacher"
+
+
+def distill_config() -> ml_collections.ConfigDict:
+  """The `algorithm.distill` section with its defaults (one comment per field)."""
+  d = ml_collections.ConfigDict()
+  # HF directory of the teacher (same tokenizer as the policy, any size): the learner's
+  # frozen reference is loaded from it instead of copied from the initial policy. Empty:
+  # the reference is the initial policy (a KL term's usual reference).
+  d.teacher = ""
+  # c: weight of the task reward's advantages beside the teacher's per-token term
+  # (0 = pure distillation).
+  d.task_coef = 0.0
+  # The estimator of the task term (a group-based one needs rollout.group_size >= 2).
+  d.task_estimator = "grpo"
+  return d
+
+
+def distill_advantages(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *,
+                       group_size: int) -> tuple[jax.Array, None]:
+  """[B, R] A_t = log π_teacher(y_t) − log π_θ(y_t) (+ task_coef · the task estimator's
+  advantages), 0 off the response mask; no returns (no critic).
+
+  `batch.ref_logprobs` holds the teacher's log-probs of the sampled tokens and
+  `batch.old_logprobs` the student's (π_old), both [B, R]; `token_rewards` and
+  `group_size` reach the task estimator only."""
+  mask = batch.response_mask
+  advantages = (batch.ref_logprobs - batch.old_logprobs) * mask
+  section = algorithm[SECTION]
+  if section.task_coef > 0:
+    task = estimators.estimator(section.task_estimator)
+    task_advantages, _ = task.fn(batch, token_rewards, algorithm, group_size=group_size)
+    advantages = advantages + section.task_coef * task_advantages * mask
+  return advantages, None
+
+
+DISTILL = estimators.register_estimator(NAME, distill_advantages, needs_reference=True)
+
+
+def is_distilling(algorithm) -> bool:
+  """Whether `algorithm.advantage.estimator` is this module's."""
+  return algorithm.advantage.estimator == NAME
+
+
+def check_distill_fields(section: ml_collections.ConfigDict) -> None:
+  """`algorithm.distill.*` alone: the task term's weight and estimator (one that needs
+  neither a critic nor a reference: the task term reads the verifier's scores)."""
+  check_range("algorithm.distill.task_coef", section.task_coef, low=0,
+              note="(0: the teacher's term alone)")
+  if section.task_coef > 0:
+    if ":" not in section.task_estimator and section.task_estimator == NAME:
+      invalid("algorithm.distill.task_estimator", section.task_estimator,
+              "must be a task-reward estimator, not the teacher's term itself")
+    task = estimators.estimator(section.task_estimator)
+    if task.needs_critic or task.needs_reference:
+      invalid("algorithm.distill.task_estimator", section.task_estimator, "must need "
+              "neither a critic nor a reference (e.g. grpo, rloo, reinforce_pp_baseline)")
+
+
+def validate_distill(c) -> None:
+  """The teacher's rules on the whole config (ConfigError naming the field): the
+  distill estimator needs `algorithm.distill.teacher`; a teacher is held by the trainer
+  (not the sampling servers, which hold the initial policy as their reference) and
+  never moves (no reference EMA); a group-based task term needs groups."""
+  a = c.algorithm
+  if SECTION not in a:
+    if is_distilling(a):
+      invalid("algorithm.distill", None, "missing: the distill estimator reads its section "
+              "(configs/distill.py builds it)")
+    return
+  d = a[SECTION]
+  check_distill_fields(d)
+  if is_distilling(a) and not d.teacher:
+    invalid(TEACHER_FIELD, d.teacher, "a teacher checkpoint directory is required for "
+            f"algorithm.advantage.estimator={NAME!r}")
+  if is_distilling(a) and d.task_coef > 0:
+    if estimators.estimator(d.task_estimator).group_based and c.rollout.group_size < 2:
+      invalid("rollout.group_size", c.rollout.group_size, "must be >= 2 for algorithm."
+              f"distill.task_estimator={d.task_estimator!r} (a baseline from the group)")
+  if not d.teacher:
+    return
+  if a.kl.placement == "none" and not estimators.estimator(a.advantage.estimator
+                                                           ).needs_reference:
+    invalid(TEACHER_FIELD, d.teacher, "nothing reads the teacher: set algorithm.advantage."
+            f"estimator={NAME!r} or a KL term (algorithm.kl.placement)")
+  if a.kl.reference_ema:
+    invalid("algorithm.kl.reference_ema", a.kl.reference_ema, "must be 0 with a teacher "
+            f"({TEACHER_FIELD}): the teacher stays frozen")
+  if c.rollout.reference_logprobs == "sampler":
+    invalid("rollout.reference_logprobs", "sampler", f"must be 'trainer' with {TEACHER_FIELD} "
+            "(the servers score with the initial policy's weights; docs/distillation.md)")
+
+
+def teacher_checkpoint(c) -> str:
+  """`algorithm.distill.teacher`, or '' (none, or no such section)."""
+  return c.algorithm[SECTION].teacher if SECTION in c.algorithm else ""
+
+
+def load_teacher(c, policy_model, mesh) -> tuple[object, dict]:
+  """(teacher model, params on `mesh`) from `algorithm.distill.teacher`, computing with
+  the trainer's numerics (`model.*`). Its vocabulary must be the policy's (it scores the
+  policy's token ids); with `model.checkpoint` set, the two tokenizers' vocabularies must
+  be equal token for token. Raises ConfigError naming algorithm.distill.teacher."""
+  directory = teacher_checkpoint(c)
+  where = f"config.{TEACHER_FIELD}"
+  file_checks.check_checkpoint_dir(directory, where)
+  model, params = models.load_hf_checkpoint(directory, **model_layout(c.model))
+  vocab = model.config.vocab_size
+  if vocab != policy_model.config.vocab_size:
+    raise ConfigError(f"{where}: {directory}: vocabulary {vocab} differs from the policy's "
+                      f"{policy_model.config.vocab_size} (the teacher must share its tokenizer)")
+  if c.model.checkpoint:
+    check_same_tokenizer(directory, c.model.checkpoint, where)
+  model = models.with_numerics(model, **model_numerics(c.model))
+  params = parallel.shard_params(params, parallel.param_shardings(
+      params, model.logical_axes(), mesh))
+  return model, params
+
+
+def check_same_tokenizer(teacher_dir: str, policy_dir: str, where: str) -> None:
+  """ConfigError naming `where` unless the two directories' tokenizers map the same
+  tokens to the same ids."""
+  teacher = models.Tokenizer.from_directory(teacher_dir).backend.get_vocab()
+  policy = models.Tokenizer.from_directory(policy_dir).backend.get_vocab()
+  if teacher != policy:
+    differ = sorted(set(teacher.items()) ^ set(policy.items()))[:3]
+    raise ConfigError(f"{where}: {teacher_dir}: its tokenizer differs from the policy's "
+                      f"({policy_dir}; e.g. {differ}): the teacher must share the tokenizer")
+

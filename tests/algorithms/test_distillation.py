@@ -1,0 +1,185 @@
+"""On-policy distillation (algorithms/distillation.py): the per-token advantage against a
+NumPy reference of its formula, the teacher held as the learner's reference role, the
+config rules, and a shrunken run of the loop."""
+
+import importlib.util
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax import batch as batch_lib
+from rlhf_jax import models
+from rlhf_jax import parallel
+from rlhf_jax.algorithms import distillation
+from rlhf_jax.algorithms import estimators
+from rlhf_jax.algorithms import ppo_family
+from rlhf_jax.algorithms import ppo_learner
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.tasks import arith
+from rlhf_jax.tasks import registry as task_registry
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def distill_preset(variant="arith"):
+  spec = importlib.util.spec_from_file_location("distill", ROOT / "configs" / "distill.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant)
+
+
+def random_batch(rows=8, prompt=3, response=6, seed=0):
+  """Ragged responses; student (old) and teacher (ref) log-probs random, nonzero past each
+  row's end too, so a missing mask shows."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, response + 1, rows)
+  batch = batch_lib.build_rollout_batch(
+      [list(rng.integers(1, 32, prompt)) for _ in range(rows)],
+      [list(rng.integers(1, 32, n)) for n in lengths], [[0.0] * n for n in lengths],
+      list(rng.normal(size=rows)), [False] * rows, [i // 4 for i in range(rows)],
+      prompt_length=prompt, response_length=response, pad_id=0)
+  return batch.replace(old_logprobs=-rng.uniform(0.1, 5, (rows, response)).astype(np.float32),
+                       ref_logprobs=-rng.uniform(0.1, 5, (rows, response)).astype(np.float32))
+
+
+def numpy_distill(student, teacher, mask, scores, *, task_coef, group_size, eps=1e-6):
+  """A_t = (log π_teacher − log π_θ) · m_t + c · GRPO_i · m_t, GRPO_i = (R_i − mean_G R) /
+  (std_G R + ε) with the sample std (Bessel), written from the formula."""
+  out = (teacher - student) * mask
+  if task_coef:
+    grouped = scores.reshape(-1, group_size).astype(np.float64)
+    grpo = (grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, ddof=1, keepdims=True)
+                                                         + eps)
+    out = out + task_coef * grpo.reshape(-1)[:, None] * mask
+  return out
+
+
+@pytest.mark.parametrize("task_coef", [0.0, 0.5])
+def test_the_advantage_is_the_teacher_minus_student_log_prob_per_token(task_coef):
+  """Through the estimator table as `ppo_family.advantages_and_returns` reads it: the
+  masked per-token reverse-KL advantage, plus c × GRPO's advantage when c > 0."""
+  algorithm = distill_preset().algorithm
+  algorithm.distill.task_coef = task_coef
+  batch = random_batch()
+  advantages, returns = ppo_family.advantages_and_returns(
+      algorithm, batch_lib.as_device(batch), jnp.float32(0.0), group_size=4)
+  expected = numpy_distill(batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
+                           np.asarray(batch.scores), task_coef=task_coef, group_size=4)
+  np.testing.assert_allclose(np.asarray(advantages), expected, rtol=1e-5, atol=1e-6)
+  assert np.all(np.asarray(advantages)[batch.response_mask == 0] == 0)
+  assert not np.any(np.asarray(returns))  # no critic
+  record = estimators.estimator("distill")
+  assert record.needs_reference and not record.needs_critic and not record.group_based
+
+
+def test_the_preset_needs_a_teacher_and_keeps_it_frozen_and_in_the_trainer(tmp_path):
+  c = distill_preset()
+  with pytest.raises(ConfigError, match=r"config\.algorithm\.distill\.teacher: .*required"):
+    ppo_learner.validate_run(c, fixed_data=False)
+  c.algorithm.distill.teacher = str(tmp_path)
+  ppo_learner.validate_run(c, fixed_data=False)
+  c.algorithm.kl.reference_ema = 0.1
+  with pytest.raises(ConfigError, match=r"config\.algorithm\.kl\.reference_ema: "):
+    ppo_learner.validate_run(c, fixed_data=False)
+  c.algorithm.kl.reference_ema = 0.0
+  c.rollout.reference_logprobs = "sampler"
+  with pytest.raises(ConfigError, match=r"config\.rollout\.reference_logprobs: .*'trainer'"):
+    ppo_learner.validate_run(c, fixed_data=False)
+  c.rollout.reference_logprobs = "trainer"
+  c.algorithm.distill.task_coef, c.rollout.group_size = 0.5, 1
+  with pytest.raises(ConfigError, match=r"config\.rollout\.group_size: .*distill"):
+    ppo_learner.validate_run(c, fixed_data=False)
+  c.algorithm.distill.task_estimator = "gae"
+  with pytest.raises(ConfigError, match=r"config\.algorithm\.distill\.task_estimator: "):
+    ppo_learner.validate_run(c, fixed_data=False)
+
+
+def save_arith_model(directory, *, hidden_size, num_layers, num_heads, seed):
+  """A random arith-task checkpoint (the task's tokenizer) of the given size."""
+  tokenizer = task_registry.get_task("arith").tokenizer()
+  model, params = models.init_model(arith.model_config(
+      vocab_size=tokenizer.vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+      num_heads=num_heads, max_positions=128), seed=seed)
+  models.save_policy(str(directory), model, params, tokenizer, list(arith.PROMPT_PREFIX))
+  return models.load_hf_checkpoint(str(directory))
+
+
+def test_the_teacher_role_holds_the_teachers_weights(tmp_path):
+  """A teacher twice the student's width and depth from its checkpoint: the learner's
+  reference scores a batch exactly as a direct forward of the teacher does, and the
+  prepared advantages are that minus the student's log-probs."""
+  teacher_model, teacher_params = save_arith_model(tmp_path / "teacher", hidden_size=32,
+                                                   num_layers=2, num_heads=2, seed=1)
+  student_model, student_params = save_arith_model(tmp_path / "student", hidden_size=16,
+                                                   num_layers=1, num_heads=2, seed=2)
+  c = distill_preset()
+  c.model.checkpoint = str(tmp_path / "student")  # the tokenizers are compared too
+  c.algorithm.distill.teacher = str(tmp_path / "teacher")
+  mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  learner = ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
+  assert learner.reference.model.config.hidden_size == 32
+  batch = batch_lib.as_device(random_batch(rows=8, seed=3))
+  direct = np.asarray(batch_lib.response_logprobs(teacher_model, teacher_params, batch))
+  held = np.asarray(batch_lib.response_logprobs(learner.reference.model,
+                                                learner.reference.params, batch))
+  np.testing.assert_allclose(held, direct, rtol=1e-6, atol=1e-6)
+  student = batch_lib.response_logprobs(student_model, student_params, batch)
+  # The student's own samples: the sampler's log-probs are its forward's.
+  batch = batch.replace(old_logprobs=student, sampler_logprobs=student,
+                        token_versions=jnp.zeros_like(batch.token_versions))
+  student = np.asarray(student)
+  mask = np.asarray(batch.response_mask)
+  assert np.abs(student - direct)[mask > 0].min() > 0
+  prepared, _, _ = learner._prepare(learner.actor.params, learner.reference.params, None,
+                                    learner.kl_coef, jnp.int32(0), batch, None)
+  np.testing.assert_allclose(np.asarray(prepared.ref_logprobs), direct, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(prepared.advantages), (direct - student) * mask,
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_a_teacher_of_another_vocabulary_is_refused(tmp_path):
+  save_arith_model(tmp_path / "teacher", hidden_size=16, num_layers=1, num_heads=2, seed=1)
+  config = models.DecoderConfig(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
+                                num_kv_heads=1, head_dim=8, intermediate_size=24)
+  student_model, student_params = models.init_model(config, seed=0)
+  c = distill_preset()
+  c.algorithm.distill.teacher = str(tmp_path / "teacher")
+  mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  with pytest.raises(ConfigError, match=r"config\.algorithm\.distill\.teacher: .*vocabulary"):
+    ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
+
+
+@pytest.mark.slow
+def test_a_shrunken_distillation_run(tmp_path):
+  """The loop, unchanged, distils: a 2-layer teacher checkpoint, the student's 3-step arith
+  warm start, two steps with the distill preset; the student's weights move and every
+  logged step has finite losses."""
+  from rlhf_jax.training import loop
+  from rlhf_jax.training import stages
+  from rlhf_jax.training.config import validate_config
+  c = distill_preset()
+  c.model.hidden_size, c.model.num_layers, c.model.num_heads = 16, 1, 2
+  c.sft.steps, c.sft.batch_size = 3, 8
+  c.data.num_train, c.data.num_eval = 32, 8
+  c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_new_tokens = 4, 2, 32
+  c.sampler.num_slots, c.sampler.cache_length, c.sampler.warmup = 8, 64 + 32, False
+  c.train.steps, c.train.eval_every, c.train.eval_samples = 2, 2, 0
+  save_arith_model(tmp_path / "teacher", hidden_size=32, num_layers=2, num_heads=2, seed=1)
+  c.algorithm.distill.teacher = str(tmp_path / "teacher")
+  validate_config(c, num_devices=1)
+  workdir = tmp_path / "run"
+  stages.ensure_arith_warm_start(c, str(workdir), log=lambda line: None)
+  trainer = loop.Trainer(c, str(workdir), log=lambda line: None)
+  assert trainer.learner.reference.model.config.num_layers == 2
+  before = jax.tree.map(np.asarray, trainer.learner.policy_params)
+  summary = trainer.run()
+  assert summary["steps"] == 2
+  logged = [json.loads(line) for line in open(workdir / "metrics.jsonl")][1:]
+  assert len(logged) == 2 and all(np.isfinite(r["loss"]) for r in logged)
+  moved = jax.tree.leaves(jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)),
+                                       before, trainer.learner.policy_params))
+  assert any(moved)
