@@ -121,3 +121,37 @@ def test_the_reward_route_is_interpreted_in_one_module():
                    or ".route !=" in p.read_text(encoding="utf-8"))
   # rewards/config.py validates the field; rewards/build.py is where it decides.
   assert readers == ["rewards/build.py", "rewards/config.py"], readers
+
+
+def test_the_rollout_mode_is_read_in_one_module():
+  """`rollout.mode` is read only by rollout/modes.py's `rollout_mode(c)`: elsewhere the
+  library and the launchers ask the mode's record (`needs_environment`, `fixed_data`, ...),
+  never the field (`c.rollout.mode`, `r.mode` with `r = c.rollout`, `["mode"]`)."""
+  files = {str(p.relative_to(ROOT)): p for p in modules().values()}
+  files.update({f"../launch/{p.name}": p for p in (ROOT.parent / "launch").glob("*.py")})
+
+  def is_rollout(node, sections):
+    return ((isinstance(node, ast.Attribute) and node.attr == "rollout")
+            or (isinstance(node, ast.Name) and node.id in sections))
+
+  bad = []
+  for name, path in sorted(files.items()):
+    if name == "rollout/modes.py":
+      continue
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    sections = set()  # names bound to a rollout section: `r = c.rollout`, `r, a = c.rollout, ...`
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Assign):
+        for target in node.targets:
+          pairs = (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple)
+                   and isinstance(node.value, ast.Tuple) else [(target, node.value)])
+          sections.update(t.id for t, v in pairs if isinstance(t, ast.Name)
+                          and isinstance(v, ast.Attribute) and v.attr == "rollout")
+    for node in ast.walk(tree):
+      read = ((isinstance(node, ast.Attribute) and node.attr == "mode"
+               and isinstance(node.ctx, ast.Load) and is_rollout(node.value, sections))
+              or (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                  and node.slice.value == "mode" and is_rollout(node.value, sections)))
+      if read:
+        bad.append(f"{name}:{node.lineno}")
+  assert not bad, bad
