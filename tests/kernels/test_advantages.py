@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from rlhf_jax import kernels
 from tests.kernels.batches import random_batch
 from tests.kernels.batches import ragged_mask
+from tests.kernels.references import reward_to_go
 
 
 # ---------------------------------------------------------------- references
@@ -36,17 +37,6 @@ def gae_reference(rewards, values, mask, gamma, lam, bootstrap=None):
       returns[i, t] = running + values[i, t]
       next_value = values[i, t]
   return advantages, returns
-
-
-def reward_to_go(rewards, mask, gamma=1.0):
-  out = np.zeros(rewards.shape)
-  for i in range(rewards.shape[0]):
-    running = 0.0
-    for t in reversed(range(rewards.shape[1])):
-      if mask[i, t] > 0:
-        running = rewards[i, t] + gamma * running
-        out[i, t] = running
-  return out
 
 
 def whiten_reference(x, mask):

@@ -13,22 +13,7 @@ from hypothesis import strategies as st
 from rlhf_jax import kernels
 from tests.kernels.batches import random_batch
 from tests.kernels.batches import ragged_mask
-
-
-def aggregate_reference(loss, mask, mode, horizon=None):
-  rows = [i for i in range(loss.shape[0]) if mask[i].sum() > 0]
-  row_sums = [float(np.sum(loss[i] * mask[i])) for i in rows]
-  if mode == "token-sum":
-    return float(np.sum(loss * mask))
-  if mode == "token-mean":
-    return float(np.sum(loss * mask) / max(mask.sum(), 1e-8))
-  if not rows:
-    return 0.0
-  if mode == "seq-mean-token-mean":
-    return float(np.mean([row_sums[k] / mask[i].sum() for k, i in enumerate(rows)]))
-  if mode == "seq-mean-token-sum":
-    return float(np.mean(row_sums))
-  return float(np.mean(row_sums) / (loss.shape[1] if horizon is None else horizon))
+from tests.kernels.references import aggregate_reference
 
 
 class AggregateTest(parameterized.TestCase):

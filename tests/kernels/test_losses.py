@@ -12,7 +12,7 @@ from jax.test_util import check_grads
 
 from rlhf_jax import kernels
 from tests.kernels.batches import random_batch
-from tests.kernels.test_aggregation import aggregate_reference
+from tests.kernels.references import aggregate_reference
 
 
 def ppo_reference(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip, mode,

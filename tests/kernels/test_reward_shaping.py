@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from rlhf_jax import kernels
 from tests.kernels.batches import random_batch
-from tests.kernels.test_advantages import reward_to_go
-from tests.kernels.test_kl_logprobs import kl_reference
+from tests.kernels.references import reward_to_go
+from tests.kernels.references import kl_reference
 
 
 def overlong_reference(length, max_length, buffer_length, factor):

@@ -12,7 +12,7 @@ from absl.testing import parameterized
 
 from rlhf_jax import kernels
 from tests.kernels.batches import ragged_mask
-from tests.kernels.test_aggregation import aggregate_reference
+from tests.kernels.references import aggregate_reference
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
