@@ -158,6 +158,21 @@ def breakdown(compiled) -> dict:
   fusions; it over-counts a slice, whose operand is read only in part). Kinds, from the
   op's name: cache_write (the in-place scatters), convert (whole-array dtype casts
   XLA:CPU inserts), attention (`cached_attention`'s switch), matmul, other. MB."""
+
+  def kind_of(name, meta, moved):
+    del moved
+    return ("cache_write" if "scatter" in meta + name else
+            "convert" if name.startswith("wrapped_convert") else
+            "attention" if "cond" in meta else
+            "matmul" if "dot_general" in meta else "other")
+
+  return _kinds(compiled, kind_of)
+
+
+def _kinds(compiled, kind_of) -> dict:
+  """MB moved per kind of the entry computation's top-level instructions, each counting
+  its operands and output in full; `kind_of(name, op_name_metadata, moved_bytes)` names
+  the kind of each."""
   text = compiled.as_text()
   entry = text[text.index("ENTRY"):].split("\n}\n")[0].splitlines()[1:]
   sizes, kinds = {}, {}
@@ -170,12 +185,8 @@ def breakdown(compiled) -> dict:
     if op in _FREE:
       continue
     meta = re.search(r'op_name="([^"]*)"', rest)
-    meta = meta.group(1) if meta else name
-    kind = ("cache_write" if "scatter" in meta + name else
-            "convert" if name.startswith("wrapped_convert") else
-            "attention" if "cond" in meta else
-            "matmul" if "dot_general" in meta else "other")
     moved = sizes[name] + sum(sizes.get(o, 0) for o in re.findall(r"%([\w.\-]+)", operands))
+    kind = kind_of(name, meta.group(1) if meta else name, moved)
     kinds[kind] = kinds.get(kind, 0) + moved
   return {kind: round(value / 1e6, 1) for kind, value in sorted(kinds.items())}
 
@@ -233,32 +244,12 @@ def measure_sampling(name: str, truncate: bool, *, shapes=None) -> dict:
       row(jnp.float32), row(jnp.float32)).compile()
   accessed = int(_cost(compiled)["bytes accessed"])
   logits_bytes = batch * vocab * 4
-  kinds = _kinds(compiled, lambda name, moved: (
+  kinds = _kinds(compiled, lambda name, meta, moved: (
       "gather" if "gather" in name else
       "logits_pass" if "reduce" in name and moved >= logits_bytes else "other"))
   return {"shape": name, "sampling": True, "truncate": truncate, "batch": batch,
           "vocab": vocab, "bytes_accessed": accessed, "logits_bytes": logits_bytes,
           "ratio": round(accessed / logits_bytes, 3), "breakdown_mb": kinds}
-
-
-def _kinds(compiled, kind_of) -> dict:
-  """MB moved per kind of the entry computation's top-level instructions (as
-  `breakdown`), `kind_of(name, moved_bytes)` naming each kind."""
-  text = compiled.as_text()
-  entry = text[text.index("ENTRY"):].split("\n}\n")[0].splitlines()[1:]
-  sizes, kinds = {}, {}
-  for line in entry:
-    match = re.match(r"\s*(?:ROOT )?%(\S+) = (\(.*?\)|\S+) ([\w-]+)\((.*?)\)", line)
-    if not match:
-      continue
-    name, shape, op, operands = match.groups()
-    sizes[name] = _shape_bytes(shape)
-    if op in _FREE:
-      continue
-    moved = sizes[name] + sum(sizes.get(o, 0) for o in re.findall(r"%([\w.\-]+)", operands))
-    kind = kind_of(name, moved)
-    kinds[kind] = kinds.get(kind, 0) + moved
-  return {kind: round(value / 1e6, 1) for kind, value in sorted(kinds.items())}
 
 
 def main():
