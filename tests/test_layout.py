@@ -123,6 +123,32 @@ def test_the_reward_route_is_interpreted_in_one_module():
   assert readers == ["rewards/build.py", "rewards/config.py"], readers
 
 
+def test_no_learner_name_is_compared_outside_its_own_module():
+  """`algorithm.learner` is asked about through algorithms/registry.py's `learner_spec`
+  (its features, sections, rollout modes): no `learner ==`, `!=` or `in` elsewhere."""
+  own = {"algorithms/registry.py"} | {f"algorithms/{family}{suffix}.py"
+                                      for family in ("ppo", "dpo", "dqo")
+                                      for suffix in ("", "_learner", "_config", "_family")}
+  files = {str(p.relative_to(ROOT)): p for p in modules().values()}
+  files.update({f"../launch/{p.name}": p for p in (ROOT.parent / "launch").glob("*.py")})
+
+  def names_learner(node):
+    return ((isinstance(node, ast.Attribute) and node.attr == "learner"
+             and not (isinstance(node.value, ast.Name) and node.value.id == "self"))
+            or (isinstance(node, ast.Name) and node.id == "learner"))
+
+  bad = []
+  for name, path in sorted(files.items()):
+    if name in own:
+      continue
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if (isinstance(node, ast.Compare)
+          and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops)
+          and any(names_learner(n) for n in [node.left, *node.comparators])):
+        bad.append(f"{name}:{node.lineno}")
+  assert not bad, bad
+
+
 def test_the_rollout_mode_is_read_in_one_module():
   """`rollout.mode` is read only by rollout/modes.py's `rollout_mode(c)`: elsewhere the
   library and the launchers ask the mode's record (`needs_environment`, `fixed_data`, ...),

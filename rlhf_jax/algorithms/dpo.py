@@ -60,22 +60,29 @@ def validate_dpo_fields(d: ml_collections.ConfigDict) -> None:
               note="(0: never)")
 
 
-def validate_dpo_config(d: ml_collections.ConfigDict, *, rollout_mode: str,
-                        group_size: int, prompts_per_step: int, minibatches: int) -> None:
-  """Raises ConfigError naming the field of an impossible DPO setting: the section's
-  values, then how they fit the `rollout` and `train` sections."""
-  validate_dpo_fields(d)
-  if d.reference == "cached" and rollout_mode != "offline":
+def validate_run(c: ml_collections.ConfigDict, *, fixed_data: bool) -> None:
+  """Raises ConfigError naming the field of an impossible DPO run (the registry's
+  `LearnerSpec.validate`): how `algorithm.dpo` fits the `rollout` and `train` sections;
+  `fixed_data`: the rollout mode trains on fixed data (offline pairs)."""
+  d, r = c.algorithm.dpo, c.rollout
+  if d.reference == "cached" and not fixed_data:
     invalid("algorithm.dpo.reference", d.reference, "must be 'online' unless "
-            f"rollout.mode='offline' (the samples of mode {rollout_mode!r} are new each step)")
+            "rollout.mode='offline' (the samples of a sampling mode are new each step)")
   if d.reference_sync_every and d.reference == "cached":
     invalid("algorithm.dpo.reference_sync_every", d.reference_sync_every, "must be 0 with "
             "algorithm.dpo.reference='cached' (a cached reference cannot move)")
-  if group_size < 2:
-    invalid("rollout.group_size", group_size, "must be >= 2 for DPO (a pair per group)")
-  if prompts_per_step % minibatches:
-    invalid("train.minibatches", minibatches, f"must divide the {prompts_per_step} pairs per "
-            "step (rollout.prompts_per_step)")
+  if r.group_size < 2:
+    invalid("rollout.group_size", r.group_size, "must be >= 2 for DPO (a pair per group)")
+  if fixed_data and r.group_size != 2:
+    invalid("rollout.group_size", r.group_size, "must be 2 for offline DPO (each labelled "
+            "group is reduced to its best and worst response)")
+  minibatches = c.train.minibatches
+  if r.prompts_per_step % minibatches:
+    invalid("train.minibatches", minibatches, f"must divide the {r.prompts_per_step} pairs "
+            "per step (rollout.prompts_per_step)")
+  if (r.prompts_per_step // minibatches) % c.train.micro_batches:
+    invalid("train.micro_batches", c.train.micro_batches, "must divide the "
+            f"{r.prompts_per_step // minibatches} pairs of a mini-batch")
 
 
 @flax.struct.dataclass

@@ -53,13 +53,17 @@ def validate_dqo_fields(d: ml_collections.ConfigDict) -> None:
   one_of("algorithm.dqo.reference", d.reference, REFERENCES)
 
 
-def validate_dqo_config(d: ml_collections.ConfigDict, *, rollout_mode: str) -> None:
-  """Raises ConfigError naming the field of an impossible DQO setting: the section's
-  values, then how they fit `rollout.mode`."""
-  validate_dqo_fields(d)
-  if d.reference == "cached" and rollout_mode != "offline":
+def validate_run(c: ml_collections.ConfigDict, *, fixed_data: bool) -> None:
+  """Raises ConfigError naming the field of an impossible DQO run (the registry's
+  `LearnerSpec.validate`): how `algorithm.dqo` fits the `rollout` and `data` sections;
+  `fixed_data`: the rollout mode trains on fixed data (labelled offline groups)."""
+  d, r = c.algorithm.dqo, c.rollout
+  if d.reference == "cached" and not fixed_data:
     invalid("algorithm.dqo.reference", d.reference, "must be 'online' unless "
-            f"rollout.mode='offline' (the samples of mode {rollout_mode!r} are new each step)")
+            "rollout.mode='offline' (the samples of a sampling mode are new each step)")
+  if fixed_data and not c.data.offline_file and r.group_size != c.data.offline_samples:
+    invalid("rollout.group_size", r.group_size, "must equal data.offline_samples="
+            f"{c.data.offline_samples} for DQO on the generated offline data (whole groups)")
 
 
 def prepare(d: ml_collections.ConfigDict, batch: RolloutBatch, *, logprobs: jax.Array,

@@ -7,16 +7,64 @@ token-mean negative log-likelihood of the solution tokens.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import jax
+import ml_collections
 
 from rlhf_jax import kernels
 from rlhf_jax import batch as batch_lib
+from rlhf_jax.config_errors import at_least
+from rlhf_jax.config_errors import check_range
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.data.config import check_levels
 from rlhf_jax.models import packing as packing_lib
 from rlhf_jax.models.packing import PackedRows
 from rlhf_jax.optim import FitResult
 from rlhf_jax.optim import fit
+
+
+def sft_config() -> ml_collections.ConfigDict:
+  """The `sft` section: the arith warm start (launch/sft.py, or train.py when missing) and
+  the hf variant's supervised fine-tuning (one comment per field)."""
+  sft = ml_collections.ConfigDict()
+  sft.steps = 450  # SFT steps.
+  sft.batch_size = 64  # Problems per SFT step.
+  sft.learning_rate = 3e-3  # Peak AdamW learning rate (warmup 20 steps, cosine to 10%).
+  sft.levels = (1, 2)  # Difficulty levels of the SFT problems.
+  sft.level_weights = (1.0, 2.0)  # Their weights (the harder level heavier).
+  # Fraction of SFT demonstrations that give only "Answer: N" instead of the worked
+  # digit-serial solution (a style RL can switch away from); 0 = worked solutions only.
+  sft.direct_fraction = 0.0
+  # Probability that the SFT teacher drops a carry or borrow coming into a line of its
+  # worked solution (tasks/arith.py, slipped_solution). Above 0.5 the student's greedy
+  # solutions drop every carry, a habit of reasoning the verifier's reward can correct
+  # (the README's demo); 0 = a flawless teacher.
+  sft.carry_slip = 0.6
+  # hf variant (launch/sft.py): .jsonl/.parquet of conversations ("messages") or prompt /
+  # completion pairs to fine-tune model.checkpoint on (loss on the assistant's tokens);
+  # with model.checkpoint empty, a model.*-sized model and a BPE tokenizer from scratch.
+  sft.train_file = ""
+  sft.response_length = 0  # Response tokens of a row (0: rollout.max_new_tokens + 1).
+  sft.vocab_size = 1024  # From scratch: the byte-level BPE tokenizer's vocabulary.
+  return sft
+
+
+def validate_sft(sft: ml_collections.ConfigDict, *, levels) -> None:
+  """`sft.*`: the arith warm start (its `levels` among the task's `levels`), and the hf
+  variant's supervised data; ConfigError naming the field."""
+  at_least(sft, "sft", ("steps", "batch_size"))
+  check_range("sft.response_length", sft.response_length, low=0,
+              note="(0: rollout.max_new_tokens + 1)")
+  check_range("sft.vocab_size", sft.vocab_size, low=300, note="(256 bytes + specials)")
+  if sft.train_file and not os.path.isfile(sft.train_file):
+    invalid("sft.train_file", sft.train_file, "must be an existing .jsonl/.parquet file of "
+            "conversations or prompt/completion pairs")
+  check_range("sft.learning_rate", sft.learning_rate, low=0, low_open=True)
+  check_levels("sft", sft.levels, sft.level_weights, allowed=levels)
+  for field in ("direct_fraction", "carry_slip"):
+    check_range(f"sft.{field}", sft[field], low=0, high=1)
 
 
 def sft_loss(model, params, batch: batch_lib.RolloutBatch,

@@ -88,3 +88,17 @@ def read_options(d) -> dict:
   """The keyword arguments of `sources.read_examples` that the `data` section sets."""
   return {"columns": parse_columns(d.columns), "default_task": d.default_task or None,
           "answer_format": d.answer_format}
+
+
+def check_levels(prefix: str, levels, weights, *, allowed) -> None:
+  """`<prefix>.levels` is a non-empty tuple of `allowed` difficulty levels and
+  `<prefix>.level_weights` one number > 0 per level (the data's and the SFT warm start's)."""
+  if not levels or any(level not in allowed for level in levels):
+    invalid(f"{prefix}.levels", levels, "must be a non-empty tuple of arith levels, each one "
+            f"of {', '.join(map(str, sorted(allowed)))}")
+  if len(weights) != len(levels):
+    invalid(f"{prefix}.level_weights", weights, f"must have one weight per {prefix}.levels "
+            f"({len(levels)})")
+  if any(isinstance(w, (bool, str)) or not isinstance(w, (int, float)) or not w > 0
+         for w in weights):
+    invalid(f"{prefix}.level_weights", weights, "must all be numbers > 0")

@@ -127,16 +127,17 @@ class OfflineRollout(StreamRollout):
     self.stream.restore(state["stream"])
 
 
-def offline_rollout(c, policy, path: str, log: Callable[[str], None] = print
-                    ) -> OfflineRollout:
+def offline_rollout(c, policy, path: str, log: Callable[[str], None] = print, *,
+                    pairs: bool) -> OfflineRollout:
   """The rollout over the labelled groups of `path` for config `c` and the starting
   `policy` (model, params, tokenizer, prefix), with the policy's log-probs of every
-  response cached (one forward pass over the data) in the rows' `sampler_logprobs`."""
+  response cached (one forward pass over the data) in the rows' `sampler_logprobs`;
+  `pairs`: each group reduced to its best and worst (the learner spec's `pairs`)."""
   try:
     groups, counts = encode_groups(read_labelled(path), policy.prompts,
                                    response_length=c.rollout.max_new_tokens,
                                    group_size=c.rollout.group_size,
-                                   pairs=c.algorithm.learner == "dpo")
+                                   pairs=pairs)
   except (OSError, ValueError) as error:
     raise ConfigError(f"config.data.offline_file={path!r}: {error}") from None
   shapes = dict(prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,

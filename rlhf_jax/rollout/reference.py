@@ -28,10 +28,11 @@ def from_sampler(c) -> bool:
   return c.rollout.reference_logprobs == "sampler"
 
 
-def check_config(c, *, uses_reference: bool, remote: bool) -> None:
+def check_config(c, *, uses_reference: bool, remote: bool, sampler_reference: bool) -> None:
   """Raises ConfigError naming the field when `rollout.reference_logprobs='sampler'` cannot
-  hold: it needs sampling servers, a PPO-family run with a reference (a KL term), a frozen
-  reference, and servers computing in the trainer's dtype (the KL compares the two)."""
+  hold: it needs sampling servers, a learner that takes it (`sampler_reference`, from the
+  learner's registry spec) with a reference (a KL term), a frozen reference, and servers
+  computing in the trainer's dtype (the KL compares the two)."""
   place = c.rollout.reference_logprobs
   if place not in PLACES:
     invalid("rollout.reference_logprobs", place, f"must be one of {', '.join(PLACES)}")
@@ -40,7 +41,7 @@ def check_config(c, *, uses_reference: bool, remote: bool) -> None:
   why = None
   if not remote:
     why = "needs sampling servers (sampler.address or sampler.addresses)"
-  elif c.algorithm.learner != "ppo" or rollout_mode(c).fixed_data:
+  elif not sampler_reference or rollout_mode(c).fixed_data:
     why = "is for the PPO family's learner on sampled rollouts"
   elif not uses_reference:
     why = "needs a reference: algorithm.kl.placement is 'none'"

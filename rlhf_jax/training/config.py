@@ -12,6 +12,7 @@ anything loads, trains or compiles. Every error is a one-line `ConfigError`,
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -19,10 +20,10 @@ import ml_collections
 
 from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import parallel
-from rlhf_jax.algorithms import dpo
-from rlhf_jax.algorithms import dqo
 from rlhf_jax.algorithms import ppo_config
+from rlhf_jax.algorithms import sft as sft_lib
 from rlhf_jax.algorithms.registry import LEARNERS
+from rlhf_jax.algorithms.registry import learner_spec
 from rlhf_jax.config_errors import at_least
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
@@ -64,26 +65,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
 
   c.data = data_config_lib.data_config(arith)
 
-  c.sft = ml_collections.ConfigDict()  # arith warm start (launch/sft.py, or train.py when missing)
-  c.sft.steps = 450  # SFT steps.
-  c.sft.batch_size = 64  # Problems per SFT step.
-  c.sft.learning_rate = 3e-3  # Peak AdamW learning rate (warmup 20 steps, cosine to 10%).
-  c.sft.levels = (1, 2)  # Difficulty levels of the SFT problems.
-  c.sft.level_weights = (1.0, 2.0)  # Their weights (the harder level heavier).
-  # Fraction of SFT demonstrations that give only "Answer: N" instead of the worked
-  # digit-serial solution (a style RL can switch away from); 0 = worked solutions only.
-  c.sft.direct_fraction = 0.0
-  # Probability that the SFT teacher drops a carry or borrow coming into a line of its
-  # worked solution (tasks/arith.py, slipped_solution). Above 0.5 the student's greedy
-  # solutions drop every carry, a habit of reasoning the verifier's reward can correct
-  # (the README's demo); 0 = a flawless teacher.
-  c.sft.carry_slip = 0.6
-  # hf variant (launch/sft.py): .jsonl/.parquet of conversations ("messages") or prompt /
-  # completion pairs to fine-tune model.checkpoint on (loss on the assistant's tokens);
-  # with model.checkpoint empty, a model.*-sized model and a BPE tokenizer from scratch.
-  c.sft.train_file = ""
-  c.sft.response_length = 0  # Response tokens of a row (0: rollout.max_new_tokens + 1).
-  c.sft.vocab_size = 1024  # From scratch: the byte-level BPE tokenizer's vocabulary.
+  c.sft = sft_lib.sft_config()  # the warm start (algorithms/sft.py)
 
   c.rollout = rollout_config_lib.rollout_config(prompts_per_step=16 if arith else 128,
                                                 max_new_tokens=64 if arith else 1024)
@@ -119,10 +101,12 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
       c.reward, judge_prompt_buckets=(128, 256) if arith else (2048, 3072))
 
   c.algorithm = ppo_config.algorithm_config()
-  # The learner: 'ppo' (the PPO family, by the sections above), 'dpo' or 'dqo' (theirs).
+  # The learner: 'ppo' (the PPO family, by the sections above), 'dpo' or 'dqo' (theirs),
+  # or one registered with algorithms/registry.py's `register_learner`.
   c.algorithm.learner = "ppo"
-  c.algorithm.dpo = dpo.dpo_config()
-  c.algorithm.dqo = dqo.dqo_config()
+  for spec in LEARNERS.values():  # algorithm.<section> of every registered learner
+    if spec.section is not None:
+      c.algorithm[spec.section] = spec.default_section()
 
   c.critic = ml_collections.ConfigDict()
   # HF directory of a scalar-head model (a PRM: launch/train_prm.py) whose weights start
@@ -200,18 +184,14 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   if (mode := rollout_modes.rollout_mode(c)).needs_critic and not ppo_config.uses_critic(a):
     invalid("rollout.mode", mode.name, "T-PPO's windows need a critic for Extended GAE "
             "(algorithm.advantage.estimator 'gae')")
-  one_of("algorithm.learner", a.learner, tuple(LEARNERS))
-  if a.learner != "ppo" and mode.name not in ("groups", "dynamic", "offline"):
-    invalid("rollout.mode", mode.name, f"must be one of groups, dynamic, offline for "
-            f"algorithm.learner={a.learner!r} (it trains on whole responses)")
-  dpo.validate_dpo_fields(a.dpo)
-  dqo.validate_dqo_fields(a.dqo)
+  _validate_learner_sections(c)
   rollout_config_lib.validate_rollout_config(r)
   rollout_modes.validate_mode(c)
-  env_config_lib.validate_env_config(c, episodes=rollout_modes.rollout_mode(c).needs_environment)
+  env_config_lib.validate_env_config(c, reads_token_rewards=ppo_config.reads_token_rewards(a),
+                                    episodes=rollout_modes.rollout_mode(c).needs_environment)
   validate_model_config(c.model, c.variant)
   validate_data(c)
-  validate_sft(c.sft)
+  sft_lib.validate_sft(c.sft, levels=ARITH_LEVELS)
   reward_config_lib.validate_rule_rewards(c.reward)
   reward_config_lib.validate_reward_functions(c.reward)
   reward_config_lib.validate_reward_models(c)
@@ -225,13 +205,11 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
 
 
 def _validate_across_sections(c, *, supervised: bool) -> None:
-  if c.rollout.max_staleness and c.algorithm.learner != "ppo":
-    invalid("rollout.max_staleness", c.rollout.max_staleness, "must be 0 for algorithm."
-            f"learner={c.algorithm.learner!r} (stale samples are corrected by decoupled PPO)")
   r = c.rollout
   remote = c.sampler.address or c.sampler.addresses
   reference_lib.check_config(c, uses_reference=ppo_config.uses_reference(c.algorithm),
-                             remote=bool(remote))
+                             remote=bool(remote),
+                             sampler_reference=learner_spec(c).sampler_reference)
   if r.partial_rollouts and not remote and c.sampler.update_policy != "swap_now":
     invalid("sampler.update_policy", c.sampler.update_policy, "must be 'swap_now' with "
             "rollout.partial_rollouts=True (samples in flight take the new weights)")
@@ -254,49 +232,60 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
             "task) is required for the hf variant")
 
 
+def _validate_learner_sections(c) -> None:
+  """`algorithm.learner` is registered and trains from `rollout.mode`; every registered
+  learner's section in the config is checked alone (the picked one's must be there)."""
+  spec = learner_spec(c)
+  mode = rollout_modes.rollout_mode(c)
+  fixed_data = mode.fixed_data
+  if mode.name not in spec.rollout_modes and spec.name not in mode.learners:
+    others = " or ".join(repr(s.name) for s in LEARNERS.values()
+                         if mode.name in s.rollout_modes or s.name in mode.learners)
+    invalid("rollout.mode", mode.name, f"trains on fixed data: it needs algorithm.learner {others}"
+            if fixed_data else f"must be one of {', '.join(spec.rollout_modes)} for "
+            f"algorithm.learner={spec.name!r}")
+  for other in LEARNERS.values():
+    if other.section is None or other.check_section is None:
+      continue
+    if other.section in c.algorithm:
+      other.check_section(c.algorithm[other.section])
+    elif other is spec:
+      invalid(f"algorithm.{spec.section}", None, "missing: register the learner before "
+              "base_config() builds the config")
+
+
+# (spec feature, field, value that turns it off, what it is): a learner without the feature
+# refuses a config that turns it on.
+_FEATURES = (
+    ("value_pretraining", "algorithm.value.pretrain_steps", 0, "value pretraining"),
+    ("packing", "train.packing", False, "packed forwards"),
+    ("lora", "model.lora_rank", 0, "LoRA adapters"),
+    ("staleness", "rollout.max_staleness", 0, "stale samples (decoupled PPO corrects them)"),
+)
+
+
 def _validate_learner(c, *, labelling: bool) -> None:
-  a, r = c.algorithm, c.rollout
-  if a.learner != "ppo" and a.value.pretrain_steps:  # only the PPO learner holds the actor back
-    invalid("algorithm.value.pretrain_steps", a.value.pretrain_steps, "must be 0 for "
-            f"algorithm.learner={a.learner!r} (value pretraining is the PPO family's)")
-  if a.learner != "ppo" and c.train.packing:  # the DPO / DQO learners run padded forwards
-    invalid("train.packing", c.train.packing, f"must be False for algorithm.learner="
-            f"{a.learner!r} (packed forwards are the PPO family's)")
-  if a.learner != "ppo" and c.model.lora_rank:
-    invalid("model.lora_rank", c.model.lora_rank, f"must be 0 for algorithm.learner="
-            f"{a.learner!r} (LoRA adapters are the PPO family's learner's for now)")
-  if a.learner == "dpo":
-    dpo.validate_dpo_config(a.dpo, rollout_mode=rollout_modes.rollout_mode(c).name, group_size=r.group_size,
-                            prompts_per_step=r.prompts_per_step,
-                            minibatches=c.train.minibatches)
-    if (r.prompts_per_step // c.train.minibatches) % c.train.micro_batches:
-      invalid("train.micro_batches", c.train.micro_batches, "must divide the "
-              f"{r.prompts_per_step // c.train.minibatches} pairs of a mini-batch")
-  if a.learner == "dqo":
-    dqo.validate_dqo_config(a.dqo, rollout_mode=rollout_modes.rollout_mode(c).name)
-  if rollout_modes.rollout_mode(c).fixed_data:
+  spec = learner_spec(c)
+  fixed_data = rollout_modes.rollout_mode(c).fixed_data
+  for feature, field, off, what in _FEATURES:
+    value = functools.reduce(lambda section, key: section[key], field.split("."), c)
+    if not getattr(spec, feature) and value != off:
+      invalid(field, value, f"must be {off} for algorithm.learner={spec.name!r} "
+              f"(it does not support {what})")
+  if fixed_data:
     _validate_offline(c, labelling=labelling)
+  if spec.validate is not None:
+    spec.validate(c, fixed_data=fixed_data)
 
 
 def _validate_offline(c, *, labelling: bool) -> None:
-  a, r = c.algorithm, c.rollout
   path = c.data.offline_file
   if path and not labelling and not os.path.isfile(path):  # read after the warm start
     invalid("data.offline_file", path, "must be an existing .jsonl/.parquet file of labelled "
             "samples or pairs (or empty for arith: the warm start's are written first)")
-  if a.learner == "ppo":
-    invalid("rollout.mode", rollout_modes.rollout_mode(c).name, "trains on fixed data: it needs algorithm.learner 'dpo' "
-            "or 'dqo'")
   if not c.data.offline_file and c.variant != "arith":
     invalid("data.offline_file", c.data.offline_file, "labelled samples or pairs are "
             "required for rollout.mode='offline' (launch/label_samples.py writes them)")
-  if a.learner == "dpo" and r.group_size != 2:
-    invalid("rollout.group_size", r.group_size, "must be 2 for offline DPO (each labelled "
-            "group is reduced to its best and worst response)")
-  if (a.learner == "dqo" and not c.data.offline_file
-      and r.group_size != c.data.offline_samples):
-    invalid("rollout.group_size", r.group_size, "must equal data.offline_samples="
-            f"{c.data.offline_samples} for DQO on the generated offline data (whole groups)")
 
 
 # ------------------------------------------------------------------ the trainer's sections
@@ -321,36 +310,9 @@ def validate_data(c) -> None:
   d = c.data
   data_config_lib.validate_data_fields(d)
   one_of("data.task", d.task, task_registry.generated_tasks())
-  _check_levels("data", d.levels, d.level_weights)
+  data_config_lib.check_levels("data", d.levels, d.level_weights, allowed=ARITH_LEVELS)
   if c.variant == "arith" and d.task == toolcalc.TASK:
     toolcalc.validate_run(c, rollout_modes.rollout_mode(c))
-
-
-def validate_sft(sft) -> None:
-  """`sft.*`: the arith warm start, and the hf variant's supervised data."""
-  at_least(sft, "sft", ("steps", "batch_size"))
-  check_range("sft.response_length", sft.response_length, low=0,
-              note="(0: rollout.max_new_tokens + 1)")
-  check_range("sft.vocab_size", sft.vocab_size, low=300, note="(256 bytes + specials)")
-  if sft.train_file and not os.path.isfile(sft.train_file):
-    invalid("sft.train_file", sft.train_file, "must be an existing .jsonl/.parquet file of "
-            "conversations or prompt/completion pairs")
-  check_range("sft.learning_rate", sft.learning_rate, low=0, low_open=True)
-  _check_levels("sft", sft.levels, sft.level_weights)
-  for field in ("direct_fraction", "carry_slip"):
-    check_range(f"sft.{field}", sft[field], low=0, high=1)
-
-
-def _check_levels(prefix: str, levels, weights) -> None:
-  if not levels or any(level not in ARITH_LEVELS for level in levels):
-    invalid(f"{prefix}.levels", levels, "must be a non-empty tuple of arith levels, each one "
-            f"of {', '.join(map(str, sorted(ARITH_LEVELS)))}")
-  if len(weights) != len(levels):
-    invalid(f"{prefix}.level_weights", weights, f"must have one weight per {prefix}.levels "
-            f"({len(levels)})")
-  if any(isinstance(w, (bool, str)) or not isinstance(w, (int, float)) or not w > 0
-         for w in weights):
-    invalid(f"{prefix}.level_weights", weights, "must all be numbers > 0")
 
 
 def validate_train(c, *, rows: int) -> None:
