@@ -14,9 +14,9 @@ from rlhf_jax import cli
 from rlhf_jax import run_control
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training import loop
-from tests.training.test_config_and_rollout import preset
-from tests.training.test_trainer import scorer
-from tests.training.test_trainer import shrink
+from tests.training.runs import preset
+from tests.training.runs import scorer
+from tests.training.runs import shrink
 
 
 def test_signals_set_a_flag_and_a_second_sigint_interrupts():

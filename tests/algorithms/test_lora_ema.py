@@ -10,7 +10,7 @@ from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.algorithms.ppo_learner import PPOLearner
 from rlhf_jax.models import lora as lora_lib
-from tests.training.test_config_and_rollout import preset
+from tests.training.runs import preset
 
 
 def lora_ema_config(rate):

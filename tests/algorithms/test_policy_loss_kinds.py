@@ -13,7 +13,7 @@ from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.config import validate_config
-from tests.training.test_config_and_rollout import preset
+from tests.training.runs import preset
 
 KERNELS = {"ppo": kernels.ppo_policy_loss, "gspo": kernels.gspo_policy_loss,
            "gspo_token": kernels.gspo_token_policy_loss, "cispo": kernels.cispo_policy_loss}

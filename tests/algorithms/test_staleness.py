@@ -28,7 +28,7 @@ from rlhf_jax.rollout import pack_groups
 from rlhf_jax.rollout import windows as windowed
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling.requests import Completion
-from tests.training.test_config_and_rollout import preset
+from tests.training.runs import preset
 
 CURRENT = 5  # the policy version being learned from
 # Per row: (response length, window start, per-token versions). Row 4 is a T-PPO row whose

@@ -12,10 +12,10 @@ from rlhf_jax.analysis.rollouts import read_rollouts
 from rlhf_jax.analysis.rollouts import rollouts_table
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.config import validate_config
-from tests.training.test_config_and_rollout import preset
-from tests.training.test_trainer import make_trainer
-from tests.training.test_trainer import records
-from tests.training.test_trainer import shrink
+from tests.training.runs import preset
+from tests.training.runs import make_trainer
+from tests.training.runs import records
+from tests.training.runs import shrink
 
 
 def multi_turn(name="grpo"):

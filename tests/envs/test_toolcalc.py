@@ -18,9 +18,9 @@ from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import loop
 from rlhf_jax.training import stages
 from rlhf_jax.training.config import validate_config
-from tests.training.test_config_and_rollout import preset
-from tests.training.test_trainer import records
-from tests.training.test_trainer import shrink
+from tests.training.runs import preset
+from tests.training.runs import records
+from tests.training.runs import shrink
 
 TOKENIZER = toolcalc.tokenizer()
 PREFIX = [TOKENIZER.backend.token_to_id("<|im_start|>")]

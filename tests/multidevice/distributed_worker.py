@@ -17,7 +17,7 @@ def main() -> None:
   from rlhf_jax.runtime import enable_compile_cache
   from tests.multidevice.test_distributed import job_config
   from rlhf_jax.training import loop
-  from tests.training.test_trainer import scorer
+  from tests.training.runs import scorer
 
   enable_compile_cache(os.environ.get("RLHF_JAX_TEST_COMPILE_CACHE",
                                       "~/.cache/rlhf_jax/xla-tests"), min_compile_s=0.2)

@@ -16,10 +16,10 @@ import pytest
 from safetensors.numpy import load_file
 
 from rlhf_jax.training import stages
-from tests.training.test_config_and_rollout import preset
-from tests.training.test_trainer import make_trainer
-from tests.training.test_trainer import records
-from tests.training.test_trainer import shrink
+from tests.training.runs import preset
+from tests.training.runs import make_trainer
+from tests.training.runs import records
+from tests.training.runs import shrink
 
 ROOT = Path(__file__).resolve().parents[2]
 MESH = (4, 2, 1)  # data × fsdp: the batch and the FSDP shards both cross the processes

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from rlhf_jax import parallel
-from tests.training.test_config_and_rollout import preset
-from tests.training.test_trainer import make_trainer
-from tests.training.test_trainer import shrink
+from tests.training.runs import preset
+from tests.training.runs import make_trainer
+from tests.training.runs import shrink
 
 
 def run(tmp_path, name, mesh):

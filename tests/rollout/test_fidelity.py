@@ -29,7 +29,7 @@ from rlhf_jax.rollout import WindowRollout
 from rlhf_jax.sampling import Completion
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.tasks import arith
-from tests.training.test_config_and_rollout import preset
+from tests.training.runs import preset
 
 # --------------------------------------------------------------------------------------
 # 1. Windows mode with W >= R equals groups mode.

@@ -220,7 +220,7 @@ def test_partial_rollouts_refuse_a_server_that_finishes_old_samples_first():
 def test_partial_rollout_settings_are_named(changes, field):
   from rlhf_jax.config_errors import ConfigError
   from rlhf_jax.training.config import validate_config
-  from tests.training.test_config_and_rollout import preset
+  from tests.training.runs import preset
   config = preset("grpo")
   for key, value in changes.items():
     section, name = key.split(".")
@@ -237,8 +237,8 @@ def short_response(response, answer):
 def async_trainer(workdir, steps, partial=False):
   from rlhf_jax.training import loop
   from rlhf_jax.training import stages
-  from tests.training.test_config_and_rollout import preset
-  from tests.training.test_trainer import shrink
+  from tests.training.runs import preset
+  from tests.training.runs import shrink
   config = shrink(preset("grpo"))
   config.rollout.max_staleness = 1
   if partial:

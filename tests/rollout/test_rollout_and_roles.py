@@ -15,7 +15,7 @@ from rlhf_jax.rollout import Group
 from rlhf_jax.rollout import NoSignalError
 from rlhf_jax.algorithms import ppo_learner as learner_lib
 from rlhf_jax import optim
-from tests.training.test_config_and_rollout import preset
+from tests.training.runs import preset
 
 # Counts the programs jit lowers (each new compile lowers first) inside a `with` block.
 from jax._src.test_util import count_jit_and_pmap_lowerings as count_lowerings  # noqa: E402

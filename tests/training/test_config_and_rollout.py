@@ -1,8 +1,5 @@
 """Trainer config validation, the rollout batch layout, and the PPO-family composition."""
 
-import importlib.util
-import pathlib
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,17 +10,10 @@ from rlhf_jax.algorithms import ppo_family
 from rlhf_jax import batch as batch_lib
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.config import validate_config
+from tests.training.runs import preset
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo", "tppo", "gspo", "cispo", "dpo",
            "iterative_dpo", "dqo", "toolcalc")
-
-
-def preset(name, variant="arith"):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(variant)
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -24,12 +24,12 @@ from rlhf_jax.training import build
 from rlhf_jax.training import loop
 from rlhf_jax.training.checkpoint import Checkpointer
 from rlhf_jax.training.metrics import truncate_jsonl
-from tests.training.test_config_and_rollout import preset
-from tests.training.test_trainer import TIMING
-from tests.training.test_trainer import make_trainer
-from tests.training.test_trainer import records
-from tests.training.test_trainer import scorer
-from tests.training.test_trainer import shrink
+from tests.training.runs import preset
+from tests.training.runs import TIMING
+from tests.training.runs import make_trainer
+from tests.training.runs import records
+from tests.training.runs import scorer
+from tests.training.runs import shrink
 
 # ------------------------------------------------------------------ torn record files
 

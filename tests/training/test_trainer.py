@@ -1,50 +1,19 @@
 """The training loop end to end on a shrunken arith config."""
 
-import json
-
 import jax
 import numpy as np
 import pytest
 
 from rlhf_jax import models
 from rlhf_jax import batch as batch_lib
-from rlhf_jax.rewards import RewardRouter
 from rlhf_jax.training import loop
 from rlhf_jax.training import stages
-from tests.rewards.verifiers import odd_length
-from tests.training.test_config_and_rollout import preset
-
-
-def shrink(config):
-  """Sizes for a CPU test: 1-layer 32-wide model, 3 SFT steps, 2 RL steps."""
-  config.model.hidden_size, config.model.num_layers, config.model.num_heads = 32, 1, 2
-  config.sft.steps, config.sft.batch_size = 3, 8
-  config.data.num_train, config.data.num_eval = 64, 8
-  config.rollout.prompts_per_step, config.rollout.max_new_tokens = 4, 96
-  config.rollout.group_size = 4
-  config.algorithm.overlong.buffer = min(config.algorithm.overlong.buffer, 8)
-  config.algorithm.value.pretrain_steps = min(config.algorithm.value.pretrain_steps, 1)
-  config.sampler.num_slots, config.sampler.cache_length = 16, 64 + 96
-  config.sampler.warmup = False
-  config.train.steps, config.train.eval_every = 2, 2
-  config.rollout.windows.window_tokens = 48  # T-PPO: two windows reach the cap.
-  return config
-
-
-def scorer(config):
-  return RewardRouter({"arith": odd_length}, correct_score=config.reward.correct_score,
-                      wrong_score=config.reward.wrong_score)
-
-
-def make_trainer(config, workdir, **kwargs):
-  """The arith warm start (if missing) and a Trainer scoring with `odd_length`."""
-  stages.ensure_arith_warm_start(config, str(workdir), log=lambda line: None)
-  return loop.Trainer(config, str(workdir), log=lambda line: None, scorer=scorer(config),
-                      **kwargs)
-
-
-def records(directory):
-  return [json.loads(line) for line in open(directory / "metrics.jsonl")]
+from tests.training.runs import TIMING
+from tests.training.runs import make_trainer
+from tests.training.runs import preset
+from tests.training.runs import records
+from tests.training.runs import scorer
+from tests.training.runs import shrink
 
 
 @pytest.mark.slow
@@ -165,9 +134,6 @@ def test_tppo_carries_unfinished_responses_across_steps(tmp_path):
   # The continued window's log-probs (re-prefilled under new weights) are the trainer's.
   for record in logged:
     assert record["logprob_mismatch_max"] < 1e-5
-
-
-TIMING = ("elapsed_s", "tokens_per_second")  # and every time_* key: wall clock
 
 
 @pytest.mark.slow
