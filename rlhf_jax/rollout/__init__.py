@@ -3,8 +3,9 @@
 One seam, the `Rollout` protocol (base.py: `collect() -> Rollouts`, `set_step`,
 `pop_mix`, `state()` / `restore()`), and its modes: plain groups, DAPO's dynamic
 sampling (groups with signal; surplus discarded as in verl, or kept for a bounded number
-of policy versions), T-PPO's windows (responses in flight across steps) and offline
-data. See `config.build_rollout`.
+of policy versions), T-PPO's windows (responses in flight across steps), multi-turn
+episodes and offline data — each a record in modes.py (`rollout_mode(c)`,
+`register_rollout_mode`).
 """
 
 from rlhf_jax.rollout.generation import Group

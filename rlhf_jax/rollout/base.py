@@ -7,9 +7,10 @@
     rollout.settle()                  finish generation running ahead (rollout/pipelined.py)
     rollout.close()                   stop it at the end of a run
 
-Modes: plain groups, DAPO's dynamic sampling, T-PPO's windows, offline data
-(rollout/config.py builds one from `rollout.mode`). The data position and the
-curriculum phase live behind this seam, so the loop never touches the stream.
+Modes: plain groups, DAPO's dynamic sampling, T-PPO's windows, multi-turn episodes,
+offline data, or a registered one (rollout/modes.py: each mode's record builds it). The
+data position and the curriculum phase live behind this seam, so the loop never touches
+the stream.
 """
 
 from __future__ import annotations
