@@ -40,6 +40,8 @@ from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.rollout.generation import token_versions
 from rlhf_jax.sampling import SamplingParams
+from rlhf_jax.sampling.protocol import ReportsMetrics
+from rlhf_jax.sampling.protocol import find_extra
 
 
 @dataclasses.dataclass
@@ -269,8 +271,8 @@ class MultiTurnRollout(StreamRollout):
   def prefill_counts(self) -> dict[str, float]:
     """The sampler's prompt tokens prefilled and taken from kept caches so far ({} from
     a sampler that does not count them)."""
-    metrics = getattr(self.generator.sampler, "metrics", None)
-    counts = metrics() if callable(metrics) else {}
+    reporter = find_extra(self.generator.sampler, ReportsMetrics)
+    counts = reporter.metrics() if reporter is not None else {}
     return {k: counts[k] for k in ("prefilled_tokens", "reused_tokens") if k in counts}
 
   def score(self, episodes: list[Episode], scorer: Scorer | None = None

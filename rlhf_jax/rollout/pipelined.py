@@ -29,6 +29,7 @@ import numpy as np
 from rlhf_jax.batch import RolloutBatch
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rollout.generation import Rollouts
+from rlhf_jax.sampling.protocol import KeepsVersions
 
 
 @dataclasses.dataclass
@@ -46,17 +47,23 @@ class PipelinedRollout:
   Args:
     inner: the rollout mode (groups, dynamic sampling, multi-turn episodes; windows when
       synchronous).
-    sampler: the VersionedSampler the inner rollout samples through (None when
-      max_staleness is 0).
+    sampler: the VersionedSampler the inner rollout samples through, keeping at least
+      max_staleness + 1 versions (None when max_staleness is 0).
     scorer: the inner rollout's scorer, whose metrics each job takes.
     max_staleness: k ≥ 0.
     last_step: no job is submitted for this step or later (`train.steps`).
+
+  Build it with its sampler from one k: `rollout.lookahead.LookAhead`.
   """
 
   def __init__(self, inner, sampler, scorer, *, max_staleness: int = 0,
                last_step: int | None = None):
-    if max_staleness and sampler is None:
-      raise ValueError("max_staleness > 0 needs a VersionedSampler.")
+    if max_staleness and not (isinstance(sampler, KeepsVersions)
+                              and sampler.keep >= max_staleness + 1):
+      kept = sampler.keep if isinstance(sampler, KeepsVersions) else "no"
+      raise ValueError(f"max_staleness={max_staleness} needs a sampler keeping "
+                       f"{max_staleness + 1} weight versions (LookAhead.sampler builds "
+                       f"one); got {type(sampler).__name__} keeping {kept}")
     self.inner, self.sampler, self.scorer = inner, sampler, scorer
     self.max_staleness = max_staleness
     self.last_step = last_step

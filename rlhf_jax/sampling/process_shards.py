@@ -75,6 +75,6 @@ class ProcessShardedSampler:
     """Closes this process's sampler."""
     self.local.close()
 
-  def __getattr__(self, name: str):
-    # Figures and warm-up of the local sampler (metrics(), warmup(), ...).
-    return getattr(self.local, name)
+  def wrapped(self):
+    """This process's sampler (its figures and warm-up: `protocol.find_extra`)."""
+    return self.local

@@ -3,11 +3,16 @@
 Implemented by the in-process `Scheduler` (rlhf_jax.sampling.scheduler) and by the
 gRPC `SamplerClient` (rlhf_jax.sampling.client); a vLLM- or SGLang-backed sampler
 would be a third implementation, not a branch of the loop.
+
+The optional extras (preparing and loading weights, rolling back, keeping versions,
+figures, the reference RPCs) are small Protocols of their own, asked with isinstance;
+`find_extra` finds one behind a wrapper.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from typing import ContextManager
 from typing import Protocol
 from typing import Sequence
 from typing import runtime_checkable
@@ -40,3 +45,107 @@ class Sampler(Protocol):
     """Releases what the sampler holds (a server connection); the sampler is unusable
     afterwards."""
     ...
+
+
+# The optional extras. A sampler declares one by having its methods; the library asks
+# with isinstance (runtime_checkable), never by probing attributes, and a wrapper
+# (VersionedSampler, ProcessShardedSampler) forwards the `Sampler` interface only: an
+# extra of the sampler it wraps is found with `find_extra`.
+
+
+@runtime_checkable
+class PreparesParams(Protocol):
+  """A sampler whose weights take a form of their own before they are loaded (host copies
+  for a server; for a job of several processes, a collective replication that must run on
+  the trainer's thread). A `VersionedSampler` keeps each version in this form."""
+
+  def prepare_params(self, params: Any) -> Any:
+    """`params` in the form `update_params` (or `load_prepared`) takes."""
+    ...
+
+
+@runtime_checkable
+class LoadsPrepared(PreparesParams, Protocol):
+  """A sampler whose `update_params` is `prepare_params` then `load_prepared`, so that a
+  prepared version loads without preparing it again (ProcessShardedSampler)."""
+
+  def load_prepared(self, prepared: Any, version: int) -> Any:
+    """Loads weights that `prepare_params` returned, tagged `version`."""
+    ...
+
+
+@runtime_checkable
+class RollsBack(Protocol):
+  """A sampler that refuses an older version than its own unless told it is on purpose
+  (a server: a job pinned to an older version, or a resumed run)."""
+
+  def rollback_params(self, params: Any, version: int) -> Any:
+    """`update_params` with an older `version` on purpose."""
+    ...
+
+
+@runtime_checkable
+class KeepsVersions(Protocol):
+  """A sampler that keeps the newest `keep` weight versions and samples, per thread,
+  with a pinned one (VersionedSampler): what generation running ahead needs."""
+
+  latest: int
+  keep: int
+
+  def pinned(self, version: int) -> ContextManager[None]:
+    """Within the block, this thread's calls sample with weights `version`."""
+    ...
+
+
+@runtime_checkable
+class ReportsMetrics(Protocol):
+  """A sampler with figures of its own (queue depth, prefilled and reused tokens, ...)."""
+
+  def metrics(self) -> dict[str, float]:
+    """The sampler's counters and gauges."""
+    ...
+
+
+@runtime_checkable
+class ReferenceSampler(Protocol):
+  """Sampling servers that also keep the frozen reference policy and score rows under it
+  (`rollout.reference_logprobs='sampler'`: SamplerClient, SamplerFleet)."""
+
+  def update_reference(self, params: Any) -> Any:
+    """Sends the reference weights; the reply (a fleet: one per server) names the
+    server's compute dtype."""
+    ...
+
+  def reference_logprobs(self, tokens: Any, attention_mask: Any, response_mask: Any) -> Any:
+    """log π_ref [B, R] float32 of the response tokens of rows in the rollout batch's
+    layout (tokens, attention_mask [B, P+R]; response_mask [B, R])."""
+    ...
+
+
+@runtime_checkable
+class Wrapper(Protocol):
+  """A sampler that samples through another one (VersionedSampler, ProcessShardedSampler)."""
+
+  def wrapped(self) -> Any:
+    """The sampler this one forwards to."""
+    ...
+
+
+def find_extra(sampler: Any, extra: type) -> Any:
+  """`sampler`, or the first sampler it wraps (`Wrapper`, outermost first), that is an
+  instance of `extra` (an extra's Protocol, or a class such as SamplerFleet); None when
+  there is none."""
+  while sampler is not None:
+    if isinstance(sampler, extra):
+      return sampler
+    sampler = sampler.wrapped() if isinstance(sampler, Wrapper) else None
+  return None
+
+
+def require_extra(sampler: Any, extra: type, needed_by: str) -> Any:
+  """`find_extra(sampler, extra)`, or a TypeError saying that `needed_by` needs it."""
+  found = find_extra(sampler, extra)
+  if found is None:
+    raise TypeError(f"{needed_by} needs a sampler that is a {extra.__name__}; "
+                    f"{type(sampler).__name__} is not, nor wraps one")
+  return found

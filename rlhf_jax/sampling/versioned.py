@@ -28,7 +28,15 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.protocol import LoadsPrepared
+from rlhf_jax.sampling.protocol import PreparesParams
+from rlhf_jax.sampling.protocol import RollsBack
 from rlhf_jax.sampling.scheduler import Completion
+
+
+class _Pin(threading.local):
+  """A thread's pinned version (None: the newest)."""
+  version: int | None = None
 
 
 class VersionedSampler:
@@ -55,14 +63,15 @@ class VersionedSampler:
     self.versions: dict[int, Any] = {version: params}
     self.latest = self.loaded = version
     self.partial = partial
-    self._pin = threading.local()
+    self._pin = _Pin()
 
   def update_params(self, params: Any, version: int) -> None:
     """Stores `params` as `version` (the newest); the wrapped sampler loads it when a
-    call needs it. Versions beyond the newest `keep` are dropped. A wrapped sampler with
-    `prepare_params` (ProcessShardedSampler) prepares them here, on the caller's thread."""
-    prepare = getattr(self.inner, "prepare_params", None)
-    params = prepare(params) if prepare else jax.tree.map(jnp.copy, params)
+    call needs it. Versions beyond the newest `keep` are dropped. A wrapped sampler that
+    `PreparesParams` (ProcessShardedSampler, a server) prepares them here, on the
+    caller's thread; another's are copied (the learner donates its buffers)."""
+    params = (self.inner.prepare_params(params) if isinstance(self.inner, PreparesParams)
+              else jax.tree.map(jnp.copy, params))
     with self.versions_lock:
       self.versions[version] = params
       self.latest = max(self.latest, version)
@@ -72,8 +81,9 @@ class VersionedSampler:
       self._load(params, version)
 
   def _load(self, params: Any, version: int) -> None:
-    load = getattr(self.inner, "load_prepared", None) or self.inner.update_params
-    if version < self.loaded and hasattr(self.inner, "rollback_params"):
+    load = (self.inner.load_prepared if isinstance(self.inner, LoadsPrepared)
+            else self.inner.update_params)
+    if version < self.loaded and isinstance(self.inner, RollsBack):
       load = self.inner.rollback_params  # a server refuses an older version otherwise
     replies = load(params, version)  # a server's reply names its update policy; a fleet's
     replies = replies if isinstance(replies, list) else [replies]  # one per server
@@ -101,8 +111,7 @@ class VersionedSampler:
         return self.inner.generate(prompts, sampling)
     with self.lock:
       with self.versions_lock:
-        version = getattr(self._pin, "version", None)
-        version = self.latest if version is None else version
+        version = self.latest if self._pin.version is None else self._pin.version
         if version not in self.versions:
           raise KeyError(f"weights version {version} is no longer kept (kept: "
                          f"{sorted(self.versions)}); raise `keep`.")
@@ -119,6 +128,6 @@ class VersionedSampler:
     """Closes the wrapped sampler."""
     self.inner.close()
 
-  def __getattr__(self, name: str):
-    # The wrapped sampler's figures and warm-up (metrics(), warmup(), ...).
-    return getattr(self.inner, name)
+  def wrapped(self):
+    """The sampler this one loads versions into (its extras: `protocol.find_extra`)."""
+    return self.inner

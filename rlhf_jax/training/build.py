@@ -35,8 +35,9 @@ from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.rollout.base import Rollout
 from rlhf_jax.rollout import reference as reference_lib
-from rlhf_jax.rollout.pipelined import PipelinedRollout
+from rlhf_jax.rollout.lookahead import LookAhead
 from rlhf_jax.sampling import config as sampler_config_lib
+from rlhf_jax.sampling import protocol as sampler_protocol
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
 
@@ -92,7 +93,7 @@ def check_job(c, sizes: dict[str, int]) -> None:
   if remote_sampler(c):
     raise ConfigError("config.sampler.address / addresses: must be empty in a job of "
                       f"{processes} processes (each samples its share on its own devices)")
-  if c.rollout.max_staleness and reward_build.uses_models(c):
+  if not LookAhead.of(c).synchronous and reward_build.uses_models(c):
     raise ConfigError(f"config.rollout.max_staleness: invalid value {c.rollout.max_staleness}"
                       f": must be 0 with a reward model in a job of {processes} processes")
 
@@ -270,18 +271,14 @@ def build_sampler(c, policy: Policy, mesh):
   fleet of `sampler.addresses`) that is sent the initial weights before the first rollout.
   In a job of several processes each process samples its share of the prompts on its own
   devices (`ProcessShardedSampler`); with `rollout.max_staleness` > 0 the sampler keeps
-  the last weight versions (`VersionedSampler`), or, with `rollout.partial_rollouts`,
-  hands each new version to the samples in flight."""
+  the last weight versions (`LookAhead.sampler`: a `VersionedSampler`), or, with
+  `rollout.partial_rollouts`, hands each new version to the samples in flight."""
   sampler = _sampler(c, policy, mesh)
-  if not c.rollout.max_staleness:
+  plan = LookAhead.of(c)
+  if plan.synchronous:
     return sampler
   # Generation behind the learner samples with the version its job was given.
-  from rlhf_jax.sampling.versioned import VersionedSampler  # pylint: disable=import-outside-toplevel
-  initial = generation_params(c, policy, policy.params, mesh)
-  if hasattr(sampler, "prepare_params"):  # a job of several processes: local copies
-    initial = sampler.prepare_params(initial)
-  return VersionedSampler(sampler, initial, keep=c.rollout.max_staleness + 1,
-                          partial=c.rollout.partial_rollouts)
+  return plan.sampler(sampler, generation_params(c, policy, policy.params, mesh))
 
 
 def remote_sampler(c) -> bool:
@@ -345,9 +342,10 @@ def build_rollout(c, parts: rollout_modes.RolloutParts) -> Rollout:
     return inner
   sampler = parts.sampler
   if reference_lib.from_sampler(c):
-    inner = reference_lib.SamplerReferenceRollout(inner, sampler)
-  return PipelinedRollout(inner, sampler if c.rollout.max_staleness else None, parts.scorer,
-                          max_staleness=c.rollout.max_staleness, last_step=c.train.steps)
+    inner = reference_lib.SamplerReferenceRollout(
+        inner, sampler_protocol.require_extra(sampler, sampler_protocol.ReferenceSampler,
+                                              "rollout.reference_logprobs='sampler'"))
+  return LookAhead.of(c).rollout(inner, sampler, parts.scorer)
 
 
 def build_learner(c, policy: Policy, mesh) -> Learner:
