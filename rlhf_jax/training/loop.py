@@ -31,6 +31,8 @@ from rlhf_jax import run_control
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
+from rlhf_jax.rollout.lookahead import LookAhead
+from rlhf_jax.sampling import protocol as sampler_protocol
 from rlhf_jax.training import build
 from rlhf_jax.training import metrics as metrics_lib
 from rlhf_jax.training.checkpoint import Checkpointer
@@ -164,9 +166,9 @@ class Trainer:
     server's version, so the older one is sent on purpose."""
     params = build.generation_params(self.config, self.policy, self.learner.policy_params,
                                      self.mesh)
-    # On the class, not the instance: a VersionedSampler forwards unknown attributes to
-    # the sampler it wraps, and must store the version itself (it loads it when needed).
-    if rollback and callable(getattr(type(self.sampler), "rollback_params", None)):
+    # A VersionedSampler is no RollsBack: it stores the version itself (and rolls the
+    # sampler it wraps back when a job needs the older one).
+    if rollback and isinstance(self.sampler, sampler_protocol.RollsBack):
       self.sampler.rollback_params(params, version=self.step)
     else:
       self.sampler.update_params(params, version=self.step)
@@ -294,7 +296,7 @@ class Trainer:
       self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
     while self.step < c.train.steps:
       self._stop_if_asked(signals)  # here every record of `self.step` is written
-      if self.fleet is not None and not c.rollout.max_staleness:
+      if self.fleet is not None and LookAhead.of(c).synchronous:
         # what a checkpoint of this step holds if the fleet is lost while sampling
         self.step_start = (self.step, json.loads(json.dumps(self.rollout.state())))
       metrics = self.train_step()
@@ -343,14 +345,10 @@ class Trainer:
 
 
 def fleet_of(sampler) -> Any:
-  """The `SamplerFleet` a sampler is or wraps (VersionedSampler's `inner`), or None. Read
+  """The `SamplerFleet` a sampler is or wraps (`find_extra`: behind a VersionedSampler), or None. Read
   from sys.modules: a run without a fleet never imports it (it needs grpc)."""
   fleet = sys.modules.get("rlhf_jax.sampling.fleet")
-  while fleet is not None and sampler is not None:
-    if isinstance(sampler, fleet.SamplerFleet):
-      return sampler
-    sampler = getattr(sampler, "inner", None)
-  return None
+  return None if fleet is None else sampler_protocol.find_extra(sampler, fleet.SamplerFleet)
 
 
 def one_line(error: BaseException) -> str:
