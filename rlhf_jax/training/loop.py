@@ -345,8 +345,8 @@ class Trainer:
 
 
 def fleet_of(sampler) -> Any:
-  """The `SamplerFleet` a sampler is or wraps (`find_extra`: behind a VersionedSampler), or None. Read
-  from sys.modules: a run without a fleet never imports it (it needs grpc)."""
+  """The `SamplerFleet` a sampler is or wraps (`find_extra`: behind a VersionedSampler), or
+  None. Read from sys.modules: a run without a fleet never imports it (it needs grpc)."""
   fleet = sys.modules.get("rlhf_jax.sampling.fleet")
   return None if fleet is None else sampler_protocol.find_extra(sampler, fleet.SamplerFleet)
 
