@@ -24,8 +24,8 @@ from rlhf_jax.rollout.offline import encode_groups
 from rlhf_jax.tasks import arith
 from rlhf_jax.training.config import sibling_preset
 from rlhf_jax.training.config import validate_config
-from tests.launch.test_launchers import SMALL
-from tests.launch.test_launchers import run
+from tests.launch.runs import SMALL
+from tests.launch.runs import run
 
 STEPS = [*SMALL, "--config.train.steps=2", "--config.train.eval_every=2",
          "--config.train.eval_samples=0", "--config.train.loggers=",

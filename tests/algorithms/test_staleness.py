@@ -7,7 +7,6 @@ centres the clip, w = π_prox / π_behav weights the token) and §2 (DAPO dynami
 
 import collections
 import dataclasses
-import itertools
 import json
 
 import jax
@@ -28,6 +27,9 @@ from rlhf_jax.rollout import pack_groups
 from rlhf_jax.rollout import windows as windowed
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling.requests import Completion
+from tests.rollout.scripted_groups import MIXED
+from tests.rollout.scripted_groups import SOLVED
+from tests.rollout.scripted_groups import group
 from tests.training.runs import preset
 
 CURRENT = 5  # the policy version being learned from
@@ -81,18 +83,16 @@ def run_prepare(a, batch, trainer, *, correction="none", version=CURRENT):
 
 def reference_weights(trainer, sampler, versions, lengths, starts, *, correction, c_corr,
                       stale_mode, cap):
-  """Per token, from §20: (π_old, w, keep), 0 off the sampled tokens. A token is fresh
-  when it is of version CURRENT and its row's sampled tokens are of one version (a row
-  spanning versions was swapped mid-sample: its later tokens were drawn over the older
-  weights' KV cache, so every token of it is stale)."""
+  """Per token, from §20: (π_old, w, keep), 0 off the sampled tokens. A token of version
+  CURRENT is fresh, also in a row that spans versions (the sampler recomputes the KV cache
+  of a sample in flight at a swap: sampling/swap.py)."""
   old, weight, keep = np.zeros_like(trainer), np.zeros_like(trainer), np.zeros_like(trainer)
   for b in range(trainer.shape[0]):
-    row_versions = set(versions[b, starts[b]:lengths[b]].tolist())
     for t in range(trainer.shape[1]):
       if not starts[b] <= t < lengths[b]:
         continue
       ratio = np.exp(float(trainer[b, t]) - float(sampler[b, t]))
-      if row_versions == {CURRENT}:  # fresh: π_prox = π_behav
+      if versions[b, t] == CURRENT:  # fresh: π_prox = π_behav
         if correction == "none":
           old[b, t], weight[b, t], keep[b, t] = sampler[b, t], 1.0, 1.0
         else:  # TIS for the sampler–trainer mismatch
@@ -152,10 +152,8 @@ def test_decoupled_ppo_weights_and_loss_match_a_numpy_loop(correction, stale_mod
   expected = reference_loss(theta, old, weight, keep, advantages, sampled,
                             a.policy_loss.clip_low, a.policy_loss.clip_high)
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
-  # Metrics: the mismatch over fresh tokens only, the lag of stale ones separately. Row
-  # 4's window spans versions 4 and 5: all of it is stale.
+  # Metrics: the mismatch over fresh tokens only, the lag of stale ones separately.
   stale = sampled & (versions != CURRENT)
-  stale[4] = sampled[4]
   fresh = sampled & ~stale
   gap = np.abs(trainer - sampler)
   np.testing.assert_allclose(metrics["logprob_mismatch_max"], gap[fresh].max(), rtol=1e-5)
@@ -357,20 +355,6 @@ def test_window_rows_carry_one_version_per_window():
 
 
 # ------------------------------------------------------------------ dynamic sampling
-
-
-PROMPTS = itertools.count()
-
-
-def group(correct, version=0):
-  """A group of a new prompt (groups compare by content)."""
-  n = len(correct)
-  return Group(Example(f"q{next(PROMPTS)}", "1", "arith"), [1], [[2]] * n, [[0.0]] * n,
-               [1.0 if c else -1.0 for c in correct], list(correct), [False] * n, [""] * n,
-               versions=[[version]] * n)
-
-
-MIXED, SOLVED = [True, False], [True, True]
 
 
 class Rounds:

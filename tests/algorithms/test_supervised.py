@@ -10,7 +10,7 @@ from rlhf_jax import models
 from rlhf_jax.data.conversations import check_row
 from rlhf_jax.data.conversations import supervised_row
 from rlhf_jax.data.prompts import PromptFormat
-from tests.launch.test_launchers import run
+from tests.launch.runs import run
 
 CONVERSATION = [{"role": "system", "content": "Be terse."},
                 {"role": "user", "content": "2+2?"},

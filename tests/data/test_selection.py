@@ -9,8 +9,8 @@ import pytest
 
 from rlhf_jax.data import Example
 from rlhf_jax.data import selection
-from tests.launch.test_launchers import ROOT
-from tests.launch.test_launchers import SMALL
+from tests.launch.runs import ROOT
+from tests.launch.runs import SMALL
 
 
 def test_normalise_per_task_is_a_z_score_within_each_task():

@@ -9,7 +9,7 @@ import pytest
 
 from rlhf_jax import models
 from tests.models.hf_fixtures import save_family_model
-from tests.launch.test_launchers import run
+from tests.launch.runs import run
 
 TEMPLATE = (
     "{%- for message in messages %}"

@@ -12,8 +12,8 @@ from rlhf_jax.data import Example
 from rlhf_jax.data import write_examples
 from rlhf_jax.training.config import base_config
 from rlhf_jax.training.config import validate_config
-from tests.launch.test_launchers import SMALL
-from tests.launch.test_launchers import run
+from tests.launch.runs import SMALL
+from tests.launch.runs import run
 
 TWO_STEPS = [*SMALL, "--config.train.steps=2", "--config.train.eval_every=2",
              "--config.train.eval_samples=0", "--config.train.loggers=",

@@ -15,8 +15,8 @@ from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.rollout.pipelined import decode_job
 from rlhf_jax.rollout.pipelined import encode_job
 from rlhf_jax.sampling.versioned import VersionedSampler
-from tests.algorithms.test_staleness import group
-from tests.algorithms.test_staleness import MIXED
+from tests.rollout.scripted_groups import group
+from tests.rollout.scripted_groups import MIXED
 from rlhf_jax.rollout import pack_groups
 
 

@@ -10,12 +10,12 @@ import pytest
 from rlhf_jax import sampling
 from rlhf_jax.sampling import programs
 from rlhf_jax.sampling.scheduler import Scheduler
-from tests.sampling.test_engine import BUCKETS
-from tests.sampling.test_engine import ENGINE
-from tests.sampling.test_engine import NEWLINE
-from tests.sampling.test_engine import PARAMS
-from tests.sampling.test_engine import peaked_params
-from tests.sampling.test_engine import prompts
+from tests.sampling.tiny_engine import BUCKETS
+from tests.sampling.tiny_engine import ENGINE
+from tests.sampling.tiny_engine import NEWLINE
+from tests.sampling.tiny_engine import PARAMS
+from tests.sampling.tiny_engine import peaked_params
+from tests.sampling.tiny_engine import prompts
 
 NEW_PARAMS = peaked_params(seed=1)[1]
 

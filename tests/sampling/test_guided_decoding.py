@@ -14,9 +14,9 @@ from rlhf_jax import sampling
 from rlhf_jax.algorithms import qsharp
 from rlhf_jax.sampling import GuidedParams
 from rlhf_jax.sampling.scheduler import Scheduler
-from tests.sampling.test_engine import BUCKETS
-from tests.sampling.test_engine import CONFIG
-from tests.sampling.test_engine import prompts
+from tests.sampling.tiny_engine import BUCKETS
+from tests.sampling.tiny_engine import CONFIG
+from tests.sampling.tiny_engine import prompts
 
 MODEL, PARAMS = models.init_model(CONFIG, seed=5)
 VALUES = np.array([0.0, 0.5, 1.0], np.float32)

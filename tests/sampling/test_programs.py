@@ -15,9 +15,9 @@ from jax.sharding import PartitionSpec
 from rlhf_jax import sampling
 from rlhf_jax.sampling import programs
 from rlhf_jax.sampling.scheduler import Scheduler
-from tests.sampling.test_engine import MODEL
-from tests.sampling.test_engine import PARAMS
-from tests.sampling.test_engine import prompts
+from tests.sampling.tiny_engine import MODEL
+from tests.sampling.tiny_engine import PARAMS
+from tests.sampling.tiny_engine import prompts
 
 BUCKETS = (8, 16)
 ENGINE = sampling.Engine(MODEL, num_slots=4, cache_length=40)  # shared compiled programs

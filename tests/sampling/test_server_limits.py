@@ -22,7 +22,7 @@ from rlhf_jax.sampling.protos import jetstream_pb2_grpc
 from rlhf_jax.sampling.protos import sampler_pb2
 from rlhf_jax.sampling.protos import sampler_pb2_grpc
 from rlhf_jax.sampling.scheduler import Scheduler
-from tests.sampling.test_server_security import serve_config
+from tests.sampling.serve_configs import serve_config
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
                               num_kv_heads=2, head_dim=8, intermediate_size=48)

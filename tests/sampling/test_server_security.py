@@ -23,6 +23,7 @@ from rlhf_jax.sampling.protos import jetstream_pb2_grpc
 from rlhf_jax.sampling.scheduler import Scheduler
 from rlhf_jax.sampling.security import ClientSecurity
 from rlhf_jax.sampling.security import ServerSecurity
+from tests.sampling.serve_configs import serve_config
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
                               num_kv_heads=2, head_dim=8, intermediate_size=48)
@@ -143,16 +144,6 @@ def test_no_credential_means_loopback_only(tmp_path):
     broken.server[field] = value
     with pytest.raises(ConfigError, match=rf"config\.server\.{field}"):
       security_lib.server_security(broken.server)
-
-
-def serve_config():
-  import importlib.util
-  import pathlib
-  path = pathlib.Path(__file__).resolve().parents[2] / "configs" / "serve.py"
-  spec = importlib.util.spec_from_file_location("serve_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config("tiny")
 
 
 def make_pki(directory):

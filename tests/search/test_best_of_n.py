@@ -16,9 +16,9 @@ from rlhf_jax.rewards import Scores
 from rlhf_jax.search.speculative_rejection import SpeculativeRejection
 from rlhf_jax.search.speculative_rejection import bottom_fraction
 from rlhf_jax.sampling.scheduler import Scheduler
-from tests.sampling.test_engine import BUCKETS
-from tests.sampling.test_engine import CONFIG
-from tests.sampling.test_engine import prompts
+from tests.sampling.tiny_engine import BUCKETS
+from tests.sampling.tiny_engine import CONFIG
+from tests.sampling.tiny_engine import prompts
 
 MODEL, PARAMS = models.init_model(CONFIG, seed=2)  # near-uniform: samples differ
 

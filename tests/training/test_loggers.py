@@ -10,12 +10,12 @@ from rlhf_jax.training.config import base_config
 from rlhf_jax.training.config import validate_config
 from rlhf_jax.training.metrics import MetricsWriter
 from rlhf_jax.training.metrics import RolloutLog
-from tests.training.test_rollout_log import TOKENIZER
-from tests.training.test_rollout_log import rollouts
+from tests.training.rollout_logs import TOKENIZER
+from tests.training.rollout_logs import rollouts
 from tests.training.wandb_records import offline_env
 from tests.training.wandb_records import read_runs
 
-# The rows of test_rollout_log's two samples: prompt "ab" + "c|d\nef", and "abc|d" + "e".
+# The rows of rollout_logs' two samples: prompt "ab" + "c|d\nef", and "abc|d" + "e".
 ROWS = [[1, 0.5, "ab", "c|d\nef"], [1, -1.0, "abc|d", "e"]]
 
 

@@ -3,24 +3,11 @@ without padding, trained on where the response is; resumed runs drop later steps
 
 import json
 
-from rlhf_jax import models
-from rlhf_jax import batch as batch_lib
 from rlhf_jax.analysis.rollouts import read_rollouts
 from rlhf_jax.analysis.rollouts import rollouts_table
-from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.training.metrics import RolloutLog
-
-TOKENIZER = models.build_character_tokenizer("abcdef |\n")
-
-
-def rollouts():
-  prompts = [TOKENIZER.encode("ab"), TOKENIZER.encode("abc|d")]
-  responses = [TOKENIZER.encode("c|d\nef"), TOKENIZER.encode("e")]
-  batch = batch_lib.build_rollout_batch(
-      prompts, responses, [[0.0] * len(r) for r in responses], [0.5, -1.0], [False] * 2,
-      [0, 1], prompt_length=6, response_length=7, pad_id=TOKENIZER.pad_id)
-  return Rollouts(batch=batch, correct=[True, False], failures=[], metrics={})
-
+from tests.training.rollout_logs import TOKENIZER
+from tests.training.rollout_logs import rollouts
 
 def test_single_turn_records_are_the_rows_without_padding(tmp_path):
   log = RolloutLog(str(tmp_path), 5, TOKENIZER)
