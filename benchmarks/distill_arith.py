@@ -41,6 +41,9 @@ def shared_fields(c, args, seed: int):
   """The fields every stage of one seed shares: data, lengths, sampler, evaluation."""
   c.seed = seed
   c.data.num_eval = args.num_eval
+  levels = tuple(int(x) for x in args.levels.split(","))
+  c.data.levels, c.data.level_weights = levels, (1.0,) * len(levels)
+  c.sft.levels, c.sft.level_weights = levels, (1.0,) * len(levels)
   c.rollout.max_new_tokens = args.max_new_tokens
   c.sampler.cache_length = c.data.prompt_length + args.max_new_tokens
   c.sampler.warmup = False
@@ -50,11 +53,11 @@ def shared_fields(c, args, seed: int):
   return c
 
 
-def model_fields(c, size: str, *, sft_steps: int, carry_slip: float):
+def model_fields(c, size: str, *, sft_steps: int, sft_batch: int, carry_slip: float):
   """`size` is 'width x layers x heads', e.g. '128x3x4'."""
   hidden, layers, heads = (int(x) for x in size.split("x"))
   c.model.hidden_size, c.model.num_layers, c.model.num_heads = hidden, layers, heads
-  c.sft.steps, c.sft.carry_slip = sft_steps, carry_slip
+  c.sft.steps, c.sft.batch_size, c.sft.carry_slip = sft_steps, sft_batch, carry_slip
   return c
 
 
@@ -80,16 +83,23 @@ def held_out_accuracy(c, workdir: str) -> float:
 def one_seed(args, seed: int) -> dict:
   """Teacher and student warm starts, the teacher's accuracy, then the distillation."""
   root = os.path.join(args.workdir, f"seed{seed}")
-  teacher_dir, student_dir = os.path.join(root, "teacher"), os.path.join(root, "student")
-  teacher = model_fields(shared_fields(preset("grpo"), args, seed), args.teacher,
-                         sft_steps=args.teacher_sft_steps, carry_slip=0.0)
+  student_dir = os.path.join(root, "student")
+  # --shared_teacher: one teacher (warm-started with the first seed) for every seed.
+  teacher_seed = args.seeds_list[0] if args.shared_teacher else seed
+  teacher_dir = os.path.join(args.workdir, f"seed{teacher_seed}", "teacher")
+  teacher = model_fields(shared_fields(preset("grpo"), args, teacher_seed), args.teacher,
+                         sft_steps=args.teacher_sft_steps, sft_batch=args.teacher_sft_batch,
+                         carry_slip=0.0)
   teacher.algorithm.kl.placement = "none"  # evaluated only: no reference copy
   seconds = {"teacher_sft": warm_start(teacher, teacher_dir)}
+  teacher.seed = seed  # evaluated on this seed's held-out problems
   student = model_fields(shared_fields(preset("distill"), args, seed), args.student,
-                         sft_steps=args.student_sft_steps, carry_slip=0.6)
+                         sft_steps=args.student_sft_steps, sft_batch=args.student_sft_batch,
+                         carry_slip=0.6)
   seconds["student_sft"] = warm_start(student, student_dir)
   start = time.perf_counter()
   teacher_accuracy = held_out_accuracy(teacher, os.path.join(root, "teacher_eval"))
+  shutil.rmtree(os.path.join(root, "teacher_eval"), ignore_errors=True)
   seconds["teacher_eval"] = time.perf_counter() - start
   student.algorithm.distill.teacher = teacher_dir
   student.algorithm.distill.task_coef = args.task_coef
@@ -115,12 +125,17 @@ def parse_args():
   p.add_argument("--student", default="64x2x4", help="width x layers x heads")
   p.add_argument("--teacher-sft-steps", type=int, default=300)
   p.add_argument("--student-sft-steps", type=int, default=150)
+  p.add_argument("--teacher-sft-batch", type=int, default=32)
+  p.add_argument("--student-sft-batch", type=int, default=32)
+  p.add_argument("--shared-teacher", action="store_true",
+                 help="warm-start one teacher (the first seed's) for every seed")
   p.add_argument("--steps", type=int, default=30, help="distillation steps")
   p.add_argument("--prompts", type=int, default=16, help="prompts per step")
   p.add_argument("--group-size", type=int, default=4, help="samples per prompt")
   p.add_argument("--learning-rate", type=float, default=5e-4)
   p.add_argument("--task-coef", type=float, default=0.0)
-  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--levels", default="1", help="arith levels of SFT, training and eval")
+  p.add_argument("--max-new-tokens", type=int, default=48)
   p.add_argument("--num-eval", type=int, default=256, help="held-out problems")
   p.add_argument("--compile-cache", default="~/.cache/rlhf_jax/xla")
   return p.parse_args()
@@ -128,10 +143,11 @@ def parse_args():
 
 def main() -> None:
   args = parse_args()
+  args.seeds_list = [int(s) for s in args.seeds.split(",")]
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
   rows = []
-  for seed in (int(s) for s in args.seeds.split(",")):
+  for seed in args.seeds_list:
     rows.append(one_seed(args, seed))
     print(json.dumps(rows[-1]), flush=True)
   mean = lambda key: round(statistics.mean(r[key] for r in rows), 4)

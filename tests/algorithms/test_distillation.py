@@ -165,8 +165,10 @@ def test_a_shrunken_distillation_run(tmp_path):
   c.model.hidden_size, c.model.num_layers, c.model.num_heads = 16, 1, 2
   c.sft.steps, c.sft.batch_size = 3, 8
   c.data.num_train, c.data.num_eval = 32, 8
-  c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_new_tokens = 4, 2, 32
-  c.sampler.num_slots, c.sampler.cache_length, c.sampler.warmup = 8, 64 + 32, False
+  c.data.levels = c.sft.levels = (1,)  # worked solutions of <= 45 tokens
+  c.data.level_weights = c.sft.level_weights = (1.0,)
+  c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_new_tokens = 4, 2, 48
+  c.sampler.num_slots, c.sampler.cache_length, c.sampler.warmup = 8, 64 + 48, False
   c.train.steps, c.train.eval_every, c.train.eval_samples = 2, 2, 0
   save_arith_model(tmp_path / "teacher", hidden_size=32, num_layers=2, num_heads=2, seed=1)
   c.algorithm.distill.teacher = str(tmp_path / "teacher")
