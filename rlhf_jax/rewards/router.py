@@ -112,6 +112,7 @@ class RewardRouter(ScorerBase):
     verifiers: task → rule verifier, run by one VerifierScorer (default: the built-in
       tasks; pass {} for none).
     scorers: task → any other `Scorer` (code sandbox, reward model); wins over verifiers.
+      One that is not a `Scorer` is refused (TypeError) before any worker starts.
     correct_score: the VerifierScorer's `correct_score`.
     wrong_score: the VerifierScorer's `wrong_score`.
     failure_score: the VerifierScorer's `failure_score`.
@@ -123,6 +124,11 @@ class RewardRouter(ScorerBase):
                scorers: Mapping[str, Scorer] | None = None, correct_score: float = 1.0,
                wrong_score: float = 0.0, failure_score: float = 0.0, timeout_s: float = 5.0,
                max_workers: int = 2):
+    for task, scorer in (scorers or {}).items():  # before any worker starts
+      if not isinstance(scorer, Scorer):
+        raise TypeError(f"scorers[{task!r}]: a {type(scorer).__name__} is not a Scorer "
+                        "(score, check_tasks, pop_metrics, close; ScorerBase gives the last "
+                        "two)")
     verifiers = dict(rule_verifiers() if verifiers is None else verifiers)
     self.failure_score = failure_score
     self.scorers: dict[str, Scorer] = {}
@@ -181,8 +187,7 @@ class RewardRouter(ScorerBase):
   def close(self) -> None:
     """Stops worker processes of the scorers that have them."""
     for scorer in {id(s): s for s in self.scorers.values()}.values():
-      if hasattr(scorer, "close"):
-        scorer.close()
+      scorer.close()
 
 
 def router_for_tasks(tasks: Sequence[str], *, correct_score: float = 1.0,

@@ -14,28 +14,8 @@ from rlhf_jax.rewards import Scores
 from rlhf_jax.rewards.router import VerifierScorer
 from rlhf_jax.sandbox.workers import KillablePool
 from rlhf_jax.tasks import arith
-from rlhf_jax.rewards.scorer import ScorerBase
+from tests.fakes import FakeScorer
 from tests.rewards import verifiers
-
-
-class RaisingScorer(ScorerBase):
-  """A scorer object whose score() raises (a model scorer with a bug)."""
-
-  def check_tasks(self, tasks):
-    pass
-
-  def score(self, examples, responses):
-    raise RuntimeError("model scorer broke")
-
-
-class LengthScorer(ScorerBase):
-
-  def check_tasks(self, tasks):
-    pass
-
-  def score(self, examples, responses):
-    return Scores([float(len(r)) for r in responses], [True] * len(responses),
-                  [""] * len(responses))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +24,8 @@ def router():
       {"arith": arith.verify, "exact": verifiers.exact, "hangs": verifiers.hangs,
        "raises": verifiers.raises, "dies": verifiers.kills_its_worker,
        "junk": verifiers.returns_junk, "scaled": verifiers.scaled},
-      scorers={"broken_model": RaisingScorer(), "length": LengthScorer()},
+      scorers={"broken_model": FakeScorer(raises=RuntimeError("model scorer broke")),
+               "length": FakeScorer(lambda example, response: float(len(response)))},
       correct_score=1.0, wrong_score=-1.0, failure_score=-0.5, timeout_s=1.0, max_workers=2)
   yield router
   router.close()
@@ -92,6 +73,18 @@ def test_unknown_tasks_and_bad_inputs_are_errors(router):
   with pytest.raises(ValueError, match="1 examples for 2 responses"):
     router.score([Example("a", "b", "arith")], ["a", "b"])
   assert isinstance(router, Scorer)
+
+
+def test_a_scorer_that_is_not_a_scorer_is_refused_before_any_worker_starts():
+  """Closing the router closes every scorer: one without `close` (or another method of
+  the protocol) is named when the router is built, not probed for at the end."""
+
+  class ScoreOnly:
+    def score(self, examples, responses):
+      return Scores([0.0] * len(responses), [False] * len(responses), [""] * len(responses))
+
+  with pytest.raises(TypeError, match=r"scorers\['judged'\]: a ScoreOnly is not a Scorer"):
+    RewardRouter({"exact": verifiers.exact}, scorers={"judged": ScoreOnly()})
 
 
 def test_verifiers_must_be_module_level_functions():
