@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -27,8 +28,7 @@ FORBIDDEN = {
     "batch": ABOVE_MODELS - {"batch"} | {"data"},
     "sandbox": ABOVE_MODELS - {"sandbox"} | {"models", "parallel"},
     "sampling": ABOVE_MODELS - {"sampling", "batch"},
-    # rewards/config.py's cross-section rule on the estimator moves to training/config.py
-    "rewards": {"rollout", "training", "search", "envs", "analysis"},
+    "rewards": {"algorithms", "rollout", "training", "search", "envs", "analysis"},
     "envs": {"models", "sampling", "rewards", "rollout", "algorithms", "optim", "training",
              "search", "tasks", "analysis"},
     "rollout": {"algorithms", "training", "search", "tasks", "analysis"},
@@ -180,4 +180,42 @@ def test_the_rollout_mode_is_read_in_one_module():
                   and node.slice.value == "mode" and is_rollout(node.value, sections)))
       if read:
         bad.append(f"{name}:{node.lineno}")
+  assert not bad, bad
+
+
+def test_no_attribute_probing_of_samplers_scorers_or_rollouts():
+  """A sampler's optional extras are Protocols asked with isinstance (sampling/protocol.py;
+  `find_extra` looks behind a wrapper), and scorers and rollouts are Protocols too: no
+  `hasattr(`/`getattr(` on an object that names a sampler, scorer or rollout (or the
+  sampler a wrapper holds: `inner`, `generator`, `scheduler`, `fleet`, `client`), none
+  on `self` inside such a class, and no `__getattr__` forwarding in the rooms that hold
+  them. What stays allowed needs no list, as it names none of these: getattr on a loaded
+  module (`env.factory`, `reward.function`), a config or dataclass field by name, a
+  proto message, a thread-local, jax's own objects (a device's `client`)."""
+  seam = re.compile(r"(^|_)(sampler|scorer|rollout|scheduler|fleet|client|generator|inner)$",
+                    re.IGNORECASE)
+  classes = re.compile(r"(Sampler|Scorer|Rollout|Scheduler|Fleet|Client|Router)$")
+  rooms = {"sampling", "rewards", "rollout", "envs"}
+  bad = []
+  for path in sorted(modules().values()):
+    name = str(path.relative_to(ROOT))
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    owner = {}  # node → the class it is in
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+      for node in ast.walk(cls):
+        owner.setdefault(node, cls.name)
+        if (isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+            and name.split("/")[0] in rooms):
+          bad.append(f"{name}:{node.lineno} {cls.name}.__getattr__")
+    for node in ast.walk(tree):
+      if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr") and node.args):
+        continue
+      target = ast.unparse(node.args[0])
+      if target.startswith("jax."):  # a jax device's `client` is no sampler's
+        continue
+      words = re.findall(r"[A-Za-z_]\w*", target)
+      in_seam_class = "self" in words and classes.search(owner.get(node, ""))
+      if in_seam_class or any(seam.search(w) for w in words):
+        bad.append(f"{name}:{node.lineno} {ast.unparse(node)}")
   assert not bad, bad

@@ -2,8 +2,9 @@
 
 `data_config(arith)` builds the section with its defaults and comments;
 `validate_data_fields` checks the fields this package owns (files, the column mapping,
-the row layout, the chat template, the curriculum). training/config.py adds the checks
-that need the task table (`data.task`, the toolcalc run).
+the row layout, the chat template, the curriculum); `validate_data` those and the task and
+levels, from the tables training/config.py passes in (the toolcalc run is a rule across
+sections there).
 """
 
 from __future__ import annotations
@@ -88,6 +89,15 @@ def read_options(d) -> dict:
   """The keyword arguments of `sources.read_examples` that the `data` section sets."""
   return {"columns": parse_columns(d.columns), "default_task": d.default_task or None,
           "answer_format": d.answer_format}
+
+
+def validate_data(d, *, tasks, levels) -> None:
+  """`data.*`: the package's fields (`validate_data_fields`), `data.task` one of `tasks`
+  (the task table's generated tasks) and `data.levels` among `levels` (the arith task's);
+  the caller passes the tables: data/ sits below tasks/."""
+  validate_data_fields(d)
+  one_of("data.task", d.task, tasks)
+  check_levels("data", d.levels, d.level_weights, allowed=levels)
 
 
 def check_levels(prefix: str, levels, weights, *, allowed) -> None:

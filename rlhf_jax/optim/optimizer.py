@@ -10,6 +10,7 @@ PRMs and the Q♯ guide. Two schedules cover them:
 
 from __future__ import annotations
 
+import ml_collections
 import optax
 
 from rlhf_jax.config_errors import check_range
@@ -51,6 +52,21 @@ def make_optimizer(schedule: optax.ScalarOrSchedule, *, weight_decay: float = 0.
   if max_grad_norm is None:
     return adamw
   return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
+
+
+def optimizer_config(arith: bool) -> ml_collections.ConfigDict:
+  """The `optimizer` section of the RL roles (actor, critic) with its defaults (one
+  comment per field); `arith`: the built-in task's rates."""
+  o = ml_collections.ConfigDict()
+  o.learning_rate = 2e-4 if arith else 1e-6  # Actor peak learning rate.
+  o.warmup_steps = 5 if arith else 20  # Linear warmup in updates (DAPO: 20), then:
+  # 'constant' (DAPO §4.1) or 'cosine' (down to final_fraction × the rate at the end).
+  o.schedule = "constant"
+  o.final_fraction = 0.1
+  o.weight_decay = 0.0  # AdamW weight decay (DAPO script: 0.1).
+  o.max_grad_norm = 1.0  # Global-norm gradient clipping.
+  o.critic_learning_rate = 1e-3 if arith else 1e-5  # Critic peak learning rate.
+  return o
 
 
 def validate_optimizer(o) -> None:

@@ -1,4 +1,5 @@
-"""The model-based parts of the `reward` config section, and their validation.
+"""The `reward` config section (and the `critic` section, which a PRM can start), and
+their validation.
 
 `reward.route` picks where each sample's reward comes from (rewards/hybrid.py): the
 rule verifiers ('verifier', the default), one model route for every sample ('rm',
@@ -33,6 +34,47 @@ from rlhf_jax.sandbox.jobs import memory_scope
 from rlhf_jax.sampling import config as sampler_config_lib
 
 MATH_EXTRACTORS = ("auto", "boxed", "answer_line", "gsm8k", "last_number")
+
+
+def reward_config(arith: bool) -> ml_collections.ConfigDict:
+  """The `reward` section with its defaults (one comment per field): the rule verifiers,
+  reward functions, the code sandbox, and the model-based fields (`add_reward_model_fields`);
+  `arith`: the built-in task's judge prompt sizes."""
+  r = ml_collections.ConfigDict()
+  r.correct_score = 1.0  # Reward of a verified answer (DAPO: +1).
+  r.wrong_score = -1.0  # Reward of a wrong answer (DAPO: −1).
+  r.failure_score = -1.0  # Reward when the verifier raises or times out.
+  r.timeout_s = 5.0  # Per-sample rule-verifier time limit (arith, math).
+  r.workers = 2  # Rule-verifier worker processes (killed and replaced when they hang).
+  # Math answers (task 'math', rewards/math.py): where the final answer is: 'auto'
+  # (\boxed{}, else an "Answer:" line, else GSM8K's "#### N"), 'boxed', 'answer_line',
+  # 'gsm8k', 'last_number', or 're:<regex with one group>'.
+  r.math_extractor = "auto"
+  # Reward functions of your own (rewards/functions.py): "package.module:fn" or
+  # "path/file.py:fn", several as "a:f,b:g"; TRL's fn(prompts, completions, **columns) or
+  # verl's compute_score(data_source, solution_str, ground_truth, extra_info). Set, they
+  # are the training reward of every sample (the verifiers still measure accuracy).
+  r.function = ""
+  r.function_weights = ""  # Their weights, "1.0,0.5" (empty: 1 each).
+  r.sandbox = ml_collections.ConfigDict()  # code tasks ('code', 'pycalc'): rewards/code.py
+  r.sandbox.timeout_s = 5.0  # Wall clock (and CPU seconds) per program.
+  r.sandbox.memory_mb = 512  # Memory of a program's processes together (docs/sandbox.md).
+  r.sandbox.workers = 0  # Concurrent sandboxes (0: 4 per core).
+  # 'namespaces' (bubblewrap: no network, private /tmp, own PID namespace) or 'rlimits'
+  # (machines without user namespaces; weaker, see docs/sandbox.md).
+  r.sandbox.isolation = "namespaces"
+  add_reward_model_fields(  # route, rm, genrm, pairwise, process
+      r, judge_prompt_buckets=(128, 256) if arith else (2048, 3072))
+  return r
+
+
+def critic_config() -> ml_collections.ConfigDict:
+  """The `critic` section: a critic started from a scalar-head model (a PRM)."""
+  critic = ml_collections.ConfigDict()
+  # HF directory of a scalar-head model (a PRM: launch/train_prm.py) whose weights start
+  # the critic (Dai et al.); empty: the policy's backbone with a zero value head.
+  critic.init_from = ""
+  return critic
 
 
 def add_reward_model_fields(r: ml_collections.ConfigDict, *, judge_prompt_buckets=(128, 256)
@@ -171,20 +213,12 @@ def _validate_judges(r) -> None:
 
 
 def _validate_process_and_critic(c) -> None:
-  """A PRM's step rewards (`reward.process`) and a critic started from one."""
-  from rlhf_jax.algorithms import ppo_config  # pylint: disable=import-outside-toplevel
-  r, estimator = c.reward, c.algorithm.advantage.estimator
-  if r.process.checkpoint:
-    _check_checkpoint("reward.process.checkpoint", r.process.checkpoint, "")
-    if estimator not in ppo_config.TOKEN_REWARD_ESTIMATORS:
-      invalid("reward.process.checkpoint", r.process.checkpoint, "gives per-step rewards, "
-              f"which algorithm.advantage.estimator={estimator!r} ignores; use one of "
-              f"{', '.join(ppo_config.TOKEN_REWARD_ESTIMATORS)} (or leave it empty)")
+  """The files of a PRM (`reward.process`) and of a critic started from one; how they fit
+  the estimator is a cross-section rule (training/config.py)."""
+  if c.reward.process.checkpoint:
+    _check_checkpoint("reward.process.checkpoint", c.reward.process.checkpoint, "")
   if c.critic.init_from:
     _check_checkpoint("critic.init_from", c.critic.init_from, "")
-    if not ppo_config.uses_critic(c.algorithm):
-      invalid("critic.init_from", c.critic.init_from, "must be empty without a critic "
-              "(algorithm.advantage.estimator 'gae')")
 
 
 def validate_reward_functions(r) -> None:

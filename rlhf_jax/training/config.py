@@ -1,12 +1,16 @@
 """The trainer's config: one schema for every preset, and its validation.
 
 configs/{ppo,grpo,dapo,vcppo,vapo,tppo}.py start from `base_config(variant)` and
-change fields of the `algorithm` sub-sections and `rollout`. Each section is
-defined and validated by the module that owns it (algorithms/ppo_config.py, dpo.py,
-dqo.py, rollout/config.py, sampling/config.py, rewards/config.py, optim/optimizer.py; this
-module its own: model, data, sft, train and mesh); `validate_config`, the one entry point every
-launcher calls first, runs them all plus the checks that span sections, before
-anything loads, trains or compiles. Every error is a one-line `ConfigError`,
+change fields of the `algorithm` sub-sections and `rollout`. Each section is defined and
+validated by the module that owns it (the section table in `base_config`): models/
+run_config.py `model`, data/config.py `data`, algorithms/sft.py `sft`, rollout/config.py
+and rollout/modes.py `rollout`, envs/config.py `env`, sampling/config.py `sampler`,
+rewards/config.py `reward` and `critic`, algorithms/ppo_config.py `algorithm`, each
+registered learner (algorithms/registry.py) its `algorithm.<section>`, optim/optimizer.py
+`optimizer`, parallel `distributed`, loggers `train.loggers`; this module owns `train` and
+`mesh`, and the rules that span sections. `validate_config`, which every launcher (and
+`training.run`) calls first, runs them all before anything loads, trains or compiles.
+Every error is a one-line `ConfigError`,
 `config.<full.path>: invalid value <v>: <allowed values or range>`.
 """
 
@@ -20,6 +24,7 @@ import ml_collections
 
 from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import parallel
+from rlhf_jax.algorithms import estimators
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import sft as sft_lib
 from rlhf_jax.algorithms.registry import LEARNERS
@@ -33,6 +38,7 @@ from rlhf_jax.data.sources import parse_columns
 from rlhf_jax.envs import config as env_config_lib
 from rlhf_jax.models.run_config import model_config
 from rlhf_jax.models.run_config import validate_model_config
+from rlhf_jax.optim.optimizer import optimizer_config
 from rlhf_jax.optim.optimizer import validate_optimizer
 from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
@@ -74,31 +80,7 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
       num_slots=64 if arith else 256, cache_length=(64 + 64) if arith else 1536,
       prompt_buckets=(64,) if arith else (512,))
 
-  c.reward = ml_collections.ConfigDict()
-  c.reward.correct_score = 1.0  # Reward of a verified answer (DAPO: +1).
-  c.reward.wrong_score = -1.0  # Reward of a wrong answer (DAPO: −1).
-  c.reward.failure_score = -1.0  # Reward when the verifier raises or times out.
-  c.reward.timeout_s = 5.0  # Per-sample rule-verifier time limit (arith, math).
-  c.reward.workers = 2  # Rule-verifier worker processes (killed and replaced when they hang).
-  # Math answers (task 'math', rewards/math.py): where the final answer is: 'auto'
-  # (\boxed{}, else an "Answer:" line, else GSM8K's "#### N"), 'boxed', 'answer_line',
-  # 'gsm8k', 'last_number', or 're:<regex with one group>'.
-  c.reward.math_extractor = "auto"
-  # Reward functions of your own (rewards/functions.py): "package.module:fn" or
-  # "path/file.py:fn", several as "a:f,b:g"; TRL's fn(prompts, completions, **columns) or
-  # verl's compute_score(data_source, solution_str, ground_truth, extra_info). Set, they
-  # are the training reward of every sample (the verifiers still measure accuracy).
-  c.reward.function = ""
-  c.reward.function_weights = ""  # Their weights, "1.0,0.5" (empty: 1 each).
-  c.reward.sandbox = ml_collections.ConfigDict()  # code tasks ('code', 'pycalc'): rewards/code.py
-  c.reward.sandbox.timeout_s = 5.0  # Wall clock (and CPU seconds) per program.
-  c.reward.sandbox.memory_mb = 512  # Memory of a program's processes together (docs/sandbox.md).
-  c.reward.sandbox.workers = 0  # Concurrent sandboxes (0: 4 per core).
-  # 'namespaces' (bubblewrap: no network, private /tmp, own PID namespace) or 'rlimits'
-  # (machines without user namespaces; weaker, see docs/sandbox.md).
-  c.reward.sandbox.isolation = "namespaces"
-  reward_config_lib.add_reward_model_fields(  # route, rm, genrm, pairwise, process
-      c.reward, judge_prompt_buckets=(128, 256) if arith else (2048, 3072))
+  c.reward = reward_config_lib.reward_config(arith)  # rewards/config.py
 
   c.algorithm = ppo_config.algorithm_config()
   # The learner: 'ppo' (the PPO family, by the sections above), 'dpo' or 'dqo' (theirs),
@@ -108,20 +90,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
     if spec.section is not None:
       c.algorithm[spec.section] = spec.default_section()
 
-  c.critic = ml_collections.ConfigDict()
-  # HF directory of a scalar-head model (a PRM: launch/train_prm.py) whose weights start
-  # the critic (Dai et al.); empty: the policy's backbone with a zero value head.
-  c.critic.init_from = ""
-
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.learning_rate = 2e-4 if arith else 1e-6  # Actor peak learning rate.
-  c.optimizer.warmup_steps = 5 if arith else 20  # Linear warmup in updates (DAPO: 20), then:
-  # 'constant' (DAPO §4.1) or 'cosine' (down to final_fraction × the rate at the end).
-  c.optimizer.schedule = "constant"
-  c.optimizer.final_fraction = 0.1
-  c.optimizer.weight_decay = 0.0  # AdamW weight decay (DAPO script: 0.1).
-  c.optimizer.max_grad_norm = 1.0  # Global-norm gradient clipping.
-  c.optimizer.critic_learning_rate = 1e-3 if arith else 1e-5  # Critic peak learning rate.
+  c.critic = reward_config_lib.critic_config()  # a critic from a PRM: rewards/config.py
+  c.optimizer = optimizer_config(arith)  # optim/optimizer.py
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 60 if arith else 1000  # Training steps (one rollout batch each).
@@ -190,7 +160,8 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   env_config_lib.validate_env_config(c, reads_token_rewards=ppo_config.reads_token_rewards(a),
                                     episodes=rollout_modes.rollout_mode(c).needs_environment)
   validate_model_config(c.model, c.variant)
-  validate_data(c)
+  data_config_lib.validate_data(c.data, tasks=task_registry.generated_tasks(),
+                                levels=ARITH_LEVELS)
   sft_lib.validate_sft(c.sft, levels=ARITH_LEVELS)
   reward_config_lib.validate_rule_rewards(c.reward)
   reward_config_lib.validate_reward_functions(c.reward)
@@ -206,6 +177,9 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
 
 def _validate_across_sections(c, *, supervised: bool) -> None:
   r = c.rollout
+  _validate_estimator_inputs(c)
+  if c.variant == "arith" and c.data.task == toolcalc.TASK:
+    toolcalc.validate_run(c, rollout_modes.rollout_mode(c))
   remote = c.sampler.address or c.sampler.addresses
   reference_lib.check_config(c, uses_reference=ppo_config.uses_reference(c.algorithm),
                              remote=bool(remote),
@@ -230,6 +204,20 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
   if c.variant == "hf" and not c.data.train_file and not rollout_modes.rollout_mode(c).fixed_data:
     invalid("data.train_file", c.data.train_file, "a prompt file (JSONL: prompt, answer, "
             "task) is required for the hf variant")
+
+
+def _validate_estimator_inputs(c) -> None:
+  """A PRM's step rewards reach only an estimator that reads per-token rewards; a critic
+  started from a checkpoint needs an estimator with a critic."""
+  a = c.algorithm
+  if c.reward.process.checkpoint and not ppo_config.reads_token_rewards(a):
+    readers = [n for n in estimators.names() if estimators.estimator(n).reads_token_rewards]
+    invalid("reward.process.checkpoint", c.reward.process.checkpoint, "gives per-step "
+            f"rewards, which algorithm.advantage.estimator={a.advantage.estimator!r} ignores; "
+            f"use one of {', '.join(readers)} (or leave it empty)")
+  if c.critic.init_from and not ppo_config.uses_critic(a):
+    invalid("critic.init_from", c.critic.init_from, "must be empty without a critic "
+            "(algorithm.advantage.estimator 'gae')")
 
 
 def _validate_learner_sections(c) -> None:
@@ -303,16 +291,6 @@ def check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
       values = value if isinstance(value, tuple) else (value,)
       if any(isinstance(v, float) and not math.isfinite(v) for v in values):
         invalid(path, value, "must be finite")
-
-
-def validate_data(c) -> None:
-  """`data.*`: the package's fields (data/config.py), then the task and levels."""
-  d = c.data
-  data_config_lib.validate_data_fields(d)
-  one_of("data.task", d.task, task_registry.generated_tasks())
-  data_config_lib.check_levels("data", d.levels, d.level_weights, allowed=ARITH_LEVELS)
-  if c.variant == "arith" and d.task == toolcalc.TASK:
-    toolcalc.validate_run(c, rollout_modes.rollout_mode(c))
 
 
 def validate_train(c, *, rows: int) -> None:

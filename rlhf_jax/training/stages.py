@@ -1,6 +1,7 @@
-"""Stages that run before the RL loop when their output is missing: the arith SFT warm
-start (<workdir>/sft) and the verifier-labelled offline data of DPO / DQO
-(<workdir>/offline.jsonl). Each writes aside and renames, so an interrupted stage
+"""A run from start to end (`run`, the one entry point of launch/train.py and notebooks),
+and the stages that run before the RL loop when their output is missing: the arith SFT
+warm start (<workdir>/sft) and the verifier-labelled offline data of DPO / DQO
+(<workdir>/offline.jsonl). Each stage writes aside and renames, so an interrupted stage
 never leaves something that looks finished.
 
 `label_samples` samples `data.offline_samples` responses to each of the first
@@ -13,14 +14,19 @@ them, and for the arith variant train.py writes <workdir>/offline.jsonl first wh
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
-from typing import Callable
+from typing import Any, Callable
 
+import jax
 from tqdm import tqdm
 
+from rlhf_jax import cli
 from rlhf_jax import file_checks
 from rlhf_jax import models
+from rlhf_jax import parallel
+from rlhf_jax import run_control
 from rlhf_jax.algorithms.sft import run_sft
 from rlhf_jax.algorithms.sft import supervised_batches
 from rlhf_jax.config_errors import ConfigError
@@ -39,6 +45,59 @@ from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import build
+from rlhf_jax.training.config import validate_config
+from rlhf_jax.training.config import validate_mesh
+from rlhf_jax.training.loop import Trainer
+
+
+def run(config, workdir: str, *, validate_only: bool = False, progress: bool = True,
+        log: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+  """Trains `config` (a trainer config: training/config.py) in `workdir`; what
+  launch/train.py runs, callable from a notebook.
+
+  In order: the whole config is validated once, before anything joins, loads or compiles;
+  the workdir is checked; the process joins the job of `config.distributed` (one process:
+  nothing to join) and the mesh is checked against the job's devices; the data files are
+  read (every row). `validate_only` stops there ("config ok"). Then the main process takes
+  the workdir's lock and runs the stages the run needs (`prepare_run`: the arith warm start,
+  DPO / DQO offline data), every process waits for it, and the loop trains. Returns the
+  summary (JSON-able figures; its last line is also logged as JSON on the main process), or
+  None with `validate_only`. `log` (default: print) is called on the main process only.
+  Raises ConfigError (one line naming the field) for anything the user can fix.
+  `train.deterministic` sets XLA's deterministic GPU ops: it takes effect only when JAX has
+  not computed anything yet in this process (in a notebook: call `run` first).
+  """
+  if config.train.deterministic:
+    cli.enable_deterministic_gpu_ops()  # before JAX initialises its backends
+  validate_config(config)
+  file_checks.check_workdir(workdir)
+  parallel.initialize(config.distributed)
+  validate_mesh(config, jax.device_count(),
+                rows=config.rollout.prompts_per_step * config.rollout.group_size)
+  build.check_data(config, workdir)  # the data files, every row, before any work
+  main_process = parallel.is_main_process()
+  emit = (log or (lambda line: print(line, flush=True))) if main_process else (lambda _: None)
+  if validate_only:
+    emit("config ok")
+    return None
+  to_label = rollout_modes.rollout_mode(config).fixed_data and not config.data.offline_file
+  if jax.process_count() > 1 and to_label:
+    raise ConfigError("config.data.offline_file: must be given in a job of several processes "
+                      "(label the samples first with launch/label_samples.py)")
+  lock = run_control.WorkdirLock(workdir)
+  if main_process:  # warm start, DPO / DQO offline data: once, in the shared workdir
+    lock.acquire()  # before the warm start: a second launch must not train it as well
+    prepare_run(config, workdir, log=emit)
+  parallel.barrier("prepared")
+  trainer = Trainer(config, workdir, log=emit, progress=progress, lock=lock)
+  summary = trainer.run()
+  if "eval_accuracy_start" in summary and "eval_accuracy_end" in summary:
+    before, after = summary["eval_accuracy_start"], summary["eval_accuracy_end"]
+    emit(f"held-out accuracy ({len(trainer.held_out)} problems, greedy): {100 * before:.1f}% "
+         f"→ {100 * after:.1f}% ({100 * (after - before):+.1f} points) in "
+         f"{summary['seconds']:.0f} s of RL; policy in {summary['policy']}")
+  emit(json.dumps({"event": "done", **summary}))
+  return summary
 
 
 def prepare_run(c, workdir: str, log: Callable[[str], None] = print) -> None:
