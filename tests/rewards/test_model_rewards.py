@@ -23,12 +23,12 @@ from rlhf_jax.rewards.judge import verdict_token_ids
 from rlhf_jax.rewards.reward_model import RewardModelScorer
 from rlhf_jax.rewards.reward_model import ScoringLayout
 from rlhf_jax.rewards.scorer import ScorerBase
-from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.algorithms.learner import critic_from_checkpoint
 from rlhf_jax.rewards import model_training as rt
 from rlhf_jax.optim.roles import FrozenRole
+from tests.fakes import FakeScorer
 
 TOKENIZER = arith.tokenizer()
 CONFIG = arith.model_config(vocab_size=TOKENIZER.vocab_size, hidden_size=32, num_layers=1,
@@ -238,14 +238,8 @@ def test_prm_step_scores_sit_at_step_ends_and_the_scorer_adds_them():
   np.testing.assert_allclose(steps[0], np.asarray(values[0])[[offset + e for e in ends]],
                              atol=1e-5)
 
-  class Outcome(ScorerBase):
-    def score(self, examples, responses):
-      return Scores([1.0] * len(examples), [True] * len(examples), [""] * len(examples))
-
-    def check_tasks(self, tasks):
-      pass
-
-  scored = prm_lib.WithProcessRewards(Outcome(), prm).score(
+  outcome = FakeScorer(lambda example, response: 1.0)  # every answer right
+  scored = prm_lib.WithProcessRewards(outcome, prm).score(
       [Example(prompt, "4", "arith")], [response])
   assert scored.scores == [1.0] and scored.step_scores == [steps[0]]
 
@@ -253,7 +247,7 @@ def test_prm_step_scores_sit_at_step_ends_and_the_scorer_adds_them():
     def step_scores(self, prompts, responses):
       raise RuntimeError("device lost")
 
-  guarded = prm_lib.WithProcessRewards(Outcome(), Broken())
+  guarded = prm_lib.WithProcessRewards(outcome, Broken())
   scored = guarded.score([Example(prompt, "4", "arith")], [response])
   assert scored.scores == [1.0] and scored.step_scores == [[]]
   assert guarded.pop_metrics()["reward/prm/failures"] == 1.0
@@ -290,28 +284,17 @@ def test_step_targets_put_labels_at_step_ends():
 # ------------------------------------------------------------------ routing
 
 
-class Constant(ScorerBase):
-  """A scorer giving one score (or raising) and counting its samples."""
-
-  def __init__(self, value, *, correct=True, raises=False):
-    self.value, self.correct, self.raises, self.seen = value, correct, raises, 0
-
-  def score(self, examples, responses):
-    if self.raises:
-      raise RuntimeError("boom")
-    self.seen += len(examples)
-    n = len(examples)
-    return Scores([self.value] * n, [self.correct] * n, [""] * n)
-
-  def check_tasks(self, tasks):
-    pass
+def constant(value, *, correct=True, raises=False):
+  """A scorer giving one score (or raising) and counting its samples (`seen`)."""
+  return FakeScorer(lambda example, response: value, correct_if=lambda score: correct,
+                    raises=RuntimeError("boom") if raises else None)
 
 
 def test_hybrid_routes_in_order_and_reports_per_route_metrics():
-  routes = {"verifier": Constant(1.0), "genrm_gt": Constant(0.7),
-            "genrm_reference": Constant(0.4), "rm": Constant(-0.2, correct=False)}
+  routes = {"verifier": constant(1.0), "genrm_gt": constant(0.7),
+            "genrm_reference": constant(0.4), "rm": constant(-0.2, correct=False)}
   choose = hybrid.hybrid_chooser(routes, ["arith"])
-  monitor = Constant(0.0, correct=False)
+  monitor = constant(0.0, correct=False)
   scorer = hybrid.RoutedScorer(routes, choose, monitor=monitor, monitor_tasks=["arith"])
   examples = [Example("q", "1", "arith"), Example("q", "1", "chat"),
               Example("q", "", "chat", metadata={"reference": "r"}), Example("q", "", "chat"),
@@ -326,21 +309,21 @@ def test_hybrid_routes_in_order_and_reports_per_route_metrics():
 
 
 def test_a_single_route_with_a_monitor_and_a_failing_scorer():
-  monitor = Constant(0.0, correct=True)
-  scorer = hybrid.RoutedScorer({"rm": Constant(2.0)}, lambda e: "rm", monitor=monitor,
+  monitor = constant(0.0, correct=True)
+  scorer = hybrid.RoutedScorer({"rm": constant(2.0)}, lambda e: "rm", monitor=monitor,
                                monitor_tasks=["arith"])
   scorer.score([Example("q", "1", "arith"), Example("q", "1", "chat")], ["a", "b"])
   metrics = scorer.pop_metrics()
   assert metrics["reward/rm/true_accuracy"] == 1.0 and monitor.seen == 1
-  failing = hybrid.RoutedScorer({"rm": Constant(0, raises=True)}, lambda e: "rm",
+  failing = hybrid.RoutedScorer({"rm": constant(0, raises=True)}, lambda e: "rm",
                                 failure_score=-3.0)
   scored = failing.score([Example("q", "1", "arith")], ["a"])
   assert scored.scores == [-3.0] and "boom" in scored.failures[0]
-  none = hybrid.RoutedScorer({"rm": Constant(0)}, lambda e: "").score(
+  none = hybrid.RoutedScorer({"rm": constant(0)}, lambda e: "").score(
       [Example("q", "1", "x")], ["a"])
   assert "no reward route" in none.failures[0]
   with pytest.raises(ValueError, match="unknown reward route"):
-    hybrid.RoutedScorer({"magic": Constant(0)}, lambda e: "magic")
+    hybrid.RoutedScorer({"magic": constant(0)}, lambda e: "magic")
 
 
 # ------------------------------------------------------------------ data
