@@ -16,12 +16,12 @@ from rlhf_jax import sampling
 from rlhf_jax.data import Example
 from rlhf_jax.envs import observations
 from rlhf_jax.envs import EnvironmentRunner
-from rlhf_jax.rewards import Scores
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.multi_turn import Episode
 from rlhf_jax.rollout.multi_turn import MultiTurnRollout
 from rlhf_jax.sampling.scheduler import Scheduler
 from rlhf_jax.rollout.evaluation import evaluate_episodes
+from tests.fakes import FakeScorer
 
 CORPUS = ["the cat sat on the mat", "ok go then", "a tool said ok", "count the tokens",
           "multi turn agents call tools"] * 20
@@ -32,12 +32,10 @@ MODEL, PARAMS = models.init_model(CONFIG, seed=0)
 PROMPT_LENGTH, MAX_TOKENS, TURN_CAP, G = 12, 40, 6, 2
 
 
-class LengthScorer:
+def length_scorer():
   """The 'verifier': score = characters of the last turn / 10, correct above 1."""
-
-  def score(self, examples, responses):
-    scores = [len(r) / 10 for r in responses]
-    return Scores(scores=scores, correct=[s > 1 for s in scores], failures=[""] * len(scores))
+  return FakeScorer(lambda example, response: len(response) / 10,
+                    correct_if=lambda score: score > 1)
 
 
 class ListStream:
@@ -55,7 +53,7 @@ def rollout(prompts, *, placement="sum", factory="Echo", timeout_s=5.0, turn_end
   scheduler = Scheduler(sampling.Engine(MODEL, num_slots=4, cache_length=64), PARAMS,
                         prompt_buckets=(16, 32, 63))
   generator = GroupGenerator(
-      scheduler, LengthScorer(), PromptFormat(TOKENIZER, prompt_length=PROMPT_LENGTH),
+      scheduler, length_scorer(), PromptFormat(TOKENIZER, prompt_length=PROMPT_LENGTH),
       sampling=sampling.SamplingParams(temperature=1.0, max_new_tokens=TURN_CAP, n=G),
       seed=3)
   runner = EnvironmentRunner(f"tests.envs.environments:{factory}", workers=2,
@@ -208,9 +206,9 @@ def test_held_out_evaluation_runs_greedy_episodes_and_leaves_the_training_seeds(
   mode, _, _ = collected
   examples = [Example(prompt=p, answer="", task="test") for p in ["the cat sat", "ok go"]]
   seeds = mode.generator.state()
-  figures = evaluate_episodes(mode, examples, LengthScorer(), samples=2, temperature=0.0)
+  figures = evaluate_episodes(mode, examples, length_scorer(), samples=2, temperature=0.0)
   assert mode.generator.state() == seeds
-  assert evaluate_episodes(mode, examples, LengthScorer(), samples=2, temperature=0.0) == figures
+  assert evaluate_episodes(mode, examples, length_scorer(), samples=2, temperature=0.0) == figures
   # The verdicts, by hand: the last model turn of each greedy episode longer than 10 chars.
   greedy = sampling.SamplingParams(temperature=0.0, max_new_tokens=TURN_CAP)
   episodes = mode.run_episodes(examples, group_size=1, sampling=greedy, seed=0)
