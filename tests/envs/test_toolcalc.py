@@ -8,16 +8,16 @@ import pytest
 from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.envs import EnvironmentRunner
-from rlhf_jax.rewards import Scores
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.multi_turn import MultiTurnRollout
 from rlhf_jax.sampling import SamplingParams
-from rlhf_jax.sampling.requests import Completion
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import loop
 from rlhf_jax.training import stages
 from rlhf_jax.training.config import validate_config
+from tests.fakes import FakeSampler
+from tests.fakes import FakeScorer
 from tests.training.runs import preset
 from tests.training.runs import records
 from tests.training.runs import shrink
@@ -52,29 +52,23 @@ def test_a_demonstration_spells_the_call_the_tool_turn_and_the_answer():
   assert toolcalc.verify("Answer: 1822306", "1822306")
 
 
-class Teacher:
-  """A Sampler that plays the demonstrations: each request must be the prompt and a prefix
-  of its demonstration; it answers with the demonstration's next model turn."""
+def teacher(rows):
+  """A Sampler that plays the demonstrations (`rows`: prompt ids → demonstration ids):
+  each request must be the prompt and a prefix of its demonstration; it answers with the
+  demonstration's next model turn."""
 
-  def __init__(self, rows):
-    self.rows = rows  # prompt ids → demonstration ids
+  def next_turn(prompt, sampling, index):
+    full = next(row_prompt + ids for row_prompt, ids in rows
+                if prompt[:len(row_prompt)] == row_prompt)
+    assert full[:len(prompt)] == prompt, "the rollout's row left the demonstration"
+    turn = []
+    for token in full[len(prompt):]:
+      turn.append(token)
+      if token in sampling.stop_token_ids:
+        break
+    return turn
 
-  def generate(self, prompts, params):
-    out = []
-    for prompt, p in zip(prompts, params):
-      full = next(row_prompt + ids for row_prompt, ids in self.rows
-                  if prompt[:len(row_prompt)] == row_prompt)
-      assert full[:len(prompt)] == prompt, "the rollout's row left the demonstration"
-      turn = []
-      for token in full[len(prompt):]:
-        turn.append(token)
-        if token in p.stop_token_ids:
-          break
-      out.append([Completion(request_id="0", sample_index=0, prompt_ids=prompt,
-                             token_ids=turn, sampled_logprobs=[0.0] * len(turn),
-                             model_logprobs=[-0.5] * len(turn), finish_reason="stop",
-                             seed=0, weights_version=(0, 0))])
-    return out
+  return FakeSampler(next_turn, sampled_logprob=0.0, model_logprob=-0.5)
 
 
 class Stream:
@@ -85,17 +79,16 @@ class Stream:
     return self.examples[:n]
 
 
-class ArithVerifier:
-  def score(self, examples, responses):
-    correct = [toolcalc.verify(r, e.answer) for e, r in zip(examples, responses)]
-    return Scores(scores=[float(c) for c in correct], correct=correct,
-                  failures=[""] * len(correct))
+def arith_verifier():
+  """Scores 1.0 for the right product, else 0.0."""
+  return FakeScorer(lambda example, response: float(toolcalc.verify(response, example.answer)),
+                    correct_if=lambda score: score > 0)
 
 
 def teacher_rollout(examples, demos, factory="rlhf_jax.envs.tools:calculator_environment"):
   prompts = [PREFIX + TOKENIZER.encode(e.prompt) for e in examples]
-  generator = GroupGenerator(Teacher([(p, ids) for p, (ids, _) in zip(prompts, demos)]),
-                             ArithVerifier(), PromptFormat(TOKENIZER, PREFIX, prompt_length=64),
+  generator = GroupGenerator(teacher([(p, ids) for p, (ids, _) in zip(prompts, demos)]),
+                             arith_verifier(), PromptFormat(TOKENIZER, PREFIX, prompt_length=64),
                              sampling=SamplingParams(max_new_tokens=96), seed=0)
   runner = EnvironmentRunner(factory, workers=1, timeout_s=10.0)
   return MultiTurnRollout(generator, Stream(examples), runner,
