@@ -50,29 +50,14 @@ def main(argv) -> None:
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
   check_flags()
-  from rlhf_jax.launch_support import check_policy_and_output, read_flag_file
-  from rlhf_jax.launch_support import progress_bar, split_held_out
-  from rlhf_jax.data import read_pairs
-  from rlhf_jax.tasks import arith_rewards
-  from rlhf_jax.rewards import model_training as rt
-
-  check_policy_and_output(_POLICY.value, _OUTPUT.value)
-  pairs = (read_flag_file("train_pairs", read_pairs, _TRAIN.value) if _TRAIN.value
-           else arith_rewards.preference_pairs(_SEED.value, _NUM_PAIRS.value))
-  held = read_flag_file("eval_pairs", read_pairs, _EVAL.value) if _EVAL.value else None
-  train, held_out = split_held_out(pairs, held, _EVAL_FRACTION.value)
-  model, params = rt.scalar_model_from_policy(_POLICY.value)
-  layout = rt.policy_layout(_POLICY.value, _PROMPT_LENGTH.value, _RESPONSE_LENGTH.value)
-  with progress_bar(_STEPS.value, "reward model") as progress:
-    result = rt.train_bradley_terry(model, params, layout, train, held_out,
-                                    steps=_STEPS.value, batch_size=_BATCH.value,
-                                    learning_rate=_LR.value, seed=_SEED.value,
-                                    progress=progress)
-  rt.save_beside_policy(_OUTPUT.value, model, result.params, _POLICY.value)
-  print(json.dumps({"checkpoint": _OUTPUT.value, "train_pairs": len(train),
-                    "held_out_pairs": len(held_out), "pair_accuracy_before": result.before,
-                    "pair_accuracy": result.after, "final_loss": result.losses[-1],
-                    "seconds": round(result.seconds, 1)}), flush=True)
+  from rlhf_jax import reward_fits
+  result = reward_fits.train_reward_model(
+      policy=_POLICY.value, output=_OUTPUT.value, train_pairs=_TRAIN.value,
+      eval_pairs=_EVAL.value, eval_fraction=_EVAL_FRACTION.value, num_pairs=_NUM_PAIRS.value,
+      steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value,
+      prompt_length=_PROMPT_LENGTH.value, response_length=_RESPONSE_LENGTH.value,
+      seed=_SEED.value)
+  print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout import modes as rollout_modes
+from rlhf_jax.rollout.evaluation import evaluate_policy
+from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
@@ -98,6 +100,53 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
          f"{summary['seconds']:.0f} s of RL; policy in {summary['policy']}")
   emit(json.dumps({"event": "done", **summary}))
   return summary
+
+
+def warm_start(config, workdir: str, *, overwrite: bool = False,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+  """The warm start on its own (launch/sft.py). arith: the built-in task's warm start into
+  <workdir>/sft (or `model.checkpoint`), retrained with `overwrite`, and its held-out greedy
+  accuracy (of whole episodes when the rollout mode runs an environment). hf: supervised
+  fine-tuning on `sft.train_file` into <workdir>/sft (`supervised_warm_start`; an existing
+  one is kept unless `overwrite`). Validates the config first; returns {"checkpoint": dir,
+  ...figures}. Raises ConfigError (one line naming the field or flag)."""
+  # The whole config, first: before the warm start trains anything.
+  validate_config(config, num_devices=jax.device_count(),
+                  supervised=config.variant == "hf")
+  file_checks.check_workdir(workdir)
+  if config.variant == "hf":  # one's own data: model.checkpoint (or from scratch) → sft/
+    if not overwrite and os.path.exists(os.path.join(workdir, "sft")):
+      raise ConfigError(f"--workdir: {workdir}/sft exists; pass --overwrite to train it again")
+    return {"checkpoint": supervised_warm_start(config, workdir, log=log)}
+  directory = build.policy_checkpoint_dir(config, workdir)
+  if overwrite and os.path.exists(directory):
+    shutil.rmtree(directory)
+  build.check_data(config, workdir)  # the data files before the warm start trains
+  directory = ensure_arith_warm_start(config, workdir, log=log)
+  return {"checkpoint": directory, **_greedy_accuracy(config, workdir, directory)}
+
+
+def _greedy_accuracy(c, workdir: str, directory: str) -> dict[str, float]:
+  """Held-out greedy accuracy of the warm start in `directory`: whole episodes with the
+  run's environment when the rollout mode runs one, else one response per prompt."""
+  _, held_out = build.load_examples(c)
+  scorer = reward_build.verifiers(c, sorted({e.task for e in held_out}))
+  if rollout_modes.rollout_mode(c).needs_environment:
+    mesh = build.trainer_mesh(c)
+    policy = build.load_policy(c, workdir, mesh)
+    sampler = build.build_sampler(c, policy, mesh)
+    parts = build.rollout_parts(c, policy, sampler, scorer)
+    try:
+      return build.build_evaluator(c, parts, held_out, scorer)(samples=1, temperature=0.0)
+    finally:
+      parts.close()
+  model, params = models.load_hf_checkpoint(directory)
+  tokenizer = models.Tokenizer.from_directory(directory)
+  sampler = sampler_config_lib.build_scheduler(c.sampler, model, params, tokenizer=tokenizer,
+                                               seed=c.seed)
+  prompts = build.prompt_format(c, tokenizer, models.load_prompt_prefix(directory, tokenizer))
+  return evaluate_policy(sampler, prompts, held_out, scorer, samples=1, temperature=0.0,
+                         max_new_tokens=c.rollout.max_new_tokens)
 
 
 def prepare_run(c, workdir: str, log: Callable[[str], None] = print) -> None:
