@@ -23,8 +23,6 @@ def get_config(variant: str = "arith"):
   c = base_config(variant)
   a = c.algorithm
   a.name = "distill"
-  if distillation.SECTION not in a:  # built by base_config once the PPO spec declares it
-    a[distillation.SECTION] = distillation.distill_config()
   a.advantage.estimator = distillation.NAME  # A_t = log π_teacher(y_t) − log π_θ(y_t)
   a.kl.placement = "none"  # the advantage is the (negative) reverse KL to the teacher
   # Prompts × samples: 4 per prompt, so a GRPO task term (task_coef > 0) has its groups.

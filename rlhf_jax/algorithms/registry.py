@@ -16,11 +16,13 @@ from typing import Callable
 
 import ml_collections
 
+from rlhf_jax.algorithms import distillation
 from rlhf_jax.algorithms import dpo
 from rlhf_jax.algorithms import dqo
 from rlhf_jax.algorithms.dpo_learner import DPOLearner
 from rlhf_jax.algorithms.dqo_learner import DQOLearner
 from rlhf_jax.algorithms.learner import Learner
+from rlhf_jax.algorithms import ppo_learner
 from rlhf_jax.algorithms.ppo_learner import PPOLearner
 from rlhf_jax.config_errors import one_of
 
@@ -98,6 +100,9 @@ def build_learner(c, model, params, mesh) -> Learner:
 
 register_learner(LearnerSpec(
     name="ppo", factory=PPOLearner.from_config,
+    # algorithm.distill: the teacher its reference role may be loaded from (distillation.py)
+    section=distillation.SECTION, default_section=distillation.distill_config,
+    check_section=distillation.check_distill_fields, validate=ppo_learner.validate_run,
     rollout_modes=("groups", "dynamic", "windows", "multi_turn"),
     packing=True, lora=True, staleness=True, value_pretraining=True,
     sampler_reference=True))

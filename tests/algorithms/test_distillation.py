@@ -26,6 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def distill_preset(variant="arith"):
+  """configs/distill.py:<variant>."""
   spec = importlib.util.spec_from_file_location("distill", ROOT / "configs" / "distill.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -77,7 +78,11 @@ def test_the_advantage_is_the_teacher_minus_student_log_prob_per_token(task_coef
 
 
 def test_the_preset_needs_a_teacher_and_keeps_it_frozen_and_in_the_trainer(tmp_path):
+  from rlhf_jax.training.config import validate_config
   c = distill_preset()
+  # The PPO learner's spec runs these rules with every config's validation.
+  with pytest.raises(ConfigError, match=r"config\.algorithm\.distill\.teacher: .*required"):
+    validate_config(c, num_devices=1)
   with pytest.raises(ConfigError, match=r"config\.algorithm\.distill\.teacher: .*required"):
     ppo_learner.validate_run(c, fixed_data=False)
   c.algorithm.distill.teacher = str(tmp_path)

@@ -83,6 +83,8 @@ def required(spec: str, inputs) -> list[str]:
     args.append(f"--config.reward.rm.checkpoint={inputs['ckpt']}")
   if name == "pairwise_ppo.py":
     args.append(f"--config.reward.pairwise.checkpoint={inputs['ckpt']}")
+  if name == "distill.py":
+    args.append(f"--config.algorithm.distill.teacher={inputs['ckpt']}")
   return args
 
 
@@ -319,3 +321,19 @@ def test_value_pretraining_is_refused_outside_the_ppo_learner(learner):
   with pytest.raises(ConfigError, match=r"config\.algorithm\.value\.pretrain_steps: invalid "
                      r"value 3: must be 0 for algorithm\.learner"):
     validate_config(config)
+
+
+def test_training_run_validates_once_before_any_work_and_stops_at_validate_only(tmp_path):
+  """`rlhf_jax.training.run`, launch/train.py's one call: a bad field is one line before the
+  workdir is made; `validate_only` checks config, workdir and data files and stops."""
+  from rlhf_jax import training  # pylint: disable=import-outside-toplevel
+  c = trainer_config.base_config("arith")
+  c.rollout.temperature = -1.0
+  with pytest.raises(ConfigError, match=r"^config\.rollout\.temperature: invalid value -1\.0"):
+    training.run(c, str(tmp_path / "bad"))
+  assert not (tmp_path / "bad").exists()
+  lines = []
+  c.rollout.temperature = 1.0
+  assert training.run(c, str(tmp_path / "ok"), validate_only=True, log=lines.append) is None
+  assert lines == ["config ok"]
+  assert not (tmp_path / "ok" / "sft").exists()  # no warm start
