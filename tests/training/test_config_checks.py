@@ -337,19 +337,3 @@ def test_training_run_validates_once_before_any_work_and_stops_at_validate_only(
   assert training.run(c, str(tmp_path / "ok"), validate_only=True, log=lines.append) is None
   assert lines == ["config ok"]
   assert not (tmp_path / "ok" / "sft").exists()  # no warm start
-
-
-def test_training_run_validates_once_before_any_work_and_stops_at_validate_only(tmp_path):
-  """`rlhf_jax.training.run`, launch/train.py's one call: a bad field is one line before the
-  workdir is made; `validate_only` checks config, workdir and data files and stops."""
-  from rlhf_jax import training  # pylint: disable=import-outside-toplevel
-  c = trainer_config.base_config("arith")
-  c.rollout.temperature = -1.0
-  with pytest.raises(ConfigError, match=r"^config\.rollout\.temperature: invalid value -1\.0"):
-    training.run(c, str(tmp_path / "bad"))
-  assert not (tmp_path / "bad").exists()
-  lines = []
-  c.rollout.temperature = 1.0
-  assert training.run(c, str(tmp_path / "ok"), validate_only=True, log=lines.append) is None
-  assert lines == ["config ok"]
-  assert not (tmp_path / "ok" / "sft").exists()  # no warm start
