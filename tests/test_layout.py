@@ -152,7 +152,7 @@ def test_no_learner_name_is_compared_outside_its_own_module():
 def test_the_rollout_mode_is_read_in_one_module():
   """`rollout.mode` is read only by rollout/modes.py's `rollout_mode(c)`: elsewhere the
   library and the launchers ask the mode's record (`needs_environment`, `fixed_data`, ...),
-  never the field (`c.rollout.mode`, `r.mode` with `r = c.rollout`, `["mode"]`)."""
+  never the field (`c.rollout.mode`, `r.mode` with `r = c.rollout`, `["mode"]`, getattr)."""
   files = {str(p.relative_to(ROOT)): p for p in modules().values()}
   files.update({f"../launch/{p.name}": p for p in (ROOT.parent / "launch").glob("*.py")})
 
@@ -177,7 +177,11 @@ def test_the_rollout_mode_is_read_in_one_module():
       read = ((isinstance(node, ast.Attribute) and node.attr == "mode"
                and isinstance(node.ctx, ast.Load) and is_rollout(node.value, sections))
               or (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
-                  and node.slice.value == "mode" and is_rollout(node.value, sections)))
+                  and node.slice.value == "mode" and is_rollout(node.value, sections))
+              or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id == "getattr" and len(node.args) >= 2
+                  and is_rollout(node.args[0], sections)
+                  and isinstance(node.args[1], ast.Constant) and node.args[1].value == "mode"))
       if read:
         bad.append(f"{name}:{node.lineno}")
   assert not bad, bad

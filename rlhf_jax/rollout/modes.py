@@ -129,8 +129,9 @@ class RolloutMode:
       then apply: envs/config.py).
     allows_staleness: generation may run ahead of the learner (`rollout.max_staleness`).
     needs_critic: its advantages need a critic (T-PPO's Extended GAE).
-    fixed_data: it trains on fixed data, sampling nothing (no look-ahead, no reference
-      from the sampler; the learner's offline rules apply).
+    fixed_data: it trains on the labelled groups of `data.offline_file` (or the warm
+      start's, labelled first: training/stages.py), sampling nothing: no look-ahead, no
+      reference from the sampler, and the learners' offline rules apply (DPO, DQO).
     learners: learners that train from it besides those whose registry spec lists it.
     evaluator: `(c, parts, held_out, scorer) -> evaluate(samples=, temperature=, seed=)`.
     check_data: `(c, prompts, *, pairs) -> None`: the files it reads, checked before any
