@@ -31,5 +31,5 @@ def get_config(variant: str = "arith"):
   a.policy_loss.agg = "token-mean"  # the advantage is per token
   a.policy_loss.clip_low = a.policy_loss.clip_high = 0.2
   c.train.minibatches = 1  # one on-policy step per batch (π_old is the sampler's)
-  c.optimizer.learning_rate = 1e-3 if variant == "arith" else 1e-6
+  c.optimizer.learning_rate = 5e-4 if variant == "arith" else 1e-6
   return c

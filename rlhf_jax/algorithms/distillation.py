@@ -89,7 +89,7 @@ def check_distill_fields(section: ml_collections.ConfigDict) -> None:
   check_range("algorithm.distill.task_coef", section.task_coef, low=0,
               note="(0: the teacher's term alone)")
   if section.task_coef > 0:
-    if ":" not in section.task_estimator and section.task_estimator == NAME:
+    if section.task_estimator == NAME:
       invalid("algorithm.distill.task_estimator", section.task_estimator,
               "must be a task-reward estimator, not the teacher's term itself")
     task = estimators.estimator(section.task_estimator)
