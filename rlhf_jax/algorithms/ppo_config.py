@@ -35,9 +35,6 @@ PROCESS_SHAPINGS = ("none", "clip", "delta", "clip_delta")
 STALENESS_MODES = ("tis", "mis_token")
 # Estimators and policy losses are records (algorithms/estimators.py, algorithms/losses.py):
 # validation reads their capabilities, never their names.
-# Transitional: rewards/config.py's PRM rule reads this until it moves to training/config.py.
-TOKEN_REWARD_ESTIMATORS = tuple(name for name in estimators.names()
-                                if estimators.estimator(name).reads_token_rewards)
 
 
 def algorithm_config() -> ml_collections.ConfigDict:
