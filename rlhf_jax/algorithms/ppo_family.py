@@ -102,9 +102,9 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
   stale tokens: Hilton et al. arXiv:2110.00641, AReaL arXiv:2505.24298; ALGORITHMS.md §20).
 
   A sampled token is fresh when its `token_versions` entry equals `version` (the policy
-  whose weights `trainer_logprobs` were computed with) and its row's sampled tokens are
-  all of one version, else stale (`RolloutBatch.stale_mask`: a partial rollout's tokens
-  after a mid-sample swap were drawn over the older weights' KV cache). Per token:
+  whose weights `trainer_logprobs` were computed with), else stale
+  (`RolloutBatch.stale_mask`; a partial rollout's tokens after a mid-sample swap are
+  fresh: the sampler recomputed their KV cache under the new weights). Per token:
 
     fresh, correction 'none':  π_old = π_sampler,  w = 1       (PPO, exactly)
     fresh, correction c:       π_old = π_trainer,  w = c(π_trainer / π_sampler)

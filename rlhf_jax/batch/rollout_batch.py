@@ -109,22 +109,12 @@ class RolloutBatch:
   def stale_mask(self, version: jax.Array | int) -> jax.Array:
     """[B, R] 1 on the sampled tokens that are stale when policy `version` is learned: the
     one place where `token_versions` become fresh / stale (decoupled PPO in
-    `ppo_family.behaviour_correction`). Stale: a token of another version, and every
-    sampled token of a row whose sampled tokens span versions. Such a row is a partial
-    rollout: the sampler swapped weights mid-sample and kept the KV cache the older
-    weights computed, so its later tokens, though drawn by the newer weights, come from
-    neither policy; as stale tokens their π_old is the trainer's π_prox and their weight
-    π_prox / π_behav (π_behav: the sampler's own log-prob). A row re-prefilled at each
-    version (a multi-turn row's turns, a T-PPO window after the context windows, which
-    are not sampled here) is marked too when its sampled tokens span versions: for a
-    truly fresh token π_prox = π_behav up to rounding, so it costs nothing but a weight
-    of ~1."""
-    sampled = self.sampled_mask() > 0
-    versions = jnp.asarray(self.token_versions)
-    low = jnp.min(jnp.where(sampled, versions, jnp.iinfo(jnp.int32).max), axis=-1)
-    high = jnp.max(jnp.where(sampled, versions, jnp.iinfo(jnp.int32).min), axis=-1)
-    stale = (versions != jnp.asarray(version, jnp.int32)) | (low != high)[:, None]
-    return (stale & sampled).astype(jnp.float32)
+    `ppo_family.behaviour_correction`): a token of another version. A partial rollout's
+    row spans versions; its tokens of `version` are fresh, as the sampler recomputes the
+    KV cache of the samples in flight under the new weights at a swap
+    (sampling/swap.py), so the tokens after it are the new policy's."""
+    stale = self.token_versions != jnp.asarray(version, jnp.int32)
+    return (stale & (self.sampled_mask() > 0)).astype(jnp.float32)
 
   def value_mask(self) -> jax.Array:
     """[B, R] the tokens the value loss uses: finished responses only (T-PPO trains

@@ -36,13 +36,14 @@ from rlhf_jax.sampling.requests import drop_cancelled_waiting
 from rlhf_jax.sampling.scheduler_options import default_prompt_buckets
 from rlhf_jax.sampling.scheduler_options import validate_request
 from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
+from rlhf_jax.sampling.swap import WeightSwaps
 
 
 class QueueFull(RuntimeError):
   """The scheduler's queue already holds `max_queue` requests."""
 
 
-class Scheduler:
+class Scheduler(WeightSwaps):
   """Feeds requests through an Engine with continuous batching.
 
   Args:
@@ -56,7 +57,8 @@ class Scheduler:
     max_queue: most requests waiting or running; `submit` raises QueueFull beyond.
     update_policy: "finish_old" (in-flight samples finish on the old weights;
       new samples wait for the swap) or "swap_now" (the next step uses the new
-      weights; each Completion records the versions it saw).
+      weights, the samples in flight with their KV cache recomputed by them:
+      sampling/swap.py; each Completion records the versions it saw).
     seed: seeds the draws for requests that give no seed.
     weights_version: the version number of `params`.
     max_prefill_batch: most prompts per prefill call (a power of two); prefill
@@ -99,6 +101,7 @@ class Scheduler:
     self._requests: dict[str, RequestState] = {}
     self._slots: list[SampleState | None] = [None] * engine.num_slots
     self._pending_params: tuple[Params, int] | None = None
+    self._refill = None  # the swap's cache refill program (sampling/swap.py), at first use
     self._to_reap: list[RequestState] = []  # requests with a cancel since the last step
     self._new_state = programs.state_program(engine, params)  # one program, not ~13
     self._state = self._new_state()
@@ -193,6 +196,7 @@ class Scheduler:
         "tokens_per_second": stats.get("emitted_tokens", 0) / elapsed,
         "prefilled_tokens": float(stats.get("prefilled_tokens", 0)),
         "reused_tokens": float(self.prefix_cache.stats["reused_tokens"]),
+        "refilled_tokens": float(stats.get("refilled_tokens", 0)),  # at swaps (swap.py)
         "weights_version": float(self.weights_version),
     }
 
@@ -247,6 +251,9 @@ class Scheduler:
     steps, and returns the samples that finished in the dispatch before (`overlap_host`:
     read while the device runs this one), else in this one."""
     completions = self._reap_cancelled()
+    if self._swap_reads_first():
+      completions.extend(self._read(self._in_flight))
+      self._in_flight = None
     self._admit()  # swaps the weights first when due
     running = self._dispatch()
     for flight in (self._in_flight, running if not self.overlap_host else None):
@@ -343,16 +350,6 @@ class Scheduler:
         del self._requests[request_id]
         self._stats["requests_completed"] += 1
       self._queue = collections.deque(r for r in self._queue if r.waiting)
-
-  def _swap_params_if_due(self) -> None:  # under self._lock
-    pending = self._pending_params
-    if pending is None or (self.update_policy == "finish_old"
-                           and any(s is not None for s in self._slots)):
-      return
-    self.params, self.weights_version = pending
-    self._pending_params = None
-    self.prefix_cache.drop_stale(self.weights_version)
-    self._stats["weight_updates"] += 1
 
   def _admit(self) -> None:
     with self._lock:

@@ -1,8 +1,8 @@
-"""Partial rollouts end to end: a `swap_now` scheduler swaps weights mid-sample, and the
-tokens it draws after the swap (over the KV cache the old weights computed) are handled
-as stale by decoupled PPO, like the tokens before it: π_old = the trainer's π_prox and
-w = min(π_prox / π_behav, cap) (`RolloutBatch.stale_mask`). A sample drawn wholly by the
-new weights stays fresh: π_old the sampler's, w = 1 exactly."""
+"""Partial rollouts end to end, AReaL's semantics (sampling/swap.py): at a weight swap the
+samples in flight get their KV cache recomputed by the new weights, so every token they
+draw after the swap is the new policy's (its sampler log-prob is the trainer's under the
+new weights) and decoupled PPO treats it as fresh, the tokens before the swap as stale.
+A sample that had not started when the weights changed starts from a new prefill."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -14,52 +14,86 @@ from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
 from rlhf_jax.sampling.scheduler import Scheduler
 
-CONFIG = models.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2,
+CONFIG = models.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=2, num_heads=2,
                               num_kv_heads=1, head_dim=8, intermediate_size=24)
+MODEL, OLD = models.init_model(CONFIG, seed=0)
+_, NEW = models.init_model(CONFIG, seed=1)
+ENGINE = sampling.Engine(MODEL, num_slots=2, cache_length=16)
 PROMPT = [3, 5, 7, 9]
 NEW_TOKENS = 8
+PARAMS = sampling.SamplingParams(max_new_tokens=NEW_TOKENS, seed=0, stop_token_ids=())
 
 
-def test_tokens_after_a_mid_sample_swap_are_stale():
-  model, old = models.init_model(CONFIG, seed=0)
-  _, new = models.init_model(CONFIG, seed=1)
-  engine = sampling.Engine(model, num_slots=2, cache_length=16)
-  sched = Scheduler(engine, old, prompt_buckets=(8,), steps_per_sync=2,
+def as_batch(completions):
+  batch = batch_lib.build_rollout_batch(
+      [PROMPT] * len(completions), [c.token_ids for c in completions],
+      [c.model_logprobs for c in completions], [1.0, -1.0] * (len(completions) // 2),
+      [False] * len(completions), [0] * len(completions), prompt_length=8,
+      response_length=NEW_TOKENS, pad_id=0,
+      token_versions=[c.token_versions for c in completions])
+  return batch_lib.as_device(batch)
+
+
+def new_policy_logprobs(batch):
+  """The trainer's log-probs of the batch under the new weights (π_prox)."""
+  return np.asarray(batch_lib.response_logprobs(MODEL, NEW, batch))
+
+
+def test_tokens_after_a_mid_sample_swap_are_the_new_policys():
+  sched = Scheduler(ENGINE, OLD, prompt_buckets=(8,), steps_per_sync=2,
                     update_policy="swap_now")
-  params = sampling.SamplingParams(max_new_tokens=NEW_TOKENS, seed=0, stop_token_ids=())
-  partial = sched.submit(PROMPT, params)
+  partial = sched.submit(PROMPT, PARAMS)
   sched.step()
-  sched.update_params(new, version=1)
-  whole = sched.submit(PROMPT, params)
+  sched.update_params(NEW, version=1)
+  whole = sched.submit(PROMPT, PARAMS)
   done = {c.request_id: c for c in sched.run()}
   rows = [done[partial], done[whole]]
-  assert rows[0].token_versions == [0] * 3 + [1] * 5  # swapped mid-sample
+  # Tokens 0-2 drawn from the old weights' logits (the prefill's, then the first
+  # dispatch's two forwards), the rest after the swap.
+  assert rows[0].token_versions == [0] * 3 + [1] * 5
   assert rows[1].token_versions == [1] * NEW_TOKENS
 
-  batch = batch_lib.build_rollout_batch(
-      [PROMPT] * 2, [r.token_ids for r in rows], [r.model_logprobs for r in rows],
-      [1.0, -1.0], [False, False], [0, 0], prompt_length=8, response_length=NEW_TOKENS,
-      pad_id=0, token_versions=[r.token_versions for r in rows])
-  batch = batch_lib.as_device(batch)
-  trainer = np.asarray(batch_lib.response_logprobs(model, new, batch))  # π_prox
+  batch = as_batch(rows)
+  trainer = new_policy_logprobs(batch)
+  sampler = np.asarray(batch.sampler_logprobs)
+  after, before = slice(3, NEW_TOKENS), slice(0, 3)
+  # The cache was recomputed: the sampler's log-probs after the swap are the new policy's
+  # (over the old weights' cache they were 0.002-0.04 apart at these weights).
+  np.testing.assert_allclose(sampler[0, after], trainer[0, after], atol=2e-5)
+  np.testing.assert_allclose(sampler[1], trainer[1], atol=2e-5)
+  assert np.max(np.abs(sampler[0, before] - trainer[0, before])) > 1e-2  # the old policy's
+  assert sched.metrics()["refilled_tokens"] == len(PROMPT) + 2
+
   a = ppo_config.algorithm_config()
   a.staleness.mode, a.staleness.cap = "tis", 5.0
   prepared, _, metrics = ppo_family.prepare(
       a, batch, old_logprobs=jnp.asarray(trainer), ref_logprobs=None, values=None,
       kl_coef=jnp.float32(0.0), correction="none", group_size=2, version=1)
-  sampler = np.asarray(batch.sampler_logprobs)
   old_logprobs, weights = np.asarray(prepared.old_logprobs), np.asarray(prepared.is_weights)
-  # The partial row: every token, the ones drawn after the swap included, is stale.
-  np.testing.assert_allclose(old_logprobs[0], trainer[0], rtol=1e-6)
-  np.testing.assert_allclose(weights[0], np.minimum(np.exp(trainer[0] - sampler[0]), 5.0),
-                             rtol=1e-5)
-  after_swap = slice(3, NEW_TOKENS)
-  # The old weights' KV cache shows: the sampler's log-probs after the swap are not the
-  # new policy's (so w = 1 and π_old = π_behav would be wrong for them).
-  assert np.max(np.abs(trainer[0, after_swap] - sampler[0, after_swap])) > 1e-3
-  # The row drawn wholly by the new weights: plain PPO.
+  # Before the swap: stale (π_old = π_prox, w = min(π_prox / π_behav, cap)).
+  np.testing.assert_allclose(old_logprobs[0, before], trainer[0, before], rtol=1e-6)
+  np.testing.assert_allclose(weights[0, before], np.minimum(
+      np.exp(trainer[0, before] - sampler[0, before]), 5.0), rtol=1e-5)
+  # After it, and the row drawn wholly by the new weights: fresh, plain PPO.
+  np.testing.assert_array_equal(old_logprobs[0, after], sampler[0, after])
+  np.testing.assert_array_equal(weights[0, after], 1.0)
   np.testing.assert_array_equal(old_logprobs[1], sampler[1])
-  np.testing.assert_array_equal(weights[1], np.ones(NEW_TOKENS, np.float32))
-  np.testing.assert_allclose(trainer[1], sampler[1], atol=1e-5)
-  assert float(metrics["staleness/stale_token_fraction"]) == 0.5
-  assert float(metrics["staleness/mixed_version_row_fraction"]) == 0.5
+  np.testing.assert_array_equal(weights[1], 1.0)
+  np.testing.assert_allclose(metrics["staleness/stale_token_fraction"], 3 / 16)
+
+
+def test_a_sample_not_started_at_a_swap_is_prefilled_by_the_new_weights():
+  """n = 3 samples in 2 slots: the third waits (its request's prefill kept for it) while
+  the weights change; it starts from a new prefill, so its first token too is the new
+  policy's."""
+  sched = Scheduler(ENGINE, OLD, prompt_buckets=(8,), steps_per_sync=2,
+                    update_policy="finish_old")
+  request = sched.submit(PROMPT, PARAMS.replace(n=3))
+  sched.step()
+  sched.update_params(NEW, version=1)
+  done = {c.sample_index: c for c in sched.run() if c.request_id == request}
+  assert done[0].token_versions == [0] * NEW_TOKENS
+  assert done[2].token_versions == [1] * NEW_TOKENS
+  batch = as_batch([done[2], done[2]])
+  np.testing.assert_allclose(np.asarray(batch.sampler_logprobs)[0],
+                             new_policy_logprobs(batch)[0], atol=2e-5)
