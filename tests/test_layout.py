@@ -223,3 +223,27 @@ def test_no_attribute_probing_of_samplers_scorers_or_rollouts():
       if in_seam_class or any(seam.search(w) for w in words):
         bad.append(f"{name}:{node.lineno} {ast.unparse(node)}")
   assert not bad, bad
+
+
+# Test directories that are not rooms of the package: the launchers, the benchmarks' tools,
+# and the mesh suite (its own process, 8 emulated devices).
+TEST_DIRS_BESIDE_ROOMS = {"launch", "benchmarks", "multidevice"}
+
+
+def test_the_tests_mirror_the_house():
+  """Each test directory is a room of the package (or one of the few beside them), and no
+  test file imports another test file: what tests share lives in helper modules
+  (tests/fakes.py, tests/training/runs.py, tests/sampling/tiny_engine.py, ...)."""
+  tests = pathlib.Path(__file__).resolve().parent
+  rooms = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+  strays = sorted(p.name for p in tests.iterdir() if (p / "__init__.py").is_file()
+                  and p.name not in rooms | TEST_DIRS_BESIDE_ROOMS)
+  assert not strays, f"test directories that are no room of rlhf_jax: {strays}"
+  imports = []
+  for path in tests.rglob("test_*.py"):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        leaf = node.module.rsplit(".", 1)[-1]
+        if node.module.startswith("tests.") and leaf.startswith("test_"):
+          imports.append(f"{path.relative_to(tests)} imports {node.module}")
+  assert not imports, imports
