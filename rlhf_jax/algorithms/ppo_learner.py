@@ -141,7 +141,7 @@ class PPOLearner(LearnerBase):
                                                   packed=packed)
     reused = jnp.zeros((), bool)
     if self.reuse_sampler_logprobs:  # the taken branch alone runs
-      stale = (batch.token_versions != version) & (batch.sampled_mask() > 0)
+      stale = batch.stale_mask(version) > 0  # the one rule (RolloutBatch.stale_mask)
       reused = ~jnp.any(stale)
       old = jax.lax.cond(reused, lambda: batch.sampler_logprobs * batch.response_mask, forward)
     else:
