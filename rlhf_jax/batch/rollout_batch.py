@@ -10,7 +10,6 @@ compiles one update program.
 
 from __future__ import annotations
 
-import numbers
 from typing import Sequence
 
 import flax.struct
@@ -224,18 +223,3 @@ def only_packed_rows(batch: RolloutBatch, packed: PackedRows) -> RolloutBatch:
 def as_device(batch: RolloutBatch) -> RolloutBatch:
   """Every field as a jax array."""
   return jax.tree.map(jnp.asarray, batch)
-
-
-def finite_in_float32(value) -> bool:
-  """Whether `value` is a real number that stays finite as float32, the batch's dtype
-  (1e39 passes `math.isfinite` but is inf in float32: every update would be skipped).
-  Rewards that come from user code (reward functions, environments) are checked with it
-  and fail their sample otherwise."""
-  if not isinstance(value, numbers.Real):
-    return False
-  try:
-    value = float(value)
-  except OverflowError:  # an int beyond float64
-    return False
-  with np.errstate(over="ignore", invalid="ignore"):
-    return bool(np.isfinite(np.float32(value)))
