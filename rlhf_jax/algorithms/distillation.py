@@ -75,7 +75,8 @@ def distill_advantages(batch: RolloutBatch, token_rewards: jax.Array, algorithm,
   return advantages, None
 
 
-DISTILL = estimators.register_estimator(NAME, distill_advantages, needs_reference=True)
+DISTILL = estimators.register_estimator(NAME, distill_advantages, needs_reference=True,
+                                       token_advantages=True)
 
 
 def is_distilling(algorithm) -> bool:

@@ -18,8 +18,10 @@ An estimator is a function with one signature,
 and capabilities that the rest of the library reads instead of the estimator's name:
 needs_critic (values and returns: a value model is trained), group_based (a baseline
 from the group: rollout.group_size >= 2), reads_token_rewards (per-token rewards: a
-PRM's steps, KL in the reward, an environment's turn rewards) and needs_reference
-(reads batch.ref_logprobs: a reference policy or a teacher is kept).
+PRM's steps, KL in the reward, an environment's turn rewards), token_advantages (its
+advantages vary along a response, so a loss that takes one advantage per response, GSPO,
+cannot use them; true whenever reads_token_rewards is) and needs_reference (reads
+batch.ref_logprobs: a reference policy or a teacher is kept).
 
 `algorithm.advantage.estimator` names a built-in below, one added with
 `register_estimator`, or "package.module:name" (an `Estimator`, or a function with the
@@ -51,6 +53,11 @@ class Estimator:
   group_based: bool = False
   reads_token_rewards: bool = False
   needs_reference: bool = False
+  token_advantages: bool = False
+
+  def __post_init__(self):
+    if self.reads_token_rewards:  # per-token rewards give per-token advantages
+      object.__setattr__(self, "token_advantages", True)
 
 
 def gae(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
@@ -122,7 +129,8 @@ _TABLE: dict[str, Estimator] = {e.name: e for e in _BUILT_IN}
 
 def register_estimator(name: str, fn: Callable, *, needs_critic: bool = False,
                        group_based: bool = False, reads_token_rewards: bool = False,
-                       needs_reference: bool = False) -> Estimator:
+                       needs_reference: bool = False, token_advantages: bool = False
+                       ) -> Estimator:
   """Adds (or replaces) the estimator `name`, so `algorithm.advantage.estimator=name`
   trains with `fn` (the signature of the module docstring). Built-ins cannot be replaced;
   a name holds no ':' (that spells a module path)."""
@@ -131,7 +139,8 @@ def register_estimator(name: str, fn: Callable, *, needs_critic: bool = False,
   if name in BUILT_IN:
     raise ValueError(f"{name!r} is a built-in estimator; register under another name.")
   record = Estimator(name, fn, needs_critic=needs_critic, group_based=group_based,
-                     reads_token_rewards=reads_token_rewards, needs_reference=needs_reference)
+                     reads_token_rewards=reads_token_rewards, needs_reference=needs_reference,
+                     token_advantages=token_advantages)
   _check_signature(record.fn, name)
   _TABLE[name] = record
   return record

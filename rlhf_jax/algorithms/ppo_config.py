@@ -208,7 +208,7 @@ def _validate_surrogate(p, estimator: estimators.Estimator) -> None:
   if p.dual_clip is not None:
     check_range("algorithm.policy_loss.dual_clip", p.dual_clip, low=1, low_open=True,
                 note="(None: off)")
-  if loss.sequence_advantages and estimator.reads_token_rewards:
+  if loss.sequence_advantages and estimator.token_advantages:
     token_level = [n for n in losses.names() if not losses.policy_loss(n).sequence_advantages]
     invalid("algorithm.policy_loss.kind", p.kind, f"must be one of {', '.join(token_level)} "
             f"with algorithm.advantage.estimator={estimator.name!r}: its advantages are per "

@@ -103,6 +103,18 @@ def test_the_preset_needs_a_teacher_and_keeps_it_frozen_and_in_the_trainer(tmp_p
     ppo_learner.validate_run(c, fixed_data=False)
 
 
+def test_its_per_token_advantages_are_refused_by_a_sequence_clip():
+  """GSPO takes one advantage per response; the teacher's advantages vary per token."""
+  from rlhf_jax.algorithms import ppo_config
+  assert estimators.estimator("distill").token_advantages
+  a = distill_preset().algorithm
+  a.policy_loss.kind = "gspo"
+  with pytest.raises(ConfigError, match=r"config\.algorithm\.policy_loss\.kind: .*'distill'"):
+    ppo_config.validate_algorithm_config(a, group_size=4, response_length=16)
+  a.policy_loss.kind = "gspo_token"
+  ppo_config.validate_algorithm_config(a, group_size=4, response_length=16)
+
+
 def save_arith_model(directory, *, hidden_size, num_layers, num_heads, seed):
   """A random arith-task checkpoint (the task's tokenizer) of the given size."""
   tokenizer = task_registry.get_task("arith").tokenizer()
