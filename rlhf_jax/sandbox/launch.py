@@ -116,7 +116,7 @@ def _mounts(limits, workdir: str | None) -> list[str]:
 def command(program: str, report_fd: int, limits, *, uid: int | None,
             seccomp: int | None, workdir: str, cgroup_procs: list[str]) -> list[str]:
   """The argv of one sandboxed process: `program` ("runner"/"harness"), its report fd,
-  `limits` (rewards/sandbox.Limits), the uid to drop to (root) or None, the seccomp fd
+  `limits` (sandbox/jobs.Limits), the uid to drop to (root) or None, the seccomp fd
   (namespaces), the job's working directory and the cgroup files to join (or [])."""
   prefix = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", *cgroup_procs, "--"] if cgroup_procs else []
   python = [interpreter(), "-I", "-S", "-c", source(program), str(report_fd)]
