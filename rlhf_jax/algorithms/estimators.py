@@ -151,32 +151,33 @@ def names() -> tuple[str, ...]:
   return tuple(_TABLE)
 
 
-def estimator(name: str) -> Estimator:
-  """The record of `algorithm.advantage.estimator`: a built-in, a registered name, or
-  "package.module:name" (an `Estimator`, or a function taken with no capabilities).
+def estimator(name: str, field: str = FIELD) -> Estimator:
+  """The record of `algorithm.advantage.estimator` (or of another field that names an
+  estimator, `field`): a built-in, a registered name, or "package.module:name" (an
+  `Estimator`, or a function taken with no capabilities).
 
   Raises:
-    ConfigError: one line naming algorithm.advantage.estimator, for an unknown name, a
-      module that does not import, or an attribute that is neither.
+    ConfigError: one line naming `field`, for an unknown name, a module that does not
+      import, or an attribute that is neither.
   """
   if not isinstance(name, str) or ":" not in name:
     if name not in _TABLE:
-      invalid(FIELD, name, f"must be one of {', '.join(_TABLE)}, or 'package.module:name' "
+      invalid(field, name, f"must be one of {', '.join(_TABLE)}, or 'package.module:name' "
               "(an Estimator or a function; docs/extending.md)")
     return _TABLE[name]
-  value = load_object(name, FIELD, what="Estimator or function",
+  value = load_object(name, field, what="Estimator or function",
                       accept=lambda v: isinstance(v, Estimator) or callable(v))
   record = value if isinstance(value, Estimator) else Estimator(name, value)
-  _check_signature(record.fn, name)
+  _check_signature(record.fn, name, field)
   return record
 
 
-def _check_signature(fn: Callable, name: str) -> None:
+def _check_signature(fn: Callable, name: str, field: str = FIELD) -> None:
   """ConfigError unless `fn` takes (batch, token_rewards, algorithm, *, group_size)."""
   try:
     inspect.signature(fn).bind(None, None, None, group_size=2)
   except TypeError as error:
-    invalid(FIELD, name, "its function must take (batch, token_rewards, algorithm, *, "
+    invalid(field, name, "its function must take (batch, token_rewards, algorithm, *, "
             f"group_size): {error}")
   except ValueError:  # no signature to inspect (a builtin): taken on trust
     pass
