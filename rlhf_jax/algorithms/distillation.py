@@ -17,8 +17,10 @@ lowers KL(π_θ ‖ π_teacher) on the states the student itself visits. With
 
 The estimator is registered as "distill" (`estimators.register_estimator`,
 needs_reference=True): `algorithm.advantage.estimator = "distill"` and nothing in the loop
-changes. docs/distillation.md has the preset, the run and the other route (the sampling
-servers' reference log-probs, `rollout.reference_logprobs='sampler'`).
+changes. With `rollout.reference_logprobs='sampler'` the sampling servers hold the teacher
+instead and bring its log-probs with the batch (`sampler_reference_params`; a teacher of
+the student's architecture only, since a server scores with the model it serves).
+docs/distillation.md has the preset, the run and both routes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from rlhf_jax.batch import RolloutBatch
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.models.functional import RUNTIME_FIELDS
 from rlhf_jax.models.run_config import model_layout
 from rlhf_jax.models.run_config import model_numerics
 
@@ -45,9 +48,10 @@ TEACHER_FIELD = "algorithm.distill.teacher"
 def distill_config() -> ml_collections.ConfigDict:
   """The `algorithm.distill` section with its defaults (one comment per field)."""
   d = ml_collections.ConfigDict()
-  # HF directory of the teacher (same tokenizer as the policy, any size): the learner's
-  # frozen reference is loaded from it instead of copied from the initial policy. Empty:
-  # the reference is the initial policy (a KL term's usual reference).
+  # HF directory of the teacher (same tokenizer as the policy): the frozen reference is
+  # loaded from it instead of copied from the initial policy, by the learner (any size) or,
+  # with rollout.reference_logprobs='sampler', by the sampling servers (the policy's
+  # architecture). Empty: the reference is the initial policy (a KL term's usual one).
   d.teacher = ""
   # c: weight of the task reward's advantages beside the teacher's per-token term
   # (0 = pure distillation).
@@ -101,9 +105,10 @@ def check_distill_fields(section: ml_collections.ConfigDict) -> None:
 
 def validate_distill(c) -> None:
   """The teacher's rules on the whole config (ConfigError naming the field): the
-  distill estimator needs `algorithm.distill.teacher`; a teacher is held by the trainer
-  (not the sampling servers, which hold the initial policy as their reference) and
-  never moves (no reference EMA); a group-based task term needs groups."""
+  distill estimator needs `algorithm.distill.teacher`; a teacher never moves (no
+  reference EMA); a group-based task term needs groups. Held by the sampling servers
+  (`rollout.reference_logprobs='sampler'`) its architecture must be the policy's, which is
+  checked once the policy is loaded (`sampler_reference_params`)."""
   a = c.algorithm
   if SECTION not in a:
     if is_distilling(a):
@@ -128,9 +133,6 @@ def validate_distill(c) -> None:
   if a.kl.reference_ema:
     invalid("algorithm.kl.reference_ema", a.kl.reference_ema, "must be 0 with a teacher "
             f"({TEACHER_FIELD}): the teacher stays frozen")
-  if c.rollout.reference_logprobs == "sampler":
-    invalid("rollout.reference_logprobs", "sampler", f"must be 'trainer' with {TEACHER_FIELD} "
-            "(the servers score with the initial policy's weights; docs/distillation.md)")
 
 
 def teacher_checkpoint(c) -> str:
@@ -157,6 +159,44 @@ def load_teacher(c, policy_model, mesh) -> tuple[object, dict]:
   params = parallel.shard_params(params, parallel.param_shardings(
       params, model.logical_axes(), mesh))
   return model, params
+
+
+# DecoderConfig fields that neither shape the parameter tree nor change what a forward
+# computes from it: a teacher and a policy differing only here are one architecture.
+NOT_ARCHITECTURE = RUNTIME_FIELDS | {"param_dtype", "scan_layers", "max_position_embeddings"}
+
+
+def architecture_differences(teacher, policy) -> list[str]:
+  """'field teacher≠policy' for each architecture field of two `DecoderConfig`s that
+  differs (empty: the teacher's weights fit the policy's model)."""
+  return [f"{name} {getattr(teacher, name)}≠{getattr(policy, name)}"
+          for name in teacher.__dataclass_fields__
+          if name not in NOT_ARCHITECTURE and getattr(teacher, name) != getattr(policy, name)]
+
+
+def sampler_reference_params(c, policy_model, policy_params, mesh):
+  """The weights the sampling servers keep as their reference
+  (`rollout.reference_logprobs='sampler'`, sent by `reference.send_reference`): the
+  teacher's, loaded as `load_teacher` loads the in-process role, when
+  `algorithm.distill.teacher` is set; else the initial policy's `policy_params`.
+
+  A server scores with the model it serves (the policy's), so the teacher's config.json
+  is compared with the policy's model before any weight is read. Raises ConfigError
+  naming algorithm.distill.teacher when the architectures differ."""
+  directory = teacher_checkpoint(c)
+  if not directory:
+    return policy_params
+  where = f"config.{TEACHER_FIELD}"
+  file_checks.check_checkpoint_dir(directory, where)
+  differ = architecture_differences(models.read_hf_config(directory, **model_layout(c.model)),
+                                    policy_model.config)
+  if differ:
+    raise ConfigError(f"{where}: {directory}: its architecture differs from the policy's "
+                      f"({', '.join(differ)}), and with rollout.reference_logprobs='sampler' "
+                      "the servers score with the model they serve; the in-process route "
+                      "(rollout.reference_logprobs='trainer') takes a teacher of any size",
+                      field=TEACHER_FIELD)
+  return load_teacher(c, policy_model, mesh)[1]
 
 
 def check_same_tokenizer(teacher_dir: str, policy_dir: str, where: str) -> None:

@@ -17,6 +17,7 @@ import jax
 from rlhf_jax import file_checks
 from rlhf_jax import models
 from rlhf_jax import parallel
+from rlhf_jax.algorithms import distillation
 from rlhf_jax.algorithms import registry
 from rlhf_jax.algorithms.learner import Learner
 from rlhf_jax.config_errors import ConfigError
@@ -294,8 +295,9 @@ def _sampler(c, policy: Policy, mesh):
     from rlhf_jax.sampling import remote  # pylint: disable=import-outside-toplevel
     sampler = remote.connect(c.sampler)  # a client, or a fleet of sampler.addresses
     remote.push_initial(sampler, policy.params)
-    if reference_lib.from_sampler(c):  # the initial policy is the frozen reference
-      reference_lib.send_reference(sampler, policy.params, c.model.dtype)
+    if reference_lib.from_sampler(c):  # the frozen reference: a teacher, or the policy
+      reference_lib.send_reference(sampler, distillation.sampler_reference_params(
+          c, policy.model, policy.params, mesh), c.model.dtype)
     return sampler
   return sampler_config_lib.build_scheduler(
       c.sampler, policy.model, generation_params(c, policy, policy.params, mesh),

@@ -77,7 +77,7 @@ def test_the_advantage_is_the_teacher_minus_student_log_prob_per_token(task_coef
   assert record.needs_reference and not record.needs_critic and not record.group_based
 
 
-def test_the_preset_needs_a_teacher_and_keeps_it_frozen_and_in_the_trainer(tmp_path):
+def test_the_preset_needs_a_teacher_and_keeps_it_frozen(tmp_path):
   from rlhf_jax.training.config import validate_config
   c = distill_preset()
   # The PPO learner's spec runs these rules with every config's validation.
@@ -91,10 +91,6 @@ def test_the_preset_needs_a_teacher_and_keeps_it_frozen_and_in_the_trainer(tmp_p
   with pytest.raises(ConfigError, match=r"config\.algorithm\.kl\.reference_ema: "):
     ppo_learner.validate_run(c, fixed_data=False)
   c.algorithm.kl.reference_ema = 0.0
-  c.rollout.reference_logprobs = "sampler"
-  with pytest.raises(ConfigError, match=r"config\.rollout\.reference_logprobs: .*'trainer'"):
-    ppo_learner.validate_run(c, fixed_data=False)
-  c.rollout.reference_logprobs = "trainer"
   c.algorithm.distill.task_coef, c.rollout.group_size = 0.5, 1
   with pytest.raises(ConfigError, match=r"config\.rollout\.group_size: .*distill"):
     ppo_learner.validate_run(c, fixed_data=False)
@@ -168,6 +164,88 @@ def test_a_teacher_of_another_vocabulary_is_refused(tmp_path):
   mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
   with pytest.raises(ConfigError, match=r"config\.algorithm\.distill\.teacher: .*vocabulary"):
     ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
+
+
+def sampler_route_config(tmp_path, teacher_dir, address):
+  """The distill preset on the student checkpoint of `tmp_path`, the teacher's log-probs
+  from the sampling server at `address`."""
+  c = distill_preset()
+  c.model.checkpoint = str(tmp_path / "student")
+  c.algorithm.distill.teacher = str(teacher_dir)
+  c.sampler.address = address
+  c.rollout.reference_logprobs = "sampler"
+  return c
+
+
+@pytest.fixture()
+def student_server(tmp_path):
+  """A student checkpoint in tmp_path/student and an in-process sampling server of its
+  architecture, started on other weights (the trainer pushes its own); yields
+  (server address, student model, student params)."""
+  from rlhf_jax import sampling
+  from rlhf_jax.sampling import server as server_lib
+  from rlhf_jax.sampling.scheduler import Scheduler
+  model, params = save_arith_model(tmp_path / "student", hidden_size=16, num_layers=1,
+                                   num_heads=2, seed=2)
+  _, other = models.init_model(model.config, seed=99)
+  scheduler = Scheduler(sampling.Engine(model, num_slots=2, cache_length=16), other,
+                        prompt_buckets=(8,))
+  server, port, service = server_lib.start_server(scheduler, port=0, max_workers=4)
+  try:
+    yield f"localhost:{port}", model, params
+  finally:
+    server.stop(grace=None)
+    service.stop()
+
+
+def test_the_sampling_servers_score_with_a_teacher_of_the_students_architecture(
+    tmp_path, student_server):
+  """rollout.reference_logprobs='sampler' with a teacher: building the sampler sends the
+  server the teacher's weights as its reference, and the batch's ref_logprobs are a direct
+  forward of the teacher (not of the initial policy); the learner holds no copy."""
+  from rlhf_jax.rollout import reference as reference_lib
+  from rlhf_jax.training import build
+  from rlhf_jax.training.config import validate_config
+  from rlhf_jax.rollout.generation import Rollouts
+  from tests.fakes import FakeRollout
+  address, student_model, student_params = student_server
+  teacher_model, teacher_params = save_arith_model(tmp_path / "teacher", hidden_size=16,
+                                                   num_layers=1, num_heads=2, seed=1)
+  c = sampler_route_config(tmp_path, tmp_path / "teacher", address)
+  validate_config(c, num_devices=1)  # refused before: the servers held the policy only
+  mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  policy = build.load_policy(c, str(tmp_path), mesh)
+  sampler = build.build_sampler(c, policy, mesh)
+  try:
+    rows = random_batch(rows=4, prompt=3, response=6, seed=4)
+    inner = FakeRollout()
+    inner.collect = lambda: Rollouts(batch=rows, correct=[], failures=[], metrics={})
+    batch = reference_lib.SamplerReferenceRollout(inner, sampler).collect().batch
+  finally:
+    sampler.close()
+  teacher = np.asarray(batch_lib.response_logprobs(teacher_model, teacher_params, rows))
+  student = np.asarray(batch_lib.response_logprobs(student_model, student_params, rows))
+  mask = rows.response_mask
+  np.testing.assert_allclose(batch.ref_logprobs, teacher, atol=2e-5)
+  assert np.abs(student - teacher)[mask > 0].min() > 1e-3  # not the initial policy's
+  assert ppo_learner.reference_role(c, policy.model, policy.params, mesh) is None
+
+
+def test_the_sampling_servers_refuse_a_teacher_of_another_size_in_one_line(
+    tmp_path, student_server):
+  from rlhf_jax.training import build
+  address, _, _ = student_server
+  save_arith_model(tmp_path / "teacher", hidden_size=32, num_layers=2, num_heads=2, seed=1)
+  c = sampler_route_config(tmp_path, tmp_path / "teacher", address)
+  mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  policy = build.load_policy(c, str(tmp_path), mesh)
+  with pytest.raises(ConfigError, match=r"^config\.algorithm\.distill\.teacher: .*"
+                     r"architecture differs .*hidden_size 32≠16.*num_layers 2≠1.*"
+                     r"in-process route .*any size") as error:
+    distillation.sampler_reference_params(c, policy.model, policy.params, mesh)
+  assert "\n" not in str(error.value)
+  with pytest.raises(ConfigError, match=r"architecture differs"):
+    build.build_sampler(c, policy, mesh)  # before the reference is sent
 
 
 @pytest.mark.slow
