@@ -62,13 +62,16 @@ class LearnerSpec:
 
 
 LEARNERS: dict[str, LearnerSpec] = {}
+BUILT_IN: tuple[str, ...] = ()  # set below, after the library's own families register
 
 
 def register_learner(spec_or_name: LearnerSpec | str, factory: LearnerFactory | None = None,
                      **features) -> LearnerSpec:
   """Makes `algorithm.learner = name` build its learner: `register_learner(spec)`, or
   `register_learner(name, factory, **LearnerSpec fields)`. Register before
-  `base_config()` runs for its `algorithm.<section>` to be in the config."""
+  `base_config()` runs for its `algorithm.<section>` to be in the config. As with
+  estimators, policy losses and rollout modes, registering a name again replaces it
+  (re-running a notebook cell); the built-in families cannot be replaced."""
   if isinstance(spec_or_name, LearnerSpec):
     if factory is not None or features:
       raise TypeError("register_learner(spec) takes no factory or features")
@@ -77,9 +80,10 @@ def register_learner(spec_or_name: LearnerSpec | str, factory: LearnerFactory | 
     if factory is None:
       raise TypeError(f"register_learner({spec_or_name!r}) needs a factory")
     spec = LearnerSpec(name=spec_or_name, factory=factory, **features)
-  if spec.name in LEARNERS:
-    raise ValueError(f"learner {spec.name!r} is already registered")
-  if spec.section is not None and any(s.section == spec.section for s in LEARNERS.values()):
+  if spec.name in BUILT_IN:  # a user's name is replaced (a notebook cell run again)
+    raise ValueError(f"{spec.name!r} is a built-in learner; register under another name")
+  if spec.section is not None and any(s.section == spec.section and s.name != spec.name
+                                      for s in LEARNERS.values()):
     raise ValueError(f"learner {spec.name!r}: section algorithm.{spec.section} is taken")
   LEARNERS[spec.name] = spec
   return spec
@@ -114,3 +118,4 @@ register_learner(LearnerSpec(
     name="dqo", factory=DQOLearner.from_config, section="dqo",
     default_section=dqo.dqo_config, check_section=dqo.validate_dqo_fields,
     validate=dqo.validate_run, rollout_modes=("groups", "dynamic", "offline")))
+BUILT_IN = tuple(LEARNERS)

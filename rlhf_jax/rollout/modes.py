@@ -152,14 +152,17 @@ class RolloutMode:
 
 
 MODES: dict[str, RolloutMode] = {}
+BUILT_IN: tuple[str, ...] = ()  # set at the end of the module, after the five below
 
 
 def register_rollout_mode(mode: RolloutMode) -> RolloutMode:
-  """Makes `rollout.mode = mode.name` run `mode`; a name is registered once."""
+  """Makes `rollout.mode = mode.name` run `mode`. As with estimators, policy losses and
+  learners, registering a name again replaces it (re-running a notebook cell); the
+  built-in modes cannot be replaced."""
   if not isinstance(mode, RolloutMode):
     raise TypeError(f"register_rollout_mode takes a RolloutMode, not {type(mode).__name__}")
-  if mode.name in MODES and MODES[mode.name] is not mode:
-    raise ValueError(f"rollout mode {mode.name!r} is already registered")
+  if mode.name in BUILT_IN and MODES[mode.name] is not mode:
+    raise ValueError(f"{mode.name!r} is a built-in rollout mode; register under another name")
   MODES[mode.name] = mode
   return mode
 
@@ -286,3 +289,4 @@ register_rollout_mode(RolloutMode(
     evaluator=_episode_evaluator))
 register_rollout_mode(RolloutMode(name="offline", build=_offline, allows_staleness=False,
                                   fixed_data=True, check_data=_check_offline_file))
+BUILT_IN = tuple(MODES)

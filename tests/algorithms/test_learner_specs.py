@@ -107,8 +107,10 @@ def test_a_feature_it_declares_is_allowed():
     c.train.packing = True
     validate_config(c)
     assert not registry.learner_spec("toy_packed").lora
-    with pytest.raises(ValueError, match="already registered"):
-      registry.register_learner("toy_packed", toy_factory)
+    again = registry.register_learner("toy_packed", toy_factory)  # a cell run again
+    assert registry.learner_spec("toy_packed") is again and not again.packing
+    with pytest.raises(ValueError, match="'ppo' is a built-in learner"):
+      registry.register_learner("ppo", toy_factory)
   finally:
     registry.LEARNERS.pop("toy_packed")
 

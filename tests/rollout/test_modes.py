@@ -145,10 +145,15 @@ def test_a_mode_is_found_by_name_or_by_module_path():
     modes.rollout_mode(config("tests.rollout.no_such_module:REPLAY"))
 
 
-def test_a_name_is_registered_once():
-  with pytest.raises(ValueError, match="'groups' is already registered"):
+def test_a_built_in_is_never_replaced_and_a_users_name_is():
+  with pytest.raises(ValueError, match="'groups' is a built-in rollout mode"):
     modes.register_rollout_mode(modes.RolloutMode(name="groups", build=build_replay))
   assert modes.register_rollout_mode(REPLAY) is REPLAY  # the same record again: no change
+  other = modes.register_rollout_mode(modes.RolloutMode(name="replay", build=build_replay))
+  try:  # a notebook cell run again replaces the user's record
+    assert modes.MODES["replay"] is other
+  finally:
+    modes.register_rollout_mode(REPLAY)
 
 
 @pytest.mark.parametrize("mode, field, changes", [
