@@ -240,7 +240,8 @@ def gspo_policy_loss(logprobs: chex.Array, old_logprobs: chex.Array,
   sequences are kept or clipped, so ε is tiny (paper: 3e-4 / 4e-4). With
   agg='seq-mean-token-mean' the loss is (1/G) Σ_i ℓ_i (the paper's objective); the
   token modes weight a sequence by its token count. M_i is the row's mask: tokens the
-  mask drops (tool tokens, masked IS) leave s_i. A_i is the masked row mean of
+  mask drops (tool tokens, a fresh token masked by correction.mode 'mis_*') leave s_i; a
+  stale token that staleness.mode 'mis_token' rejects stays in the mask with weight 0. A_i is the masked row mean of
   `advantages` (exactly A_i for outcome advantages broadcast over the response; use
   `gspo_token_policy_loss` for per-token advantages). Rollout-correction weights w
   scale each token's share of ℓ_i, as verl's `compute_policy_loss_gspo` does: a

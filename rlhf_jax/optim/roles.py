@@ -81,18 +81,20 @@ def _split_rows(tree, parts: int):
 # KL estimates, log-prob gaps, value mean, DPO's reward margins): the mean of those
 # means, exact when the micro-batches hold equal counts (verl averages its micro-batch
 # metrics the same way). The critic's explained variance, a ratio of variances, is
-# logged as its micro-batches' mean: an estimate, not the mini-batch's value. A loss
-# that logs another globally normalised term adds its name here.
+# logged as its micro-batches' mean: an estimate, not the mini-batch's value. A name
+# ending in `_loss` is read as a globally normalised term, so a policy loss from a user's
+# module that logs one (`my_term_loss`) is summed with no edit here.
 SUMMED_METRICS = frozenset({"pg_loss", "kl_loss", "positive_nll", "value_loss"})
+SUMMED_SUFFIX = "_loss"
 
 
 def combine_micro_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """Metrics stacked over U micro-batches ([U] leaves) → the mini-batch's (scalars), as
-  `SUMMED_METRICS` says: sums for global-normalised loss terms, max / min for extremes,
-  means otherwise."""
+  `SUMMED_METRICS` and `SUMMED_SUFFIX` say: sums for global-normalised loss terms, max /
+  min for extremes, means otherwise."""
 
   def combine(name, values):
-    if name in SUMMED_METRICS:
+    if name in SUMMED_METRICS or name.endswith(SUMMED_SUFFIX):
       return jnp.sum(values, axis=0)
     if name.endswith("_max"):
       return jnp.max(values, axis=0)

@@ -97,3 +97,15 @@ def test_logged_terms_are_the_minibatch_loss_under_micro_batching(critic):
   if not critic:
     assert whole["clip_frac_upper"] + whole["clip_frac_lower"] > 0  # the clip is exercised
     assert whole["update_logprob_gap_max"] > whole["update_logprob_gap_mean"] > 0
+
+
+def test_how_each_metric_combines_over_micro_batches():
+  """Shares of a globally normalised term (the built-in names, and any `*_loss` a user's
+  loss logs) add up; extremes take the extreme; per-token means are averaged."""
+  from rlhf_jax.optim.roles import combine_micro_metrics
+  stacked = {name: jnp.asarray([1.0, 2.0, 6.0]) for name in (
+      "pg_loss", "positive_nll", "my_term_loss", "entropy", "update_logprob_gap_max",
+      "ratio_min")}
+  combined = {k: float(v) for k, v in combine_micro_metrics(stacked).items()}
+  assert combined == {"pg_loss": 9.0, "positive_nll": 9.0, "my_term_loss": 9.0,
+                      "entropy": 3.0, "update_logprob_gap_max": 6.0, "ratio_min": 1.0}
