@@ -42,6 +42,7 @@ from rlhf_jax.models.run_config import model_numerics
 
 NAME = "distill"
 SECTION = "distill"
+TASK_FIELD = "algorithm.distill.task_estimator"
 TEACHER_FIELD = "algorithm.distill.teacher"
 
 
@@ -73,7 +74,7 @@ def distill_advantages(batch: RolloutBatch, token_rewards: jax.Array, algorithm,
   advantages = (batch.ref_logprobs - batch.old_logprobs) * mask
   section = algorithm[SECTION]
   if section.task_coef > 0:
-    task = estimators.estimator(section.task_estimator)
+    task = estimators.estimator(section.task_estimator, TASK_FIELD)
     task_advantages, _ = task.fn(batch, token_rewards, algorithm, group_size=group_size)
     advantages = advantages + section.task_coef * task_advantages * mask
   return advantages, None
@@ -84,8 +85,9 @@ DISTILL = estimators.register_estimator(NAME, distill_advantages, needs_referenc
 
 
 def is_distilling(algorithm) -> bool:
-  """Whether `algorithm.advantage.estimator` is this module's."""
-  return algorithm.advantage.estimator == NAME
+  """Whether `algorithm.advantage.estimator` is this module's, under its registered name
+  or as "package.module:name" naming the record or the function."""
+  return estimators.estimator(algorithm.advantage.estimator).fn is distill_advantages
 
 
 def check_distill_fields(section: ml_collections.ConfigDict) -> None:
@@ -97,7 +99,7 @@ def check_distill_fields(section: ml_collections.ConfigDict) -> None:
     if section.task_estimator == NAME:
       invalid("algorithm.distill.task_estimator", section.task_estimator,
               "must be a task-reward estimator, not the teacher's term itself")
-    task = estimators.estimator(section.task_estimator)
+    task = estimators.estimator(section.task_estimator, TASK_FIELD)
     if task.needs_critic or task.needs_reference:
       invalid("algorithm.distill.task_estimator", section.task_estimator, "must need "
               "neither a critic nor a reference (e.g. grpo, rloo, reinforce_pp_baseline)")

@@ -99,6 +99,21 @@ def test_the_preset_needs_a_teacher_and_keeps_it_frozen(tmp_path):
     ppo_learner.validate_run(c, fixed_data=False)
 
 
+def test_named_by_module_path_it_keeps_the_teachers_rules():
+  c = distill_preset()
+  c.algorithm.advantage.estimator = "rlhf_jax.algorithms.distillation:DISTILL"
+  assert distillation.is_distilling(c.algorithm)
+  with pytest.raises(ConfigError, match=r"config\.algorithm\.distill\.teacher: .*required"):
+    ppo_learner.validate_run(c, fixed_data=False)
+
+
+def test_a_bad_task_estimator_is_named_as_its_own_field():
+  section = distill_preset().algorithm.distill
+  section.task_coef, section.task_estimator = 0.5, "grpoo"
+  with pytest.raises(ConfigError, match=r"^config\.algorithm\.distill\.task_estimator: "):
+    distillation.check_distill_fields(section)
+
+
 def test_its_per_token_advantages_are_refused_by_a_sequence_clip():
   """GSPO takes one advantage per response; the teacher's advantages vary per token."""
   from rlhf_jax.algorithms import ppo_config
