@@ -130,9 +130,15 @@ class PPOLearner(LearnerBase):
     correction = ppo_config.correction_mode(a, trainer_dtype=c.model.dtype,
                                             sampler_dtype=c.sampler.dtype)
     packing = RowPacker(c.train.minibatches, c.train.micro_batches) if c.train.packing else None
-    return cls(a, actor, critic, reference, correction=correction,
-               group_size=c.rollout.group_size, seed=c.seed, packing=packing,
-               reuse_sampler_logprobs=ppo_config.reuses_sampler_logprobs(a, c.train, correction))
+    learner = cls(a, actor, critic, reference, correction=correction,
+                  group_size=c.rollout.group_size, seed=c.seed, packing=packing,
+                  reuse_sampler_logprobs=ppo_config.reuses_sampler_logprobs(a, c.train,
+                                                                            correction))
+    if distillation.teacher_checkpoint(c):
+      # A teacher never moves and is loaded from the config: checkpoints leave it out (it
+      # may be larger than the student), and a resumed run loads the configured one.
+      learner.STATE_ROLES = tuple(r for r in cls.STATE_ROLES if r != "reference")
+    return learner
 
   def _prepare_fn(self, actor_params, ref_params, critic_params, kl_coef, version, batch,
                   packed):

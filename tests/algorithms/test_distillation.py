@@ -295,3 +295,12 @@ def test_a_shrunken_distillation_run(tmp_path):
   moved = jax.tree.leaves(jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)),
                                        before, trainer.learner.policy_params))
   assert any(moved)
+  # The teacher stays out of the checkpoint; a resumed run loads the configured one.
+  assert "reference" not in trainer.learner.state()
+  teacher = jax.tree.map(np.asarray, trainer.learner.reference.params)
+  trainer.close()
+  resumed = loop.Trainer(c, str(workdir), log=lambda line: None)
+  assert resumed.step == 2
+  assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(a, np.asarray(b)),
+                                          teacher, resumed.learner.reference.params)))
+  resumed.close()
