@@ -37,6 +37,7 @@ from rlhf_jax.sampling.scheduler_options import default_prompt_buckets
 from rlhf_jax.sampling.scheduler_options import validate_request
 from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
 from rlhf_jax.sampling.swap import WeightSwaps
+from rlhf_jax.sampling.swap import cache_version
 
 
 class QueueFull(RuntimeError):
@@ -101,7 +102,6 @@ class Scheduler(WeightSwaps):
     self._requests: dict[str, RequestState] = {}
     self._slots: list[SampleState | None] = [None] * engine.num_slots
     self._pending_params: tuple[Params, int] | None = None
-    self._refill = None  # the swap's cache refill program (sampling/swap.py), at first use
     self._to_reap: list[RequestState] = []  # requests with a cancel since the last step
     self._new_state = programs.state_program(engine, params)  # one program, not ~13
     self._state = self._new_state()
@@ -216,11 +216,12 @@ class Scheduler(WeightSwaps):
 
   def warmup(self, truncation: bool = True) -> dict[str, int]:
     """Compiles every program the scheduler can dispatch (sampling/programs.py; without
-    the truncating generates if not `truncation`), so no request pays for compilation.
+    the truncating generates if not `truncation`; under 'swap_now' the swap's refill), so
+    no request pays for compilation.
     Returns `engine.compilations()`."""
-    return programs.warmup(self.engine, self.params, self.prompt_buckets,
-                           max_prefill_batch=self.max_prefill_batch, init_state=self._new_state,
-                           steps_per_sync=self.steps_per_sync, truncation=truncation)
+    return self._warmup_refill(programs.warmup(  # and the swap's refill (swap.py)
+        self.engine, self.params, self.prompt_buckets, max_prefill_batch=self.max_prefill_batch,
+        init_state=self._new_state, steps_per_sync=self.steps_per_sync, truncation=truncation))
 
   def fail_all(self, reason: str) -> list[Completion]:
     """Ends every queued and running request with finish_reason "error" and starts
@@ -317,9 +318,8 @@ class Scheduler(WeightSwaps):
         self._to_reap.append(request)
     self._stats["samples_completed"] += 1
     if request.sampling.keep_cache and reason in ("stop", "length"):
-      version = sample.version if set(sample.versions) == {sample.version} else -1
-      self._state = self.prefix_cache.park(self._state, slot,
-                                           request.prompt_ids + sample.tokens, version)
+      self._state = self.prefix_cache.park(self._state, slot, request.prompt_ids
+                                           + sample.tokens, cache_version(sample))
     return Completion(request_id=request.request_id, sample_index=sample.index,
                       prompt_ids=request.prompt_ids, token_ids=sample.tokens,
                       sampled_logprobs=sample.sampled, model_logprobs=sample.model,

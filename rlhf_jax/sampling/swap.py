@@ -4,84 +4,146 @@ flight at a swap continue on the new weights with their KV cache recomputed by t
 A swap that kept the cache the old weights computed would let the new weights draw every
 later token over the old weights' keys and values: tokens of neither policy, though
 labelled with the new version. So at a swap each running sample's prompt and emitted tokens
-are prefilled again under the new weights (one prefill of all slots, padded to a power of
-two of positions) and replace its cache row; its next token, already drawn from the old
-weights' logits, keeps the old version (`SampleState.logits_version`), and every token
-after it is the new policy's. Prefills of samples that have not started (a request's other
-samples waiting for a slot, a parked row taken for a continuation) are dropped too, so
-they start from a prefill by the new weights.
+are prefilled again under the new weights and replace its cache row; its next token,
+already drawn from the old weights' logits, keeps the old version
+(`SampleState.logits_version`), and every token after it is the new policy's. Prefills of
+samples that have not started (a request's other samples waiting for a slot, a parked row
+taken for a continuation) are dropped too, so they start from a prefill by the new weights.
+A sample finished after a swap has a cache row wholly the new weights' (`cache_version`):
+kept for a continuation (`keep_cache`), the new weights reuse it.
 
-Costs: one prefill of every slot at a swap with samples in flight (its programs compile at
-the first such swap, one per padded length), and with `overlap_host` the dispatch in flight
-is read first (the host must know every emitted token).
+Memory and programs: the rows are prefilled in chunks of at most the scheduler's
+`max_prefill_batch` rows (fewer when there are fewer slots), each padded to one of
+`refill_lengths` (powers of two, and the cache length), and each chunk's rows are written
+into their slots in place (`dynamic_update_slice`, the donated state): at a swap the
+device holds the cache and one chunk's prefill, as at a normal prefill, never a second
+cache. One prefill and one `_refill_rows` program per refill length; `Scheduler.warmup`
+compiles them under update_policy 'swap_now' (a first swap compiling under the
+scheduler's lock would block `submit` and `metrics` for the compile time).
+
+Costs: a prefill of every running sample's tokens at a swap with samples in flight, and
+with `overlap_host` the dispatch in flight is read first (the host must know every emitted
+token).
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.models.decoder import KVCache
 from rlhf_jax.sampling.engine import Engine
 from rlhf_jax.sampling.engine_state import DecodeState
 from rlhf_jax.sampling.engine_state import Prefix
+from rlhf_jax.sampling.requests import SampleState
 
 MIN_POSITIONS = 8
 
 
-def refill_program(engine: Engine):
-  """jit (prefix [S rows], state (donated), refresh [S] bool) → state whose cache rows of
-  the `refresh` slots are the prefix's rows (padded to the cache length); other slots, the
-  next tokens, counts and sampling state stay."""
-  cache_length = engine.cache_length
-
-  def refill(prefix: Prefix, state: DecodeState, refresh: jax.Array) -> DecodeState:
-    cache = state.cache
-    batch_axis = 1 if cache.stacked else 0
-
-    def put(old, new, position_axis):
-      pad = [(0, 0)] * new.ndim
-      pad[position_axis] = (0, cache_length - new.shape[position_axis])
-      new = jnp.pad(new, pad).astype(old.dtype)
-      shape = [1] * old.ndim
-      shape[batch_axis] = old.shape[batch_axis]
-      return jnp.where(refresh.reshape(shape), new, old)
-
-    lengths = prefix.true_length
-    valid = jnp.arange(cache_length)[None, :] < lengths[:, None]
-    return state.replace(cache=KVCache(
-        keys=jax.tree.map(lambda o, n: put(o, n, n.ndim - 1), cache.keys, prefix.keys),
-        values=jax.tree.map(lambda o, n: put(o, n, n.ndim - 2), cache.values, prefix.values),
-        valid=jnp.where(refresh[:, None], valid, cache.valid),
-        end=jnp.where(refresh, lengths, cache.end),
-        length=jnp.where(refresh, lengths, cache.length)))
-
-  return jax.jit(refill, donate_argnums=(1,))
+def refill_lengths(cache_length: int) -> list[int]:
+  """The padded lengths of a refill's prefills: powers of two from MIN_POSITIONS below
+  `cache_length`, and `cache_length` (one prefill and one write program each)."""
+  lengths, length = {cache_length}, MIN_POSITIONS
+  while length < cache_length:
+    lengths.add(length)
+    length *= 2
+  return sorted(lengths)
 
 
-def refill_slots(engine: Engine, params: Any, state: DecodeState, running: dict, program
+def refill_batch(engine: Engine, max_prefill_batch: int) -> int:
+  """Rows per refill prefill: the scheduler's `max_prefill_batch`, at most the slots (a
+  single size: a swap is rare next to prefills, one program per length is enough)."""
+  return min(max_prefill_batch, engine.num_slots)
+
+
+def _refill_rows(prefix: Prefix, state: DecodeState, slots: jax.Array, count: jax.Array
                  ) -> DecodeState:
+  """Writes rows 0..count-1 of `prefix` ([R] rows of L ≤ cache_length positions) into the
+  cache rows `slots[:count]` (the positions past a row's length marked invalid); the
+  other slots, next tokens, counts and sampling state stay. In place: `state` is donated
+  and each row is a dynamic_update_slice."""
+  cache = state.cache
+  axis = 1 if cache.stacked else 0  # stacked: [layers, S, ...]
+  positions = jnp.arange(cache.valid.shape[1])
+
+  def write(r, cache):
+    slot, length = slots[r], prefix.true_length[r]
+
+    def put(buffer, rows):
+      update = jax.lax.dynamic_index_in_dim(rows, r, axis).astype(buffer.dtype)
+      start = [0] * buffer.ndim
+      start[axis] = slot
+      return jax.lax.dynamic_update_slice(buffer, update, start)
+
+    return cache.replace(keys=jax.tree.map(put, cache.keys, prefix.keys),
+                         values=jax.tree.map(put, cache.values, prefix.values),
+                         valid=cache.valid.at[slot].set(positions < length),
+                         end=cache.end.at[slot].set(length),
+                         length=cache.length.at[slot].set(length))
+
+  return state.replace(cache=jax.lax.fori_loop(0, count, write, cache))
+
+
+REFILL_ROWS = jax.jit(_refill_rows, donate_argnums=(1,))
+
+
+def refill_slots(engine: Engine, params: Any, state: DecodeState,
+                 running: dict[int, SampleState], rows: int) -> DecodeState:
   """Recomputes the cache rows of `running` ({slot: SampleState}) under `params`: each
-  row's prompt and emitted tokens prefilled (`state` donated; use the returned one)."""
-  slots = engine.num_slots
-  sequences = {slot: list(s.request.prompt_ids) + list(s.tokens) for slot, s in running.items()}
-  longest = max(len(q) for q in sequences.values())
-  positions = min(engine.cache_length, max(MIN_POSITIONS, 1 << (longest - 1).bit_length()))
-  tokens = np.zeros((slots, positions), np.int32)
-  lengths = np.ones((slots,), np.int32)  # idle rows: one dummy token, not written back
-  refresh = np.zeros((slots,), bool)
-  for slot, sequence in sequences.items():
-    tokens[slot, :len(sequence)] = sequence
-    lengths[slot], refresh[slot] = len(sequence), True
-  prefix = engine.prefill(params, tokens, lengths)
-  return program(prefix, state, refresh)
+  row's prompt and emitted tokens prefilled, `rows` at a time, grouped by padded length
+  (`refill_lengths`), and written into its slot (`state` donated; use the returned one)."""
+  lengths = refill_lengths(engine.cache_length)
+  groups = collections.defaultdict(list)
+  for slot, sample in running.items():
+    sequence = list(sample.request.prompt_ids) + list(sample.tokens)
+    groups[next(n for n in lengths if n >= len(sequence))].append((slot, sequence))
+  for length, group in sorted(groups.items()):
+    for start in range(0, len(group), rows):
+      chunk = group[start:start + rows]
+      tokens = np.zeros((rows, length), np.int32)
+      true_length = np.ones((rows,), np.int32)  # padding rows: one dummy token, unwritten
+      slots = np.zeros((rows,), np.int32)
+      for row, (slot, sequence) in enumerate(chunk):
+        tokens[row, :len(sequence)] = sequence
+        true_length[row], slots[row] = len(sequence), slot
+      prefix = engine.prefill(params, tokens, true_length)
+      state = REFILL_ROWS(prefix, state, slots, np.int32(len(chunk)))
+  return state
+
+
+def warmup_refill(engine: Engine, params: Any, state: DecodeState, rows: int
+                  ) -> DecodeState:
+  """Compiles every refill program (`refill_lengths`) on dummy rows that write nothing
+  (`state` donated, returned unchanged)."""
+  for length in refill_lengths(engine.cache_length):
+    prefix = engine.prefill(params, np.zeros((rows, length), np.int32),
+                            np.ones((rows,), np.int32))
+    state = REFILL_ROWS(prefix, state, np.zeros((rows,), np.int32), np.int32(0))
+  return state
+
+
+def cache_version(sample: SampleState) -> int:
+  """The weights version that computed `sample`'s cache row: its prefill's, or after a
+  swap the new weights' (every swap with the sample in flight recomputes the whole row,
+  and the dispatches after it run those weights): the weights of its last dispatch."""
+  return sample.logits_version
 
 
 class WeightSwaps:
   """The Scheduler's weight swaps (a mixin: it reads the Scheduler's own state)."""
+
+  def _warmup_refill(self, compiled: dict[str, int]) -> dict[str, int]:
+    """Compiles the refill programs when a swap may find samples in flight ('swap_now'),
+    on the scheduler's own state (no second cache); returns `engine.compilations()`."""
+    if self.update_policy != "swap_now":
+      return compiled
+    self._state = warmup_refill(self.engine, self.params, self._state,
+                                refill_batch(self.engine, self.max_prefill_batch))
+    jax.block_until_ready(self._state)
+    return self.engine.compilations()
 
   def _swap_reads_first(self) -> bool:
     """A swap is due under 'swap_now' while a dispatch's tokens are unread: `step` reads
@@ -103,9 +165,8 @@ class WeightSwaps:
       if request.prefix_version != self.weights_version:
         request.prefix = request.parked = None
     if running:
-      if self._refill is None:
-        self._refill = refill_program(self.engine)
-      self._state = refill_slots(self.engine, self.params, self._state, running, self._refill)
+      self._state = refill_slots(self.engine, self.params, self._state, running,
+                                 refill_batch(self.engine, self.max_prefill_batch))
       self._stats["refilled_tokens"] += sum(
           len(s.request.prompt_ids) + len(s.tokens) for s in running.values())
     self._stats["weight_updates"] += 1

@@ -24,11 +24,11 @@ NEW_TOKENS = 8
 PARAMS = sampling.SamplingParams(max_new_tokens=NEW_TOKENS, seed=0, stop_token_ids=())
 
 
-def as_batch(completions):
+def as_batch(completions, prompt_length=8):
   batch = batch_lib.build_rollout_batch(
-      [PROMPT] * len(completions), [c.token_ids for c in completions],
+      [c.prompt_ids for c in completions], [c.token_ids for c in completions],
       [c.model_logprobs for c in completions], [1.0, -1.0] * (len(completions) // 2),
-      [False] * len(completions), [0] * len(completions), prompt_length=8,
+      [False] * len(completions), [0] * len(completions), prompt_length=prompt_length,
       response_length=NEW_TOKENS, pad_id=0,
       token_versions=[c.token_versions for c in completions])
   return batch_lib.as_device(batch)
@@ -95,5 +95,56 @@ def test_a_sample_not_started_at_a_swap_is_prefilled_by_the_new_weights():
   assert done[0].token_versions == [0] * NEW_TOKENS
   assert done[2].token_versions == [1] * NEW_TOKENS
   batch = as_batch([done[2], done[2]])
+  np.testing.assert_allclose(np.asarray(batch.sampler_logprobs)[0],
+                             new_policy_logprobs(batch)[0], atol=2e-5)
+
+
+WIDE = sampling.Engine(MODEL, num_slots=8, cache_length=32)  # refill lengths 8, 16, 32
+
+
+def test_a_refill_of_more_samples_than_the_prefill_batch_runs_in_chunks(monkeypatch):
+  """8 samples in flight, max_prefill_batch 2: the refill prefills 2 rows at a time (the
+  transient memory of a normal prefill, not of a second cache), grouped by padded length,
+  and every row's tokens after the swap are still the new policy's."""
+  calls = []
+  prefill = WIDE.prefill
+  monkeypatch.setattr(WIDE, "prefill", lambda params, tokens, lengths: (
+      calls.append(np.shape(tokens)), prefill(params, tokens, lengths))[1])
+  sched = Scheduler(WIDE, OLD, prompt_buckets=(8,), steps_per_sync=2,
+                    update_policy="swap_now", max_prefill_batch=2)
+  prompts = [list(range(3, 4 + n)) for n in range(8)]  # 1-8 tokens
+  ids = [sched.submit(p, PARAMS) for p in prompts]
+  sched.step()
+  sched.update_params(NEW, version=1)
+  done = {c.request_id: c for c in sched.run()}
+  rows = [done[i] for i in ids]
+  # Prompt + 2 read tokens: 3-8 tokens (6 rows, 3 chunks of 8 positions), 9-10 (one of 16).
+  assert calls == [(2, 8)] * 3 + [(2, 16)]
+  assert sched.metrics()["refilled_tokens"] == sum(len(p) + 2 for p in prompts)
+  assert all(r.token_versions == [0] * 3 + [1] * 5 for r in rows)
+  batch = as_batch(rows)
+  after = slice(3, NEW_TOKENS)
+  np.testing.assert_allclose(np.asarray(batch.sampler_logprobs)[:, after],
+                             new_policy_logprobs(batch)[:, after], atol=2e-5)
+
+
+def test_a_row_recomputed_at_a_swap_is_kept_as_the_new_weights():
+  """A keep_cache sample swapped mid-sample: its cache row is wholly the new weights'
+  (recomputed, then decoded by them), so it is parked as theirs, not as mixed, and its
+  continuation under the new weights prefills only the new tokens."""
+  sched = Scheduler(WIDE, OLD, prompt_buckets=(8, 16), steps_per_sync=2,
+                    update_policy="swap_now")
+  first = sched.submit(PROMPT, PARAMS.replace(keep_cache=True))
+  sched.step()
+  sched.update_params(NEW, version=1)
+  (turn,) = sched.run()
+  assert turn.token_versions == [0] * 3 + [1] * 5
+  held = PROMPT + turn.token_ids
+  second = sched.submit(held + [11], PARAMS)
+  (continued,) = sched.run()
+  assert (turn.request_id, continued.request_id) == (first, second)
+  assert sched.metrics()["reused_tokens"] == len(held)
+  assert continued.token_versions == [1] * NEW_TOKENS
+  batch = as_batch([continued, continued], prompt_length=16)
   np.testing.assert_allclose(np.asarray(batch.sampler_logprobs)[0],
                              new_policy_logprobs(batch)[0], atol=2e-5)
