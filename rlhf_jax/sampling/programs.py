@@ -6,7 +6,10 @@ size (`prefill_batch_sizes`, a few) one prefill; one insert in all (every prefil
 padded to the longest bucket); one generate for 1 and one for `steps_per_sync` decode
 steps (`step_counts`), each with and without top-k / top-p / min-p truncation (the
 engine compiles the truncating one only while a running sample asks for it). A continuation of a parked cache row (`keep_cache`) compiles one
-resume per padded length of new tokens (powers of two) when it first runs.
+resume per padded length of new tokens (powers of two) when it first runs. Under
+update_policy 'swap_now', the refill of the samples in flight at a weight swap
+(sampling/swap.py): per padded length of `swap.refill_plan` (powers of two, and the cache
+length) one prefill and one `_refill_rows` write; `Scheduler.warmup` compiles them too.
 """
 
 from __future__ import annotations

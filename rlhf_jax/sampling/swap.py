@@ -12,14 +12,16 @@ taken for a continuation) are dropped too, so they start from a prefill by the n
 A sample finished after a swap has a cache row wholly the new weights' (`cache_version`):
 kept for a continuation (`keep_cache`), the new weights reuse it.
 
-Memory and programs: the rows are prefilled in chunks of at most the scheduler's
-`max_prefill_batch` rows (fewer when there are fewer slots), each padded to one of
-`refill_lengths` (powers of two, and the cache length), and each chunk's rows are written
-into their slots in place (`dynamic_update_slice`, the donated state): at a swap the
-device holds the cache and one chunk's prefill, as at a normal prefill, never a second
-cache. One prefill and one `_refill_rows` program per refill length; `Scheduler.warmup`
-compiles them under update_policy 'swap_now' (a first swap compiling under the
-scheduler's lock would block `submit` and `metrics` for the compile time).
+Memory and programs: the rows are prefilled grouped by padded length (`refill_plan`:
+powers of two, and the cache length), in chunks of at most the scheduler's
+`max_prefill_batch` rows, fewer at lengths past the longest prompt bucket (a chunk's
+attention scores, rows × length², stay within a normal prefill's while one row does), and
+each chunk's rows are written into their slots in place (`dynamic_update_slice` on the
+donated state): at a swap the device holds the cache and one chunk's prefill, never a
+second cache. One prefill and one `_refill_rows` program per refill length;
+`Scheduler.warmup` compiles and runs them under update_policy 'swap_now' (a first swap
+compiling under the scheduler's lock would block `submit` and `metrics` for the compile
+time; and a refill that does not fit the device fails there, not mid-run).
 
 Costs: a prefill of every running sample's tokens at a swap with samples in flight, and
 with `overlap_host` the dispatch in flight is read first (the host must know every emitted
@@ -43,20 +45,26 @@ from rlhf_jax.sampling.requests import SampleState
 MIN_POSITIONS = 8
 
 
-def refill_lengths(cache_length: int) -> list[int]:
-  """The padded lengths of a refill's prefills: powers of two from MIN_POSITIONS below
-  `cache_length`, and `cache_length` (one prefill and one write program each)."""
-  lengths, length = {cache_length}, MIN_POSITIONS
-  while length < cache_length:
+def refill_plan(engine: Engine, max_prefill_batch: int, longest_bucket: int
+                ) -> dict[int, int]:
+  """{padded length: rows per prefill} of a refill: the lengths are powers of two from
+  MIN_POSITIONS below `engine.cache_length`, and the cache length (one prefill and one
+  write program each); the rows the most (a power of two, at least 1, at most
+  `max_prefill_batch` and the slots) whose rows × length² stay within a normal prefill's
+  `max_prefill_batch` × `longest_bucket`² (its attention scores)."""
+  lengths, length = {engine.cache_length}, MIN_POSITIONS
+  while length < engine.cache_length:
     lengths.add(length)
     length *= 2
-  return sorted(lengths)
-
-
-def refill_batch(engine: Engine, max_prefill_batch: int) -> int:
-  """Rows per refill prefill: the scheduler's `max_prefill_batch`, at most the slots (a
-  single size: a swap is rare next to prefills, one program per length is enough)."""
-  return min(max_prefill_batch, engine.num_slots)
+  budget, most = max_prefill_batch * longest_bucket ** 2, min(max_prefill_batch,
+                                                                engine.num_slots)
+  plan = {}
+  for length in sorted(lengths):
+    rows = 1
+    while rows * 2 <= most and rows * 2 * length ** 2 <= budget:
+      rows *= 2
+    plan[length] = rows
+  return plan
 
 
 def _refill_rows(prefix: Prefix, state: DecodeState, slots: jax.Array, count: jax.Array
@@ -91,16 +99,17 @@ REFILL_ROWS = jax.jit(_refill_rows, donate_argnums=(1,))
 
 
 def refill_slots(engine: Engine, params: Any, state: DecodeState,
-                 running: dict[int, SampleState], rows: int) -> DecodeState:
+                 running: dict[int, SampleState], plan: dict[int, int]) -> DecodeState:
   """Recomputes the cache rows of `running` ({slot: SampleState}) under `params`: each
-  row's prompt and emitted tokens prefilled, `rows` at a time, grouped by padded length
-  (`refill_lengths`), and written into its slot (`state` donated; use the returned one)."""
-  lengths = refill_lengths(engine.cache_length)
+  row's prompt and emitted tokens prefilled, grouped by padded length and chunked as
+  `plan` (`refill_plan`) says, and written into its slot (`state` donated; use the
+  returned one)."""
   groups = collections.defaultdict(list)
   for slot, sample in running.items():
     sequence = list(sample.request.prompt_ids) + list(sample.tokens)
-    groups[next(n for n in lengths if n >= len(sequence))].append((slot, sequence))
+    groups[next(n for n in sorted(plan) if n >= len(sequence))].append((slot, sequence))
   for length, group in sorted(groups.items()):
+    rows = plan[length]
     for start in range(0, len(group), rows):
       chunk = group[start:start + rows]
       tokens = np.zeros((rows, length), np.int32)
@@ -114,11 +123,11 @@ def refill_slots(engine: Engine, params: Any, state: DecodeState,
   return state
 
 
-def warmup_refill(engine: Engine, params: Any, state: DecodeState, rows: int
+def warmup_refill(engine: Engine, params: Any, state: DecodeState, plan: dict[int, int]
                   ) -> DecodeState:
-  """Compiles every refill program (`refill_lengths`) on dummy rows that write nothing
-  (`state` donated, returned unchanged)."""
-  for length in refill_lengths(engine.cache_length):
+  """Compiles and runs every refill program of `plan` (`refill_plan`) on dummy rows that
+  write nothing (`state` donated, returned unchanged)."""
+  for length, rows in plan.items():
     prefix = engine.prefill(params, np.zeros((rows, length), np.int32),
                             np.ones((rows,), np.int32))
     state = REFILL_ROWS(prefix, state, np.zeros((rows,), np.int32), np.int32(0))
@@ -140,10 +149,12 @@ class WeightSwaps:
     on the scheduler's own state (no second cache); returns `engine.compilations()`."""
     if self.update_policy != "swap_now":
       return compiled
-    self._state = warmup_refill(self.engine, self.params, self._state,
-                                refill_batch(self.engine, self.max_prefill_batch))
+    self._state = warmup_refill(self.engine, self.params, self._state, self._refill_plan())
     jax.block_until_ready(self._state)
     return self.engine.compilations()
+
+  def _refill_plan(self) -> dict[int, int]:
+    return refill_plan(self.engine, self.max_prefill_batch, self.prompt_buckets[-1])
 
   def _swap_reads_first(self) -> bool:
     """A swap is due under 'swap_now' while a dispatch's tokens are unread: `step` reads
@@ -166,7 +177,7 @@ class WeightSwaps:
         request.prefix = request.parked = None
     if running:
       self._state = refill_slots(self.engine, self.params, self._state, running,
-                                 refill_batch(self.engine, self.max_prefill_batch))
+                                 self._refill_plan())
       self._stats["refilled_tokens"] += sum(
           len(s.request.prompt_ids) + len(s.tokens) for s in running.values())
     self._stats["weight_updates"] += 1

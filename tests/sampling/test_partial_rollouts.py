@@ -12,6 +12,7 @@ from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
+from rlhf_jax.sampling import swap
 from rlhf_jax.sampling.scheduler import Scheduler
 
 CONFIG = models.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=2, num_heads=2,
@@ -102,10 +103,19 @@ def test_a_sample_not_started_at_a_swap_is_prefilled_by_the_new_weights():
 WIDE = sampling.Engine(MODEL, num_slots=8, cache_length=32)  # refill lengths 8, 16, 32
 
 
+def test_the_refill_plan_keeps_a_chunk_within_a_normal_prefill():
+  """rows × length² ≤ max_prefill_batch × longest bucket², rows a power of two in
+  [1, min(max_prefill_batch, slots)]; lengths powers of two from 8, and the cache length."""
+  engine = sampling.Engine(MODEL, num_slots=8, cache_length=100)
+  assert swap.refill_plan(engine, 4, 16) == {8: 4, 16: 4, 32: 1, 64: 1, 100: 1}
+  assert swap.refill_plan(engine, 16, 16) == {8: 8, 16: 8, 32: 4, 64: 1, 100: 1}
+  assert swap.refill_plan(ENGINE, 8, 8) == {8: 2, 16: 2}  # 2 slots
+
+
 def test_a_refill_of_more_samples_than_the_prefill_batch_runs_in_chunks(monkeypatch):
-  """8 samples in flight, max_prefill_batch 2: the refill prefills 2 rows at a time (the
-  transient memory of a normal prefill, not of a second cache), grouped by padded length,
-  and every row's tokens after the swap are still the new policy's."""
+  """8 samples in flight, max_prefill_batch 2: the refill prefills at most 2 rows at a
+  time, grouped by padded length (a normal prefill's transient memory, not a second
+  cache's), and every row's tokens after the swap are still the new policy's."""
   calls = []
   prefill = WIDE.prefill
   monkeypatch.setattr(WIDE, "prefill", lambda params, tokens, lengths: (
@@ -118,8 +128,9 @@ def test_a_refill_of_more_samples_than_the_prefill_batch_runs_in_chunks(monkeypa
   sched.update_params(NEW, version=1)
   done = {c.request_id: c for c in sched.run()}
   rows = [done[i] for i in ids]
-  # Prompt + 2 read tokens: 3-8 tokens (6 rows, 3 chunks of 8 positions), 9-10 (one of 16).
-  assert calls == [(2, 8)] * 3 + [(2, 16)]
+  # Prompt + 2 read tokens: 3-8 tokens (6 rows: 3 chunks of 2 × 8 positions), 9-10 (2 rows
+  # of 16 positions, one at a time: 2 × 16² exceeds a normal prefill's 2 × 8²).
+  assert calls == [(2, 8)] * 3 + [(1, 16)] * 2
   assert sched.metrics()["refilled_tokens"] == sum(len(p) + 2 for p in prompts)
   assert all(r.token_versions == [0] * 3 + [1] * 5 for r in rows)
   batch = as_batch(rows)

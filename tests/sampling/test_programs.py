@@ -14,9 +14,11 @@ from jax.sharding import PartitionSpec
 
 from rlhf_jax import sampling
 from rlhf_jax.sampling import programs
+from rlhf_jax.sampling import swap
 from rlhf_jax.sampling.scheduler import Scheduler
 from tests.sampling.tiny_engine import MODEL
 from tests.sampling.tiny_engine import PARAMS
+from tests.sampling.tiny_engine import peaked_params
 from tests.sampling.tiny_engine import prompts
 
 BUCKETS = (8, 16)
@@ -129,3 +131,29 @@ def test_completions_equal_one_step_dispatches():
     for (_, sampled, model, _), (_, ref_sampled, ref_model, _) in zip(got, reference):
       assert sampled == pytest.approx(ref_sampled, abs=1e-5)
       assert model == pytest.approx(ref_model, abs=1e-5)
+
+
+def test_warmup_compiles_the_swap_refill_and_a_first_swap_compiles_nothing():
+  """Under 'swap_now' warmup compiles the refill (sampling/swap.py: one prefill and one
+  row write per refill length), so the first swap with samples in flight, which runs
+  under the scheduler's lock, compiles nothing (else submit and metrics wait for it)."""
+  engine = sampling.Engine(MODEL, num_slots=3, cache_length=16)  # shapes of its own
+  names = ("_prefill_impl", "_insert_impl", "_generate_impl", "_refill_rows", "refill")
+  with compile_log() as log:
+    sched = Scheduler(engine, PARAMS, prompt_buckets=(8,), steps_per_sync=2,
+                      max_prefill_batch=2, update_policy="swap_now")
+    sched.warmup(truncation=False)
+    warm = {name: log.count(name) for name in names}
+    ids = [sched.submit(p, sampling.SamplingParams(max_new_tokens=6, seed=0))
+           for p in ([9, 10, 11], [12] * 5, [20] * 7)]  # refilled at lengths 8 and 16
+    sched.step()
+    sched.update_params(peaked_params(seed=1)[1], version=1)
+    done = sched.run()
+    served = {name: log.count(name) for name in names}
+  assert sched.metrics()["refilled_tokens"] > 0  # a swap found samples in flight
+  assert sorted(c.request_id for c in done) == sorted(ids)
+  # buckets (8,) × batch sizes {1, 2}, and per refill length (8, 16) one prefill + write.
+  lengths = len(swap.refill_plan(engine, 2, 8))
+  assert warm == {"_prefill_impl": 2 + lengths, "_insert_impl": 1, "_generate_impl": 2,
+                  "_refill_rows": lengths, "refill": 0}
+  assert served == warm
