@@ -11,10 +11,11 @@ warm start runs first when <workdir>/sft (or --config.model.checkpoint) does not
 exist, and for rollout.mode 'offline' (DPO, DQO) the labelled samples of the warm
 start are written to <workdir>/offline.jsonl when data.offline_file is empty. Metrics go
 to <workdir>/metrics.jsonl; a progress bar goes to the console; the last line is a JSON
-summary. All of it is `rlhf_jax.training.run(config, workdir)`, callable from Python. --validate_only checks the config (and the overrides),
-the workdir, the policy checkpoint's files, and the data files (every row's JSON, schema,
-task and prompt length, with the policy's tokenizer, or the arith task's before its warm
-start) and exits: "config ok", or the one-line error with exit status 2.
+summary. All of it is `rlhf_jax.training.run(config, workdir)`, callable from Python.
+--validate_only checks the config (and the overrides), the workdir, the policy checkpoint's
+files, and the data files (every row's JSON, schema, task and prompt length, with the
+policy's tokenizer, or the arith task's before its warm start) and exits: "config ok", or
+the one-line error with exit status 2.
 """
 
 from __future__ import annotations
