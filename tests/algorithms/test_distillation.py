@@ -213,6 +213,7 @@ def student_server(tmp_path):
     service.stop()
 
 
+@pytest.mark.slow
 def test_the_sampling_servers_score_with_a_teacher_of_the_students_architecture(
     tmp_path, student_server):
   """rollout.reference_logprobs='sampler' with a teacher: building the sampler sends the

@@ -4,6 +4,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rlhf_jax import batch as batch_lib
 from rlhf_jax import models
@@ -37,6 +38,7 @@ def sampled_batch(model, params, rows=8, prompt=3, response=5, seed=0):
   return batch.replace(old_logprobs=own, sampler_logprobs=own)
 
 
+@pytest.mark.slow
 def test_an_ema_reference_follows_the_merged_lora_policy():
   """Two updates of a LoRA policy with reference_ema η: after each, the reference equals
   (1 − η)·reference + η·merged(adapters, base), computed here directly (it raised a

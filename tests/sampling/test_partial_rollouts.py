@@ -6,6 +6,7 @@ A sample that had not started when the weights changed starts from a new prefill
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rlhf_jax import batch as batch_lib
 from rlhf_jax import models
@@ -112,6 +113,7 @@ def test_the_refill_plan_keeps_a_chunk_within_a_normal_prefill():
   assert swap.refill_plan(ENGINE, 8, 8) == {8: 2, 16: 2}  # 2 slots
 
 
+@pytest.mark.slow
 def test_a_refill_of_more_samples_than_the_prefill_batch_runs_in_chunks(monkeypatch):
   """8 samples in flight, max_prefill_batch 2: the refill prefills at most 2 rows at a
   time, grouped by padded length (a normal prefill's transient memory, not a second
@@ -139,6 +141,7 @@ def test_a_refill_of_more_samples_than_the_prefill_batch_runs_in_chunks(monkeypa
                              new_policy_logprobs(batch)[:, after], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_a_row_recomputed_at_a_swap_is_kept_as_the_new_weights():
   """A keep_cache sample swapped mid-sample: its cache row is wholly the new weights'
   (recomputed, then decoded by them), so it is parked as theirs, not as mixed, and its

@@ -80,6 +80,7 @@ def score(client, batch=None):
   return client.reference_logprobs(batch.tokens, batch.attention_mask, batch.response_mask)
 
 
+@pytest.mark.slow
 def test_a_server_scores_rows_under_the_reference_it_was_sent(served):
   client, _ = served
   with pytest.raises(grpc.RpcError) as error:
