@@ -105,6 +105,7 @@ def test_sft_from_scratch_on_conversations_then_rl_from_its_checkpoint(tmp_path)
   assert json.loads(rl.stdout.strip().splitlines()[-1])["steps"] == 1
 
 
+@pytest.mark.slow
 def test_packed_rows_give_the_padded_loss(tokenizer):
   import numpy as np
   from rlhf_jax.algorithms.sft import sft_loss

@@ -17,6 +17,7 @@ def test_pass_at_k_matches_its_definition():
     pass_at_k(2, 1, 3)
 
 
+@pytest.mark.slow
 def test_train_rejects_a_bad_field_in_one_line_before_loading_anything(tmp_path):
   result = run("train.py", "--config=configs/dapo.py:arith", f"--workdir={tmp_path}",
                "--config.algorithm.policy_loss.clip_high=0.1")
