@@ -247,3 +247,33 @@ def test_the_tests_mirror_the_house():
         if node.module.startswith("tests.") and leaf.startswith("test_"):
           imports.append(f"{path.relative_to(tests)} imports {node.module}")
   assert not imports, imports
+
+
+MAX_FLOORS = 8  # kernels → models → batch → sampling → rewards → rollout → training → search
+
+
+def test_the_house_has_at_most_eight_floors():
+  """The longest chain of imports between the packages (a package's floor is one above the
+  highest it imports): 10 before the rollout batch, the sandbox and speculative rejection
+  moved to their own rooms (issue 36), 8 after."""
+  mods = modules()
+  packages = {name.split(".")[1] for name in mods if name.count(".") >= 1
+              and (ROOT / name.split(".")[1] / "__init__.py").is_file()}
+  uses = {p: set() for p in packages}
+  for name, path in mods.items():
+    source = name.split(".")[1:2]
+    if not source or source[0] not in packages:
+      continue
+    for dep in imports_of(path, set(mods)):
+      target = dep.split(".")[1:2]
+      if target and target[0] in packages and target[0] != source[0]:
+        uses[source[0]].add(target[0])
+  floors = {}
+
+  def floor(package):
+    if package not in floors:
+      floors[package] = 1 + max((floor(d) for d in uses[package]), default=0)
+    return floors[package]
+
+  highest = max(packages, key=floor)
+  assert floor(highest) <= MAX_FLOORS, (highest, floors)
