@@ -180,6 +180,14 @@ def rollout_mode(c: ml_collections.ConfigDict) -> RolloutMode:
                      what="RolloutMode")
 
 
+def rewarded_by_environment(c: ml_collections.ConfigDict) -> bool:
+  """Whether the environment's rewards alone are the episode's reward: a mode that runs
+  episodes (`needs_environment`) with `env.verifier=False`. No task scorer is then ever
+  called, so a row of any task name needs none: the one rule the data check
+  (training/build.check_tasks), the trainer and the `env` section's checks follow."""
+  return rollout_mode(c).needs_environment and not c.env.verifier
+
+
 def response_length(c: ml_collections.ConfigDict) -> int:
   """R, the batch's response columns of the run's mode."""
   return rollout_mode(c).response_length(c)

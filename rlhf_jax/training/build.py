@@ -176,7 +176,10 @@ def _read_located(c, field: str) -> list[tuple[str, Example]]:
 def check_tasks(c, field: str, located: list[tuple[str, Example]]) -> None:
   """Every row's task has a scorer: a registered task (tasks/registry.py), or any task
   when `reward.function` or a model route scores the samples; else a ConfigError naming
-  the row, the task and the ways out."""
+  the row, the task and the ways out. No row needs a scorer when the environment's rewards alone are the episode's
+  reward (`rollout_modes.rewarded_by_environment`: env.verifier=False)."""
+  if rollout_modes.rewarded_by_environment(c):
+    return
   math_tasks = set(task_registry.scored_by("math", {e.task for _, e in located}))
   for where, example in located:  # the rule scorers' dependencies (a monitor's too)
     if example.task in math_tasks and importlib.util.find_spec("math_verify") is None:
@@ -190,7 +193,9 @@ def check_tasks(c, field: str, located: list[tuple[str, Example]]) -> None:
           f"config.data.{field}: {where}: no scorer for task {example.task!r} (known: "
           f"{', '.join(task_registry.known_tasks())}); score it with reward.function="
           "'module:fn', or give the rows a known task (data.default_task, or data.columns="
-          "'task=<column>', e.g. task=ability for verl files)")
+          "'task=<column>', e.g. task=ability for verl files)"
+          + (", or reward episodes by the environment alone (env.verifier=False)"
+             if rollout_modes.rollout_mode(c).needs_environment else ""))
 
 
 def check_checkpoint_family(directory: str) -> None:

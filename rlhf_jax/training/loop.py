@@ -31,6 +31,7 @@ from rlhf_jax import run_control
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
+from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.rollout.lookahead import LookAhead
 from rlhf_jax.sampling import protocol as sampler_protocol
 from rlhf_jax.training import build
@@ -88,7 +89,8 @@ class Trainer:
     # Held-out accuracy is the rule verifiers' (the true one) whatever the reward is.
     self.eval_scorer = (self.scorer if scorer is not None else reward_build.evaluation_scorer(
         c, self.scorer, sorted({e.task for e in self.held_out})))
-    self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
+    if not rollout_modes.rewarded_by_environment(c):  # else no task is scored
+      self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
     try:
       self.sampler = build.build_sampler(c, self.policy, self.mesh)
     except Exception as error:  # pylint: disable=broad-except
