@@ -24,15 +24,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import importlib
-import importlib.util
 import inspect
 import math
-import os
-import sys
 from typing import Any, Callable, Sequence
 
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import load_object
 
 VERL_PARAMETERS = ("data_source", "solution_str", "ground_truth")
 SAMPLES_PER_CALL = 16  # a TRL-style call's chunk: a hang costs at most this many samples
@@ -62,50 +59,13 @@ class RewardFunction:
   weight: float = 1.0
 
 
-def _import_module(module: str):
-  """The module of a spec: a file path (…/x.py), or a dotted name, tried from the
-  current directory too (as TRL and verl users run their scripts)."""
-  if module.endswith(".py"):
-    path = os.path.abspath(module)
-    if not os.path.isfile(path):
-      raise RewardFunctionError(f"no file {module!r}")
-    name = f"rlhf_jax_reward_{abs(hash(path))}"
-    if name not in sys.modules:
-      spec = importlib.util.spec_from_file_location(name, path)
-      loaded = importlib.util.module_from_spec(spec)
-      sys.modules[name] = loaded
-      spec.loader.exec_module(loaded)
-    return sys.modules[name]
-  try:
-    return importlib.import_module(module)
-  except ModuleNotFoundError as error:
-    if error.name != module.split(".")[0] or os.getcwd() in sys.path:
-      raise
-    sys.path.append(os.getcwd())
-    return importlib.import_module(module)
-
-
 @functools.lru_cache(maxsize=None)
 def load_callable(spec: str) -> Callable:
-  """The callable of "module:name" (or "file.py:name"); RewardFunctionError naming what
-  is wrong: no colon, a module that does not import, a missing or non-callable name."""
-  module, colon, name = spec.rpartition(":")
-  if not colon or not module or not name:
-    raise RewardFunctionError(f"{spec!r} must be 'package.module:function' or "
-                              "'path/to/file.py:function'")
-  try:
-    loaded = _import_module(module)
-  except RewardFunctionError:
-    raise
-  except Exception as error:  # pylint: disable=broad-except  # user code: anything
-    raise RewardFunctionError(f"module {module!r} does not import ({type(error).__name__}: "
-                              f"{error})") from None
-  fn = getattr(loaded, name, None)
-  if fn is None:
-    raise RewardFunctionError(f"module {module!r} has no {name!r}")
-  if not callable(fn):
-    raise RewardFunctionError(f"{spec!r} is a {type(fn).__name__}, not a function")
-  return fn
+  """The callable of "module:name" (or "file.py:name"), by the one loader of every
+  `module:name` (config_errors.load_object: the working directory on the path, where it
+  looked when not found); RewardFunctionError naming what is wrong: no colon, a module
+  that does not import, a missing or non-callable name."""
+  return load_object(spec, "reward.function", what="function", error=RewardFunctionError)
 
 
 def convention_of(fn: Callable, spec: str) -> str:

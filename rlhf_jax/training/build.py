@@ -176,8 +176,8 @@ def _read_located(c, field: str) -> list[tuple[str, Example]]:
 def check_tasks(c, field: str, located: list[tuple[str, Example]]) -> None:
   """Every row's task has a scorer: a registered task (tasks/registry.py), or any task
   when `reward.function` or a model route scores the samples; else a ConfigError naming
-  the row, the task and the ways out. No row needs a scorer when the environment's rewards alone are the episode's
-  reward (`rollout_modes.rewarded_by_environment`: env.verifier=False)."""
+  the row, the task and the ways out. No row needs a scorer when the environment's
+  rewards alone are the episode's reward (`rollout_modes.rewarded_by_environment`: env.verifier=False)."""
   if rollout_modes.rewarded_by_environment(c):
     return
   math_tasks = set(task_registry.scored_by("math", {e.task for _, e in located}))
