@@ -4,11 +4,15 @@
 
   * `check_config_file`: a `--config=<file>[:variant]` that exists, is a .py file and
     compiles (a missing file or a syntax error, not a 40-line traceback).
-  * `check_checkpoint_dir`: an HF checkpoint directory whose config.json is a JSON object,
-    whose safetensors files have a readable header and the length that header gives
-    (a truncated download), whose shard index names existing shards, and, for a policy,
-    whose tokenizer.json is there and is JSON. Only config.json, the index and each
-    file's 8-byte length and JSON header are read.
+  * `check_checkpoint_dir`: an HF checkpoint directory whose config.json is a JSON object
+    within sane bounds (`models.hf_config.check_hf_bounds`: finite numbers, sizes no
+    published model exceeds), whose safetensors files have a readable header of known
+    dtypes and non-negative shapes whose byte ranges tile the file exactly (a truncated
+    download, a forged header), whose shard index names existing shards, whose tensors'
+    shapes fit config.json (`models.hf_tensors.check_header_shapes`), and, for a policy,
+    whose tokenizer.json is there, is JSON and has no more token ids than the embedding
+    has rows. Only config.json, the index, tokenizer.json and each file's 8-byte length
+    and JSON header are read: nothing is built or allocated.
   * `check_workdir`: a run directory that is a directory, or can be made one (no regular
     file in its place or above it).
 
@@ -19,6 +23,7 @@ file and line; the launchers turn those into ConfigErrors naming the field.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from typing import NoReturn
@@ -29,6 +34,11 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TOKENIZER = "tokenizer.json"
 _MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header (100 MB)
+# Bits per element of each safetensors dtype (safetensors 0.6's list; F4/F6 are packed).
+SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+                    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32,
+                    "F32": 32, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6,
+                    "F6_E3M2": 6}
 
 
 def check_config_file(spec: str, flag: str = "config") -> None:
@@ -58,6 +68,8 @@ def _json_object(path: str, where: str) -> dict:
       value = json.load(f)
   except (OSError, UnicodeDecodeError) as error:
     raise ConfigError(f"{where}: {path} cannot be read ({error})") from None
+  except RecursionError:
+    raise ConfigError(f"{where}: {path}: JSON nested too deeply to read") from None
   except json.JSONDecodeError as error:
     raise ConfigError(f"{where}: {path}:{error.lineno}: not JSON ({error.msg})") from None
   if not isinstance(value, dict):
@@ -66,9 +78,17 @@ def _json_object(path: str, where: str) -> dict:
 
 
 def check_safetensors(path: str, where: str) -> set[str]:
-  """The tensor names of a safetensors file whose 8-byte header length, JSON header and
-  size agree (the data ends where the header's largest offset says); ConfigError naming
-  `where` and the file otherwise. Reads only the header."""
+  """The tensor names of a sound safetensors file (`safetensors_shapes`)."""
+  return set(safetensors_shapes(path, where))
+
+
+def safetensors_shapes(path: str, where: str) -> dict[str, tuple[int, ...]]:
+  """Tensor name → shape of a safetensors file whose 8-byte header length, JSON header
+  and size agree: every tensor of a known dtype (`SAFETENSORS_BITS`), a shape of
+  non-negative integers, and byte ranges [begin, end) that hold exactly its elements
+  and tile the data from 0 to the file's end without gap or overlap (what the safetensors
+  library checks when it opens the file, here before anything reads it). ConfigError
+  naming `where`, the file and the tensor otherwise. Reads only the header."""
   size = os.path.getsize(path)
   with open(path, "rb") as f:
     head = f.read(8)
@@ -78,20 +98,53 @@ def check_safetensors(path: str, where: str) -> set[str]:
                         f"{size}-byte file whose header length reads {length})")
     try:
       header = json.loads(f.read(length))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
       header = None
   if not isinstance(header, dict):
     raise ConfigError(f"{where}: {path}: the safetensors header is not a JSON object")
   tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-  try:
-    end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
-  except (TypeError, KeyError, IndexError, ValueError):
-    raise ConfigError(f"{where}: {path}: a tensor of the safetensors header has no "
-                      "data_offsets") from None
-  if 8 + length + end != size:
+  spans, shapes = [], {}
+  for name, entry in tensors.items():
+    begin, end, shape = _tensor_span(entry)
+    if begin is None:
+      raise ConfigError(f"{where}: {path}: tensor {name!r} of the safetensors header has no "
+                        "sound dtype, shape and data_offsets")
+    if entry["dtype"] not in SAFETENSORS_BITS:
+      raise ConfigError(f"{where}: {path}: tensor {name!r} has dtype {entry['dtype']!r}; "
+                        f"known: {', '.join(SAFETENSORS_BITS)}")
+    bits = math.prod(shape) * SAFETENSORS_BITS[entry["dtype"]]
+    if bits != 8 * (end - begin):
+      raise ConfigError(f"{where}: {path}: tensor {name!r} of shape {list(shape)} "
+                        f"({entry['dtype']}) needs {bits // 8} bytes; its data_offsets "
+                        f"give {end - begin}")
+    spans.append((begin, end, name))
+    shapes[name] = shape
+  position = 0
+  for begin, end, name in sorted(spans):
+    if begin != position:
+      raise ConfigError(f"{where}: {path}: tensor {name!r} starts at byte {begin} of the "
+                        f"data, not {position} (its data_offsets overlap another's or leave "
+                        "a gap)")
+    position = end
+  if 8 + length + position != size:
     raise ConfigError(f"{where}: {path}: truncated or padded: the header gives "
-                      f"{8 + length + end} bytes, the file has {size}")
-  return set(tensors)
+                      f"{8 + length + position} bytes, the file has {size}")
+  return shapes
+
+
+def _tensor_span(entry) -> tuple[int | None, int, tuple[int, ...]]:
+  """(begin, end, shape) of a header entry, or (None, 0, ()) when any is malformed."""
+  def natural(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+  try:
+    begin, end = entry["data_offsets"]
+    shape = tuple(entry["shape"])
+    entry["dtype"].upper()
+  except (TypeError, KeyError, ValueError, AttributeError):
+    return None, 0, ()
+  if not (natural(begin) and natural(end) and begin <= end and all(map(natural, shape))):
+    return None, 0, ()
+  return begin, end, shape
 
 
 def check_checkpoint_dir(directory: str, where: str, *, tokenizer: bool = True,
@@ -105,19 +158,61 @@ def check_checkpoint_dir(directory: str, where: str, *, tokenizer: bool = True,
                       f"{'not a directory' if os.path.exists(directory) else 'no such directory'}")
   if not os.path.exists(os.path.join(directory, "config.json")):
     _missing(directory, "config.json", where)
-  _json_object(os.path.join(directory, "config.json"), where)
-  if weights:
-    _check_weights(directory, where)
+  config = _json_object(os.path.join(directory, "config.json"), where)
+  shapes = _check_weights(directory, where) if weights else {}
+  _check_model(directory, config, shapes, where)
   if tokenizer:
     path = os.path.join(directory, TOKENIZER)
     if not os.path.exists(path):
       _missing(directory, f"{TOKENIZER} (its tokenizer)", where)
-    _json_object(path, where)
+    rows = shapes.get("model.embed_tokens.weight", (config.get("vocab_size"),))[0]
+    ids = _token_ids(_json_object(path, where))
+    if isinstance(rows, int) and ids > rows:
+      raise ConfigError(f"{where}: {path} has {ids} token ids, more than the {rows} rows of "
+                        "the model's embedding (config.json vocab_size): its tokens past "
+                        f"{rows - 1} have no embedding")
 
 
-def _check_weights(directory: str, where: str) -> None:
-  """model.safetensors, or the shard index and every shard it names, with sound headers."""
+def _check_model(directory: str, config: dict, shapes: dict[str, tuple[int, ...]],
+                 where: str) -> None:
+  """config.json within bounds and, with `shapes` (the safetensors headers'), the tensors
+  fitting it; a family we do not load is left to the family check, which names it."""
+  from rlhf_jax.models import hf_config  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.models import hf_tensors  # pylint: disable=import-outside-toplevel
+  try:
+    hf_config.architecture_from_hf(config)
+  except ValueError:
+    return
+  try:
+    model = hf_config.config_from_hf(config)  # check_hf_bounds first
+    if shapes:
+      hf_tensors.check_header_shapes(model, shapes)
+  except KeyError as error:
+    raise ConfigError(f"{where}: {directory}: config.json has no {error}") from None
+  except (ValueError, TypeError) as error:
+    raise ConfigError(f"{where}: {directory}: {error}") from None
+
+
+def _token_ids(tokenizer: dict) -> int:
+  """How many token ids a tokenizer.json gives: one past the largest id of its model's
+  vocabulary (a dict of ids, or Unigram's list) and of its added tokens (0 if none)."""
+  model = tokenizer.get("model")
+  vocab = model.get("vocab") if isinstance(model, dict) else None
+  ids = [-1]
+  if isinstance(vocab, dict):
+    ids += [i for i in vocab.values() if isinstance(i, int)]
+  elif isinstance(vocab, list):
+    ids.append(len(vocab) - 1)
+  ids += [t.get("id") for t in tokenizer.get("added_tokens") or ()
+          if isinstance(t, dict) and isinstance(t.get("id"), int)]
+  return max(ids) + 1
+
+
+def _check_weights(directory: str, where: str) -> dict[str, tuple[int, ...]]:
+  """model.safetensors, or the shard index and every shard it names, with sound headers;
+  tensor name → shape over all of them."""
   index = os.path.join(directory, SAFETENSORS_INDEX)
+  shapes = {}
   if os.path.exists(index):
     weight_map = _json_object(index, where).get("weight_map")
     if not isinstance(weight_map, dict):
@@ -126,11 +221,12 @@ def _check_weights(directory: str, where: str) -> None:
       path = os.path.join(directory, str(shard))
       if not os.path.isfile(path):
         raise ConfigError(f"{where}: shard {path}, named in {SAFETENSORS_INDEX}, is missing")
-      check_safetensors(path, where)
+      shapes.update(safetensors_shapes(path, where))
   elif os.path.exists(os.path.join(directory, SAFETENSORS)):
-    check_safetensors(os.path.join(directory, SAFETENSORS), where)
+    shapes = safetensors_shapes(os.path.join(directory, SAFETENSORS), where)
   else:
     _missing(directory, f"{SAFETENSORS} (or {SAFETENSORS_INDEX})", where)
+  return shapes
 
 
 def _missing(directory: str, name: str, where: str) -> NoReturn:

@@ -3,12 +3,15 @@
 A family is its HF class (`config.ARCHITECTURES`) plus the DecoderConfig options its
 modelling code fixes (`FAMILY_OPTIONS`: biases, q/k norms, norm placement); what
 config.json carries (shapes, RoPE, sliding windows) is read here. What we cannot
-compute the way transformers does is refused with a one-line ValueError.
+compute the way transformers does is refused with a one-line ValueError, and so is a
+config.json outside sane bounds (`check_hf_bounds`: a non-finite number anywhere, a size
+past any published model's), before anything loops over its layers or allocates.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from rlhf_jax.models.config import ARCHITECTURES
@@ -40,6 +43,53 @@ PARTIAL_ROTARY = ("phi3",)
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM",
                      "DeepseekV2ForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+# Integer keys of config.json with their sane range (from 1; from 0 for the two window
+# keys, whose 0 transformers writes for "none"): 8× past the largest published dense
+# model (Llama 3.1 405B: 126 layers, width 16384, MLP 53248; Gemma 3's 262144-entry
+# vocabulary). Beyond them a number is a typo or an attack (10,000,000 layers spun the
+# trainer's loops silently), not a checkpoint; the safetensors headers bound the rest.
+HF_INT_BOUNDS = {"vocab_size": 1 << 21, "hidden_size": 1 << 17, "num_hidden_layers": 1024,
+                 "num_attention_heads": 1024, "num_key_value_heads": 1024,
+                 "head_dim": 4096, "intermediate_size": 1 << 19,
+                 "max_position_embeddings": 1 << 24, "sliding_window": 1 << 24,
+                 "max_window_layers": 1 << 20}
+
+
+def check_hf_bounds(hf: dict[str, Any]) -> None:
+  """ValueError in one line naming the key when config.json has a non-finite number
+  anywhere (`NaN`, `Infinity`: Python's json reads both), a shape key that is not an
+  integer in 1..HF_INT_BOUNDS[key], a non-positive rope_theta or rms_norm_eps, or more
+  key-value heads than heads."""
+  _check_finite_json(hf, "")
+  for key, high in HF_INT_BOUNDS.items():
+    value = hf.get(key)
+    if value is None and key not in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                     "num_attention_heads", "intermediate_size"):
+      continue
+    low = 0 if key in ("sliding_window", "max_window_layers") else 1
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+      raise ValueError(f"config.json: {key}={value!r} must be an integer in {low}..{high}.")
+  for key in ("rope_theta", "rms_norm_eps", "layer_norm_eps"):
+    value = hf.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not value > 0):
+      raise ValueError(f"config.json: {key}={value!r} must be a number > 0.")
+  heads, kv_heads = hf["num_attention_heads"], hf.get("num_key_value_heads") or 0
+  if kv_heads and heads % kv_heads:
+    raise ValueError(f"config.json: num_key_value_heads={kv_heads} must divide "
+                     f"num_attention_heads={heads}.")
+
+
+def _check_finite_json(value: Any, path: str) -> None:
+  """ValueError naming the first non-finite number in a parsed JSON value."""
+  if isinstance(value, float) and not math.isfinite(value):
+    raise ValueError(f"config.json: {path or 'the value'}={value!r} must be finite.")
+  if isinstance(value, dict):
+    for key, item in value.items():
+      _check_finite_json(item, f"{path}.{key}" if path else str(key))
+  elif isinstance(value, list):
+    for index, item in enumerate(value):
+      _check_finite_json(item, f"{path}[{index}]")
 
 
 def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
@@ -93,9 +143,10 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
     The DecoderConfig.
   Raises:
     ValueError in one line naming what is not supported (an architecture, MoE, a
-    rope type, sliding windows, biases, activations).
+    rope type, sliding windows, biases, activations) or out of bounds (`check_hf_bounds`).
   """
   architecture = architecture_from_hf(hf)
+  check_hf_bounds(hf)
   cls = ARCHITECTURES[architecture]
   if hf.get("mlp_bias"):
     raise ValueError("config.json: mlp_bias=true is not supported.")
@@ -227,8 +278,9 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
     hf["mlp_bias"] = False
   window = config.sliding_window
   if config.architecture in WINDOW_BY_LAYER_TYPE:
+    # transformers 4 slides the layers from max_window_layers on: none, or all of them.
     hf.update(use_sliding_window=window is not None, sliding_window=window,
-              max_window_layers=0, layer_types=[
+              max_window_layers=config.num_layers if window is None else 0, layer_types=[
                   "full_attention" if window is None else "sliding_attention"] * config.num_layers)
   elif config.architecture in WINDOW_EVERY_LAYER:
     hf["sliding_window"] = window

@@ -105,3 +105,61 @@ def _layer_mappings(config: config_lib.DecoderConfig, hf: str, ours: tuple
   mappings.append(TensorMapping(ours + ("mlp", "down_proj"), hf + "mlp.down_proj.weight",
                                 _transpose, _transpose))
   return mappings
+
+
+def _layer_of(name: str) -> int | None:
+  """The layer index of an HF tensor name ("model.layers.3.mlp..." → 3), or None."""
+  parts = name.split(".")
+  if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+    return int(parts[2])
+  return None
+
+
+def check_header_shapes(config: config_lib.DecoderConfig, shapes: dict[str, tuple[int, ...]]
+                        ) -> None:
+  """ValueError in one line when a checkpoint's tensors (HF name → shape, as its
+  safetensors headers give them) do not fit `config`: a layer past `config.num_layers`
+  or fewer layers than it, a tensor of the table whose shape does not map to ours, or a
+  layer's tensor whose shape differs from layer 0's.
+
+  Read before anything is built: our shapes are abstract (`init_model(abstract=True)`),
+  and the table's layout conversions run on zero-byte arrays of the header's shapes
+  (NumPy's 'V0' dtype), so a 405B checkpoint is checked without allocating it. A scalar
+  head is assumed when the checkpoint has `score.weight` (a reward model or critic). A
+  missing tensor is left to the loader, which names it.
+  """
+  from rlhf_jax.models.functional import init_model  # pylint: disable=import-outside-toplevel
+  layers = {_layer_of(name) for name in shapes} - {None}
+  if layers and (max(layers) >= config.num_layers or len(layers) < config.num_layers):
+    raise ValueError(f"config.json: num_hidden_layers={config.num_layers}, but the "
+                     f"safetensors hold layers 0..{max(layers)} ({len(layers)} of them).")
+  for name, shape in shapes.items():  # every layer has layer 0's shapes
+    layer = _layer_of(name)
+    first = name.replace(f"model.layers.{layer}.", "model.layers.0.", 1)
+    if layer and first in shapes and tuple(shapes[first]) != tuple(shape):
+      raise ValueError(f"tensor {name!r} has shape {tuple(shape)}, layer 0's "
+                       f"{tuple(shapes[first])}.")
+  head = "scalar" if "score.weight" in shapes else "lm"
+  one_layer = dataclasses.replace(config, num_layers=1, scan_layers=False,
+                                  layer_types=config.layer_types and config.layer_types[:1])
+  _, abstract = init_model(one_layer, head=head, abstract=True)
+  for mapping in tensor_mappings(one_layer, head):
+    if mapping.hf_name not in shapes:
+      continue
+    ours = abstract
+    for key in mapping.path:
+      ours = ours[key]
+    shape = tuple(shapes[mapping.hf_name])
+    if mapping.rows is not None:
+      if shape[:1] != mapping.rows[2:]:
+        raise ValueError(f"config.json does not fit tensor {mapping.hf_name!r} of shape "
+                         f"{shape}: the config gives it {mapping.rows[2]} rows.")
+      shape = (mapping.rows[1] - mapping.rows[0],) + shape[1:]
+    try:
+      mapped = mapping.to_ours(np.broadcast_to(np.zeros((), "V0"), shape)).shape
+    except ValueError:  # a reshape that does not fit
+      mapped = None
+    if mapped != tuple(ours.shape):
+      raise ValueError(f"config.json does not fit tensor {mapping.hf_name!r} of shape "
+                       f"{shape}: the config's model has {tuple(ours.shape)} there "
+                       f"(hidden_size={config.hidden_size}, vocab_size={config.vocab_size}).")
