@@ -25,6 +25,8 @@ docs/distillation.md has the preset, the run and both routes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import ml_collections
 
@@ -122,6 +124,13 @@ def validate_distill(c) -> None:
   if is_distilling(a) and not d.teacher:
     invalid(TEACHER_FIELD, d.teacher, "a teacher checkpoint directory is required for "
             f"algorithm.advantage.estimator={NAME!r}")
+  if is_distilling(a) and d.task_coef == 0 and c.rollout.mode == "dynamic":
+    # The teacher's per-token term is nonzero in every group, so "keep the groups whose
+    # reward varies" filters on a reward that trains nothing.
+    invalid("rollout.mode", c.rollout.mode, "must not be 'dynamic' with pure distillation "
+            f"(algorithm.advantage.estimator={NAME!r}, algorithm.distill.task_coef=0): "
+            "every group carries the teacher's signal; use 'groups', or a task term "
+            "(algorithm.distill.task_coef > 0)")
   if is_distilling(a) and d.task_coef > 0:
     if estimators.estimator(d.task_estimator).group_based and c.rollout.group_size < 2:
       invalid("rollout.group_size", c.rollout.group_size, "must be >= 2 for algorithm."
@@ -144,23 +153,68 @@ def teacher_checkpoint(c) -> str:
 
 def load_teacher(c, policy_model, mesh) -> tuple[object, dict]:
   """(teacher model, params on `mesh`) from `algorithm.distill.teacher`, computing with
-  the trainer's numerics (`model.*`). Its vocabulary must be the policy's (it scores the
-  policy's token ids); with `model.checkpoint` set, the two tokenizers' vocabularies must
-  be equal token for token. Raises ConfigError naming algorithm.distill.teacher."""
+  the trainer's numerics (`model.*`), scoring over the vocabulary it shares with the policy.
+
+  Teacher and student share a tokenizer, not necessarily a padded embedding size
+  (Qwen2.5-7B's 152064 rows against 1.5B's 151936, both for a 151665-token tokenizer).
+  The teacher's rows past the student's vocabulary V_s are ids the tokenizer never
+  produces and the student never samples, so its LM head is cut to V_s (`shared_vocabulary`):
+  log π_teacher(y_t) is renormalised over the common ids, the support of the reverse
+  KL(π_θ ‖ π_teacher) the estimator estimates. With `model.checkpoint` set the two
+  tokenizers must be equal (`check_same_tokenizer`); without (the arith warm start), the
+  teacher's tokenizer must fit the policy's vocabulary. Raises ConfigError naming
+  algorithm.distill.teacher."""
   directory = teacher_checkpoint(c)
   where = f"config.{TEACHER_FIELD}"
   file_checks.check_checkpoint_dir(directory, where)
-  model, params = models.load_hf_checkpoint(directory, **model_layout(c.model))
-  vocab = model.config.vocab_size
-  if vocab != policy_model.config.vocab_size:
-    raise ConfigError(f"{where}: {directory}: vocabulary {vocab} differs from the policy's "
-                      f"{policy_model.config.vocab_size} (the teacher must share its tokenizer)")
   if c.model.checkpoint:
     check_same_tokenizer(directory, c.model.checkpoint, where)
+  vocab = policy_model.config.vocab_size
+  ids = tokenizer_ids(directory, where)
+  if ids > vocab:
+    raise ConfigError(f"{where}: {directory}: its tokenizer has ids up to {ids - 1}, past the "
+                      f"policy's vocabulary of {vocab} rows: it is not the policy's tokenizer "
+                      "(the teacher must share it)", field=TEACHER_FIELD)
+  model, params = models.load_hf_checkpoint(directory, **model_layout(c.model))
+  model, params = shared_vocabulary(model, params, vocab, f"{where}: {directory}")
   model = models.with_numerics(model, **model_numerics(c.model))
   params = parallel.shard_params(params, parallel.param_shardings(
       params, model.logical_axes(), mesh))
   return model, params
+
+
+def tokenizer_ids(directory: str, where: str) -> int:
+  """1 + the largest id of the tokenizer in `directory` (the ids it can produce); a
+  tokenizer that does not load is a ConfigError starting with `where`."""
+  try:
+    vocab = models.Tokenizer.from_directory(directory).backend.get_vocab()
+  except (OSError, ValueError) as error:
+    raise ConfigError(f"{where}: {directory}: the tokenizer does not load ({error}); the "
+                      "teacher's directory holds the tokenizer it shares with the policy",
+                      field=TEACHER_FIELD) from None
+  return max(vocab.values()) + 1
+
+
+def shared_vocabulary(model, params: dict, vocab_size: int, where: str) -> tuple[object, dict]:
+  """The teacher (`model`, host `params`) scoring over the student's `vocab_size` ids only:
+  embedding rows [V_s, E] and LM head [E, V_s] (tied: the embedding) cut from [V_t, ...],
+  so its log-softmax runs over the common ids. A teacher with fewer rows than the student
+  is a ConfigError starting with `where`: the student may sample an id (a padding row) the
+  teacher has no logit for."""
+  teacher_vocab = model.config.vocab_size
+  if teacher_vocab < vocab_size:
+    raise ConfigError(f"{where}: its vocabulary has {teacher_vocab} rows, fewer than the "
+                      f"policy's {vocab_size}: the policy can sample ids the teacher cannot "
+                      "score (a teacher's padded vocabulary may be larger, never smaller)",
+                      field=TEACHER_FIELD)
+  if teacher_vocab == vocab_size:
+    return model, params
+  params = dict(params, embed=params["embed"][:vocab_size])
+  if "lm_head" in params:
+    params["lm_head"] = params["lm_head"][:, :vocab_size]
+  config = model.config.replace(vocab_size=vocab_size)
+  cut = models.init_model(config, head=model.head, abstract=True)[0]
+  return dataclasses.replace(cut, source=model.source), params
 
 
 # DecoderConfig fields that neither shape the parameter tree nor change what a forward
@@ -190,8 +244,10 @@ def sampler_reference_params(c, policy_model, policy_params, mesh):
     return policy_params
   where = f"config.{TEACHER_FIELD}"
   file_checks.check_checkpoint_dir(directory, where)
-  differ = architecture_differences(models.read_hf_config(directory, **model_layout(c.model)),
-                                    policy_model.config)
+  teacher = models.read_hf_config(directory, **model_layout(c.model))
+  if teacher.vocab_size > policy_model.config.vocab_size:  # cut by `shared_vocabulary`
+    teacher = teacher.replace(vocab_size=policy_model.config.vocab_size)
+  differ = architecture_differences(teacher, policy_model.config)
   if differ:
     raise ConfigError(f"{where}: {directory}: its architecture differs from the policy's "
                       f"({', '.join(differ)}), and with rollout.reference_logprobs='sampler' "
@@ -202,12 +258,23 @@ def sampler_reference_params(c, policy_model, policy_params, mesh):
 
 
 def check_same_tokenizer(teacher_dir: str, policy_dir: str, where: str) -> None:
-  """ConfigError naming `where` unless the two directories' tokenizers map the same
-  tokens to the same ids."""
-  teacher = models.Tokenizer.from_directory(teacher_dir).backend.get_vocab()
-  policy = models.Tokenizer.from_directory(policy_dir).backend.get_vocab()
-  if teacher != policy:
-    differ = sorted(set(teacher.items()) ^ set(policy.items()))[:3]
+  """ConfigError naming `where` unless the two directories' tokenizers are one: the same
+  token → id map (added tokens included) and the same special tokens (which added tokens
+  are special: decoding and masks skip them). Their models' padded embedding sizes may
+  differ (`shared_vocabulary`); so may the eos each config names (a base and an instruct
+  model of one tokenizer)."""
+  teacher = models.Tokenizer.from_directory(teacher_dir).backend
+  policy = models.Tokenizer.from_directory(policy_dir).backend
+  teacher_vocab, policy_vocab = teacher.get_vocab(), policy.get_vocab()
+  if teacher_vocab != policy_vocab:
+    differ = sorted(set(teacher_vocab.items()) ^ set(policy_vocab.items()))[:3]
     raise ConfigError(f"{where}: {teacher_dir}: its tokenizer differs from the policy's "
-                      f"({policy_dir}; e.g. {differ}): the teacher must share the tokenizer")
-
+                      f"({policy_dir}; e.g. {differ}): the teacher must share the tokenizer",
+                      field=TEACHER_FIELD)
+  special = [{token.content for token in backend.get_added_tokens_decoder().values()
+              if token.special} for backend in (teacher, policy)]
+  if special[0] != special[1]:
+    differ = sorted(special[0] ^ special[1])[:3]
+    raise ConfigError(f"{where}: {teacher_dir}: its special tokens differ from the policy's "
+                      f"({policy_dir}; e.g. {differ}): the teacher must share the tokenizer",
+                      field=TEACHER_FIELD)

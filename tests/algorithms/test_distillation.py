@@ -126,12 +126,14 @@ def test_its_per_token_advantages_are_refused_by_a_sequence_clip():
   ppo_config.validate_algorithm_config(a, group_size=4, response_length=16)
 
 
-def save_arith_model(directory, *, hidden_size, num_layers, num_heads, seed):
-  """A random arith-task checkpoint (the task's tokenizer) of the given size."""
-  tokenizer = task_registry.get_task("arith").tokenizer()
+def save_arith_model(directory, *, hidden_size, num_layers, num_heads, seed, vocab_pad=0,
+                     tokenizer=None):
+  """A random arith-task checkpoint (the task's tokenizer, or `tokenizer`) of the given
+  size, its embedding padded with `vocab_pad` rows no token uses (as Qwen2.5's are)."""
+  tokenizer = tokenizer or task_registry.get_task("arith").tokenizer()
   model, params = models.init_model(arith.model_config(
-      vocab_size=tokenizer.vocab_size, hidden_size=hidden_size, num_layers=num_layers,
-      num_heads=num_heads, max_positions=128), seed=seed)
+      vocab_size=tokenizer.vocab_size + vocab_pad, hidden_size=hidden_size,
+      num_layers=num_layers, num_heads=num_heads, max_positions=128), seed=seed)
   models.save_policy(str(directory), model, params, tokenizer, list(arith.PROMPT_PREFIX))
   return models.load_hf_checkpoint(str(directory))
 
@@ -179,6 +181,84 @@ def test_a_teacher_of_another_vocabulary_is_refused(tmp_path):
   mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
   with pytest.raises(ConfigError, match=r"config\.algorithm\.distill\.teacher: .*vocabulary"):
     ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
+
+
+def numpy_log_softmax_at(logits, targets):
+  """log softmax(z)[target] per position, in float64, written from the formula."""
+  z = logits.astype(np.float64)
+  z = z - z.max(-1, keepdims=True)
+  logz = np.log(np.exp(z).sum(-1))
+  return np.take_along_axis(z, targets[..., None], -1)[..., 0] - logz
+
+
+def test_a_teacher_with_a_larger_padded_vocabulary_scores_over_the_shared_one(tmp_path):
+  """Qwen2.5-7B (152064 rows) teaching 1.5B (151936), one tokenizer: here embeddings padded
+  by 12 and 3 rows over the arith tokenizer. Accepted; the teacher's log-probs are its full
+  logits cut to the student's ids and renormalised (a NumPy log-softmax over them), not its
+  log-softmax over all its rows."""
+  teacher_model, teacher_params = save_arith_model(
+      tmp_path / "teacher", hidden_size=32, num_layers=2, num_heads=2, seed=1, vocab_pad=12)
+  student_model, student_params = save_arith_model(
+      tmp_path / "student", hidden_size=16, num_layers=1, num_heads=2, seed=2, vocab_pad=3)
+  shared = student_model.config.vocab_size
+  assert teacher_model.config.vocab_size == shared + 9
+  c = distill_preset()
+  c.model.checkpoint = str(tmp_path / "student")
+  c.algorithm.distill.teacher = str(tmp_path / "teacher")
+  mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  learner = ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
+  assert learner.reference.model.config.vocab_size == shared
+  batch = batch_lib.as_device(random_batch(rows=8, seed=3))
+  held = np.asarray(batch_lib.response_logprobs(learner.reference.model,
+                                                learner.reference.params, batch))
+  logits, _ = teacher_model.apply(teacher_params, batch.tokens,
+                                  attention_mask=batch.attention_mask)
+  prompt, response = batch.tokens.shape[1] - batch.response_length, batch.response_length
+  logits = np.asarray(logits)[:, prompt - 1:prompt + response - 1]
+  targets = np.asarray(batch.tokens)[:, prompt:]
+  mask = np.asarray(batch.response_mask)
+  expected = numpy_log_softmax_at(logits[..., :shared], targets) * mask
+  np.testing.assert_allclose(held, expected, rtol=1e-5, atol=1e-5)
+  over_all_rows = numpy_log_softmax_at(logits, targets) * mask
+  assert np.abs(held - over_all_rows)[mask > 0].min() > 1e-4  # the cut shows
+
+
+def test_a_teacher_with_fewer_rows_or_another_tokenizer_is_refused_in_one_line(tmp_path):
+  save_arith_model(tmp_path / "student", hidden_size=16, num_layers=1, num_heads=2, seed=2,
+                   vocab_pad=3)
+  student_model, student_params = models.load_hf_checkpoint(str(tmp_path / "student"))
+  mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  c = distill_preset()
+  c.model.checkpoint = str(tmp_path / "student")
+  c.algorithm.distill.teacher = str(tmp_path / "small")
+  save_arith_model(tmp_path / "small", hidden_size=16, num_layers=1, num_heads=2, seed=1)
+  with pytest.raises(ConfigError, match=r"^config\.algorithm\.distill\.teacher: .*small: its "
+                     r"vocabulary has \d+ rows, fewer than the policy's") as error:
+    ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
+  assert "\n" not in str(error.value)
+  # The same size, the characters in another order: another token → id map.
+  shuffled = models.build_character_tokenizer(arith.ALPHABET[::-1])
+  save_arith_model(tmp_path / "other", hidden_size=16, num_layers=1, num_heads=2, seed=1,
+                   vocab_pad=3, tokenizer=shuffled)
+  c.algorithm.distill.teacher = str(tmp_path / "other")
+  with pytest.raises(ConfigError, match=r"^config\.algorithm\.distill\.teacher: .*other: its "
+                     r"tokenizer differs from the policy's"):
+    ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
+
+
+def test_dynamic_sampling_with_pure_distillation_is_refused_in_one_line(tmp_path):
+  """The teacher's term is nonzero in every group: dynamic sampling's filter on the reward
+  would keep or drop groups by a signal nothing trains on. A task term makes it useful."""
+  from rlhf_jax.training.config import validate_config
+  c = distill_preset()
+  c.algorithm.distill.teacher = str(tmp_path)
+  c.rollout.mode = "dynamic"
+  with pytest.raises(ConfigError, match=r"^config\.rollout\.mode: invalid value 'dynamic': "
+                     r".*pure distillation") as error:
+    validate_config(c, num_devices=1)
+  assert "\n" not in str(error.value)
+  c.algorithm.distill.task_coef = 0.5
+  ppo_learner.validate_run(c, fixed_data=False)
 
 
 def sampler_route_config(tmp_path, teacher_dir, address):
