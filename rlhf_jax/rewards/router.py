@@ -12,12 +12,14 @@ per-task accuracy, failure rate and time for the metrics.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import time
 from typing import Callable, Mapping, Sequence
 
 from rlhf_jax.data import Example
 from rlhf_jax.rewards.scorer import Judgement
+from rlhf_jax.rewards.scorer import NO_ANSWER
 from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import gather_scores
@@ -36,9 +38,30 @@ def has_verifier(task: str) -> bool:
 
 
 def rule_verifiers(tasks=None) -> dict[str, Verifier]:
-  """task → verifier of the registered tasks scored by a plain rule (of `tasks`, or all)."""
+  """task → verifier of the registered tasks scored by a plain rule (of `tasks`, or all);
+  a task that registers its answer extraction (`Task.extract`) has it run beside the
+  verifier (`judge_with_answer`)."""
   names = registry.scored_by("verifier", registry.known_tasks() if tasks is None else tasks)
-  return {name: registry.get_task(name).verifier for name in names}
+  out = {}
+  for name in names:
+    task = registry.get_task(name)
+    out[name] = (task.verifier if task.extract is None else
+                 functools.partial(judge_with_answer, task.verifier, task.extract))
+  return out
+
+
+def judge_with_answer(verifier: Verifier, extract: Callable[[str], "str | None"],
+                      response: str, answer: str):
+  """`verifier(response, answer)` as a Judgement carrying `extract(response)`, the final
+  answer the response gives (maj@k's vote); a verdict that is not a Judgement, bool or
+  number is returned as it is (the scorer reports it)."""
+  value = verifier(response, answer)
+  judgement = _as_judgement(value)
+  if judgement is None or judgement.extracted is not None:
+    return value
+  found = extract(response)
+  reason = NO_ANSWER if found is None and not judgement.correct else judgement.reason
+  return dataclasses.replace(judgement, reason=reason, extracted=found)
 
 
 class VerifierScorer(ScorerBase):
@@ -87,7 +110,7 @@ class VerifierScorer(ScorerBase):
       score = judgement.score
       if score is None:
         score = self.correct_score if judgement.correct else self.wrong_score
-      out.append(score, judgement.correct, "", judgement.reason)
+      out.append(score, judgement.correct, "", judgement.reason, judgement.extracted)
     return out
 
   def close(self) -> None:

@@ -29,10 +29,19 @@ class Judgement:
     reason: "" when correct, else why not ("no answer found", "not equivalent: 1/2 vs 0.4").
     score: an explicit reward, or None to let the scorer map `correct` to its
       correct / wrong scores (DAPO's ±1, or 1/0).
+    extracted: the final answer the verifier read from the response (None: none found,
+      or the verifier does not say): maj@k's vote (rollout/eval_stats.py). Not part of
+      the verdict: two Judgements are equal whatever text their answers were read from.
   """
   correct: bool
   reason: str = ""
   score: float | None = None
+  extracted: str | None = dataclasses.field(default=None, compare=False)
+
+
+# The reason of a response in which the verifier found no final answer: counted as
+# eval/no_answer_rate (rollout/evaluation.py), never a silent wrong answer.
+NO_ANSWER = "no answer found"
 
 
 @dataclasses.dataclass
@@ -50,16 +59,19 @@ class Scores:
       token that ends step k (`prm.step_end_positions`).
     reasons: optional [N] "" or why a response is not correct ("no answer found",
       "test failed: ..."); a failure's reason is the failure.
+    extracted: optional [N] the final answer a verifier read from each response (None
+      where it read none); the evaluation's majority vote (maj@k) reads it.
   """
   scores: list[float]
   correct: list[bool]
   failures: list[str]
   step_scores: list[list[float]] | None = None
   reasons: list[str] | None = None
+  extracted: list[str | None] | None = None
 
   def __post_init__(self):
     lengths = {len(self.scores), len(self.correct), len(self.failures)}
-    for optional in (self.step_scores, self.reasons):
+    for optional in (self.step_scores, self.reasons, self.extracted):
       if optional is not None:
         lengths.add(len(optional))
     if len(lengths) != 1:
@@ -71,7 +83,12 @@ class Scores:
       return self.reasons[i]
     return self.failures[i]
 
-  def append(self, score: float, correct: bool, failure: str, reason: str) -> None:
+  def answer(self, i: int) -> str | None:
+    """The final answer read from sample i (None if none, or the scorer reads none)."""
+    return self.extracted[i] if self.extracted is not None else None
+
+  def append(self, score: float, correct: bool, failure: str, reason: str,
+             extracted: str | None = None) -> None:
     """Adds one sample (scorers that build their result one sample at a time)."""
     self.scores.append(float(score))
     self.correct.append(bool(correct))
@@ -79,6 +96,10 @@ class Scores:
     if self.reasons is None:
       self.reasons = [""] * (len(self.scores) - 1)
     self.reasons.append(reason)
+    if self.extracted is None and extracted is not None:
+      self.extracted = [None] * (len(self.scores) - 1)
+    if self.extracted is not None:
+      self.extracted.append(extracted)
 
 
 class Completion(str):
@@ -154,5 +175,5 @@ def gather_scores(parts: dict[int, tuple[int, Scores]], count: int) -> Scores:
   for i in range(count):
     position, scored = parts[i]
     out.append(scored.scores[position], scored.correct[position], scored.failures[position],
-               scored.reason(position))
+               scored.reason(position), scored.answer(position))
   return out

@@ -38,6 +38,9 @@ class Task:
       can be sent to a worker process.
     generate: `fn(seed, count, levels, weights) -> list[Example]`, the problems of the
       arith variant's `data.task`; None: the task needs a data file.
+    extract: for 'verifier', optionally `fn(response_text) -> str | None`, the final
+      answer a response gives (module-level): the evaluation's majority vote (maj@k) and
+      its no-answer count read it.
     tokenizer: `fn() -> Tokenizer`, the task's own tokenizer for a model from scratch.
     demonstrations: `fn(tokenizer, *, seed, batch_size, levels, weights, prompt_prefix,
       prompt_length, response_length, direct_fraction, slip_rate) -> make_batch(step)`,
@@ -51,6 +54,7 @@ class Task:
   tokenizer: Callable | None = None
   demonstrations: Callable | None = None
   description: str = ""
+  extract: Callable | None = None
 
   def __post_init__(self):
     if self.scoring not in SCORINGS:
@@ -69,12 +73,14 @@ def register_task(task: Task, *, replace: bool = False) -> Task:
   Registering a name twice is an error unless `replace`."""
   if task.name in _TASKS and not replace:
     raise ValueError(f"task {task.name!r} is registered already; pass replace=True.")
-  if task.verifier is not None:
+  for role in ("verifier", "extract"):
+    if getattr(task, role) is None:
+      continue
     import pickle  # pylint: disable=import-outside-toplevel
     try:
-      pickle.dumps(task.verifier)
+      pickle.dumps(getattr(task, role))
     except Exception as error:  # lambdas and closures cannot reach a worker process
-      raise ValueError(f"task {task.name!r}: the verifier must be a module-level function "
+      raise ValueError(f"task {task.name!r}: the {role} must be a module-level function "
                        f"(or a functools.partial of one): {error}") from None
   _TASKS[task.name] = task
   return task
@@ -111,10 +117,12 @@ def generated_tasks() -> tuple[str, ...]:
 for _task in (
     Task(arith.TASK, "verifier", verifier=arith.verify, generate=arith.examples,
          tokenizer=arith.tokenizer, demonstrations=demonstrations.arith_sft_batches,
-         description="worked arithmetic; the last 'Answer: N' line, as an integer"),
+         description="worked arithmetic; the last 'Answer: N' line, as an integer",
+         extract=arith.extract_answer),
     Task(toolcalc.TASK, "verifier", verifier=toolcalc.verify, generate=toolcalc.examples,
          tokenizer=toolcalc.tokenizer, demonstrations=toolcalc.sft_batches,
-         description="products with a calculator tool (multi-turn)"),
+         description="products with a calculator tool (multi-turn)",
+         extract=arith.extract_answer),
     Task(pycalc.TASK, "sandbox", generate=pycalc.examples, tokenizer=arith.tokenizer,
          demonstrations=demonstrations.pycalc_sft_batches,
          description="arithmetic as a Python program, run in the sandbox"),

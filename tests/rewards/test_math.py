@@ -152,3 +152,44 @@ def test_import_error_names_the_extra(monkeypatch):
   monkeypatch.delitem(sys.modules, "rlhf_jax.rewards.math")
   with pytest.raises(ImportError, match=r"pip install 'rlhf-jax\[math\]'"):
     importlib.import_module("rlhf_jax.rewards.math")
+
+
+@pytest.mark.parametrize("response, extracted", [
+    ("7", "7"), ("  $7$. ", "7"), ("-3.5", "-3.5"), (r"\frac{1}{2}", r"\frac{1}{2}"),
+    (r"\(2\sqrt{3}\)", r"2\sqrt{3}"), ("**12**", "12"), ("1/2", "1/2"),
+    ("We add 3 and 4.\nSo the total is\n7", "7"), ("Adding:\n$7$.", "7"),
+])
+def test_bare_final_answer_is_read_when_nothing_else_is(response, extracted):
+  assert math_lib.extract_answer(response) == extracted
+  assert math_lib.extract_answer(response, "bare") == extracted
+  assert math_lib.verify(response, extracted) == Judgement(True)
+  assert math_lib.verify(response, extracted).extracted == extracted
+
+
+@pytest.mark.parametrize("response", [
+    "The answer is 7", "7 apples", "x = 7", "so it is\n7 apples", "yes", r"\boxed{}",
+    r"\boxed{7", "7\nand that is all", "I think 7.",
+])
+def test_no_bare_answer_in_prose_or_beside_a_box(response):
+  assert math_lib.extract_answer(response) is None
+  assert math_lib.verify(response, "7") == Judgement(False, "no answer found")
+  assert math_lib.verify(response, "7").extracted is None
+
+
+def test_a_boxed_or_answer_line_answer_wins_over_a_bare_last_line():
+  assert math_lib.extract_answer("Answer: 5\n7") == "5"
+  assert math_lib.extract_answer(r"\boxed{5}" + "\n7") == "5"
+  assert math_lib.extract_answer("#### 5\n7") == "5"
+
+
+def test_the_verdict_carries_the_answer_it_read():
+  assert math_lib.verify(r"\boxed{0.5}", r"\frac{1}{2}").extracted == "0.5"
+  wrong = math_lib.verify("Answer: 41", "42")
+  assert wrong.extracted == "41" and not wrong.correct
+  assert math_lib.verify(r"\boxed{\frac{1}}", "1").extracted == r"\frac{1}"
+
+
+def test_the_arith_verifier_still_refuses_a_bare_answer():
+  from rlhf_jax.tasks import arith
+  assert not arith.verify("7", "7") and not arith.verify("3 + 4\n7", "7")
+  assert arith.verify("3 + 4 = 7\nAnswer: 7", "7")
