@@ -32,6 +32,7 @@ import ml_collections
 
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import peer_hint
 from rlhf_jax.config_errors import unknown_field
 from rlhf_jax.file_checks import check_config_file
 
@@ -70,12 +71,23 @@ def _lookup(config, path: str) -> tuple[Any, str]:
       parent = ".".join(parts[:depth])
       unknown_field(".".join(parts[:depth + 1]), (), f"config.{parent} is a value "
                     f"({type(node).__name__}), not a section")
-    if name not in node:
-      unknown_field(".".join(parts[:depth + 1]), node.keys())
+    if name not in node:  # a peer's name (TRL's num_generations) gets our field's
+      unknown_field(".".join(parts[:depth + 1]), node.keys(),
+                    peer_hint(path, lambda field: _has_field(config, field)) or "")
     if depth == len(parts) - 1:
       return node, name
     node = node[name]
   raise AssertionError(path)  # unreachable: the loop returns at the last part
+
+
+def _has_field(config, path: str) -> bool:
+  """Whether the dotted `path` is a field of `config`."""
+  node = config
+  for part in path.split("."):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+      return False
+    node = node[part]
+  return True
 
 
 def _field_type(section, name: str) -> type:
@@ -133,6 +145,24 @@ def _where_raised(error: BaseException, spec: str) -> str:
   return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
 
 
+def last_wins(argv: list[str], config, overrides: list[Override]) -> list[str]:
+  """`argv` without the earlier of repeated overrides of one field: the last one wins, as
+  for any flag (absl parses a tuple field's flag as a list flag, which appended them:
+  `--config.x=(64,) --config.x=(112,)` gave (64, 112)). A "--config.x value" override
+  drops its value argument with it."""
+  latest = {override.path: override.index for override in overrides}
+  dropped = set()
+  for override in overrides:
+    if latest[override.path] == override.index:
+      continue
+    dropped.add(override.index)
+    if override.value is None and not override.negated:
+      section, name = _lookup(config, override.path)
+      if _field_type(section, name) is not bool:
+        dropped.add(override.index + 1)
+  return [argument for index, argument in enumerate(argv) if index not in dropped]
+
+
 def check_overrides(config, overrides: list[Override]) -> None:
   """ConfigError for the first override whose path is not a field of `config`."""
   for override in overrides:
@@ -177,9 +207,10 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
     config = _load_preset(flag_values, expanded, name)  # also a bad variant: one line
     if config is not None:
       check_overrides(config, overrides)
-      checked.append((config, overrides))
+      expanded = last_wins(expanded, config, overrides)
+      checked.append((config, config_overrides(expanded, name)))
   try:
-    return flag_values(argv)
+    return flag_values(expanded)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as error:
     for config, overrides in checked:
       _check_values(flag_values, config, overrides, expanded)

@@ -72,6 +72,68 @@ def unknown_field(field: str, known: Iterable[str], hint: str = "") -> NoReturn:
                     kind=UNKNOWN_FIELD)
 
 
+# The peers' names for our fields (TRL's GRPOConfig, verl's ppo_trainer.yaml, OpenRLHF's
+# flags), as a user coming from one of them types them: name (or dotted tail) → (our
+# field, whose name it is, a note when the meaning differs). `peer_hint` reads it;
+# tests/launch/test_no_dead_ends.py checks every field is one of the grpo preset's.
+PEER_NAMES: dict[str, tuple[str, str, str]] = {
+    # TRL
+    "num_generations": ("rollout.group_size", "TRL's", ""),
+    "beta": ("algorithm.kl.coef", "TRL's", ""),
+    "epsilon": ("algorithm.policy_loss.clip_low", "TRL's", ""),
+    "epsilon_high": ("algorithm.policy_loss.clip_high", "TRL's", ""),
+    "max_completion_length": ("rollout.max_new_tokens", "TRL's", ""),
+    "max_prompt_length": ("data.prompt_length", "TRL's and verl's", ""),
+    "per_device_train_batch_size": (
+        "rollout.prompts_per_step", "TRL's",
+        "TRL's counts completions per device: ours counts prompts, each sampled "
+        "rollout.group_size times"),
+    "learning_rate": ("optimizer.learning_rate", "TRL's", ""),
+    "max_steps": ("train.steps", "TRL's", ""),
+    "num_train_epochs": ("train.steps", "TRL's", "ours counts steps"),
+    # verl
+    "train_batch_size": ("rollout.prompts_per_step", "verl's", ""),
+    "rollout.n": ("rollout.group_size", "verl's", ""),
+    "kl_coef": ("algorithm.kl.coef", "verl's", ""),
+    "kl_loss_coef": ("algorithm.kl.coef", "verl's", ""),
+    "clip_ratio": ("algorithm.policy_loss.clip_low", "verl's", "clip_high is the upper one"),
+    "clip_ratio_low": ("algorithm.policy_loss.clip_low", "verl's", ""),
+    "clip_ratio_high": ("algorithm.policy_loss.clip_high", "verl's", ""),
+    "ppo_mini_batch_size": ("train.minibatches", "verl's",
+                            "ours is a count: rollout.prompts_per_step / ppo_mini_batch_size"),
+    "ppo_micro_batch_size_per_gpu": ("train.micro_batches", "verl's",
+                                     "ours is a count of micro-batches per minibatch"),
+    "max_response_length": ("rollout.max_new_tokens", "verl's", ""),
+    "total_training_steps": ("train.steps", "verl's", ""),
+    "entropy_coeff": ("algorithm.policy_loss.entropy_coef", "verl's", ""),
+    "lr": ("optimizer.learning_rate", "verl's", ""),
+    # OpenRLHF
+    "n_samples_per_prompt": ("rollout.group_size", "OpenRLHF's", ""),
+    "init_kl_coef": ("algorithm.kl.coef", "OpenRLHF's", ""),
+    "micro_train_batch_size": ("train.micro_batches", "OpenRLHF's",
+                               "ours is a count of micro-batches per minibatch"),
+    "rollout_batch_size": ("rollout.prompts_per_step", "OpenRLHF's", ""),
+    "generate_max_len": ("rollout.max_new_tokens", "OpenRLHF's", ""),
+    "prompt_max_len": ("data.prompt_length", "OpenRLHF's", ""),
+    "actor_learning_rate": ("optimizer.learning_rate", "OpenRLHF's", ""),
+    "eps_clip": ("algorithm.policy_loss.clip_low", "OpenRLHF's", ""),
+}
+
+
+def peer_hint(path: str, has_field: Callable[[str], bool] = lambda field: True
+              ) -> str | None:
+  """"did you mean 'config.<ours>' (TRL's <name>)?" when the longest dotted tail of the
+  unknown `path` is a peer's name in PEER_NAMES whose field of ours `has_field`; else None."""
+  parts = path.split(".")
+  for start in range(len(parts)):
+    entry = PEER_NAMES.get(".".join(parts[start:]))
+    if entry is not None and has_field(entry[0]):
+      ours, whose, note = entry
+      return (f"did you mean 'config.{ours}' ({whose} {'.'.join(parts[start:])}"
+              f"{'; ' + note if note else ''})?")
+  return None
+
+
 def one_of(field: str, value: Any, allowed: Iterable[Any]) -> None:
   """ConfigError unless `value` is one of `allowed`."""
   allowed = tuple(allowed)

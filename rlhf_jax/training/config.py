@@ -105,7 +105,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   # XLA's deterministic GPU ops (--xla_gpu_deterministic_ops): exact resume on GPU, at the
   # cost of slower scatter / reduction kernels. CPU runs are deterministic either way.
   c.train.deterministic = False
-  c.train.eval_every = 10 if arith else 50  # Held-out greedy accuracy every N steps, start, end.
+  # Held-out greedy accuracy every N steps, at the start and the end; 0: no evaluation.
+  c.train.eval_every = 10 if arith else 50
   # Sampled held-out accuracy and pass@k at each evaluation: samples per prompt (0: off).
   c.train.eval_samples = 4 if arith else 0
   c.train.checkpoint_every = 20  # Save a checkpoint every N steps (and at the end).
@@ -296,8 +297,10 @@ def check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
 def validate_train(c, *, rows: int) -> None:
   """`train.*` and `seed`; `rows` = rollouts per step, split into mini- and micro-batches."""
   check_range("seed", c.seed, low=0, high=_SEED_MAX)
-  at_least(c.train, "train", ("steps", "epochs", "minibatches", "micro_batches", "eval_every",
+  at_least(c.train, "train", ("steps", "epochs", "minibatches", "micro_batches",
                               "checkpoint_every", "log_every"))
+  check_range("train.eval_every", c.train.eval_every, low=0,
+              note="(0: no held-out evaluation)")
   check_range("train.eval_samples", c.train.eval_samples, low=0, note="(0: no sampled eval)")
   check_range("train.log_rollouts", c.train.log_rollouts, low=0, note="(0: none)")
   if rows % c.train.minibatches:

@@ -291,7 +291,7 @@ class Trainer:
 
   def _train(self, summary: dict[str, Any], start: float, progress, signals) -> None:
     c = self.config
-    if self.held_out and self.step == 0:
+    if self.held_out and c.train.eval_every and self.step == 0:  # 0: evaluation off
       first = self.evaluate()
       summary["eval_accuracy_start"] = first["eval_accuracy"]
       self.metrics.write({"step": self.step, **first})
@@ -302,7 +302,8 @@ class Trainer:
         # what a checkpoint of this step holds if the fleet is lost while sampling
         self.step_start = (self.step, json.loads(json.dumps(self.rollout.state())))
       metrics = self.train_step()
-      if self.held_out and (self.step % c.train.eval_every == 0 or self.step == c.train.steps):
+      if self.held_out and c.train.eval_every and (self.step % c.train.eval_every == 0
+                                                   or self.step == c.train.steps):
         metrics.update(self.evaluate())
         summary["eval_accuracy_end"] = metrics["eval_accuracy"]
         self.log(f"step {self.step}: held-out accuracy {metrics['eval_accuracy']:.3f}")
