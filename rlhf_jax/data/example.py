@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Mapping
 
 FIELDS = ("prompt", "answer", "task", "metadata", "messages")
@@ -184,6 +185,9 @@ def record_to_example(record: Any, where: str, columns: Mapping[str, str] | None
       raise ValueError(f"{where}: field 'task': no column {paths['task']!r}; give the rows "
                        "one task with data.default_task (or data.columns='task=<column>').")
     value = _lookup(record, paths[field], f"{where}: field {field!r}")
+    if field == "answer" and isinstance(value, float) and not math.isfinite(value):
+      raise ValueError(f"{where}: field 'answer' is {value!r}; a reference answer must be "
+                       "a finite number or a string.")
     if (field == "answer" and numbers and isinstance(value, (int, float))
         and not isinstance(value, bool)):
       value = str(value)

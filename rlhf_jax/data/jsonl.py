@@ -21,16 +21,25 @@ from rlhf_jax.data.example import to_record
 
 
 def json_lines(path: str) -> Iterator[tuple[int, Any]]:
-  """(1-based line number, parsed value) of each non-blank line; errors name file and line."""
+  """(1-based line number, parsed value) of each non-blank line; a line that is not UTF-8
+  text (undecodable bytes, a torn multi-byte character), not JSON, or JSON nested too
+  deeply for the parser is a ValueError naming the file and line."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: no such file.")
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
+  with open(path, "rb") as f:  # decoded line by line, so an error can name its line
+    for number, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as error:
+        raise ValueError(f"{path}:{number}: not UTF-8 text (byte {error.start + 1} of the "
+                         f"line: {raw[error.start:error.start + 4]!r}).") from None
       if line.strip():
         try:
           yield number, json.loads(line)
         except json.JSONDecodeError as error:
           raise ValueError(f"{path}:{number}: not JSON ({error.msg}).") from None
+        except RecursionError:
+          raise ValueError(f"{path}:{number}: JSON nested too deeply to read.") from None
 
 
 def read_jsonl(path: str) -> list[Example]:

@@ -12,6 +12,12 @@ transformers' `apply_chat_template(messages, add_generation_prompt=True)` does:
 
 `data.system_prompt` adds a system turn to rendered rows that have none. A chat-list
 prompt with a tokenizer that has no template is an error, never a silent fallback.
+
+A row's text is bounded in characters before it is rendered or tokenised: more than
+`prompt_length × MAX_CHARS_PER_TOKEN` characters cannot fit `prompt_length` tokens (a
+token of a real tokenizer covers ~3–5 characters of prose or code), so it is refused
+naming the row at once, where a 50 MB row was rendered and tokenised for a minute and
+aborted the process (the environment's observations have the same bound, envs/).
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from typing import Any, Sequence
 from rlhf_jax.data.example import Example
 
 CHAT_TEMPLATE_MODES = ("auto", "always", "never")
+# The most characters one token can stand for, as far as a length check is concerned;
+# also the default of `env.max_chars_per_token`.
+MAX_CHARS_PER_TOKEN = 16
 
 
 class PromptError(ValueError):
@@ -91,9 +100,29 @@ class PromptFormat:
     except ValueError as error:
       raise PromptError(f"{where}: the chat template cannot render it: {error}") from None
 
+  def check_characters(self, example: Example, where: str = "a prompt") -> None:
+    """PromptError naming `where` when the row's text (its turns' contents and the system
+    prompt, or the raw prompt) has more characters than `prompt_length` tokens can hold
+    (module docstring); nothing is rendered or tokenised to tell."""
+    if not self.prompt_length:
+      return
+    turns = self.messages(example)
+    if turns is None:
+      characters = len(example.prompt)
+    else:
+      characters = sum(len(c) if isinstance(c, str) else len(str(c))
+                       for c in (t.get("content") for t in turns) if c is not None)
+    limit = self.prompt_length * MAX_CHARS_PER_TOKEN
+    if characters > limit:
+      raise PromptError(f"{where}: the prompt has {characters} characters, more than "
+                        f"{self.length_name}={self.prompt_length} tokens can hold (at most "
+                        f"{MAX_CHARS_PER_TOKEN} characters per token: {limit})")
+
   def encode(self, example: Example, where: str = "a prompt") -> list[int]:
-    """The prompt's token ids (prefix + text); longer than `prompt_length`, a
-    character the tokenizer cannot encode, or a template error: PromptError."""
+    """The prompt's token ids (prefix + text); more characters than `prompt_length` can
+    hold (`check_characters`), longer than `prompt_length` in tokens, a character the
+    tokenizer cannot encode, or a template error: PromptError."""
+    self.check_characters(example, where)
     text = self.text(example, where)
     try:
       ids = list(self.prefix) + list(self.tokenizer.encode(text))
