@@ -2,7 +2,7 @@
 
 base.py holds the seam (`Environment`, `StepResult`, `load_factory`); runner.py runs
 environments in killable worker processes with a per-call timeout, cutting observations to
-the row's budget; processes.py bounds a worker's memory and the processes it starts;
+the row's budget; a worker's memory and the processes it starts are bounded (sandbox/worker_groups.py);
 observations.py escapes control text in tool turns and reports failures by kind.
 """
 

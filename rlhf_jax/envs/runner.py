@@ -10,21 +10,20 @@ but the call it was running.
 The worker cuts an observation to the characters the rollout allows it (`max_chars`, from
 the row's remaining token budget) before it returns, so a 20 MB tool output costs the
 trainer neither its pickling nor its tokenisation. Each worker leads a process group that
-dies with it and has its memory watched (envs/processes.py).
+dies with it and has its memory watched (sandbox/worker_groups.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Any, Sequence
 
-from rlhf_jax.envs import processes
 from rlhf_jax.envs.base import StepResult
 from rlhf_jax.envs.base import load_factory
 from rlhf_jax.reward_values import finite_in_float32
-from rlhf_jax.sandbox.workers import KillablePool
+from rlhf_jax.sandbox import worker_groups
+from rlhf_jax.sandbox.workers import GroupPool
 
 
 @dataclasses.dataclass
@@ -82,21 +81,6 @@ def _snake(name: str) -> str:
   return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-class _GroupPool(KillablePool):
-  """A KillablePool whose workers lead their own process groups: replacing or closing a
-  worker kills everything its environment started."""
-
-  def _replace(self, slot: int) -> None:
-    processes.kill_group(self._workers[slot].process.pid)
-    super()._replace(slot)
-
-  def close(self) -> None:
-    """Stops the workers and their process groups."""
-    for worker in self._workers:
-      processes.kill_group(worker.process.pid)
-    super().close()
-
-
 class EnvironmentRunner:
   """Starts and steps many episodes' environments in worker processes.
 
@@ -114,8 +98,7 @@ class EnvironmentRunner:
     load_factory(factory_path)
     self.factory_path = factory_path
     self.memory_mb = memory_mb
-    self.pool = _GroupPool(workers, timeout_s,
-                           initializer=(processes.start_worker, (memory_mb, os.getpid())))
+    self.pool = GroupPool(workers, timeout_s, memory_mb=memory_mb)
 
   @classmethod
   def from_config(cls, e) -> "EnvironmentRunner":
@@ -147,7 +130,7 @@ class EnvironmentRunner:
         out.append(Outcome(value[0], value[1], cut=value[2]))
       elif status == "timeout":
         out.append(Outcome(None, None, f"timeout after {self.pool.timeout_s:g} s", "timeout"))
-      elif value.startswith(f"worker died (exit code {processes.MEMORY_EXIT_CODE})"):
+      elif value.startswith(f"worker died (exit code {worker_groups.MEMORY_EXIT_CODE})"):
         out.append(Outcome(None, None, f"memory: the worker passed env.worker_memory_mb="
                            f"{self.memory_mb} MB", "memory"))
       elif value.startswith("worker died"):

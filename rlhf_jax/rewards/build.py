@@ -196,7 +196,8 @@ def function_scorer(c, monitor_tasks: Sequence[str], prompts) -> Scorer:
   return FunctionScorer(parse_reward_config(r), render_prompt=prompts.decoded,
                         encode=prompts.tokenizer.encode, monitor=monitor,
                         monitor_tasks=monitor_tasks, failure_score=r.failure_score,
-                        timeout_s=r.timeout_s, workers=r.workers)
+                        unscored=r.unscored, timeout_s=r.function_timeout_s,
+                        workers=r.workers, memory_mb=r.worker_memory_mb)
 
 
 def evaluation_scorer(c, scorer: Scorer, tasks: Sequence[str]) -> Scorer:

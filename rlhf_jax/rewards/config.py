@@ -56,6 +56,14 @@ def reward_config(arith: bool) -> ml_collections.ConfigDict:
   # are the training reward of every sample (the verifiers still measure accuracy).
   r.function = ""
   r.function_weights = ""  # Their weights, "1.0,0.5" (empty: 1 each).
+  # A sample that no function scores (each returned None): 'zero' (reward 0, TRL's) or
+  # 'failure' (reward.failure_score, counted as a failure). Either way a console line counts them.
+  r.unscored = "zero"
+  r.function_timeout_s = 60.0  # One call of a function (a TRL function's holds the whole step).
+  r.worker_memory_mb = 4096  # A function worker's memory with what it starts (0: no limit).
+  # Steps in a row in which every sample's reward failed before the run stops, naming the
+  # reason (0: never stop).
+  r.max_failed_steps = 3
   r.sandbox = ml_collections.ConfigDict()  # code tasks ('code', 'pycalc'): rewards/code.py
   r.sandbox.timeout_s = 5.0  # Wall clock (and CPU seconds) per program.
   r.sandbox.memory_mb = 512  # Memory of a program's processes together (docs/sandbox.md).
@@ -227,6 +235,11 @@ def validate_reward_functions(r) -> None:
   if r.function_weights and not r.function:
     invalid("reward.function_weights", r.function_weights, "must be empty without "
             "reward.function")
+  one_of("reward.unscored", r.unscored, ("zero", "failure"))
+  check_range("reward.function_timeout_s", r.function_timeout_s, low=0, low_open=True)
+  if not isinstance(r.worker_memory_mb, int) or r.worker_memory_mb < 0:
+    invalid("reward.worker_memory_mb", r.worker_memory_mb, "must be an int >= 0 (0: no limit)")
+  check_range("reward.max_failed_steps", r.max_failed_steps, low=0, note="(0: never stop)")
   if r.function:
     functions.parse_reward_config(r)
 

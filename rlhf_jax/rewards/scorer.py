@@ -151,6 +151,26 @@ class ScorerBase:
 
 
 
+class FailureStreak:
+  """Counts the steps in a row in which every sample's reward failed, and says when
+  there have been `limit` (`reward.max_failed_steps`; 0: never): a run whose reward
+  cannot be computed stops, naming the reason, instead of training on failure scores.
+  """
+
+  def __init__(self, limit: int):
+    self.limit, self.steps = limit, 0
+
+  def update(self, samples: int, failures: Sequence[str]) -> str | None:
+    """After a step of `samples` scored samples with these failure reasons (non-empty
+    ones): None, or the one-line reason to stop."""
+    failed = [f for f in failures if f]
+    self.steps = self.steps + 1 if samples and len(failed) >= samples else 0
+    if not self.limit or self.steps < self.limit:
+      return None
+    return (f"every sample's reward failed in {self.steps} steps in a row "
+            f"(reward.max_failed_steps={self.limit}); the first reason: {failed[0][:300]}")
+
+
 def failed_scores(count: int, failure: str, failure_score: float) -> Scores:
   """`count` samples that all failed for the same reason."""
   return Scores([failure_score] * count, [False] * count, [failure] * count,

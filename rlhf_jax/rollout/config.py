@@ -11,6 +11,7 @@ import ml_collections
 from rlhf_jax.config_errors import at_least
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import one_of
 from rlhf_jax.sampling import FireSchedule
 from rlhf_jax.sampling import SamplingParams
 
@@ -38,6 +39,10 @@ def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collecti
   r.dynamic = ml_collections.ConfigDict()  # mode 'dynamic'
   r.dynamic.oversample = 3  # Prompts per round = oversample × prompts_per_step (verl 3×).
   r.dynamic.max_rounds = 10  # Fruitless rounds in a row before giving up (verl max_num_gen_batches).
+  # What makes a group worth training on: 'reward' (its rewards are not all equal, verl's
+  # std > 0) or 'accuracy' (its correctness varies: the verifier's verdict, or a reward
+  # function's own 'acc'; DAPO's paper).
+  r.dynamic.signal = "reward"
   # Keep surplus qualified groups for later steps (OpenRLHF) instead of discarding them
   # (verl, the default); kept groups are stale, corrected by algorithm.staleness.
   r.dynamic.keep_surplus = False
@@ -72,6 +77,7 @@ def validate_rollout_config(r: ml_collections.ConfigDict) -> None:
   check_range("rollout.fire_temperature", r.fire_temperature, low=0, low_open=True)
   check_range("rollout.fire_top_k", r.fire_top_k, low=0, note="(0: no top-k)")
   at_least(r.dynamic, "rollout.dynamic", ("oversample", "max_rounds"))
+  one_of("rollout.dynamic.signal", r.dynamic.signal, ("reward", "accuracy"))
   check_range("rollout.dynamic.max_age", r.dynamic.max_age,
               low=1 if r.dynamic.keep_surplus else 0,
               note="with rollout.dynamic.keep_surplus (a kept group is at least one policy "

@@ -73,12 +73,15 @@ class Rollouts:
     transcripts: per row its turns in order ({"role": "assistant" | "environment",
       "text", "token_ids"}), from modes with more than one turn; None: one assistant
       turn per row, the response.
+    row_failures: per row "" or why its reward failed (rollouts.jsonl's "failure"), from
+      modes whose rows are whole samples; None: not recorded.
   """
   batch: RolloutBatch
   correct: list[bool]
   failures: list[str]
   metrics: dict[str, float]
   transcripts: list[list[dict[str, Any]]] | None = None
+  row_failures: list[str] | None = None
 
 
 def token_versions(completion) -> list[int]:
@@ -199,4 +202,5 @@ def pack_groups(groups: Sequence[Group], *, prompt_length: int, response_length:
                               prompt_length=prompt_length, response_length=response_length,
                               pad_id=pad_id, step_rewards=steps, token_versions=versions)
   return Rollouts(batch=batch, correct=[c for g in groups for c in g.correct],
-                  failures=[f for g in groups for f in g.failures if f], metrics={})
+                  failures=[f for g in groups for f in g.failures if f], metrics={},
+                  row_failures=[f for g in groups for f in g.failures])

@@ -1,9 +1,11 @@
 """Rollout modes over whole responses: plain groups, and DAPO's dynamic sampling.
 
 Both produce `prompts_per_step` groups of G scored samples per step. Dynamic
-sampling (DAPO arXiv:2503.14476 §3.2) keeps only groups whose correctness varies
-(0 < #correct < G, the groups with a learning signal) and over-samples to find
-them. Surplus qualified groups are discarded, as in verl's DAPO recipe, so every
+sampling (DAPO arXiv:2503.14476 §3.2) keeps only the groups with a learning signal and
+over-samples to find them: by default those whose rewards are not all equal (verl's
+std > 0: a group-relative advantage is zero on a group of equal rewards, whatever the
+reward is made of), or, with signal 'accuracy', those whose correctness varies
+(0 < #correct < G, the paper's rule; the verifier's verdict or a function's "acc"). Surplus qualified groups are discarded, as in verl's DAPO recipe, so every
 trained row was sampled by the current policy; keeping them for later steps
 (OpenRLHF's variant) is the `keep_surplus` option, whose stale rows `prepare`
 corrects by decoupled PPO (ALGORITHMS.md §20).
@@ -24,7 +26,17 @@ from rlhf_jax.rollout.base import StreamRollout
 
 
 class NoSignalError(RuntimeError):
-  """Dynamic sampling found no group with varying correctness for too many rounds."""
+  """Dynamic sampling found no group with a learning signal for too many rounds."""
+
+
+def has_signal(group: Group, signal: str) -> bool:
+  """Whether dynamic sampling keeps `group`: its rewards are not all equal (`signal`
+  'reward'), or its correctness varies ('accuracy')."""
+  if signal == "reward":
+    return len(set(group.scores)) > 1
+  if signal == "accuracy":
+    return 0 < sum(group.correct) < len(group.correct)
+  raise ValueError(f"signal={signal!r}: must be 'reward' or 'accuracy'.")
 
 
 class GroupRollout(StreamRollout):
@@ -71,7 +83,7 @@ class DynamicSamplingRollout(GroupRollout):
   """DAPO's dynamic sampling (rollout.mode = "dynamic").
 
   Each round samples `oversample × prompts_per_step` prompts and keeps the groups
-  whose correctness varies; rounds repeat until the step has `prompts_per_step`
+  with a learning signal (`has_signal`); rounds repeat until the step has `prompts_per_step`
   groups. By default the surplus qualified groups of the last round are discarded:
   verl's `batch = batch[:train_batch_size · n]` (recipe/dapo), so every trained group
   is on-policy. With `keep_surplus` the surplus waits in a buffer for later steps
@@ -85,19 +97,24 @@ class DynamicSamplingRollout(GroupRollout):
     keep_surplus: keep surplus groups for later steps (False: discard, verl).
     max_age: with keep_surplus, the oldest a buffered group may be when it is used,
       in policy versions (1: only the previous step's surplus).
+    signal: 'reward' (rewards not all equal; verl) or 'accuracy' (correctness varies).
 
   The other arguments are GroupRollout's.
   """
 
   def __init__(self, generator: GroupGenerator, stream: PromptStream, *,
                prompts_per_step: int, response_length: int, oversample: int,
-               max_rounds: int, keep_surplus: bool = False, max_age: int = 1):
+               max_rounds: int, keep_surplus: bool = False, max_age: int = 1,
+               signal: str = "reward"):
     super().__init__(generator, stream, prompts_per_step=prompts_per_step,
                      response_length=response_length)
     self.oversample = oversample
     self.max_rounds = max_rounds
     self.keep_surplus = keep_surplus
     self.max_age = max_age
+    if signal not in ("reward", "accuracy"):
+      raise ValueError(f"signal={signal!r}: must be 'reward' or 'accuracy'.")
+    self.signal = signal
     self.buffer: collections.deque[Group] = collections.deque()
     self.version = 0  # the policy version sampling now: the training step
 
@@ -131,14 +148,15 @@ class DynamicSamplingRollout(GroupRollout):
       generated += len(groups)
       correct += sum(sum(g.correct) for g in groups)
       samples += sum(len(g.correct) for g in groups)
-      good = [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
+      good = [g for g in groups if has_signal(g, self.signal)]
       qualified += len(good)
       fruitless = 0 if good else fruitless + 1
       if fruitless >= self.max_rounds:
         raise NoSignalError(
             f"dynamic sampling: {fruitless} generation rounds in a row gave no group whose "
-            f"correctness varies (rollout.dynamic.max_rounds={self.max_rounds}); the data is "
-            "too easy or too hard for the policy.")
+            f"{'rewards' if self.signal == 'reward' else 'correctness'} varied "
+            f"(rollout.dynamic.signal={self.signal!r}, rollout.dynamic.max_rounds="
+            f"{self.max_rounds}); the data is too easy or too hard for the policy.")
       kept.extend(good)
     surplus = kept[wanted:]
     if self.keep_surplus:

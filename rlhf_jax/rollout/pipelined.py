@@ -189,7 +189,7 @@ def encode_job(job: _Job) -> dict[str, Any]:
   r = job.rollouts
   return {"batch": batch, "correct": [bool(c) for c in r.correct], "failures": list(r.failures),
           "metrics": {k: float(v) for k, v in r.metrics.items()}, "mix": dict(job.mix),
-          "transcripts": r.transcripts}
+          "transcripts": r.transcripts, "row_failures": r.row_failures}
 
 
 def decode_job(data: dict[str, Any]) -> _Job:
@@ -197,5 +197,6 @@ def decode_job(data: dict[str, Any]) -> _Job:
   batch = RolloutBatch(**{name: _decode_array(a) for name, a in data["batch"].items()})
   rollouts = Rollouts(batch=batch, correct=list(data["correct"]),
                       failures=list(data["failures"]), metrics=dict(data["metrics"]),
-                      transcripts=data.get("transcripts"))
+                      transcripts=data.get("transcripts"),
+                      row_failures=data.get("row_failures"))
   return _Job(rollouts, {k: int(v) for k, v in data["mix"].items()})

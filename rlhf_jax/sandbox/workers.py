@@ -9,26 +9,71 @@ A worker says it is ready before it gets its first call, so a call's deadline ne
 includes the worker's start-up; a worker that cannot start is an error naming the
 likely cause (a script without an `if __name__ == "__main__":` guard re-runs itself
 in every spawned worker), not a loop of replacements.
+
+A pool made with `plain_results` never unpickles what a worker sends back: the worker
+sends its reply as JSON (numbers, strings, None, lists and dicts of them), bounded in
+size, so a crafted result object of user code cannot run anything in the trainer. A
+`GroupPool` runs each worker as the leader of a process group (sandbox/worker_groups.py):
+replacing or closing a worker kills what its user code started.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import multiprocessing.connection
+import os
 import pickle
 import signal
 import time
 from typing import Any, Callable, Sequence
 
+from rlhf_jax.sandbox import worker_groups
+
 
 STARTUP_TIMEOUT_S = 120.0  # spawn re-imports the parent's main module: allow a slow import
+MAX_PLAIN_RESULT_BYTES = 64 * 2**20  # a plain result's JSON: larger is an error, not memory
 _READY = "ready"
 
 
-def _serve(connection, initializer=None) -> None:
+def describe_error(error: BaseException) -> str:
+  """"Type: message" of an exception raised by user code, at most 300 characters; an
+  exception whose `__str__` itself raises is described by its type alone."""
+  try:
+    name = type(error).__name__
+  except BaseException:  # pylint: disable=broad-except
+    name = "exception"
+  try:
+    text = f"{name}: {error}"
+  except BaseException:  # pylint: disable=broad-except  # a hostile __str__
+    text = f"{name} (its message could not be read)"
+  return text[:300]
+
+
+def _send(connection, reply, plain: bool) -> None:
+  """A reply to the parent: pickled, or (plain) as JSON bytes; a result that cannot be
+  sent becomes an error reply."""
+  if not plain:
+    try:
+      connection.send(reply)
+    except Exception as error:  # an unpicklable result
+      connection.send(("error", f"unpicklable result: {describe_error(error)}"[:300]))
+    return
+  try:
+    data = json.dumps(reply).encode()
+  except Exception as error:  # pylint: disable=broad-except
+    data = json.dumps(["error", f"result is not plain data: {describe_error(error)}"]).encode()
+  if len(data) > MAX_PLAIN_RESULT_BYTES:
+    data = json.dumps(["error", f"result of {len(data)} bytes is over the "
+                                f"{MAX_PLAIN_RESULT_BYTES}-byte limit"]).encode()
+  connection.send_bytes(data)
+
+
+def _serve(connection, initializer=None, plain: bool = False) -> None:
   """Worker: run `initializer` (fn, args) if any (an import that must not count against
   a call's deadline), say ready, then receive (fn, args), send ("ok", result) or
-  ("error", repr). An initializer that raises is reported at start-up."""
+  ("error", "Type: message") (as JSON when `plain`). An initializer that raises is
+  reported at start-up."""
   # A terminal's Ctrl-C reaches the whole process group: the trainer decides what it
   # means (training/loop.py finishes the step), so a call in flight must not die of it.
   signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -36,7 +81,7 @@ def _serve(connection, initializer=None) -> None:
     try:
       initializer[0](*initializer[1])
     except BaseException as error:  # the parent reports the worker as not started
-      connection.send(("init_error", f"{type(error).__name__}: {error}"[:300]))
+      connection.send(("init_error", describe_error(error)))
       return
   connection.send(_READY)
   while True:
@@ -47,11 +92,8 @@ def _serve(connection, initializer=None) -> None:
     try:
       reply = ("ok", fn(*args))
     except BaseException as error:  # reported, the worker lives on
-      reply = ("error", f"{type(error).__name__}: {error}"[:300])
-    try:
-      connection.send(reply)
-    except Exception as error:  # an unpicklable result
-      connection.send(("error", f"unpicklable result: {error!r}"[:300]))
+      reply = ("error", describe_error(error))
+    _send(connection, reply, plain)
 
 
 class WorkerStartError(RuntimeError):
@@ -60,9 +102,10 @@ class WorkerStartError(RuntimeError):
 
 class _Worker:
 
-  def __init__(self, context, initializer=None):
+  def __init__(self, context, initializer=None, plain: bool = False):
     self.connection, child = context.Pipe()
-    self.process = context.Process(target=_serve, args=(child, initializer), daemon=True)
+    self.process = context.Process(target=_serve, args=(child, initializer, plain),
+                                   daemon=True)
     self.process.start()
     child.close()
     self.ready = False
@@ -107,15 +150,19 @@ class KillablePool:
     startup_timeout_s: how long a new worker may take to start (its initializer included).
     initializer: (fn, args) each worker runs before it takes calls (e.g. importing a
       reward function's module), or None.
+    plain_results: results come back as JSON, never unpickled (module docstring): a call's
+      result must be numbers, strings, None, lists and dicts of them.
   """
 
   def __init__(self, size: int, timeout_s: float, startup_timeout_s: float = STARTUP_TIMEOUT_S,
-               initializer: tuple[Callable, tuple] | None = None):
+               initializer: tuple[Callable, tuple] | None = None,
+               plain_results: bool = False):
     if size < 1 or timeout_s <= 0:
       raise ValueError(f"KillablePool needs size >= 1 and timeout_s > 0; got {size}, "
                        f"{timeout_s}.")
     self.size, self.timeout_s, self.startup_timeout_s = size, timeout_s, startup_timeout_s
     self.initializer = initializer
+    self.plain_results = plain_results
     self._context = multiprocessing.get_context("spawn")
     self._workers: list[_Worker] = []
 
@@ -131,7 +178,7 @@ class KillablePool:
   def map(self, calls: Sequence[tuple[Callable, tuple]]) -> list[tuple[str, Any]]:
     """Runs the calls; per call ("ok", result), ("error", why) or ("timeout", "")."""
     while len(self._workers) < min(self.size, len(calls)):
-      self._workers.append(_Worker(self._context, self.initializer))
+      self._workers.append(self._new_worker())
     for worker in self._workers:  # started together, waited for together
       worker.wait_ready(self.startup_timeout_s)
     results: list[tuple[str, Any] | None] = [None] * len(calls)
@@ -157,7 +204,7 @@ class KillablePool:
         worker = self._workers[slot]
         if worker.connection in ready:
           try:
-            results[index] = worker.connection.recv()
+            results[index] = self._receive(worker)
           except (EOFError, OSError):
             worker.process.join(1.0)  # its pipe closes before it is reaped: wait for the code
             results[index] = ("error", f"worker died (exit code {worker.process.exitcode})")
@@ -171,12 +218,58 @@ class KillablePool:
         idle.append(slot)
     return results  # type: ignore[return-value]
 
+  def _new_worker(self) -> _Worker:
+    return _Worker(self._context, self.initializer, self.plain_results)
+
+  def _receive(self, worker: _Worker) -> tuple[str, Any]:
+    """A worker's reply: unpickled, or (plain_results) parsed from JSON."""
+    if not self.plain_results:
+      return worker.connection.recv()
+    # maxlength: a reply longer than the worker may send is a broken worker (OSError).
+    status, value = json.loads(worker.connection.recv_bytes(MAX_PLAIN_RESULT_BYTES + 1024))
+    return str(status), value
+
   def _replace(self, slot: int) -> None:
     self._workers[slot].kill()
-    self._workers[slot] = _Worker(self._context, self.initializer)
+    self._workers[slot] = self._new_worker()
 
   def close(self) -> None:
     """Stops the workers."""
     for worker in self._workers:
       worker.kill()
     self._workers = []
+
+
+class GroupPool(KillablePool):
+  """A KillablePool whose workers lead their own process groups with a memory watchdog
+  (sandbox/worker_groups.py): replacing or closing a worker kills everything its user code
+  started, and a worker past `memory_mb` ends itself (its call fails with "worker died
+  (exit code MEMORY_EXIT_CODE)").
+
+  Args:
+    memory_mb: the resident limit of a worker's group (0: none).
+    initializer: (fn, args) run in the worker after it leads its group and its watchdog
+      runs, or None.
+    The other arguments are KillablePool's.
+  """
+
+  def __init__(self, size: int, timeout_s: float, *, memory_mb: int = 0,
+               initializer: tuple[Callable, tuple] | None = None, **kwargs):
+    super().__init__(size, timeout_s, initializer=(_start_group_worker, (
+        memory_mb, os.getpid(), initializer)), **kwargs)
+
+  def _replace(self, slot: int) -> None:
+    worker_groups.kill_group(self._workers[slot].process.pid)
+    super()._replace(slot)
+
+  def close(self) -> None:
+    """Stops the workers and their process groups."""
+    for worker in self._workers:
+      worker_groups.kill_group(worker.process.pid)
+    super().close()
+
+
+def _start_group_worker(memory_mb: int, parent: int, initializer) -> None:
+  worker_groups.start_worker(memory_mb, parent)
+  if initializer is not None:
+    initializer[0](*initializer[1])

@@ -11,6 +11,8 @@ rollouts.jsonl has one JSON line per sample:
                environment's tokens of a multi-turn episode)
     turns      in order, {"role": "assistant" | "environment", "text", "token_ids"}; a
                single-turn run has one assistant turn, the response
+    failure    (modes whose rows are whole samples) "" or why its reward failed, e.g.
+               "reward.function f: raised ZeroDivisionError: division by zero"
 """
 
 from __future__ import annotations
@@ -182,9 +184,12 @@ def rollout_records(step: int, rollouts, tokenizer, count: int) -> list[dict[str
     mask = np.asarray(batch.response_mask[row][:n]).astype(int).tolist()
     turns = (rollouts.transcripts[row] if rollouts.transcripts is not None else
              [{"role": "assistant", "text": tokenizer.decode(response), "token_ids": response}])
-    out.append({"step": step, "reward": float(batch.scores[row]),
-                "token_ids": prompt + response, "loss_mask": [0] * len(prompt) + mask,
-                "turns": turns})
+    record = {"step": step, "reward": float(batch.scores[row]),
+              "token_ids": prompt + response, "loss_mask": [0] * len(prompt) + mask,
+              "turns": turns}
+    if rollouts.row_failures is not None:
+      record["failure"] = rollouts.row_failures[row]
+    out.append(record)
   return out
 
 

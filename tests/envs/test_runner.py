@@ -126,7 +126,7 @@ def test_processes_an_environment_starts_die_with_its_worker():
 
 
 def _group(pgid: int) -> list[int]:
-  from rlhf_jax.envs import processes  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.sandbox import worker_groups as processes  # pylint: disable=import-outside-toplevel
   return [pid for pid, _ in processes.group_members(pgid)]
 
 

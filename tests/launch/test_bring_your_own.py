@@ -127,3 +127,27 @@ def test_a_gemma3_checkpoint_trains_from_the_launcher(tmp_path):
   transformers = pytest.importorskip("transformers")
   exported = transformers.AutoModelForCausalLM.from_pretrained(summary["policy"])
   assert type(exported).__name__ == "Gemma3ForCausalLM"
+
+
+@pytest.mark.slow
+def test_a_reward_function_that_raises_is_shown_and_stops_the_run(tmp_path, checkpoint):
+  data = trl_file(tmp_path / "colours.jsonl",
+                  [{"prompt": MESSAGES, "solution": colour} for colour in ("red", "blue")])
+  result = run("train.py", "--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
+               f"--config.model.checkpoint={checkpoint}", f"--config.data.train_file={data}",
+               "--config.data.columns=answer=solution", "--config.data.default_task=colours",
+               "--config.reward.function=tests.rewards.reward_fns:raises",
+               "--config.reward.max_failed_steps=2", *TINY, "--config.train.steps=3")
+  assert result.returncode == 1, result.stderr[-3000:]
+  said = result.stdout + result.stderr
+  # each step: the function, the count and the first reason, on the console
+  assert "reward function raises failed on 4 of 4 samples: raised RuntimeError: boom" in said
+  assert ("stopped before step 2: every sample's reward failed in 2 steps in a row "
+          "(reward.max_failed_steps=2); the first reason: reward.function raises: raised "
+          "RuntimeError: boom") in said, said[-3000:]
+  records = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text()
+             .splitlines()]
+  assert records and all(r["failure"] == "reward.function raises: raised RuntimeError: boom"
+                         for r in records)
+  metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+  assert metrics["reward_failures"] == 4 and metrics["reward/raises/failures"] == 4

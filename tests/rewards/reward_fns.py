@@ -80,3 +80,47 @@ def verl_without_extra_info(data_source, solution_str, ground_truth):
 def trl_named_only(completions, solution):
   """TRL's signature reading only what it names (no **kwargs)."""
   return [float(c == s) for c, s in zip(completions, solution)]
+
+
+def batch_size(prompts, completions, **kwargs):
+  """Every sample's reward is the number of samples in the call (a function that
+  normalises across the batch sees all of it only when it gets the whole step)."""
+  return [float(len(completions))] * len(completions)
+
+
+def numpy_lengths(prompts, completions, **kwargs):
+  """A NumPy array as the result (TRL accepts any sequence of floats)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  return np.asarray([len(c) for c in completions], np.float32)
+
+
+_LIMIT = asyncio.Semaphore(2)  # module level, as async HTTP clients are kept
+
+
+async def async_bounded(prompts, completions, **kwargs):
+  """An `async def` function behind a module-level semaphore: it must run on the same
+  event loop on every call (a new loop per call: 'bound to a different event loop')."""
+  async def one(c):
+    async with _LIMIT:
+      await asyncio.sleep(0)
+      return float(len(c))
+  return list(await asyncio.gather(*(one(c) for c in completions)))
+
+
+class _Unprintable(Exception):
+  def __str__(self):
+    raise RuntimeError("no message for you")
+
+
+def unprintable_error(prompts, completions, **kwargs):
+  """Raises an exception whose __str__ raises."""
+  raise _Unprintable()
+
+
+def chatty(prompts, completions, **kwargs):
+  """Prints 3 MB (a debugging print left in a loop) and scores 1."""
+  import sys  # pylint: disable=import-outside-toplevel
+  for _ in range(3000):
+    print("x" * 1023)
+  sys.stderr.write("done\n")
+  return [1.0] * len(completions)

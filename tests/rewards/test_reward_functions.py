@@ -118,26 +118,52 @@ def test_async_functions_are_awaited_and_none_means_not_scored():
   examples, completions = rows("ab", "abcd")
   with scorer("async_length", "only_short") as s:
     assert s.score(examples, completions).scores == [2.0 + 1.0, 4.0]
-  with scorer("only_short") as s:
+  with scorer("only_short") as s:  # TRL: None is NaN, nansum: a sample none scores gets 0
     out = s.score(examples, completions)
-    assert out.scores == [1.0, -7.0]
-    assert "no reward function scored it" in out.failures[1]
+    assert out.scores == [1.0, 0.0] and out.failures == ["", ""]
+    assert out.reason(1) == "no reward function scored it"
+    assert s.pop_metrics()["reward/unscored_samples"] == 1.0
+
+
+def test_unscored_samples_are_counted_on_the_console_and_can_be_failures(caplog):
+  examples, completions = rows("ab", "abcd", "abcdef")
+  with scorer("only_short") as s:
+    s.score(examples, completions)
+    with caplog.at_level("WARNING", logger="rlhf_jax.rewards"):
+      s.pop_metrics()
+  assert ("reward: 2 of 3 samples were scored by no reward function (every one returned "
+          "None): they get 0 (reward.unscored='zero')") in caplog.messages
+  parsed = functions.parse_functions(f"{FNS}:only_short")
+  with FunctionScorer(parsed, render_prompt=str, encode=list, failure_score=-7.0,
+                      unscored="failure", workers=1) as s:
+    out = s.score(examples, completions)
+  assert out.scores == [1.0, -7.0, -7.0]
+  assert out.failures[1].startswith("no reward function scored it")
 
 
 @pytest.mark.parametrize("name, reason", [
     ("raises", "reward.function raises: raised RuntimeError: boom"),
+    ("unprintable_error", "reward.function unprintable_error: raised _Unprintable (its "
+                          "message could not be read)"),
     ("wrong_length", "reward.function wrong_length: returned 1 rewards for 2 samples"),
     ("wrong_type", "reward.function wrong_type: returned str 'high'"),
     ("not_a_list", "reward.function not_a_list: returned float, not a list of rewards"),
     ("hangs", "reward.function hangs: timeout after 1 s"),
 ])
-def test_a_failing_function_fails_its_samples_not_the_run(name, reason):
+def test_a_failing_function_fails_its_samples_not_the_run(name, reason, caplog):
   examples, completions = rows("a", "b")
   with scorer(name, timeout_s=1.0) as s:
     out = s.score(examples, completions)
     assert out.scores == [-7.0, -7.0] and out.correct == [False, False]
     assert all(f.startswith(reason) for f in out.failures), out.failures
-    assert s.pop_metrics()[f"reward/{name}/failure_rate"] == 1.0
+    with caplog.at_level("WARNING", logger="rlhf_jax.rewards"):
+      metrics = s.pop_metrics()
+    assert metrics[f"reward/{name}/failure_rate"] == 1.0
+    assert metrics[f"reward/{name}/failures"] == 2.0
+    # one console line: the function, the count and the first reason
+    line = f"reward function {name} failed on 2 of 2 samples: "
+    shown = [m for m in caplog.messages if m.startswith(line)]
+    assert shown == [line + out.failures[0].partition(": ")[2]], caplog.messages
     if name == "hangs":  # the pool replaced the killed worker: the next call works
       s.functions = functions.parse_functions(f"{FNS}:async_length")
       assert s.score(examples, completions).scores == [1.0, 1.0]
@@ -230,3 +256,68 @@ def test_rewards_that_are_inf_in_float32_fail_their_samples(tmp_path):
                       encode=list, failure_score=-7.0, workers=1) as s:
     out = s.score(*rows("huge", "one"))
   assert out.scores == [-7.0, 1.0] and "not a number finite in float32" in out.failures[0]
+
+
+def test_a_trl_function_gets_the_whole_step_in_one_call_in_row_order():
+  # 40 samples: more than any chunk; a function that normalises across the batch sees all
+  examples, completions = rows(*[str(i) for i in range(40)])
+  with scorer("batch_size", "echo_columns", weights="1,0.000001") as s:
+    out = s.score(examples, completions)
+  lengths = [len(str(i)) for i in range(40)]
+  expected = [40.0 + 1e-6 * (1000.0 * len(f"<q{i}>") + lengths[i]) for i in range(40)]
+  assert out.scores == pytest.approx(expected, rel=1e-12)
+
+
+def test_numpy_array_results_are_rewards():
+  examples, completions = rows("a", "bbb")
+  with scorer("numpy_lengths") as s:
+    assert s.score(examples, completions).scores == [1.0, 3.0]
+
+
+def test_async_functions_share_one_event_loop_per_worker():
+  examples, completions = rows("ab", "abcd", "a")
+  with scorer("async_bounded") as s:
+    for _ in range(3):  # a new loop per call fails from the second call on
+      out = s.score(examples, completions)
+      assert out.scores == [2.0, 4.0, 1.0], out.failures
+
+
+def test_what_a_function_prints_is_captured_bounded_and_shown_once(caplog, capfd):
+  examples, completions = rows("a", "b")
+  with scorer("chatty") as s:
+    assert s.score(examples, completions).scores == [1.0, 1.0]
+    with caplog.at_level("WARNING", logger="rlhf_jax.rewards"):
+      metrics = s.pop_metrics()
+  printed = 3000 * 1024 + len("done\n")
+  assert metrics["reward/chatty/output_bytes"] == printed
+  shown = [m for m in caplog.messages if m.startswith("reward function chatty printed")]
+  assert len(shown) == 1 and len(shown[0]) < 1200, shown
+  assert shown[0].startswith(f"reward function chatty printed {printed} bytes (")
+  assert len(capfd.readouterr().out) < 10_000  # not the 3 MB
+
+
+def test_a_run_whose_every_reward_fails_stops_after_max_failed_steps():
+  from rlhf_jax.rewards.scorer import FailureStreak
+  streak = FailureStreak(3)
+  assert streak.update(4, ["x: boom"] * 4) is None
+  assert streak.update(4, ["x: boom"] * 3) is None  # one sample scored: the count restarts
+  assert streak.update(4, ["x: boom"] * 4) is None
+  assert streak.update(4, ["x: boom"] * 4) is None
+  assert streak.update(4, ["x: boom"] * 4) == (
+      "every sample's reward failed in 3 steps in a row (reward.max_failed_steps=3); "
+      "the first reason: x: boom")
+  never = FailureStreak(0)
+  assert all(never.update(2, ["x"] * 2) is None for _ in range(10))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("unscored", "drop_it", "must be one of zero, failure"),
+    ("function_timeout_s", 0.0, "must be > 0"),
+    ("worker_memory_mb", -1, "must be an int >= 0"),
+    ("max_failed_steps", -1, "must be >= 0"),
+])
+def test_the_new_reward_fields_are_checked(field, value, message):
+  c = base_config("arith")
+  c.reward[field] = value
+  with pytest.raises(ConfigError, match=f"config.reward.{field}: invalid value .*{message}"):
+    validate_config(c)

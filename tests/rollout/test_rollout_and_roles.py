@@ -15,6 +15,9 @@ from rlhf_jax.rollout import Group
 from rlhf_jax.rollout import NoSignalError
 from rlhf_jax.algorithms import ppo_learner as learner_lib
 from rlhf_jax import optim
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.training.config import base_config
+from rlhf_jax.training.config import validate_config
 from tests.training.runs import preset
 
 # Counts the programs jit lowers (each new compile lowers first) inside a `with` block.
@@ -65,6 +68,33 @@ def test_dynamic_sampling_gives_up_after_fruitless_rounds():
   rollout = dynamic([[group([True, True])] * 2] * 3, max_rounds=3)
   with pytest.raises(NoSignalError, match=r"rollout\.dynamic\.max_rounds=3"):
     rollout.next_groups()
+
+
+def scored_group(scores, correct):
+  n = len(scores)
+  return Group(Example("q", "1", "f"), [1], [[2]] * n, [[0.0]] * n, list(scores),
+               list(correct), [False] * n, [""] * n)
+
+
+def test_dynamic_sampling_keeps_groups_whose_rewards_vary_by_default():
+  # accuracy + format functions: 1.5 / 1.0 / 0.5, none "correct" (no verifier, not full
+  # marks everywhere): the rewards vary, so the groups carry a signal (verl's std > 0)
+  varied, equal = scored_group([1.5, 0.5], [False, False]), scored_group([1.0, 1.0], [True, False])
+  rollout = dynamic([[varied, equal, varied]])
+  kept, _ = rollout.next_groups()
+  assert kept == [varied, varied]
+  # the paper's rule on correctness keeps only the group whose verdicts vary
+  rollout = dynamic([[varied, equal, equal]], signal="accuracy")
+  kept, _ = rollout.next_groups()
+  assert kept == [equal, equal]
+
+
+def test_dynamic_sampling_signal_is_checked():
+  with pytest.raises(ConfigError, match=r"config\.rollout\.dynamic\.signal: invalid value "
+                                        "'std': must be one of reward, accuracy"):
+    c = base_config("arith")
+    c.rollout.dynamic.signal = "std"
+    validate_config(c)
 
 
 def tiny_model():

@@ -35,3 +35,18 @@ def test_count_zero_writes_nothing_and_count_one_writes_one(tmp_path):
   RolloutLog(str(tmp_path), 1, TOKENIZER).write(1, rollouts())
   lines = (tmp_path / "rollouts.jsonl").read_text().splitlines()
   assert len(lines) == 1 and json.loads(lines[0])["reward"] == 0.5
+
+
+def test_each_record_says_why_its_reward_failed(tmp_path):
+  from rlhf_jax.rollout import Group
+  from rlhf_jax.rollout.generation import pack_groups
+  from rlhf_jax.data import Example
+  reason = "reward.function f: raised ZeroDivisionError: division by zero"
+  group = Group(Example("q", "1", "t"), TOKENIZER.encode("ab"),
+                [TOKENIZER.encode("c"), TOKENIZER.encode("de")], [[0.0], [0.0, 0.0]],
+                [1.0, -1.0], [True, False], [False, False], ["", reason])
+  packed = pack_groups([group], prompt_length=4, response_length=4, pad_id=TOKENIZER.pad_id)
+  assert packed.failures == [reason]
+  RolloutLog(str(tmp_path), 2, TOKENIZER).write(1, packed)
+  records = read_rollouts(str(tmp_path / "rollouts.jsonl"))
+  assert [r["failure"] for r in records] == ["", reason]

@@ -1,15 +1,18 @@
-"""What an environment worker may hold: its memory and the processes it starts.
+"""What a worker running user code may hold: its memory and the processes it starts.
 
-Environments are user code (a tool that runs a shell, a simulator that leaks). Each worker
-process leads its own process group, so every process an environment starts (that does not
-leave the group on purpose) is in it:
+Environments and reward functions are user code (a tool that runs a shell, a simulator that
+leaks, a scorer that starts a helper process). Each worker process of a `GroupPool`
+(sandbox/workers.py) leads its own process group, so every process the user code starts
+(that does not leave the group on purpose) is in it:
 
   - killing a worker (a timeout, a restart, the runner's close) kills its whole group;
   - a worker kills the rest of its group when it exits, and its watchdog thread kills the
     group when the trainer is gone (a SIGKILLed trainer leaves no one else to do it);
   - the watchdog ends the worker with `MEMORY_EXIT_CODE` when the group's resident memory
-    passes `env.worker_memory_mb` (the pool then replaces it, and the call it was running
-    fails with reason "memory").
+    passes its limit (`env.worker_memory_mb`, `reward.worker_memory_mb`; the pool then
+    replaces it, and the call it was running fails with reason "memory");
+  - `end_call` kills the rest of the group after a call, for user code that must not keep
+    processes between calls (reward functions).
 
 Linux only (/proc); elsewhere memory is not watched.
 """
@@ -59,6 +62,12 @@ def kill_group(pgid: int) -> None:
     pass
 
 
+def end_call() -> None:
+  """Worker side, after a call: SIGKILLs every other process of the worker's group (what
+  the call started and left running)."""
+  _kill_others(os.getpid())
+
+
 def _kill_others(pgid: int) -> None:
   me = os.getpid()
   for pid, _ in group_members(pgid):
@@ -106,4 +115,4 @@ def start_worker(memory_mb: int, parent: int) -> None:
   # takes its group along (multiprocessing runs finalizers at a worker's exit).
   multiprocessing.util.Finalize(None, _kill_others, args=(os.getpid(),), exitpriority=100)
   threading.Thread(target=_watch, args=(memory_mb, parent), daemon=True,
-                   name="env-watchdog").start()
+                   name="worker-watchdog").start()
