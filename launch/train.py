@@ -16,6 +16,11 @@ summary. All of it is `rlhf_jax.training.run(config, workdir)`, callable from Py
 files, and the data files (every row's JSON, schema, task and prompt length, with the
 policy's tokenizer, or the arith task's before its warm start) and exits: "config ok", or
 the one-line error with exit status 2.
+
+A workdir with checkpoints resumes; one whose checkpoints were made with another config
+is refused in one line listing the fields (exit status 2), but for train.steps and the
+evaluation and logging fields (training/checkpoint.RESUMABLE_FIELDS, docs/training.md).
+--overwrite starts over instead: it removes what a run wrote in the workdir.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
 _VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the config and exit "
                                    "(nothing loads, trains or compiles; exit 2 on an error).")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Start over: remove the workdir's "
+                               "checkpoints, records and exported policy (and the arith warm "
+                               "start) once its lock is held, instead of resuming.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -36,7 +44,8 @@ def main(argv) -> None:
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
   from rlhf_jax import training
-  training.run(_CONFIG.value, _WORKDIR.value, validate_only=_VALIDATE_ONLY.value)
+  training.run(_CONFIG.value, _WORKDIR.value, validate_only=_VALIDATE_ONLY.value,
+               overwrite=_OVERWRITE.value)
 
 
 if __name__ == "__main__":

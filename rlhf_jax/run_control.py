@@ -19,6 +19,7 @@ import datetime
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -83,6 +84,35 @@ class WorkdirLock:
       fcntl.flock(self.file, fcntl.LOCK_UN)
       self.file.close()
       self.file = None
+
+
+# What a training run writes in its workdir (and `start_over` removes): checkpoints, the
+# records, the exported policy, the loggers' files and run ids. The lock file stays.
+RUN_OUTPUTS = ("checkpoints", "corrupt_checkpoints", "metrics.jsonl", "rollouts.jsonl",
+               "policy", "tensorboard", "wandb_run_id", "mlflow_run_id")
+
+
+def start_over(workdir: str, lock: WorkdirLock, *, also: tuple[str, ...] = (),
+               log=print) -> list[str]:
+  """Removes what a run wrote in `workdir` (RUN_OUTPUTS, plus the names in `also`, e.g.
+  the warm start the run trained) so that the next run starts from step 0 (`--overwrite`).
+  Only while `lock` (the workdir's) is held: no trainer is writing there. Names only, in
+  the workdir itself: a symlink is removed, never followed. Returns what it removed."""
+  if lock.file is None:
+    raise RuntimeError("start_over needs the workdir's lock held (WorkdirLock.acquire)")
+  removed = []
+  for name in RUN_OUTPUTS + tuple(also):
+    path = os.path.join(os.path.abspath(workdir), name)
+    if os.path.islink(path) or os.path.isfile(path):
+      os.remove(path)
+    elif os.path.isdir(path):
+      shutil.rmtree(path)
+    else:
+      continue
+    removed.append(name)
+  if removed:
+    log(f"--overwrite: removed {', '.join(removed)} from {workdir}; starting over")
+  return removed
 
 
 def describe_holder(text: str) -> str:

@@ -15,17 +15,20 @@ missing meta file) is reported in one line naming its directory, moved aside to
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import gc
+import json
 import os
 import shutil
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import jax
 import orbax.checkpoint as ocp
 
 from rlhf_jax import parallel
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import show
 
 
 class Checkpointer:
@@ -120,6 +123,104 @@ class Checkpointer:
     """Finishes pending writes."""
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+# The fields that may change when a run resumes, without a word: how long it runs
+# (train.steps), how it is evaluated, logged and checkpointed, and where its job and
+# servers are; none changes what a step computes. Any other changed field is refused
+# (`check_resumable`): a resumed run must be the run its checkpoints were made by.
+# docs/training.md lists them; fnmatch patterns over the dotted field names.
+RESUMABLE_FIELDS = (
+    "train.steps",
+    # evaluation
+    "train.eval_every", "train.eval_samples", "data.eval_file", "data.num_eval",
+    # logging and checkpoints
+    "train.log_every", "train.log_rollouts", "train.loggers", "train.run_name",
+    "train.wandb_project", "train.wandb_entity", "train.mlflow_experiment",
+    "train.checkpoint_every",
+    # where the job, its compile cache and its sampling servers are
+    "compile_cache", "distributed.*", "sampler.address", "sampler.addresses",
+    "sampler.tls_*", "sampler.token_file", "sampler.reconnect_s",
+    "reward.judge_sampler.address", "reward.judge_sampler.addresses",
+    "reward.judge_sampler.tls_*", "reward.judge_sampler.token_file",
+    "reward.judge_sampler.reconnect_s",
+)
+_SHOWN_CHANGES = 8  # changed fields listed in the refusal
+
+
+def resumable(field: str) -> bool:
+  """Whether the dotted config `field` may change on resume (RESUMABLE_FIELDS)."""
+  return any(fnmatch.fnmatchcase(field, pattern) for pattern in RESUMABLE_FIELDS)
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]
+                   ) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+  """(the fields, outside RESUMABLE_FIELDS, whose values differ between two configs'
+  `to_dict()`s, as (field, saved value, current value); the fields in one config only, a
+  library of another version's). Tuples and lists compare alike (a checkpoint keeps JSON)."""
+  saved = _flat(json.loads(json.dumps(saved)))
+  current = _flat(json.loads(json.dumps(current)))
+  changed = [(field, saved[field], current[field]) for field in sorted(set(saved) & set(current))
+             if saved[field] != current[field] and not resumable(field)]
+  return changed, sorted(set(saved) ^ set(current))
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def saved_config(workdir: str) -> tuple[int, dict[str, Any]] | None:
+  """(step, config) of the newest checkpoint in `<workdir>/checkpoints` whose metadata
+  reads (its arrays are not read), or None without one."""
+  directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  if not os.path.isdir(directory):
+    return None
+  manager = ocp.CheckpointManager(directory, item_names=("state", "meta"))
+  try:
+    for step in sorted(manager.all_steps(), reverse=True):
+      with quiet_failed_reads():
+        try:
+          meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        except Exception:  # pylint: disable=broad-except  # restore_intact reports it
+          continue
+      if isinstance(meta.get("meta"), dict) and isinstance(meta["meta"].get("config"), dict):
+        return step, meta["meta"]["config"]
+  finally:
+    manager.close()
+  return None
+
+
+def check_resumable(config, workdir: str) -> list[str]:
+  """Refuses to resume the checkpoints of `workdir` with a config that differs from the
+  one they were made with in a field outside RESUMABLE_FIELDS: a ConfigError listing the
+  fields (saved → given) and the ways out. Returns the fields one of the two configs lacks
+  (a library of another version added or removed them): taken at their given values."""
+  found = saved_config(workdir)
+  if found is None:
+    return []
+  step, saved = found
+  changed, unmatched = config_changes(saved, config.to_dict())
+  if changed:
+    refuse_changes(workdir, step, changed)
+  return unmatched
+
+
+def refuse_changes(workdir: str, step: int, changed: list[tuple[str, Any, Any]]) -> NoReturn:
+  """The ConfigError of a resume whose config changed `changed` (`config_changes`)."""
+  shown = ", ".join(f"{field} {show(old)} → {show(new)}"
+                    for field, old, new in changed[:_SHOWN_CHANGES])
+  more = f" and {len(changed) - _SHOWN_CHANGES} more" if len(changed) > _SHOWN_CHANGES else ""
+  raise ConfigError(
+      f"--workdir={workdir}: its checkpoint (step {step}) was made with another config: "
+      f"{shown}{more}; resume with the saved values, pass --overwrite to start over "
+      "(overwrite=True from Python), or choose another workdir (train.steps, evaluation "
+      "and logging fields may change on resume: docs/training.md)")
 
 
 def describe_error(error: BaseException) -> str:

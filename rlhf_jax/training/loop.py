@@ -36,6 +36,7 @@ from rlhf_jax.rollout.lookahead import LookAhead
 from rlhf_jax.sampling import protocol as sampler_protocol
 from rlhf_jax.training import build
 from rlhf_jax.training import metrics as metrics_lib
+from rlhf_jax.training import checkpoint as checkpoint_lib
 from rlhf_jax.training.checkpoint import Checkpointer
 from rlhf_jax.training.config import validate_config
 
@@ -222,9 +223,9 @@ class Trainer:
     self.learner.restore(state)
     self.step = self.recorded_step = self.saved_step = int(meta["step"])
     self.rollout.restore(meta["rollout"])
-    changed = changed_fields(meta["config"], self.config.to_dict())
-    if changed:
-      self.log(f"resuming with changed config fields: {', '.join(changed)}")
+    changed, _ = checkpoint_lib.config_changes(meta["config"], self.config.to_dict())
+    if changed:  # the run's config is the checkpoint's but for RESUMABLE_FIELDS
+      checkpoint_lib.refuse_changes(self.workdir, self.step, changed)
     self.push_weights(rollback=True)
     self.metrics.truncate_after(self.step, self.log)
     self.rollout_log.truncate_after(self.step, self.log)
@@ -365,8 +366,3 @@ def is_fleet_loss(error: BaseException) -> bool:
   fleet = sys.modules.get("rlhf_jax.sampling.fleet")
   return fleet is not None and isinstance(error, fleet.FleetUnavailableError)
 
-
-def changed_fields(saved: dict, current: dict) -> list[str]:
-  """Dotted names of config fields whose values differ between two `to_dict()`s."""
-  saved, current = loggers_lib.flatten_config(saved), loggers_lib.flatten_config(current)
-  return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))

@@ -47,24 +47,28 @@ from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import build
+from rlhf_jax.training import checkpoint as checkpoint_lib
 from rlhf_jax.training.config import validate_config
 from rlhf_jax.training.config import validate_mesh
 from rlhf_jax.training.loop import Trainer
 
 
 def run(config, workdir: str, *, validate_only: bool = False, progress: bool = True,
-        log: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+        log: Callable[[str], None] | None = None, overwrite: bool = False
+        ) -> dict[str, Any] | None:
   """Trains `config` (a trainer config: training/config.py) in `workdir`; what
   launch/train.py runs, callable from a notebook.
 
   In order: the whole config is validated once, before anything joins, loads or compiles;
   the workdir is checked; the process joins the job of `config.distributed` (one process:
   nothing to join) and the mesh is checked against the job's devices; the data files are
-  read (every row). `validate_only` stops there ("config ok"). Then the main process takes
-  the workdir's lock and runs the stages the run needs (`prepare_run`: the arith warm start,
-  DPO / DQO offline data), every process waits for it, and the loop trains. Returns the
-  summary (JSON-able figures; its last line is also logged as JSON on the main process), or
-  None with `validate_only`. `log` (default: print) is called on the main process only.
+  read (every row); the workdir's checkpoints, if any, were made with this config but for
+  the fields that may change on resume (`checkpoint.check_resumable`). `validate_only`
+  stops there ("config ok"). Then the main process takes the workdir's lock (with
+  `overwrite`, removes what a run wrote there: `run_control.start_over`) and runs the
+  stages the run needs (`prepare_run`: the arith warm start, DPO / DQO offline data),
+  every process waits for it, and the loop trains. Returns the summary (JSON-able figures;
+  its last line is also logged as JSON on the main process), or None with `validate_only`. `log` (default: print) is called on the main process only.
   Raises ConfigError (one line naming the field) for anything the user can fix.
   `train.deterministic` sets XLA's deterministic GPU ops: it takes effect only when JAX has
   not computed anything yet in this process (in a notebook: call `run` first).
@@ -79,6 +83,12 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
   build.check_data(config, workdir)  # the data files, every row, before any work
   main_process = parallel.is_main_process()
   emit = (log or (lambda line: print(line, flush=True))) if main_process else (lambda _: None)
+  if not overwrite:  # the workdir's checkpoints were made with this config (but for
+    # checkpoint.RESUMABLE_FIELDS), else one line listing the fields: on every process
+    unmatched = checkpoint_lib.check_resumable(config, workdir)
+    if unmatched:
+      emit(f"resuming: fields the checkpoint's config lacks or has beyond this one (another "
+           f"version of the library): {', '.join(unmatched)}; taken as given")
   if validate_only:
     emit("config ok")
     return None
@@ -89,6 +99,8 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
   lock = run_control.WorkdirLock(workdir)
   if main_process:  # warm start, DPO / DQO offline data: once, in the shared workdir
     lock.acquire()  # before the warm start: a second launch must not train it as well
+    if overwrite:  # what the run wrote goes, once no trainer can be writing it
+      run_control.start_over(workdir, lock, also=_warm_start_outputs(config), log=emit)
     prepare_run(config, workdir, log=emit)
   parallel.barrier("prepared")
   trainer = Trainer(config, workdir, log=emit, progress=progress, lock=lock)
@@ -100,6 +112,17 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
          f"{summary['seconds']:.0f} s of RL; policy in {summary['policy']}")
   emit(json.dumps({"event": "done", **summary}))
   return summary
+
+
+def _warm_start_outputs(c) -> tuple[str, ...]:
+  """What train.py writes in the workdir before the loop, for `--overwrite` to remove: for
+  the arith variant, its warm start (<workdir>/sft, unless `model.checkpoint` names one)
+  and the labelled samples of DPO / DQO (<workdir>/offline.jsonl, unless
+  `data.offline_file` is given). An hf run's sft/ is launch/sft.py's: it stays."""
+  if c.variant != "arith":
+    return ()
+  return ((() if c.model.checkpoint else ("sft",))
+          + (() if c.data.offline_file else ("offline.jsonl",)))
 
 
 def warm_start(config, workdir: str, *, overwrite: bool = False,
