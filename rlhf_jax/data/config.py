@@ -43,6 +43,9 @@ def data_config(arith: bool) -> ml_collections.ConfigDict:
   # turn), 'never' (raw text; a chat list gives its last user turn).
   d.chat_template = "auto"
   d.system_prompt = ""  # A system turn for rendered prompts that have none ("" = none).
+  # The most seconds the checkpoint's chat template may take to render one prompt (a
+  # render takes milliseconds; its size and recursion are bounded too: models/template_bounds.py).
+  d.template_timeout_s = 10.0
   # Task schedule (data/curriculum.py), e.g. "math:1,code:1@50; math:1,code:1,arith:2":
   # per phase the tasks' shares of each step's prompts; empty: the file's mix, shuffled.
   d.curriculum = ""
@@ -76,6 +79,8 @@ def validate_data_fields(d) -> None:
   parse_columns(d.columns)
   one_of("data.answer_format", d.answer_format, ANSWER_FORMATS)
   one_of("data.chat_template", d.chat_template, CHAT_TEMPLATE_MODES)
+  if not 0 < d.template_timeout_s <= 3600:
+    invalid("data.template_timeout_s", d.template_timeout_s, "must be in (0, 3600] seconds")
   if d.system_prompt and d.chat_template == "never":
     invalid("data.system_prompt", d.system_prompt, "must be empty with data.chat_template="
             "'never' (no prompt is rendered as a chat)")

@@ -4,11 +4,15 @@ renders it (`render_chat`: its sandboxed environment, globals and filters, and w
 does to the messages first), and the text that appends one turn after a model turn
 (`turn_suffix`: how a multi-turn rollout renders a tool's output as a tool turn).
 
+Every compile and render is bounded in time, size and recursion (`template_bounds`: a
+template is a checkpoint's code); past a bound it is one ChatTemplateError line.
+
 Needs jinja2 (the `hf` extra).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
@@ -16,6 +20,8 @@ import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from rlhf_jax.models import template_bounds as bounds
 
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"
@@ -76,6 +82,27 @@ def read_chat_templates(directory: str, config: Mapping[str, Any]) -> dict[str, 
   return {}
 
 
+def template_file(directory: str, name: str) -> str:
+  """The file `read_chat_templates` read template `name` of `directory` from."""
+  candidates = [os.path.join(directory, TEMPLATE_FILE)] if name == "default" else []
+  candidates += [os.path.join(directory, TEMPLATE_DIR, f"{name}.jinja"),
+                 os.path.join(directory, "tokenizer_config.json")]
+  return next((c for c in candidates if os.path.isfile(c)),
+              os.path.join(directory, LEGACY_TEMPLATE_FILE))
+
+
+@contextlib.contextmanager
+def errors_naming(path: str | None):
+  """A ChatTemplateError raised in the block starts with `path` (the checkpoint file the
+  template came from; None: left as it is)."""
+  try:
+    yield
+  except ChatTemplateError as error:
+    if path is None:
+      raise
+    raise ChatTemplateError(f"{path}: {error}") from None
+
+
 def read_special_tokens(directory: str, config: Mapping[str, Any]) -> dict[str, str]:
   """The named special tokens of a tokenizer directory as transformers reads them:
   tokenizer_config.json's (`config`), updated by special_tokens_map.json's only when the
@@ -123,7 +150,36 @@ def _environment():
   and its `dict` and `namespace` (no underscore attributes)."""
   import jinja2  # pylint: disable=import-outside-toplevel
   import jinja2.ext  # pylint: disable=import-outside-toplevel
+  from jinja2.compiler import CodeGenerator  # pylint: disable=import-outside-toplevel
   from jinja2.sandbox import ImmutableSandboxedEnvironment  # pylint: disable=import-outside-toplevel
+
+  class BoundedCodeGenerator(CodeGenerator):
+    """Jinja's code generator with `a ~ b` (concatenation) checked for size."""
+
+    def visit_Concat(self, node, frame):
+      self.write("environment.checked_concat(")
+      super().visit_Concat(node, frame)
+      self.write(")")
+
+  class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The sandbox with the size bounds of `template_bounds` on operators and calls."""
+    code_generator_class = BoundedCodeGenerator
+    intercepted_binops = bounds.INTERCEPTED
+
+    def call_binop(self, context, operator, left, right):
+      return bounds.binop(operator, left, right)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # pylint: disable=no-self-argument
+      what = f"{getattr(__obj, '__name__', type(__obj).__name__)}()"
+      bounds.check_arguments(args, kwargs, what)
+      bound_to = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
+      bounds.check_format(bound_to, what)  # '{:>999999999}'.format(...)
+      return bounds.bounded_result(
+          ImmutableSandboxedEnvironment.call(__self, __context, __obj, *args, **kwargs), what)
+
+    @staticmethod
+    def checked_concat(value):
+      return bounds.checked(value, "the ~ operator")
 
   class Generation(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}`: transformers marks the assistant's tokens
@@ -155,7 +211,8 @@ def _environment():
 
     def __setitem__(self, name, value):
       TemplateNamespace.check(name)
-      jinja2.utils.Namespace.__setitem__(self, name, value)
+      jinja2.utils.Namespace.__setitem__(
+          self, name, bounds.checked(value, f"namespace attribute {name!r}"))
 
     @staticmethod
     def check(name):
@@ -169,9 +226,12 @@ def _environment():
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 
-  environment = ImmutableSandboxedEnvironment(
-      trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
+  environment = BoundedSandbox(
+      trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols],
+      finalize=lambda value: bounds.checked(value, "an output"))
   environment.filters["tojson"] = tojson
+  environment.filters.update({name: bounds.bounded_filter(f)
+                              for name, f in environment.filters.items()})
   environment.globals["raise_exception"] = raise_exception
   environment.globals["strftime_now"] = lambda f: datetime.datetime.now().strftime(f)
   environment.globals["dict"] = TemplateDict()
@@ -181,11 +241,12 @@ def _environment():
 
 @functools.lru_cache(maxsize=16)
 def _compile(template: str):
-  """The compiled template in transformers' environment."""
+  """The compiled template in transformers' environment (call it under a deadline: the
+  compile folds constant expressions)."""
   import jinja2  # pylint: disable=import-outside-toplevel
   try:
     return _environment().from_string(template)
-  except jinja2.TemplateError as error:
+  except (jinja2.TemplateError, bounds.TemplateBoundError) as error:
     raise ChatTemplateError(f"the chat template does not compile: {error}") from None
 
 
@@ -242,9 +303,10 @@ def check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
 def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *,
                 add_generation_prompt: bool = True, tools: Sequence[Mapping] | None = None,
                 documents: Sequence[Mapping] | None = None,
-                special_tokens: Mapping[str, Any] = (), **template_kwargs) -> str:
+                special_tokens: Mapping[str, Any] = (),
+                timeout_s: float = bounds.DEFAULT_TIMEOUT_S, **template_kwargs) -> str:
   """The text of `messages` under `template`, as transformers' `apply_chat_template(...,
-  tokenize=False)` renders it.
+  tokenize=False)` renders it, bounded (`template_bounds`).
 
   Args:
     template: the Jinja source.
@@ -255,10 +317,12 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *,
       converts them with `get_json_schema`; here they are refused).
     documents: dicts (e.g. {"title", "text"}) for templates that do retrieval.
     special_tokens: bos_token, eos_token, ... (transformers' `special_tokens_map`).
+    timeout_s: the most seconds the compile and render may take.
     **template_kwargs: more template variables (enable_thinking, date_string, ...); they
       override `special_tokens` of the same name, as in transformers.
   Raises:
-    ChatTemplateError: the template does not compile, fails, or refused the messages.
+    ChatTemplateError: the template does not compile, fails, refused the messages, or
+      went past a bound (time, size, recursion).
   """
   import jinja2  # pylint: disable=import-outside-toplevel
   if not messages:
@@ -272,18 +336,30 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *,
                 else "dicts")
         raise TypeError(f"{name}[{index}] is a {type(item).__name__}; {name} are {what}.")
   variables = _plain({**dict(special_tokens), **template_kwargs}, "template_kwargs")
-  compiled = _compile(template)
+  pieces, characters = [], 0
   try:
-    return compiled.render(messages=chat, tools=_plain(tools and list(tools), "tools"),
-                           documents=_plain(documents and list(documents), "documents"),
-                           add_generation_prompt=add_generation_prompt, **variables)
+    with bounds.deadline(timeout_s, "the chat template"):
+      compiled = _compile(template)
+      for piece in compiled.generate(
+          messages=chat, tools=_plain(tools and list(tools), "tools"),
+          documents=_plain(documents and list(documents), "documents"),
+          add_generation_prompt=add_generation_prompt, **variables):
+        characters += len(piece)
+        if characters > bounds.MAX_CHARS:
+          raise bounds.TemplateBoundError(f"the chat template wrote more than "
+                                          f"{bounds.MAX_CHARS} characters")
+        pieces.append(piece)
+  except bounds.TemplateBoundError as error:
+    raise ChatTemplateError(str(error)) from None
   except (jinja2.TemplateError, TypeError) as error:
     raise ChatTemplateError(f"the chat template failed on the messages: "
-                            f"{type(error).__name__}: {error}") from error
+                            f"{type(error).__name__}: {error}") from None
+  return "".join(pieces)
 
 
 def turn_suffix(template: str, role: str, content: str, *, turn_end: str = "",
-                special_tokens: Mapping[str, Any] = ()) -> str:
+                special_tokens: Mapping[str, Any] = (),
+                timeout_s: float = bounds.DEFAULT_TIMEOUT_S) -> str:
   """The text that follows a model turn ended by `turn_end` (its last token, e.g.
   "<|im_end|>") to add a `role` turn with `content` and open the next assistant turn.
 
@@ -296,9 +372,10 @@ def turn_suffix(template: str, role: str, content: str, *, turn_end: str = "",
       (it cannot be appended to token by token).
   """
   before = render_chat(template, _PROBE, add_generation_prompt=False,
-                       special_tokens=special_tokens)
+                       special_tokens=special_tokens, timeout_s=timeout_s)
   after = render_chat(template, _PROBE + ({"role": role, "content": content},),
-                      add_generation_prompt=True, special_tokens=special_tokens)
+                      add_generation_prompt=True, special_tokens=special_tokens,
+                      timeout_s=timeout_s)
   if not after.startswith(before):
     raise ChatTemplateError(f"the chat template renders a {role!r} turn by rewriting the "
                             "turns before it; it cannot be appended to a sampled row.")

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from rlhf_jax.models import chat_template as chat_lib
+from rlhf_jax.models import template_bounds
 
 CHATML_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # The Jinja form of `Tokenizer.apply_chat_template`, written to tokenizer_config.json so
@@ -51,6 +52,7 @@ class Tokenizer:
       is the "default" one.
     special_tokens: the named special tokens a template sees (transformers'
       `special_tokens_map`); default: bos/eos/pad as given.
+  Renders are bounded (models.template_bounds; in time by `template_timeout_s`).
   """
 
   def __init__(self, backend, *, eos_token: str = "<|endoftext|>",
@@ -71,6 +73,8 @@ class Tokenizer:
     self._named = {k: v for k, v in special_tokens.items() if v is not None}
     self._files: dict[str, bytes] | None = None  # what `from_directory` read, for `save`
     self._loaded_templates: dict[str, str] = {}
+    self.template_timeout_s = template_bounds.DEFAULT_TIMEOUT_S
+    self.template_files: dict[str, str] = {}  # template text → the file it was read from
 
   @property
   def chat_template(self) -> str | None:
@@ -114,6 +118,8 @@ class Tokenizer:
                     chat_templates=templates, special_tokens=named)
     tokenizer._files = _read_files(directory)
     tokenizer._loaded_templates = dict(templates)
+    tokenizer.template_files = {template: chat_lib.template_file(directory, name)
+                                for name, template in templates.items()}
     return tokenizer
 
   def save(self, directory: str) -> None:
@@ -252,9 +258,11 @@ class Tokenizer:
     """
     template = self._template(chat_template, tools)
     if template is not None:
-      return chat_lib.render_chat(template, messages, add_generation_prompt=add_generation_prompt,
-                                  tools=tools, documents=documents,
-                                  special_tokens=self.special_tokens(), **template_kwargs)
+      with chat_lib.errors_naming(self.template_files.get(template)):
+        return chat_lib.render_chat(
+            template, messages, add_generation_prompt=add_generation_prompt, tools=tools,
+            documents=documents, special_tokens=self.special_tokens(),
+            timeout_s=self.template_timeout_s, **template_kwargs)
     chat_lib.check_template_kwargs(template_kwargs)
     self._check_chatml()
     parts = []
@@ -302,8 +310,10 @@ class Tokenizer:
     if template is None:
       self._check_chatml()
       template = CHATML_JINJA
-    return chat_lib.turn_suffix(template, role, content, turn_end=turn_end,
-                                special_tokens=self.special_tokens())
+    with chat_lib.errors_naming(self.template_files.get(template)):
+      return chat_lib.turn_suffix(template, role, content, turn_end=turn_end,
+                                  special_tokens=self.special_tokens(),
+                                  timeout_s=self.template_timeout_s)
 
 
 def _read_files(directory: str) -> dict[str, bytes]:

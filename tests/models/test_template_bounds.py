@@ -1,0 +1,86 @@
+"""A checkpoint's chat template is rendered with a time, size and recursion bound
+(models/template_bounds.py): each of the red team's templates is one ChatTemplateError
+line, quickly, naming the file it came from; templates within the bounds render as
+before (the parity tests against transformers: test_chat_template_parity.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rlhf_jax import models
+from rlhf_jax.models import template_bounds
+from rlhf_jax.models.chat_template import ChatTemplateError
+from rlhf_jax.models.chat_template import render_chat
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+BIG = template_bounds.MAX_CHARS
+# (case, template, what the error says). Loops within range() but with no end in sight are
+# the time bound's (test below); these are refused by size or recursion at once.
+HOSTILE = [
+    ("string repeat", "{{ 'a' * 3000000000 }}", "repeats a value of 1 characters 3000000000"),
+    ("repeat by a variable", "{% set n = 3000000000 %}{{ 'a' * n }}", "repeats a value"),
+    ("list repeat", "{% set l = ['a' * 1000000] * 1000 %}{{ l|join }}", "repeats a value"),
+    ("recursive macro", "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}",
+     "recursed too deeply"),
+    ("doubling by ~", "{% set a = 'a' * 1000000 %}" + "{% set a = a ~ a %}" * 6 + "{{ a }}",
+     "more than 16777216 characters .the ~ operator"),
+    ("doubling in a namespace", "{% set ns = namespace(x='ab') %}{% for i in range(40) %}"
+     "{% set ns.x = ns.x + ns.x %}{% endfor %}", "more than 16777216 characters .a sum"),
+    ("center filter", "{{ 'a'|center(3000000000) }}", "passed 3000000000 to the filter"),
+    ("center method", "{{ 'a'.center(3000000000) }}", "passed 3000000000 to center"),
+    ("printf width", "{{ '%3000000000d' % 1 }}", "a width of more than 65536"),
+    ("format width", "{{ '{:>3000000000}'.format(1) }}", "a width of more than 65536"),
+    ("format filter", "{{ '%3000000000d'|format(1) }}", "a width of more than 65536"),
+    ("big power", "{{ 10 ** 100000000 }}", "raised 10 to the power 100000000"),
+    ("lazy map", "{{ range(60000)|map('center', 60000)|join }}",
+     "more than 16777216 characters .the filter 'do_map'"),
+    ("output", "{% for i in range(60000) %}{% for j in range(60000) %}{{ 'abcdefgh' }}"
+     "{% endfor %}{% endfor %}", "wrote more than 16777216 characters"),
+    ("compile-time fold", "{{ ('a' ~ 'b')|center(99999999) }}", "passed 99999999"),
+]
+
+
+@pytest.mark.parametrize("template,message", [pytest.param(t, m, id=c) for c, t, m in HOSTILE])
+def test_a_hostile_template_is_one_line_at_once(template, message):
+  start = time.perf_counter()
+  with pytest.raises(ChatTemplateError, match=message) as error:
+    render_chat(template, MESSAGES)
+  assert "\n" not in str(error.value)
+  assert time.perf_counter() - start < 3.0
+
+
+def test_a_template_past_its_deadline_is_stopped():
+  loops = "{% for i in range(60000) %}{% for j in range(60000) %}{% endfor %}{% endfor %}"
+  start = time.perf_counter()
+  with pytest.raises(ChatTemplateError, match=r"took more than 0.5 s \(data.template_timeout_s"):
+    render_chat(loops, MESSAGES, timeout_s=0.5)
+  assert 0.5 <= time.perf_counter() - start < 2.0
+  # the watchdog disarmed: later renders, quick ones and in a row, are not interrupted
+  for _ in range(200):
+    assert render_chat("{{ messages[0].content }}", MESSAGES, timeout_s=0.05) == "hi"
+
+
+def test_values_up_to_the_bounds_render():
+  template = "{{ 'ab' * n }}{{ ('x' ~ 'y')|center(60000)|length }}{{ '%5d' % 7 }}"
+  out = render_chat(template, MESSAGES, n=BIG // 4)
+  assert out == "ab" * (BIG // 4) + "60000" + "    7"
+
+
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+def test_the_error_names_the_checkpoint_file(tmp_path, where):
+  tokenizer = models.train_bpe_tokenizer(["hello world"] * 10, vocab_size=280)
+  tokenizer.chat_template = "{{ 'a' * 3000000000 }}"
+  tokenizer.save(str(tmp_path))
+  if where == "chat_template.jinja":  # written where transformers 5 writes it
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "chat_template.jinja").write_text(config.pop("chat_template"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+  loaded = models.Tokenizer.from_directory(str(tmp_path))
+  with pytest.raises(ChatTemplateError, match=f"^{tmp_path / where}: the chat template "
+                                              "repeats a value"):
+    loaded.apply_chat_template(MESSAGES)
+  with pytest.raises(ChatTemplateError, match=f"^{tmp_path / where}: "):
+    loaded.turn_suffix("tool", "42", turn_end="<|im_end|>")
