@@ -79,8 +79,9 @@ class DecoderConfig:
       x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))).
     norm_offset: every RMSNorm multiplies by (offset + w): 1.0 for Gemma, whose norm
       weights are stored as w − 1 (and which computes the product in float32).
-    scale_embeddings: multiply the embeddings by √hidden_size, in the parameter
-      dtype (Gemma).
+    scale_embeddings: multiply the embeddings by √hidden_size rounded to the compute
+      dtype, as transformers rounds it to the model's dtype (Gemma; 34.0 for width 1152
+      in bfloat16).
     query_pre_attn_scalar: attention scores are q·k / √query_pre_attn_scalar
       (Gemma); None: / √head_dim.
     attn_logit_softcapping: attention scores become c·tanh(s / c) before the mask

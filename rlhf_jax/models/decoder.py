@@ -189,11 +189,7 @@ class DecoderLM(nnx.Module):
     rope = (rope_tables(positions, config),)
     if config.rope_local_theta is not None:  # Gemma 3: sliding layers rotate at their base
       rope += (rope_tables(positions, config, local=True),)
-    if config.scale_embeddings:  # Gemma: × √E in the embedding's dtype, as transformers
-      scale = jnp.asarray(config.hidden_size ** 0.5, config.jnp_param_dtype)
-      x = (self.embed[...][tokens] * scale).astype(config.jnp_dtype)
-    else:  # rows gathered, then cast: the backward scatter-adds into float32 rows
-      x = self.embed[...][tokens].astype(config.jnp_dtype)
+    x = self.embed_tokens(tokens)
 
     if cache is not None:
       valid = write_rows(cache.valid, token_mask, cache.end)
@@ -208,6 +204,14 @@ class DecoderLM(nnx.Module):
       cache = KVCache(keys=kv[0], values=kv[1], valid=valid, end=cache.end + time,
                       length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32))
     return x, cache
+
+  def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+    """The input embeddings [B, T, E] of `tokens` [B, T] in the compute dtype; Gemma's
+    multiplied by √hidden_size rounded to that dtype (`embedding_scale`)."""
+    config = self.config
+    # Rows gathered, then cast: the backward scatter-adds into the parameter dtype's rows.
+    x = self.embed[...][tokens].astype(config.jnp_dtype)
+    return x * embedding_scale(config) if config.scale_embeddings else x
 
   def _loop_layers(self, x, block_args, cache):
     """The per-layer (unscanned) layers as a Python loop; arguments and result as
@@ -247,6 +251,14 @@ class DecoderLM(nnx.Module):
     if self.config.tie_embeddings:
       return self.embed[...].astype(dtype).T
     return self.lm_head[...].astype(dtype)
+
+
+def embedding_scale(config: DecoderConfig) -> jax.Array:
+  """Gemma's embedding multiplier √hidden_size as a scalar of the compute dtype, as
+  transformers computes it (`embed_scale.to(self.weight.dtype)`: the model's dtype, which
+  is its activations'), and vLLM: 1152 → 33.941 in float32, 34.0 in bfloat16 (a 0.17 %
+  larger residual stream than an unrounded scale, up to 0.24 % at other widths)."""
+  return jnp.asarray(config.hidden_size ** 0.5, config.jnp_dtype)
 
 
 def _with_kind(kind):
