@@ -10,14 +10,18 @@ killed mid-save resumes from the previous checkpoint. A checkpoint damaged after
 (a truncated or missing array file, garbage metadata, an emptied step directory, a
 missing meta file) is reported in one line naming its directory, moved aside to
 <workdir>/corrupt_checkpoints/, and the newest intact one is used (`restore_intact`).
+A save that fails (a full disk) is one line naming the intact checkpoint, its temporary
+directory removed (`Checkpointer.save`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import gc
 import json
+import logging
 import os
 import shutil
 import sys
@@ -51,11 +55,37 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-    """Writes checkpoint `step` and waits until it is on disk."""
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    meta=ocp.args.JsonSave(meta)),
-                      force=True)
-    self.manager.wait_until_finished()
+    """Writes checkpoint `step` and waits until it is on disk. A save that fails (a full
+    disk, a quota) leaves the checkpoints before it as they were: its temporary
+    directory is removed and a CheckpointSaveError says which checkpoint is intact."""
+    try:
+      with quiet_orbax_errors():
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        meta=ocp.args.JsonSave(meta)),
+                          force=True)
+        self.manager.wait_until_finished()
+    except Exception as error:  # pylint: disable=broad-except
+      raise self._failed_save(step, error) from None
+
+  def _failed_save(self, step: int, error: BaseException) -> "CheckpointSaveError":
+    """Removes what the failed save of `step` left (Orbax's `<step>.orbax-checkpoint-tmp*`
+    directory) and describes it, with the newest intact checkpoint."""
+    partial = [os.path.join(self.directory, name) for name in os.listdir(self.directory)
+               if name.startswith(f"{step}.orbax-checkpoint-tmp")]
+    if parallel.is_main_process():  # a job's processes share the workdir: one removes it
+      for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    self.manager.reload()
+    text = str(error)
+    reason = ("no space left on device" if "No space left on device" in text
+              or getattr(error, "errno", None) == errno.ENOSPC else describe_error(error))
+    latest = self.manager.latest_step()
+    intact = (f"the newest intact checkpoint is {os.path.join(self.directory, str(latest))} "
+              "(a resume continues from it)" if latest is not None
+              else "there is no earlier checkpoint")
+    removed = f"; its temporary directory {partial[0]} was removed" if partial else ""
+    return CheckpointSaveError(f"checkpoint {os.path.join(self.directory, str(step))} was "
+                               f"not saved ({reason}){removed}; {intact}")
 
   def restore(self, step: int, state_template: Any) -> tuple[Any, dict[str, Any]]:
     """(state, meta) of checkpoint `step`; arrays take the template's shapes,
@@ -221,6 +251,25 @@ def refuse_changes(workdir: str, step: int, changed: list[tuple[str, Any, Any]])
       f"{shown}{more}; resume with the saved values, pass --overwrite to start over "
       "(overwrite=True from Python), or choose another workdir (train.steps, evaluation "
       "and logging fields may change on resume: docs/training.md)")
+
+
+class CheckpointSaveError(ConfigError):
+  """A checkpoint that could not be written (one line, which the launchers print as
+  `error: ...` with exit status 2; the checkpoints before it are intact)."""
+
+
+@contextlib.contextmanager
+def quiet_orbax_errors():
+  """Holds back the error records Orbax's save threads log (a traceback each, four per
+  failed save) while the block runs; the failure itself is raised to the caller."""
+  def keep(record) -> bool:
+    return record.levelno < logging.ERROR or "orbax" not in record.pathname
+  logger = logging.getLogger("absl")
+  logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    logger.removeFilter(keep)
 
 
 def describe_error(error: BaseException) -> str:

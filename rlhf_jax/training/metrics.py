@@ -240,23 +240,25 @@ def truncate_jsonl(path: str, step: int, log: Callable[[str], None] = print) -> 
   """Drops the lines of a JSON-lines file whose `step` is after `step` (no file: nothing).
 
   The file is replaced at once (a crash leaves the old one). A torn last line (a crash
-  mid-write) is dropped with a warning to `log` naming the file; a malformed line before
-  it is a ConfigError naming the file and line (the records were edited or damaged:
-  resuming over them would hide it)."""
+  mid-write: cut JSON, or cut inside a multi-byte character) is dropped with a warning to
+  `log` naming the file; a malformed line before it (not JSON, or not UTF-8 text) is a
+  ConfigError naming the file and line (the records were edited or damaged: resuming over
+  them would hide it)."""
   if not os.path.exists(path):
     return
-  with open(path, encoding="utf-8") as f:
-    lines = f.read().split("\n")
+  with open(path, "rb") as f:  # decoded line by line: bad bytes are one line's fault
+    lines = f.read().split(b"\n")
   if lines and not lines[-1]:
     lines.pop()  # the newline that ends the last record
   kept = []
   for number, line in enumerate(lines, 1):
     try:
+      line = line.decode("utf-8")
       record = json.loads(line)
       record_step = record["step"] if isinstance(record, dict) else None
       if not isinstance(record_step, int):
         raise ValueError("no integer 'step'")
-    except (ValueError, KeyError) as error:
+    except (ValueError, KeyError, RecursionError) as error:
       if number < len(lines):
         raise ConfigError(f"{path}: line {number} is not a record with a step ({error}); "
                           "fix or remove the line to resume") from None
