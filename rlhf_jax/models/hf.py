@@ -274,8 +274,9 @@ def save_hf_checkpoint(directory: str, model: FunctionalModel, params: Params, *
   """Writes config.json, generation_config.json and safetensors that `transformers` loads.
 
   A model loaded by `load_hf_checkpoint` writes its source checkpoint back with our
-  tensors: config.json's other keys (token ids, ...) and generation_config.json as they
-  were, the tensors in the source's dtype (`hf_metadata`).
+  tensors: config.json key for key and generation_config.json as they were, the tensors in
+  the source's dtype (`hf_metadata.export_config` lists what changes config.json: another
+  `dtype`, a scalar head).
 
   Args:
     directory: output directory (created).

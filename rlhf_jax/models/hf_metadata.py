@@ -1,7 +1,7 @@
 """What an HF checkpoint holds besides the tensors we model: its config.json keys (token
 ids, dtype, the keys transformers keeps), its generation_config.json and its tensors'
 dtype. `load_hf_checkpoint` keeps them on the model (`FunctionalModel.source`) so that an
-export writes the checkpoint back as it came, with our tensors and our config in it.
+export writes the checkpoint back as it came, config.json key for key, with our tensors.
 """
 
 from __future__ import annotations
@@ -91,24 +91,49 @@ def _same_family_source(model) -> CheckpointSource | None:
 
 def export_config(model, dtype: str, token_ids: Mapping[str, Any] | None = None
                   ) -> dict[str, Any]:
-  """The config.json of an export: the source checkpoint's keys, with ours (shapes, RoPE,
-  windows: `config_to_hf`) and the export `dtype` over them. Token ids are the source's;
-  a model without a source writes `token_ids` (or null: transformers' family defaults
-  can lie outside a small vocabulary)."""
+  """The config.json of an export. A model that is still its source checkpoint's
+  architecture (`describes`: training changes weights, not shapes) writes the source's
+  config.json back as it was, every key and value (`max_window_layers`, keys of newer
+  transformers, keys of the authors' own), with two exceptions that change what the file
+  says: the dtype keys it has (`torch_dtype`, `dtype`) name the export `dtype` when the
+  tensors are stored in another dtype than the source's, and a scalar head is written as
+  *ForSequenceClassification. A model whose config differs from its source's gets the
+  source's keys with ours over them (shapes, RoPE, windows: `config_to_hf`); one without a
+  source gets ours and `token_ids` (or null: transformers' family defaults can lie
+  outside a small vocabulary)."""
   source = _same_family_source(model)
-  written = {} if source is None else dict(source.config)
+  if source is not None and describes(source, model.config):
+    written = dict(source.config)
+    if dtype != source.dtype:
+      written.update({key: dtype for key in ("torch_dtype", "dtype") if key in written})
+  else:
+    written = {} if source is None else dict(source.config)
+    written.update(hf_config.config_to_hf(model.config))
+    if source is None:
+      written.update({key: (token_ids or {}).get(key) for key in TOKEN_KEYS})
+    written["dtype"] = written["torch_dtype"] = dtype
   if model.head == "scalar":  # transformers rebuilds the labels from num_labels
     written.pop("id2label", None)
     written.pop("label2id", None)
-  written.update(hf_config.config_to_hf(model.config))
-  if source is None:
-    written.update({key: (token_ids or {}).get(key) for key in TOKEN_KEYS})
-  written["dtype"] = written["torch_dtype"] = dtype
-  if model.head == "scalar":
     base = config_lib.ARCHITECTURES[model.config.architecture].replace("ForCausalLM", "")
     written["architectures"] = [base + "ForSequenceClassification"]
     written["num_labels"] = 1
   return written
+
+
+def describes(source: CheckpointSource, config: config_lib.DecoderConfig) -> bool:
+  """Whether the source's config.json describes the model of `config`: both written as
+  `config_to_hf` writes a model (every key that shapes the parameters or the forward), the
+  parameter dtype aside (an export names its own)."""
+  try:
+    theirs = hf_config.config_to_hf(hf_config.config_from_hf(source.config))
+  except ValueError:
+    return False
+  ours = hf_config.config_to_hf(config)
+  for written in (theirs, ours):
+    written.pop("torch_dtype", None)
+    written.pop("dtype", None)
+  return theirs == ours
 
 
 def export_generation_config(model, written: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -139,3 +139,26 @@ def test_tokenizer_ids_outside_the_vocabulary_are_null():
     bos_token, eos_id, pad_id = None, 3, 40
   assert hf_metadata.tokenizer_ids(Small(), vocab_size=32) == {
       "bos_token_id": None, "eos_token_id": 3, "pad_token_id": None}
+
+
+def test_export_writes_the_source_config_json_back_key_for_key(tmp_path):
+  """A Qwen2 config.json with transformers 4 keys (max_window_layers 28, rope_theta,
+  torch_dtype absent), a key of its authors' own and a null: exported after a training
+  step it is the same dict; stored in another dtype only its own dtype key says so."""
+  from tests.models.hf_fixtures import save_tiny_hf_model
+  source = tmp_path / "source"
+  save_tiny_hf_model(source, "qwen2")
+  config = json.loads(read(source / "config.json"))
+  config.pop("torch_dtype", None)
+  config.update(max_window_layers=28, use_sliding_window=False, rope_theta=10000.0,
+                sliding_window=None, lab_note={"run": 7, "seeds": [1, 2]}, dtype="float32")
+  (source / "config.json").write_text(json.dumps(config))
+  model, params = models.load_hf_checkpoint(str(source))
+  params = jax.tree.map(lambda x: x + 0.01, params)  # the step
+  models.save_hf_checkpoint(str(tmp_path / "out"), models.with_numerics(model, remat=True),
+                            params)
+  assert json.loads(read(tmp_path / "out" / "config.json")) == config
+  models.save_hf_checkpoint(str(tmp_path / "bf16"), model, params, dtype="bfloat16")
+  assert json.loads(read(tmp_path / "bf16" / "config.json")) == dict(config, dtype="bfloat16")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+  assert reloaded.config.max_window_layers == 28
