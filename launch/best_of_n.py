@@ -39,6 +39,9 @@ _PROMPTS = flags.DEFINE_integer("prompts", 0, "Only the first N held-out prompts
 _PRM = flags.DEFINE_string("prm", "", "Score partial and final responses by this PRM's value "
                            "at the last token (launch/train_prm.py) instead of the reward "
                            "section's scorer.")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["config"])
 
 
@@ -64,6 +67,13 @@ def main(argv) -> None:
   validate_config(c, num_devices=jax.device_count())
   if _WORKDIR.value:
     file_checks.check_workdir(_WORKDIR.value)
+  if _VALIDATE_ONLY.value:  # the workdir, checkpoints and data files too
+    from rlhf_jax.training import build
+    build.check_data(c, _WORKDIR.value)
+    if _PRM.value:
+      file_checks.check_checkpoint_dir(_PRM.value, f"--prm={_PRM.value}")
+    print("config ok", flush=True)
+    return
   options = BestOfNOptions(n=_N.value, decision_tokens=decisions,
                            rejection_rate=_RATE.value, compare=_COMPARE.value, bon_n=bon_n,
                            prompts=_PROMPTS.value, prm=_PRM.value)

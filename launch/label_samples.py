@@ -25,6 +25,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/
 _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (arith: the warm start in sft/).")
 _OUTPUT = flags.DEFINE_string("output", None, "Labelled samples (.jsonl/.parquet).")
 _PAIRS = flags.DEFINE_string("pairs_output", "", "Also write preference pairs here.")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["config", "output"])
 
 
@@ -52,6 +55,9 @@ def main(argv) -> None:
             "file) are required for the hf variant")
   # The workdir, checkpoint and data files before loading (offline_file is the output).
   build.check_data(c, _WORKDIR.value, read_offline=False)
+  if _VALIDATE_ONLY.value:
+    print("config ok", flush=True)
+    return
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples = build.load_examples(c)[0][:c.data.offline_prompts]

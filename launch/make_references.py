@@ -24,6 +24,9 @@ _RM = flags.DEFINE_string("rm", None, "The Bradley–Terry reward model's HF dir
 _OUTPUT = flags.DEFINE_string("output", None, "Where to write the examples (.jsonl/.parquet).")
 _N = flags.DEFINE_integer("n", 8, "Samples per prompt.")
 _LIMIT = flags.DEFINE_integer("max_prompts", 0, "Only the first N prompts (0: all).")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["config", "rm", "output"])
 
 
@@ -51,6 +54,9 @@ def main(argv) -> None:
   validate_config(c, num_devices=jax.device_count())
   build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
   file_checks.check_checkpoint_dir(_RM.value, f"--rm={_RM.value}")
+  if _VALIDATE_ONLY.value:
+    print("config ok", flush=True)
+    return
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples = build.load_examples(c)[0]

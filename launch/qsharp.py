@@ -40,6 +40,9 @@ _TOP_K = flags.DEFINE_integer("top_k", 8, "π_ref's candidate tokens reweighted 
 _EVAL_SAMPLES = flags.DEFINE_integer("eval_samples", 4, "Samples per held-out prompt.")
 _BON_N = flags.DEFINE_list("bon_n", [], "Best-of-N by the reward section's model scorer.")
 _OUTPUT = flags.DEFINE_string("output", "", "Where to save the guide (.npz).")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["config"])
 
 
@@ -70,6 +73,9 @@ def main(argv) -> None:
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
   build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
+  if _VALIDATE_ONLY.value:
+    print("config ok", flush=True)
+    return
   options = QSharpOptions(
       rounds=_ROUNDS.value, prompts_per_round=_PROMPTS.value, samples=_SAMPLES.value,
       steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value,

@@ -29,6 +29,9 @@ _FRACTION = flags.DEFINE_float("fraction", 0.1, "Fraction of the prompts to keep
 _SAMPLES = flags.DEFINE_integer("samples", 4, "Policy samples per prompt.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Prompts per sampling call.")
 _LIMIT = flags.DEFINE_integer("max_prompts", 0, "Score only the first N prompts (0: all).")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["config", "output"])
 
 
@@ -58,6 +61,9 @@ def main(argv) -> None:
   if c.variant == "arith" and not (c.model.checkpoint or _WORKDIR.value):
     raise ConfigError("--workdir (with the warm start in <workdir>/sft) or "
                       "--config.model.checkpoint is required")
+  if _VALIDATE_ONLY.value:
+    print("config ok", flush=True)
+    return
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
   examples, _ = build.load_examples(c)

@@ -23,6 +23,9 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Server config file.",
                                           lock_config=True)
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["config"])
 
 
@@ -33,6 +36,9 @@ def main(argv) -> None:
 
   config = _CONFIG.value
   serve_config.validate_serve_config(config)  # before anything loads or compiles
+  if _VALIDATE_ONLY.value:
+    print("config ok", flush=True)
+    return
   server, port, service = server_lib.serve_from_config(config)
   print(json.dumps({"event": "serving", "address": f"{config.server.host}:{port}",
                     "num_slots": config.sampler.num_slots,

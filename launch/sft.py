@@ -13,7 +13,9 @@ hf: supervised fine-tuning of --config.model.checkpoint (empty: a model and a by
 BPE tokenizer from scratch) on one's own conversations ("messages") or prompt/completion
 pairs, loss on the assistant's tokens, into <workdir>/sft: the checkpoint that
 `launch/train.py --config.model.checkpoint=<workdir>/sft` starts RL from.
-All of it is `rlhf_jax.training.stages.warm_start(config, workdir)`.
+All of it is `rlhf_jax.training.stages.warm_start(config, workdir)`. --validate_only checks
+the config, the workdir, the checkpoint's files and the data files and exits ("config ok",
+or the one-line error with exit status 2).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; the model goes to <workdir>/sft.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Retrain even if the checkpoint exists.")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -36,8 +41,9 @@ def main(argv) -> None:
   quiet_library_logs()
   from rlhf_jax.training import stages
   result = stages.warm_start(_CONFIG.value, _WORKDIR.value, overwrite=_OVERWRITE.value,
-                             log=lambda line: print(line, flush=True))
-  print(json.dumps(result), flush=True)
+                             log=lambda line: print(line, flush=True),
+                             validate_only=_VALIDATE_ONLY.value)
+  print("config ok" if result is None else json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ _BATCH = flags.DEFINE_integer("batch_size", 32, "Questions per step.")
 _LR = flags.DEFINE_float("learning_rate", 1e-3, "Peak AdamW learning rate.")
 _LENGTH = flags.DEFINE_integer("question_length", 256, "Longest question in tokens.")
 _SEED = flags.DEFINE_integer("seed", 0, "Data order and generated data.")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["kind", "policy", "output"])
 
 
@@ -48,6 +51,14 @@ def main(argv) -> None:
     if flag.value < 1:
       raise ConfigError(f"--{name}={flag.value} must be >= 1")
   from rlhf_jax import reward_fits
+  if _VALIDATE_ONLY.value:  # the policy's files, the output directory, the data files
+    from rlhf_jax.launch_support import check_policy_and_output
+    check_policy_and_output(_POLICY.value, _OUTPUT.value)
+    reward_fits.judge_questions(_KIND.value, judged=_JUDGED.value, pairs=_PAIRS.value,
+                                reference_key=_REFERENCE_KEY.value, num_examples=_NUM.value,
+                                seed=_SEED.value)
+    print("config ok", flush=True)
+    return
   result = reward_fits.train_judge(
       kind=_KIND.value, policy=_POLICY.value, output=_OUTPUT.value, judged=_JUDGED.value,
       pairs=_PAIRS.value, reference_key=_REFERENCE_KEY.value, num_examples=_NUM.value,

@@ -33,6 +33,9 @@ _LR = flags.DEFINE_float("learning_rate", 1e-3, "Peak AdamW learning rate.")
 _PROMPT_LENGTH = flags.DEFINE_integer("prompt_length", 64, "P: prompt tokens (prefix included).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Response cap (R − 1).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling, data order, generated prompts.")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["policy", "output"])
 
 
@@ -47,6 +50,15 @@ def main(argv) -> None:
       raise ConfigError(f"--{name}={flag.value} must be >= 1")
   if not _DELIMITER.value:
     raise ConfigError("--step_delimiter must not be empty")
+  if _VALIDATE_ONLY.value:  # the policy's files, the output directory, the prompts file
+    from rlhf_jax.data import read_examples
+    from rlhf_jax.launch_support import check_policy_and_output
+    from rlhf_jax.launch_support import read_flag_file
+    check_policy_and_output(_POLICY.value, _OUTPUT.value)
+    if _PROMPTS.value:
+      read_flag_file("prompts", read_examples, _PROMPTS.value)
+    print("config ok", flush=True)
+    return
   from rlhf_jax import reward_fits
   result = reward_fits.train_prm(
       policy=_POLICY.value, output=_OUTPUT.value, prompts=_PROMPTS.value,

@@ -29,6 +29,9 @@ _LR = flags.DEFINE_float("learning_rate", 1e-3, "Peak AdamW learning rate.")
 _PROMPT_LENGTH = flags.DEFINE_integer("prompt_length", 64, "P: prompt tokens (prefix included).")
 _RESPONSE_LENGTH = flags.DEFINE_integer("response_length", 65, "R: response tokens + EOS.")
 _SEED = flags.DEFINE_integer("seed", 0, "Data order and generated pairs.")
+_VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the flags, config and "
+                                   "input files, print 'config ok' and exit (nothing loads, "
+                                   "trains or is written; exit 2 on an error).")
 flags.mark_flags_as_required(["policy", "output"])
 
 
@@ -50,6 +53,16 @@ def main(argv) -> None:
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
   check_flags()
+  if _VALIDATE_ONLY.value:  # the policy's files, the output directory, the pairs files
+    from rlhf_jax.data import read_pairs
+    from rlhf_jax.launch_support import check_policy_and_output
+    from rlhf_jax.launch_support import read_flag_file
+    check_policy_and_output(_POLICY.value, _OUTPUT.value)
+    for name, flag in (("train_pairs", _TRAIN), ("eval_pairs", _EVAL)):
+      if flag.value:
+        read_flag_file(name, read_pairs, flag.value)
+    print("config ok", flush=True)
+    return
   from rlhf_jax import reward_fits
   result = reward_fits.train_reward_model(
       policy=_POLICY.value, output=_OUTPUT.value, train_pairs=_TRAIN.value,

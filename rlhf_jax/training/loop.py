@@ -365,4 +365,3 @@ def is_fleet_loss(error: BaseException) -> bool:
   """Whether `error` is the fleet's `FleetUnavailableError` (every server gone)."""
   fleet = sys.modules.get("rlhf_jax.sampling.fleet")
   return fleet is not None and isinstance(error, fleet.FleetUnavailableError)
-

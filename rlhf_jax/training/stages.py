@@ -68,7 +68,8 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
   `overwrite`, removes what a run wrote there: `run_control.start_over`) and runs the
   stages the run needs (`prepare_run`: the arith warm start, DPO / DQO offline data),
   every process waits for it, and the loop trains. Returns the summary (JSON-able figures;
-  its last line is also logged as JSON on the main process), or None with `validate_only`. `log` (default: print) is called on the main process only.
+  its last line is also logged as JSON on the main process), or None with `validate_only`.
+  `log` (default: print) is called on the main process only.
   Raises ConfigError (one line naming the field) for anything the user can fix.
   `train.deterministic` sets XLA's deterministic GPU ops: it takes effect only when JAX has
   not computed anything yet in this process (in a notebook: call `run` first).
@@ -126,13 +127,16 @@ def _warm_start_outputs(c) -> tuple[str, ...]:
 
 
 def warm_start(config, workdir: str, *, overwrite: bool = False,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+               log: Callable[[str], None] = print, validate_only: bool = False
+               ) -> dict[str, Any] | None:
   """The warm start on its own (launch/sft.py). arith: the built-in task's warm start into
   <workdir>/sft (or `model.checkpoint`), retrained with `overwrite`, and its held-out greedy
   accuracy (of whole episodes when the rollout mode runs an environment). hf: supervised
   fine-tuning on `sft.train_file` into <workdir>/sft (`supervised_warm_start`; an existing
   one is kept unless `overwrite`). Validates the config first; returns {"checkpoint": dir,
-  ...figures}. Raises ConfigError (one line naming the field or flag)."""
+  ...figures}, or None with `validate_only`, which stops after the checks (the config, the
+  workdir, the checkpoint's files and the data files; nothing is removed or trained).
+  Raises ConfigError (one line naming the field or flag)."""
   # The whole config, first: before the warm start trains anything.
   validate_config(config, num_devices=jax.device_count(),
                   supervised=config.variant == "hf")
@@ -140,7 +144,13 @@ def warm_start(config, workdir: str, *, overwrite: bool = False,
   if config.variant == "hf":  # one's own data: model.checkpoint (or from scratch) → sft/
     if not overwrite and os.path.exists(os.path.join(workdir, "sft")):
       raise ConfigError(f"--workdir: {workdir}/sft exists; pass --overwrite to train it again")
+    if validate_only:
+      supervised_inputs(config)
+      return None
     return {"checkpoint": supervised_warm_start(config, workdir, log=log)}
+  if validate_only:
+    build.check_data(config, workdir)
+    return None
   directory = build.policy_checkpoint_dir(config, workdir)
   if overwrite and os.path.exists(directory):
     shutil.rmtree(directory)
@@ -218,13 +228,11 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   return directory
 
 
-def supervised_warm_start(c, workdir: str, log: Callable[[str], None] = print) -> str:
-  """Supervised fine-tuning on one's own data (`sft.train_file`: conversations or
-  prompt/completion pairs, loss on the assistant's tokens; data/conversations.py) of
-  `model.checkpoint`, or of a model from scratch (`model.*` sizes) with a byte-level BPE
-  tokenizer trained on the file; saved to <workdir>/sft, where `launch/train.py
-  --config.model.checkpoint=<workdir>/sft` starts from. Returns the directory."""
-  directory = os.path.join(workdir, "sft")
+def supervised_inputs(c) -> list[tuple[str, dict[str, Any]]]:
+  """The (where, record) rows of `sft.train_file` (each row's JSON and layout) and the
+  files of `model.checkpoint` when one is given, checked before anything is tokenised or
+  loads; a ConfigError naming the field, file and row. (The rows' lengths are checked
+  with the tokenizer, which a model from scratch trains on the file first.)"""
   try:
     records = read_records(c.sft.train_file)
   except (OSError, ValueError) as error:
@@ -232,6 +240,17 @@ def supervised_warm_start(c, workdir: str, log: Callable[[str], None] = print) -
   if c.model.checkpoint:  # its files, before the records are tokenised or anything loads
     file_checks.check_checkpoint_dir(c.model.checkpoint, "config.model.checkpoint")
     build.check_checkpoint_family(c.model.checkpoint)
+  return records
+
+
+def supervised_warm_start(c, workdir: str, log: Callable[[str], None] = print) -> str:
+  """Supervised fine-tuning on one's own data (`sft.train_file`: conversations or
+  prompt/completion pairs, loss on the assistant's tokens; data/conversations.py) of
+  `model.checkpoint`, or of a model from scratch (`model.*` sizes) with a byte-level BPE
+  tokenizer trained on the file; saved to <workdir>/sft, where `launch/train.py
+  --config.model.checkpoint=<workdir>/sft` starts from. Returns the directory."""
+  directory = os.path.join(workdir, "sft")
+  records = supervised_inputs(c)
   model, params, tokenizer, prefix_tokens = _supervised_start(c, records, log)
   prefix = [tokenizer.backend.token_to_id(t) for t in prefix_tokens]
   prompts = build.prompt_format(c, tokenizer, prefix)
