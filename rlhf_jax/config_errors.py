@@ -244,22 +244,26 @@ def _names_part_of(name: str | None, module: str) -> bool:
 
 
 def _searched(name: str) -> str:
-  """The directories Python searched for module `name`: its parent package's path, or
-  sys.path ('' is the working directory), each shortened, at most 6 shown."""
+  """Where Python looked for module `name`: its parent package's directories, or the
+  working directory and the other sys.path entries ('' is the working directory), each
+  shortened, at most 6 shown."""
   parent = name.rpartition(".")[0]
   package = sys.modules.get(parent) if parent else None
-  where = list(getattr(package, "__path__", ()) if package else sys.path)
-  shown = [_short(entry or os.getcwd()) for entry in where[:6]]
-  more = f" and {len(where) - 6} more" if len(where) > 6 else ""
-  label = f"package {parent!r}: " if package else "the working directory and sys.path: "
-  return label + ", ".join(shown) + more
+  if package is not None:
+    return f"package {parent!r}: " + _listed(list(getattr(package, "__path__", ())))
+  cwd = os.getcwd()
+  others = [entry for entry in sys.path if entry and os.path.abspath(entry) != cwd]
+  return f"the working directory {cwd} and sys.path: " + _listed(others)
+
+
+def _listed(directories: list[str], most: int = 6) -> str:
+  shown = ", ".join(_short(d) for d in directories[:most]) or "nothing"
+  return shown + (f" and {len(directories) - most} more" if len(directories) > most else "")
 
 
 def _short(path: str) -> str:
   """`path` relative to the working directory when inside it, else with ~ for $HOME."""
   cwd = os.getcwd()
-  if path == cwd:
-    return f". ({cwd})"
   if path.startswith(cwd + os.sep):
     return os.path.relpath(path, cwd)
   home = os.path.expanduser("~")

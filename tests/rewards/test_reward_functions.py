@@ -197,7 +197,7 @@ def test_the_rule_verifier_decides_correctness_where_the_task_has_one():
                     r"'package.module:function'"),
     ("no_such_module_xyz:f", "", r"its module does not import: ModuleNotFoundError: no "
                                  r"module named 'no_such_module_xyz' \(searched the working "
-                                 r"directory and sys.path: "),
+                                 r"directory /.* and sys.path: "),
     (f"{FNS}:missing", "", r"module 'tests.rewards.reward_fns' has no function 'missing'"),
     (f"{FNS}:NOT_CALLABLE", "", r"has no function 'NOT_CALLABLE' \(it is a int\)"),
     (f"{FNS}:no_convention", "", r"takes \(text\): neither TRL's"),

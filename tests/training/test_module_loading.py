@@ -97,8 +97,8 @@ def test_a_missing_module_says_where_it_looked(user_cwd, tmp_path, field, _):
   message = str(error.value)
   assert message.startswith(f"config.{field}: invalid value 'nowhere_xyz:fn': its module "
                             "does not import: ModuleNotFoundError: no module named "
-                            "'nowhere_xyz' (searched the working directory and sys.path: ")
-  assert f". ({tmp_path})" in message  # the working directory, searched last
+                            f"'nowhere_xyz' (searched the working directory {tmp_path} and "
+                            "sys.path: ")
   assert sys.path[0].split("/")[-1] in message and "\n" not in message
 
 
