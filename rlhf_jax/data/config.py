@@ -9,7 +9,9 @@ sections there).
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 import ml_collections
 
@@ -20,6 +22,10 @@ from rlhf_jax.data.curriculum import parse_curriculum
 from rlhf_jax.data.example import ANSWER_FORMATS
 from rlhf_jax.data.prompts import CHAT_TEMPLATE_MODES
 from rlhf_jax.data.sources import parse_columns
+from rlhf_jax.models.chat_template import check_template_kwargs
+
+# Template variables render_chat passes itself (a data.chat_template_kwargs entry would clash).
+RENDERER_VARIABLES = ("messages", "add_generation_prompt", "tools", "documents")
 
 
 def data_config(arith: bool) -> ml_collections.ConfigDict:
@@ -43,6 +49,10 @@ def data_config(arith: bool) -> ml_collections.ConfigDict:
   # turn), 'never' (raw text; a chat list gives its last user turn).
   d.chat_template = "auto"
   d.system_prompt = ""  # A system turn for rendered prompts that have none ("" = none).
+  # Template variables for every rendered prompt, a JSON object, as transformers'
+  # apply_chat_template(..., **kwargs): '{"enable_thinking": false}' (Qwen3 without its
+  # thinking block). Rollouts, evaluation and SFT render with them; "" = none.
+  d.chat_template_kwargs = ""
   # The most seconds the checkpoint's chat template may take to render one prompt (a
   # render takes milliseconds; its size and recursion are bounded too: models/template_bounds.py).
   d.template_timeout_s = 10.0
@@ -84,10 +94,44 @@ def validate_data_fields(d) -> None:
   if d.system_prompt and d.chat_template == "never":
     invalid("data.system_prompt", d.system_prompt, "must be empty with data.chat_template="
             "'never' (no prompt is rendered as a chat)")
+  if template_kwargs(d) and d.chat_template == "never":
+    invalid("data.chat_template_kwargs", d.chat_template_kwargs, "must be empty with "
+            "data.chat_template='never' (no prompt is rendered as a chat)")
   if d.default_task != d.default_task.strip() or "," in d.default_task:
     invalid("data.default_task", d.default_task, "must be one task name (no spaces or commas)")
   if d.curriculum:
     parse_curriculum(d.curriculum)
+
+
+def template_kwargs(d) -> dict[str, Any]:
+  """`data.chat_template_kwargs` parsed: the template variables (a JSON object of
+  JSON values; {} when empty), refusing in one line naming the field text that is not a
+  JSON object, a name that is not an identifier, a name the renderer sets itself
+  (messages, add_generation_prompt, tools, documents) and transformers' arguments that
+  are not template variables (tokenize, ...: they would do nothing)."""
+  field, text = "data.chat_template_kwargs", d.chat_template_kwargs
+  if not isinstance(text, str):
+    invalid(field, text, "must be a JSON object as a string, e.g. '{\"enable_thinking\": false}'")
+  if not text.strip():
+    return {}
+  try:
+    value = json.loads(text)
+  except (json.JSONDecodeError, RecursionError) as error:
+    invalid(field, text, f"must be a JSON object, e.g. '{{\"enable_thinking\": false}}' "
+            f"(not JSON: {getattr(error, 'msg', 'nested too deeply')})")
+  if not isinstance(value, dict):
+    invalid(field, text, "must be a JSON object of template variables, e.g. "
+            "'{\"enable_thinking\": false}'")
+  for name in value:
+    if not name.isidentifier():
+      invalid(field, text, f"variable {name!r} is not a name a template can read")
+    if name in RENDERER_VARIABLES:
+      invalid(field, text, f"variable {name!r} is set by the renderer itself")
+  try:
+    check_template_kwargs(value)
+  except ValueError as error:
+    invalid(field, text, str(error).rstrip("."))
+  return value
 
 
 def read_options(d) -> dict:

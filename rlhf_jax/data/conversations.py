@@ -33,8 +33,7 @@ class SupervisedRow:
 
 def _render(prompts: PromptFormat, messages: Sequence[Mapping[str, Any]], *,
             generation: bool) -> str:
-  return prompts.tokenizer.apply_chat_template(list(messages),
-                                               add_generation_prompt=generation)
+  return prompts.render(messages, generation=generation)
 
 
 def _after(longer: str, shorter: str, where: str) -> str:

@@ -10,8 +10,11 @@ transformers' `apply_chat_template(messages, add_generation_prompt=True)` does:
   'always'  a plain-string prompt becomes one user turn and is rendered too
   'never'   raw text: a chat-list row gives its last user turn (the arith tasks' format)
 
-`data.system_prompt` adds a system turn to rendered rows that have none. A chat-list
-prompt with a tokenizer that has no template is an error, never a silent fallback.
+`data.system_prompt` adds a system turn to rendered rows that have none, and
+`data.chat_template_kwargs` gives the template its variables (Qwen3's `enable_thinking`).
+A chat-list prompt with a tokenizer that has no template is an error, never a silent
+fallback; plain-string prompts sent raw to a checkpoint that has a template get one
+console line (`raw_prompts_note`).
 
 A row's text is bounded in characters before it is rendered or tokenised: more than
 `prompt_length × MAX_CHARS_PER_TOKEN` characters cannot fit `prompt_length` tokens (a
@@ -23,7 +26,7 @@ aborted the process (the environment's observations have the same bound, envs/).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from rlhf_jax.data.example import Example
 
@@ -48,6 +51,8 @@ class PromptFormat:
     system_prompt: a system turn for rendered rows without one ("" = none).
     prompt_length: P, the most prompt tokens (prefix included); 0 = no limit.
     length_name: what sets `prompt_length`, for the error (a launcher's flag).
+    template_kwargs: template variables of every rendering ({"enable_thinking": False};
+      `data.chat_template_kwargs`), as transformers' apply_chat_template(**kwargs).
   """
   tokenizer: Any
   prefix: tuple[int, ...] = ()
@@ -55,6 +60,7 @@ class PromptFormat:
   system_prompt: str = ""
   prompt_length: int = 0
   length_name: str = "data.prompt_length"
+  template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
   def __post_init__(self):
     if self.chat_template not in CHAT_TEMPLATE_MODES:
@@ -96,9 +102,16 @@ class PromptFormat:
       return example.prompt
     self.require_template(where)
     try:
-      return self.tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+      return self.render(turns)
     except ValueError as error:
       raise PromptError(f"{where}: the chat template cannot render it: {error}") from None
+
+  def render(self, turns: Sequence[Mapping[str, Any]], *, generation: bool = True) -> str:
+    """`turns` under the tokenizer's chat template with `template_kwargs`, ending with
+    the opening of an assistant turn when `generation` (transformers'
+    add_generation_prompt)."""
+    return self.tokenizer.apply_chat_template(list(turns), add_generation_prompt=generation,
+                                              **self.template_kwargs)
 
   def check_characters(self, example: Example, where: str = "a prompt") -> None:
     """PromptError naming `where` when the row's text (its turns' contents and the system
@@ -143,6 +156,22 @@ class PromptFormat:
     given as the prompt the model saw)."""
     prefix = self.tokenizer.decode(self.prefix, skip_special_tokens=False) if self.prefix else ""
     return prefix + self.text(example)
+
+
+def raw_prompts_note(prompt_format: PromptFormat, examples: Sequence[Example],
+                     where: str) -> str | None:
+  """One line when `data.chat_template='auto'` sends plain-string prompts of `examples`
+  (read from `where`) raw to a tokenizer that has a chat template (an instruct model then
+  sees text it was not tuned on: TRL's rule, rarely the intent); None otherwise."""
+  if prompt_format.chat_template != "auto" or not getattr(prompt_format.tokenizer,
+                                                          "chat_template", None):
+    return None
+  raw = sum(e.messages is None for e in examples)
+  if not raw:
+    return None
+  return (f"{where}: {raw} of {len(examples)} prompts are plain strings, sent to the model "
+          "raw although its checkpoint has a chat template (data.chat_template='auto'); "
+          "--config.data.chat_template=always renders each as a user turn")
 
 
 def conversation_text(example: Example) -> str:

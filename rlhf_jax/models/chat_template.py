@@ -359,23 +359,25 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *,
 
 def turn_suffix(template: str, role: str, content: str, *, turn_end: str = "",
                 special_tokens: Mapping[str, Any] = (),
-                timeout_s: float = bounds.DEFAULT_TIMEOUT_S) -> str:
+                timeout_s: float = bounds.DEFAULT_TIMEOUT_S, **template_kwargs) -> str:
   """The text that follows a model turn ended by `turn_end` (its last token, e.g.
   "<|im_end|>") to add a `role` turn with `content` and open the next assistant turn.
 
   Rendered by difference: the probe conversation ending in an assistant turn, then the same
   plus the new turn with a generation prompt; the suffix is what the second adds, preceded
   by what the template writes after `turn_end` in the assistant turn (ChatML: "\\n").
+  `template_kwargs` are the template variables of both renders (`render_chat`), so the
+  opened assistant turn is the one the prompt's renders open (Qwen3's enable_thinking).
 
   Raises:
     ChatTemplateError: the template renders the longer conversation with another start
       (it cannot be appended to token by token).
   """
   before = render_chat(template, _PROBE, add_generation_prompt=False,
-                       special_tokens=special_tokens, timeout_s=timeout_s)
+                       special_tokens=special_tokens, timeout_s=timeout_s, **template_kwargs)
   after = render_chat(template, _PROBE + ({"role": role, "content": content},),
                       add_generation_prompt=True, special_tokens=special_tokens,
-                      timeout_s=timeout_s)
+                      timeout_s=timeout_s, **template_kwargs)
   if not after.startswith(before):
     raise ChatTemplateError(f"the chat template renders a {role!r} turn by rewriting the "
                             "turns before it; it cannot be appended to a sampled row.")

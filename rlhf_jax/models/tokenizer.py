@@ -302,10 +302,11 @@ class Tokenizer:
     tokenizer's files set, as transformers' `special_tokens_map`)."""
     return dict(self._named)
 
-  def turn_suffix(self, role: str, content: str, *, turn_end: str = "") -> str:
+  def turn_suffix(self, role: str, content: str, *, turn_end: str = "",
+                  template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The text that adds a `role` turn after a model turn ended by `turn_end` and opens
-    the next assistant turn, under the chat template (ChatML without one):
-    `models.chat_template.turn_suffix`."""
+    the next assistant turn, under the chat template (ChatML without one) with the
+    template variables `template_kwargs`: `models.chat_template.turn_suffix`."""
     template = self._template(None, None)
     if template is None:
       self._check_chatml()
@@ -313,7 +314,8 @@ class Tokenizer:
     with chat_lib.errors_naming(self.template_files.get(template)):
       return chat_lib.turn_suffix(template, role, content, turn_end=turn_end,
                                   special_tokens=self.special_tokens(),
-                                  timeout_s=self.template_timeout_s)
+                                  timeout_s=self.template_timeout_s,
+                                  **dict(template_kwargs or {}))
 
 
 def _read_files(directory: str) -> dict[str, bytes]:

@@ -229,7 +229,8 @@ class MultiTurnRollout(StreamRollout):
     text, escaped = observations.escape_control_text(text, self.control)
     episode.escaped += escaped
     if role:
-      text = tokenizer.turn_suffix(role, text, turn_end=self.turn_end)
+      text = tokenizer.turn_suffix(role, text, turn_end=self.turn_end,
+                                   template_kwargs=self.generator.prompts.template_kwargs)
       if self.turn_end and episode.tokens and episode.tokens[-1] != self.stop_ids[-1]:
         text = self.turn_end + text  # the turn hit its cap: close it as the template does
     try:

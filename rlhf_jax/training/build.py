@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
 from typing import Any, Callable
 
@@ -26,6 +27,7 @@ from rlhf_jax.data import config as data_config_lib
 from rlhf_jax.data.prompts import PromptError
 from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.data.prompts import check_prompts
+from rlhf_jax.data.prompts import raw_prompts_note
 from rlhf_jax.data.sources import located_examples
 from rlhf_jax.models.run_config import model_layout
 from rlhf_jax.models.run_config import model_numerics
@@ -60,7 +62,8 @@ def prompt_format(c, tokenizer, prefix) -> PromptFormat:
   `data.prompt_length`) for a policy's tokenizer and prefix."""
   return PromptFormat(tokenizer, tuple(prefix), chat_template=c.data.chat_template,
                       system_prompt=c.data.system_prompt,
-                      prompt_length=c.data.prompt_length)
+                      prompt_length=c.data.prompt_length,
+                      template_kwargs=data_config_lib.template_kwargs(c.data))
 
 
 def trainer_mesh(c) -> jax.sharding.Mesh:
@@ -138,12 +141,19 @@ def load_policy(c, workdir: str, mesh) -> Policy:
                 prompts=prompt_format(c, tokenizer, prefix))
 
 
+# Console notes already given in this process (the data are read by the pre-work check,
+# then by the trainer).
+_NOTES_SAID: set[str] = set()
+
+
 def load_examples(c, prompts: PromptFormat | None = None
                   ) -> tuple[list[Example], list[Example]]:
   """Training and held-out examples (`data.train_file` / `eval_file` read with the
   section's row layout, or generated `data.task` problems), checked before any work:
   every row's task has a scorer (`check_tasks`) and, with `prompts`, every prompt renders
-  and fits `data.prompt_length`. Errors are ConfigErrors naming the field, file and row."""
+  and fits `data.prompt_length`. Errors are ConfigErrors naming the field, file and row;
+  plain prompts sent raw to a checkpoint with a chat template get one logged warning
+  (`raw_prompts_note`), once per process."""
   levels, weights = tuple(c.data.levels), tuple(c.data.level_weights)
   generate = task_registry.get_task(c.data.task).generate
   located = {}
@@ -163,6 +173,12 @@ def load_examples(c, prompts: PromptFormat | None = None
         check_prompts(prompts, rows)
       except PromptError as error:
         raise ConfigError(f"config.data.{field}: {error}") from None
+  read = [field for field in located if c.data[field]]
+  note = prompts and raw_prompts_note(prompts, [e for f in read for _, e in located[f]],
+                                      " and ".join(f"config.data.{f}={c.data[f]}" for f in read))
+  if note and note not in _NOTES_SAID:  # untemplated text for a chat model: said once
+    _NOTES_SAID.add(note)
+    logging.warning("%s", note)
   return ([e for _, e in located["train_file"]], [e for _, e in located["eval_file"]])
 
 
