@@ -115,8 +115,8 @@ class SampleTable:
 
   Attributes:
     correct: [P, n] the scorer's verdicts.
-    answers: [P][n] the final answer each sample gave (the verifier's extraction), None
-      where it gave none or the scorer reads none.
+    answers: per problem, the final answers its n samples gave (the verifier's
+      extraction), None where a sample gave none or the scorer reads none.
     lengths: [P, n] response tokens.
     truncated: [P, n] the response reached the token cap without ending.
     no_answer: [P, n] the verifier found no final answer ("no answer found"); None when
@@ -186,14 +186,17 @@ def _with_interval(values: np.ndarray, resamples: int, seed: int, level: float) 
 
 def report(table: SampleTable, *, greedy: SampleTable | None = None,
            resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict:
-  """eval.py's figures of one checkpoint: `point_figures` (the sampled ones, and
-  "greedy_accuracy" of `greedy`), and under "interval" each
-  figure's {"value", "low", "high"} (`bootstrap_interval`); under "breakdown" the same
-  per label of each of `table.groups` that has several labels."""
+  """eval.py's figures of one checkpoint: `point_figures` (the sampled ones; of `greedy`
+  "greedy_accuracy" and the greedy response length, truncation and no-answer rates),
+  and under "interval" each figure's {"value", "low", "high"} (`bootstrap_interval`);
+  under "breakdown" the same per label of each of `table.groups` that has several."""
   out = point_figures(table)
   values = per_problem(table)
   if greedy is not None:
-    out["greedy_accuracy"] = float(np.mean(greedy.correct))
+    greedy_figures = point_figures(greedy)
+    for name in ("accuracy", "response_length", "truncation_rate", "no_answer_rate"):
+      if name in greedy_figures:
+        out[f"greedy_{name}"] = greedy_figures[name]
     values["greedy_accuracy"] = np.asarray(greedy.correct, float).mean(axis=1)
   out["interval"] = {name: _with_interval(v, resamples, seed, level)
                      for name, v in values.items()}

@@ -190,6 +190,10 @@ class Trainer:
     greedy = self.evaluator(samples=1, temperature=0.0)
     out = {f"eval_{k}": v for k, v in greedy.items() if k.startswith("accuracy")}
     out["eval_response_length"] = greedy["response_length"]
+    # Responses the verifier found no answer in: 0 % accuracy is never left unexplained.
+    for rate in ("no_answer_rate", "truncation_rate"):
+      if rate in greedy:  # episodes say no no-answer rate
+        out[f"eval/{rate}"] = greedy[rate]
     if "turns" in greedy:  # multi-turn episodes
       out["eval_turns"] = greedy["turns"]
     if c.train.eval_samples:
@@ -198,7 +202,7 @@ class Trainer:
                                seed=c.seed + 7919 * (self.step + 1))
       out.update({f"eval_sampled_{k}": v for k, v in sampled.items()
                   if k.startswith("accuracy")})
-      out.update({f"eval_{k}": v for k, v in sampled.items() if k.startswith("pass@")})
+      out.update({f"eval_{k}": v for k, v in sampled.items() if k.startswith(("pass@", "maj@"))})
     self.eval_scorer.pop_metrics()  # the per-task counters are the training samples'
     return out
 

@@ -92,7 +92,7 @@ def test_train_then_eval_then_plot(tmp_path, monkeypatch):
   result = run("eval.py", f"--checkpoint={policy}", "--samples=4", "--temperature=1.0",
                "--arith_count=6", "--num_slots=8")
   assert result.returncode == 0, result.stderr[-3000:]
-  scores = json.loads(result.stdout.strip().splitlines()[-1])
+  (scores,) = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
   assert scores["prompts"] == 6 and {"pass@1", "pass@2", "pass@4"} <= set(scores)
   assert 0 <= scores["pass@1"] <= scores["pass@2"] <= scores["pass@4"] <= 1
   result = run("eval.py", f"--checkpoint={policy},{policy}", "--samples=2", "--temperature=1.0",
@@ -103,7 +103,8 @@ def test_train_then_eval_then_plot(tmp_path, monkeypatch):
   assert [r["fire"] for r in lines] == ["none", "first_token", "every_line"] * 2
   assert lines[0] == lines[3]  # the same checkpoint and seed: the same samples
   table = (tmp_path / "passk.md").read_text().splitlines()
-  assert [row.split("|")[1].strip() for row in table[2:]] == ["none", "first_token",
+  passk = table[table.index(next(t for t in table if t.startswith("| sampling |"))):]
+  assert [row.split("|")[1].strip() for row in passk[2:]] == ["none", "first_token",
                                                               "every_line"]
   assert (tmp_path / "passk.png").stat().st_size > 1000
   result = run("eval.py", f"--checkpoint={policy}", "--fire=first_token")

@@ -1,0 +1,66 @@
+"""launch/eval.py against train.py: the same config, checkpoint and settings give train.py's
+held-out figures, greedy and sampled (fresh processes, flags only; the data, checkpoint
+and reward function of tests/launch/test_bring_your_own.py)."""
+
+import json
+
+import pytest
+
+from tests.launch.runs import run
+from tests.launch.test_bring_your_own import MESSAGES
+from tests.launch.test_bring_your_own import TINY
+from tests.launch.test_bring_your_own import family_checkpoint
+from tests.launch.test_bring_your_own import trl_file
+
+
+def json_lines(stdout: str) -> list[dict]:
+  """The JSON lines of a launcher's output (eval.py ends with a markdown table)."""
+  return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def even_length(prompts, completions, **kwargs):
+  """A reward function in TRL's signature that a random policy meets about half the time
+  (full marks = correct): 1.0 for a completion of an even number of characters."""
+  return [1.0 if len(c) % 2 == 0 else 0.0 for c in completions]
+
+
+@pytest.mark.slow
+def test_eval_gives_train_held_out_figures_on_the_same_checkpoint(tmp_path):
+  # The issue's case: a Qwen3 checkpoint, a TRL conversational file with a task no
+  # verifier knows, scored by a reward function; eval.py takes train.py's flags.
+  checkpoint = family_checkpoint(tmp_path / "qwen3", "qwen3")
+  rows = [{"prompt": [MESSAGES[0], {"role": "user", "content": f"Name colour {i}."}],
+           "solution": "red"} for i in range(6)]
+  data = trl_file(tmp_path / "colours.jsonl", rows)
+  config = ["--config=configs/grpo.py:hf", f"--config.model.checkpoint={checkpoint}",
+            f"--config.data.train_file={data}", f"--config.data.eval_file={data}",
+            "--config.data.columns=answer=solution", "--config.data.default_task=colours",
+            f"--config.reward.function={__name__}:even_length", *TINY,
+            "--config.train.steps=1", "--config.train.eval_every=1",
+            "--config.train.eval_samples=4"]
+  result = run("train.py", *config, f"--workdir={tmp_path / 'run'}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  records = [json.loads(line)
+             for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  last = [r for r in records if "eval_accuracy" in r][-1]
+  assert last["step"] == summary["steps"] == 1
+  # The trainer's sampled evaluation: rollout.temperature (1.0), seed + 7919 (step + 1).
+  result = run("eval.py", *config, f"--checkpoint={summary['policy']}", "--samples=4",
+               "--temperature=1.0", f"--seed={7919 * 2}", f"--output={tmp_path / 'eval.json'}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  (report,) = json_lines(result.stdout)
+  assert report == json.loads((tmp_path / "eval.json").read_text())[0]
+  assert report["prompts"] == 6 and report["data"] == data
+  # Greedy: accuracy, response length and no-answer rate are train.py's, to the bit.
+  assert report["greedy_accuracy"] == last["eval_accuracy"]
+  assert report["greedy_response_length"] == last["eval_response_length"]
+  assert report["greedy_no_answer_rate"] == last["eval/no_answer_rate"]
+  # Sampled: avg@4 and every pass@k.
+  assert report["accuracy"] == report["avg@4"] == last["eval_sampled_accuracy"]
+  assert 0 < report["avg@4"] < 1  # the comparison can fail: the verdicts vary
+  for k in (1, 2, 4):
+    assert report[f"pass@{k}"] == last[f"eval_pass@{k}"]
+  interval = report["interval"]["avg@4"]
+  assert interval["low"] <= interval["value"] == report["avg@4"] <= interval["high"]
+  assert "| 95 % intervals |" in result.stdout
