@@ -22,10 +22,13 @@ file and line; the launchers turn those into ConfigErrors naming the field.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import struct
+import subprocess
+import sys
 from typing import NoReturn
 
 from rlhf_jax.config_errors import ConfigError
@@ -166,11 +169,13 @@ def check_checkpoint_dir(directory: str, where: str, *, tokenizer: bool = True,
     if not os.path.exists(path):
       _missing(directory, f"{TOKENIZER} (its tokenizer)", where)
     rows = shapes.get("model.embed_tokens.weight", (config.get("vocab_size"),))[0]
-    ids = _token_ids(_json_object(path, where))
+    tokenizer_json = _json_object(path, where)
+    ids = _token_ids(tokenizer_json)
     if isinstance(rows, int) and ids > rows:
       raise ConfigError(f"{where}: {path} has {ids} token ids, more than the {rows} rows of "
                         "the model's embedding (config.json vocab_size): its tokens past "
                         f"{rows - 1} have no embedding")
+    check_tokenizer_regexes(path, tokenizer_json, where)
 
 
 def _check_model(directory: str, config: dict, shapes: dict[str, tuple[int, ...]],
@@ -206,6 +211,81 @@ def _token_ids(tokenizer: dict) -> int:
   ids += [t.get("id") for t in tokenizer.get("added_tokens") or ()
           if isinstance(t, dict) and isinstance(t.get("id"), int)]
   return max(ids) + 1
+
+
+# The pre-tokenizer regexes of the tokenizers in common use (GPT-2's; Llama 3's and Qwen2's;
+# this library's character and BPE tokenizers): known to finish, so not probed.
+KNOWN_REGEXES = frozenset((
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"[\s\S]", r"\p{N}| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+"))
+REGEX_PROBE_S = 5.0  # the probe's deadline; a sound regex takes milliseconds
+# Each probe: runs of one character class, then a character that ends no match (where a
+# nested quantifier backtracks exponentially), as Oniguruma (the tokenizers' engine) runs them.
+_PROBE = """
+import json, sys
+from tokenizers import Regex, pre_tokenizers
+texts = [c * 2000 + e for c in ("a", "A", "1", " ", "\\n", "\\t", "!", "_", "\u00e9", "a1", "a ")
+         for e in ("", "!", "\\x00", " a")]
+for pattern in json.loads(sys.argv[1]):
+  split = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+  for text in texts:
+    try:
+      split.pre_tokenize_str(text)
+    except BaseException as error:  # Oniguruma's retry limit is a Rust panic
+      print(json.dumps([pattern, text[:12] + "...", str(error).splitlines()[0][:120]]))
+      sys.exit(3)
+"""
+
+
+def _regexes(value) -> list[str]:
+  """The regex patterns of a tokenizer.json section ({"pattern": {"Regex": ...}}), nested
+  pre-tokenizer and normalizer sequences included."""
+  found = []
+  if isinstance(value, dict):
+    pattern = value.get("pattern")
+    if isinstance(pattern, dict) and isinstance(pattern.get("Regex"), str):
+      found.append(pattern["Regex"])
+    for item in value.values():
+      found += _regexes(item)
+  elif isinstance(value, list):
+    for item in value:
+      found += _regexes(item)
+  return found
+
+
+def check_tokenizer_regexes(path: str, tokenizer: dict, where: str) -> None:
+  """The regexes of a tokenizer.json's pre-tokenizer and normalizer (other than
+  KNOWN_REGEXES) finish on adversarial probes: run in a child process killed after
+  REGEX_PROBE_S, since a backtracking regex holds the GIL inside the tokenizers library
+  and cannot be stopped in-process (and Oniguruma's retry limit panics, printing a Rust
+  backtrace). ConfigError naming the file and the pattern otherwise."""
+  patterns = sorted(set(_regexes(tokenizer.get("pre_tokenizer")) +
+                        _regexes(tokenizer.get("normalizer"))) - KNOWN_REGEXES)
+  if patterns:
+    _probe_regexes(path, tuple(patterns), where)
+
+
+@functools.lru_cache(maxsize=64)
+def _probe_regexes(path: str, patterns: tuple[str, ...], where: str) -> None:
+  try:
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(patterns)],
+                            capture_output=True, text=True, timeout=REGEX_PROBE_S,
+                            env={**os.environ, "RUST_BACKTRACE": "0"})
+  except subprocess.TimeoutExpired:
+    raise ConfigError(f"{where}: {path}: a pre-tokenizer regex of {patterns!r}"[:300]
+                      + f" did not finish on 2000-character probes in {REGEX_PROBE_S:g} s "
+                      "(it backtracks without end)") from None
+  if result.returncode == 3:
+    pattern, text, error = json.loads(result.stdout.splitlines()[-1])
+    raise ConfigError(f"{where}: {path}: the pre-tokenizer regex {pattern!r} fails on "
+                      f"{text!r} ({error})")
+  if result.returncode:
+    raise ConfigError(f"{where}: {path}: the pre-tokenizer regexes do not compile or run "
+                      f"({(result.stderr.strip().splitlines() or ['?'])[-1][:200]})")
 
 
 def _check_weights(directory: str, where: str) -> dict[str, tuple[int, ...]]:

@@ -71,6 +71,11 @@ def make_malformed(root: pathlib.Path) -> None:
                                 "single_word": False, "rstrip": False, "normalized": False,
                                 "special": True})
   tokenizer.write_text(json.dumps(value))
+  tokenizer = copy("backtracking_regex") / "tokenizer.json"
+  value = json.loads(tokenizer.read_text())
+  value["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": r"(\w+\s?)+$"},
+                            "behavior": "Isolated", "invert": False}
+  tokenizer.write_text(json.dumps(value))
   for name, template in TEMPLATES.items():
     edit_json(copy(name) / "tokenizer_config.json", chat_template=template)
   (root / "chat.jsonl").write_text(json.dumps(CHAT_ROW) + "\n")
@@ -96,20 +101,21 @@ SFT = ("--config=configs/sft.py:hf", "--workdir={w}", "--config.sft.train_file={
 EVAL = ("--data={d}/good.jsonl",)
 # (case, launcher, arguments ({d}: the files, {w}: a fresh workdir), text the line names)
 CASES = [
-    *[(f"{launcher}: config.json {what}", launcher, (*args, f"{flag}={{d}}/{name}"), text)
+    *[(f"{launcher}: {what}", launcher, (*args, f"{flag}={{d}}/{name}"), text)
       for launcher, args, flag in (("train.py", HF, "--config.model.checkpoint"),
                                    ("serve.py", SERVE, "--config.model.checkpoint"),
                                    ("sft.py", SFT, "--config.model.checkpoint"),
                                    ("eval.py", EVAL, "--checkpoint"))
       for what, name, text in (
-          ("num_hidden_layers=10000000", "layers_10m", "num_hidden_layers=10000000"),
-          ("rope_theta NaN", "rope_nan", "rope_theta=nan must be finite"),
-          ("hidden_size unlike the tensors", "wider_config", "does not fit tensor"),
-          ("nested 100000 deep", "deep_config", "nested too deeply"),
+          ("config.json num_hidden_layers=10000000", "layers_10m", "num_hidden_layers=10000000"),
+          ("config.json rope_theta NaN", "rope_nan", "rope_theta=nan must be finite"),
+          ("config.json hidden_size unlike the tensors", "wider_config", "does not fit tensor"),
+          ("config.json nested 100000 deep", "deep_config", "nested too deeply"),
           ("safetensors negative shape", "negative_shape", "no sound dtype, shape"),
           ("safetensors 2^80-element shape", "huge_shape", "needs"),
           ("safetensors dtype F128", "unknown_dtype", "dtype 'F128'"),
-          ("tokenizer 2,000,000 ids past the embedding", "big_tokenizer", "token ids, more"))],
+          ("tokenizer 2,000,000 ids past the embedding", "big_tokenizer", "token ids, more"),
+          ("pre-tokenizer regex backtracking", "backtracking_regex", "pre-tokenizer regex"))],
     *[(f"train.py: chat template, {name.split('_')[1]}", "train.py",
        ("--config=configs/grpo.py:hf", "--config.data.train_file={d}/chat.jsonl",
         "--config.data.eval_file={d}/chat.jsonl", "--workdir={w}", "--validate_only",
