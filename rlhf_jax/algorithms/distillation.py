@@ -183,6 +183,31 @@ def load_teacher(c, policy_model, mesh) -> tuple[object, dict]:
   return model, params
 
 
+def check_teacher(c, policy_dir: str) -> None:
+  """The teacher's files against the policy checkpoint in `policy_dir`, before any weight
+  loads (`training/build.check_data`, so --validate_only sees them): a checkpoint that
+  loads (`file_checks.check_checkpoint_dir`), the policy's tokenizer
+  (`check_same_tokenizer`), at least the policy's embedding rows (config.json vocab_size;
+  more are cut: `shared_vocabulary`). ConfigError naming algorithm.distill.teacher."""
+  directory = teacher_checkpoint(c)
+  if not directory:
+    return
+  where = f"config.{TEACHER_FIELD}"
+  file_checks.check_checkpoint_dir(directory, where)
+  check_same_tokenizer(directory, policy_dir, where)
+  teacher_rows = models.read_hf_config(directory).vocab_size
+  policy_rows = models.read_hf_config(policy_dir).vocab_size
+  if teacher_rows < policy_rows:
+    raise _fewer_rows(f"{where}: {directory}", teacher_rows, policy_rows)
+
+
+def _fewer_rows(where: str, teacher_rows: int, policy_rows: int) -> ConfigError:
+  return ConfigError(f"{where}: its vocabulary has {teacher_rows} rows, fewer than the "
+                     f"policy's {policy_rows}: the policy can sample ids the teacher cannot "
+                     "score (a teacher's padded vocabulary may be larger, never smaller)",
+                     field=TEACHER_FIELD)
+
+
 def tokenizer_ids(directory: str, where: str) -> int:
   """1 + the largest id of the tokenizer in `directory` (the ids it can produce); a
   tokenizer that does not load is a ConfigError starting with `where`."""
@@ -203,10 +228,7 @@ def shared_vocabulary(model, params: dict, vocab_size: int, where: str) -> tuple
   teacher has no logit for."""
   teacher_vocab = model.config.vocab_size
   if teacher_vocab < vocab_size:
-    raise ConfigError(f"{where}: its vocabulary has {teacher_vocab} rows, fewer than the "
-                      f"policy's {vocab_size}: the policy can sample ids the teacher cannot "
-                      "score (a teacher's padded vocabulary may be larger, never smaller)",
-                      field=TEACHER_FIELD)
+    raise _fewer_rows(where, teacher_vocab, vocab_size)
   if teacher_vocab == vocab_size:
     return model, params
   params = dict(params, embed=params["embed"][:vocab_size])

@@ -254,6 +254,7 @@ def check_data(c, workdir: str, *, read_offline: bool = True) -> None:
     except (OSError, ValueError) as error:
       raise ConfigError(f"{field}: {directory}: the tokenizer does not load: {error}"
                         ) from None
+    distillation.check_teacher(c, directory)  # its tokenizer is the policy's
   else:
     tokenizer = task_registry.get_task(c.data.task).tokenizer()
     prefix = [tokenizer.backend.token_to_id(t) for t in arith.PROMPT_PREFIX]
