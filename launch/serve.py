@@ -36,6 +36,7 @@ def main(argv) -> None:
 
   config = _CONFIG.value
   serve_config.validate_serve_config(config)  # before anything loads or compiles
+  check_served_files(config)
   if _VALIDATE_ONLY.value:
     print("config ok", flush=True)
     return
@@ -53,6 +54,34 @@ def main(argv) -> None:
   server.stop(grace=5).wait()
   service.stop()
   print(json.dumps({"event": "stopped", **service.metrics()}), flush=True)
+
+
+def check_served_files(config) -> None:
+  """The files a server loads, checked as train.py checks them, before anything loads:
+  the checkpoint (file_checks.check_checkpoint_dir: config.json's bounds, the safetensors
+  headers against it, a tokenizer.json there against the embedding), its model family,
+  and the tokenizer; each error one line naming the field (cli.run: exit status 2)."""
+  import os  # pylint: disable=import-outside-toplevel
+  from rlhf_jax import file_checks  # pylint: disable=import-outside-toplevel
+  from rlhf_jax import models  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.config_errors import ConfigError  # pylint: disable=import-outside-toplevel
+  tokenizer = config.tokenizer
+  if config.model.kind == "hf":
+    checkpoint, field = config.model.checkpoint, "config.model.checkpoint"
+    own = os.path.exists(os.path.join(checkpoint, file_checks.TOKENIZER))
+    file_checks.check_checkpoint_dir(checkpoint, field, tokenizer=own)
+    try:
+      models.read_hf_config(checkpoint)
+    except (ValueError, KeyError) as error:
+      raise ConfigError(f"{field}: {checkpoint}: {error}") from None
+    tokenizer = tokenizer or (checkpoint if own else "")
+  if tokenizer:
+    try:
+      models.Tokenizer.from_directory(tokenizer)
+    except (OSError, ValueError) as error:
+      field = "config.tokenizer" if config.tokenizer else "config.model.checkpoint"
+      raise ConfigError(f"{field}: {tokenizer}: the tokenizer does not load: {error}"
+                        ) from None
 
 
 if __name__ == "__main__":
