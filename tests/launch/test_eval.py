@@ -46,11 +46,18 @@ def test_eval_gives_train_held_out_figures_on_the_same_checkpoint(tmp_path):
   last = [r for r in records if "eval_accuracy" in r][-1]
   assert last["step"] == summary["steps"] == 1
   # The trainer's sampled evaluation: rollout.temperature (1.0), seed + 7919 (step + 1).
+  # --compare: the checkpoint before RL on the same problems, paired.
   result = run("eval.py", *config, f"--checkpoint={summary['policy']}", "--samples=4",
-               "--temperature=1.0", f"--seed={7919 * 2}", f"--output={tmp_path / 'eval.json'}")
+               "--temperature=1.0", f"--seed={7919 * 2}", f"--output={tmp_path / 'eval.json'}",
+               f"--compare={checkpoint}")
   assert result.returncode == 0, result.stderr[-3000:]
-  (report,) = json_lines(result.stdout)
-  assert report == json.loads((tmp_path / "eval.json").read_text())[0]
+  report, before, compared = json_lines(result.stdout)
+  assert [report, before, compared] == json.loads((tmp_path / "eval.json").read_text())
+  assert before["checkpoint"] == compared["compare"] == checkpoint
+  for name in ("avg@4", "pass@2", "greedy_accuracy"):
+    difference = compared["difference"][name]
+    assert difference["value"] == pytest.approx(before[name] - report[name])
+    assert difference["low"] <= difference["value"] <= difference["high"]
   assert report["prompts"] == 6 and report["data"] == data
   # Greedy: accuracy, response length and no-answer rate are train.py's, to the bit.
   assert report["greedy_accuracy"] == last["eval_accuracy"]
@@ -63,4 +70,30 @@ def test_eval_gives_train_held_out_figures_on_the_same_checkpoint(tmp_path):
     assert report[f"pass@{k}"] == last[f"eval_pass@{k}"]
   interval = report["interval"]["avg@4"]
   assert interval["low"] <= interval["value"] == report["avg@4"] <= interval["high"]
-  assert "| 95 % intervals |" in result.stdout
+  assert "| 95 % intervals |" in result.stdout and f"| {checkpoint} − " in result.stdout
+
+
+@pytest.mark.slow
+def test_eval_validate_only_checks_and_refuses_in_one_line(tmp_path):
+  checkpoint = family_checkpoint(tmp_path / "qwen3", "qwen3")
+  data = trl_file(tmp_path / "colours.jsonl", [{"prompt": MESSAGES, "solution": "red"}])
+  config = ["--config=configs/grpo.py:hf", "--config.data.columns=answer=solution",
+            "--config.data.default_task=colours",
+            f"--config.reward.function={__name__}:even_length", *TINY,
+            f"--checkpoint={checkpoint}", "--validate_only"]
+  result = run("eval.py", *config, f"--data={data}")
+  assert result.returncode == 0 and result.stdout.strip() == "config ok", result.stderr
+  for extra, line in (
+      ((), "error: config.data.eval_file: empty: eval.py evaluates held-out rows "
+           "(--config.data.eval_file=FILE or --data=FILE)"),
+      ((f"--data={data}", "--max_new_tokens=8"),
+       "error: --max_new_tokens: not with --config; set --config.rollout.max_new_tokens "
+       "(the field train.py reads)"),
+      ((f"--data={data}", "--config.data.default_task="),
+       f"error: config.data.eval_file: {data}:1: field 'task': no column 'task'"),
+  ):
+    result = run("eval.py", *config, *extra)
+    assert result.returncode == 2 and not result.stdout, result.stderr
+    assert result.stderr.strip().splitlines() == [line] or (
+        result.stderr.strip().startswith(line) and len(result.stderr.strip().splitlines()) == 1
+    ), result.stderr
