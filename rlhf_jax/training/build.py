@@ -59,7 +59,10 @@ class Policy:
 
 def prompt_format(c, tokenizer, prefix) -> PromptFormat:
   """The run's prompt rendering (`data.chat_template`, `data.system_prompt`,
-  `data.prompt_length`) for a policy's tokenizer and prefix."""
+  `data.prompt_length`) for a policy's tokenizer and prefix; the tokenizer's template
+  renders (prompts and multi-turn tool turns alike) get `data.template_timeout_s`."""
+  if hasattr(tokenizer, "template_timeout_s"):  # a models.Tokenizer (not a test's fake)
+    tokenizer.template_timeout_s = c.data.template_timeout_s
   return PromptFormat(tokenizer, tuple(prefix), chat_template=c.data.chat_template,
                       system_prompt=c.data.system_prompt,
                       prompt_length=c.data.prompt_length,

@@ -283,15 +283,18 @@ _SEED_MAX = 2**32 - 1  # numpy and the sampler take 32-bit seeds
 
 
 def check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
-  """Every float field (and float in a tuple field) of `config` is finite."""
+  """Every float field of `config` is finite, and so is every float in a tuple or list
+  field, nested ones included (a NaN learning rate or weight poisons every step)."""
+  def finite(value) -> bool:
+    if isinstance(value, float):
+      return math.isfinite(value)
+    return not isinstance(value, (tuple, list)) or all(map(finite, value))
   for name, value in config.items():
     path = f"{prefix}{name}"
     if isinstance(value, ml_collections.ConfigDict):
       check_finite(value, f"{path}.")
-    elif isinstance(value, (float, tuple)):
-      values = value if isinstance(value, tuple) else (value,)
-      if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-        invalid(path, value, "must be finite")
+    elif not finite(value):
+      invalid(path, value, "must be finite")
 
 
 def validate_train(c, *, rows: int) -> None:
