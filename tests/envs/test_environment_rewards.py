@@ -14,14 +14,18 @@ from rlhf_jax.training import build
 from rlhf_jax.training import loop
 from rlhf_jax.training import stages
 from rlhf_jax.training.config import validate_config
-from tests.envs.test_multi_turn_training import multi_turn
+from tests.training.runs import preset
 from tests.training.runs import records
+from tests.training.runs import shrink
 
 
 def rewarded_by_echo(tmp_path, *, verifier: bool):
   """The shrunken multi-turn config on rows of a task no scorer knows ('chatter'), with
   the Echo environment (reward: len(action) % 5 per turn, three turns)."""
-  config = multi_turn()
+  config = shrink(preset("grpo"))
+  config.rollout.mode, config.env.workers = "multi_turn", 1
+  config.rollout.max_new_tokens, config.env.max_tokens = 64, 96
+  config.sampler.prompt_buckets = (64, 159)
   config.env.factory, config.env.verifier = "tests.envs.environments:Echo", verifier
   rows = tmp_path / "chatter.jsonl"
   rows.write_text("".join(json.dumps({"prompt": f"Say {i} things?\n", "answer": "",
