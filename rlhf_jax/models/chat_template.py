@@ -82,13 +82,17 @@ def read_chat_templates(directory: str, config: Mapping[str, Any]) -> dict[str, 
   return {}
 
 
-def template_file(directory: str, name: str) -> str:
-  """The file `read_chat_templates` read template `name` of `directory` from."""
-  candidates = [os.path.join(directory, TEMPLATE_FILE)] if name == "default" else []
-  candidates += [os.path.join(directory, TEMPLATE_DIR, f"{name}.jinja"),
-                 os.path.join(directory, "tokenizer_config.json")]
-  return next((c for c in candidates if os.path.isfile(c)),
-              os.path.join(directory, LEGACY_TEMPLATE_FILE))
+def template_files(directory: str, templates: Mapping[str, str]) -> dict[str, str]:
+  """Template text → the file `read_chat_templates` read it from, for the `templates`
+  (by name) of `directory`: what an error names."""
+  files = {}
+  for name, template in templates.items():
+    candidates = [os.path.join(directory, TEMPLATE_FILE)] if name == "default" else []
+    candidates += [os.path.join(directory, TEMPLATE_DIR, f"{name}.jinja"),
+                   os.path.join(directory, "tokenizer_config.json")]
+    files[template] = next((c for c in candidates if os.path.isfile(c)),
+                           os.path.join(directory, LEGACY_TEMPLATE_FILE))
+  return files
 
 
 @contextlib.contextmanager

@@ -52,7 +52,6 @@ class Tokenizer:
       is the "default" one.
     special_tokens: the named special tokens a template sees (transformers'
       `special_tokens_map`); default: bos/eos/pad as given.
-  Renders are bounded (models.template_bounds; in time by `template_timeout_s`).
   """
 
   def __init__(self, backend, *, eos_token: str = "<|endoftext|>",
@@ -73,7 +72,7 @@ class Tokenizer:
     self._named = {k: v for k, v in special_tokens.items() if v is not None}
     self._files: dict[str, bytes] | None = None  # what `from_directory` read, for `save`
     self._loaded_templates: dict[str, str] = {}
-    self.template_timeout_s = template_bounds.DEFAULT_TIMEOUT_S
+    self.template_timeout_s = template_bounds.DEFAULT_TIMEOUT_S  # renders: template_bounds
     self.template_files: dict[str, str] = {}  # template text → the file it was read from
 
   @property
@@ -118,8 +117,7 @@ class Tokenizer:
                     chat_templates=templates, special_tokens=named)
     tokenizer._files = _read_files(directory)
     tokenizer._loaded_templates = dict(templates)
-    tokenizer.template_files = {template: chat_lib.template_file(directory, name)
-                                for name, template in templates.items()}
+    tokenizer.template_files = chat_lib.template_files(directory, templates)
     return tokenizer
 
   def save(self, directory: str) -> None:

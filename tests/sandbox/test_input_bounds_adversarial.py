@@ -19,7 +19,9 @@ import textwrap
 
 import pytest
 
-from tests.models.test_template_bounds import HOSTILE
+from tests.launch.malformed import make_malformed
+from tests.launch.malformed import run_case
+from tests.models.hostile_templates import HOSTILE
 
 pytestmark = pytest.mark.adversarial
 
@@ -63,8 +65,6 @@ def test_hostile_templates_end_in_one_line_within_their_bounds():
 
 
 def test_a_50_megabyte_row_is_one_line_before_it_is_rendered(tmp_path):
-  from tests.launch.test_launcher_errors import run_case
-  from tests.launch.test_malformed_inputs import make_malformed
   make_malformed(tmp_path / "files")
   result, seconds = run_case(
       "train.py", ("--config=configs/grpo.py:hf", "--config.model.checkpoint={d}/ckpt",
