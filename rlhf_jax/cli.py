@@ -200,6 +200,7 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
   # is_config_flag is meant for users but not re-exported by the package.
   from ml_collections.config_flags import config_flags  # pylint: disable=import-outside-toplevel
   flag_values = flags.FLAGS if flag_values is None else flag_values
+  working_directory_on_path()  # before a preset file imports the user's modules
   expanded = flag_values.read_flags_from_files(argv, force_gnu=False)
   checked = []
   for name in [n for n in flag_values if config_flags.is_config_flag(flag_values[n])]:
@@ -217,6 +218,16 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
     if not isinstance(error, flags.Error):
       raise
     raise ConfigError(f"{error} (--helpshort lists the flags)") from None
+
+
+def working_directory_on_path() -> None:
+  """Appends the working directory to sys.path (last: it shadows nothing installed), as
+  `python script.py` users of TRL and verl expect their modules to import: a preset file's
+  `import my_learner`, and every `module:name` field (config_errors.load_object does the
+  same on its own, for Python callers)."""
+  cwd = os.getcwd()
+  if cwd not in sys.path and "" not in sys.path:
+    sys.path.append(cwd)
 
 
 def run(main: Callable[[list[str]], None], *, compile_cache: bool = True) -> None:

@@ -116,3 +116,25 @@ def test_a_missing_file_and_a_failing_import_are_one_line(user_cwd, tmp_path):
   with pytest.raises(ConfigError, match=r"ModuleNotFoundError: No module named "
                      r"'no_such_dependency_xyz'$"):  # the module's own import, as Python says
     load_object("broken:fn", "env.factory")
+
+
+def test_a_preset_file_imports_a_module_beside_it_without_pythonpath(user_cwd, tmp_path):
+  """A learner or mode registers when its module is imported: from the user's preset."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+
+  from rlhf_jax import cli  # pylint: disable=import-outside-toplevel
+  (tmp_path / "my_preset.py").write_text(
+      f"import {user_cwd}\n"
+      "from rlhf_jax.training.config import base_config\n\n"
+      "def get_config(variant='arith'):\n"
+      "  c = base_config(variant)\n"
+      f"  c.algorithm.advantage.estimator = '{user_cwd}:' + {user_cwd}.half.__name__\n"
+      "  return c\n")
+  argv = ["launcher", f"--config={tmp_path}/my_preset.py:arith"]
+  values = flags.FlagValues()
+  holder = config_flags.DEFINE_config_file("config", None, "preset", flag_values=values,
+                                           lock_config=True, sys_argv=argv)
+  cli.parse_flags(argv, values)
+  assert holder.value.algorithm.advantage.estimator == f"{user_cwd}:half"
+  validate_config(holder.value, num_devices=1)
