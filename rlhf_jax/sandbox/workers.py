@@ -247,10 +247,12 @@ class GroupPool(KillablePool):
   (exit code MEMORY_EXIT_CODE)").
 
   Args:
+    size: worker processes, as KillablePool's.
+    timeout_s: per-call limit, as KillablePool's.
     memory_mb: the resident limit of a worker's group (0: none).
     initializer: (fn, args) run in the worker after it leads its group and its watchdog
       runs, or None.
-    The other arguments are KillablePool's.
+    **kwargs: KillablePool's other arguments (`plain_results`, `startup_timeout_s`).
   """
 
   def __init__(self, size: int, timeout_s: float, *, memory_mb: int = 0,
