@@ -216,7 +216,8 @@ def _evaluate(c, held_out) -> tuple[object, dict[str, tuple[dict, object]]]:
   from rlhf_jax.training import build
   if _FIRE.value != ["none"] and rollout_modes.rollout_mode(c).needs_environment:
     raise ConfigError(f"--fire={','.join(_FIRE.value)}: FIRE samples single responses; "
-                      f"rollout.mode={c.rollout.mode!r} runs whole episodes")
+                      f"rollout mode {rollout_modes.rollout_mode(c).name!r} runs whole "
+                      "episodes")
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, "", mesh)
   tasks = sorted({e.task for e in held_out})

@@ -1,16 +1,16 @@
 """launch/eval.py against train.py: the same config, checkpoint and settings give train.py's
-held-out figures, greedy and sampled (fresh processes, flags only; the data, checkpoint
-and reward function of tests/launch/test_bring_your_own.py)."""
+held-out figures, greedy and sampled (fresh processes, flags only; the checkpoint and data
+of the bring-your-own tests: tests/launch/byo_files.py)."""
 
 import json
 
 import pytest
 
 from tests.launch.runs import run
-from tests.launch.test_bring_your_own import MESSAGES
-from tests.launch.test_bring_your_own import TINY
-from tests.launch.test_bring_your_own import family_checkpoint
-from tests.launch.test_bring_your_own import trl_file
+from tests.launch.byo_files import MESSAGES
+from tests.launch.byo_files import TINY
+from tests.launch.byo_files import family_checkpoint
+from tests.launch.byo_files import trl_file
 
 
 def json_lines(stdout: str) -> list[dict]:
