@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from rlhf_jax.data.example import Example
 from rlhf_jax.data.example import is_chat
+from rlhf_jax.data.prompts import MAX_CHARS_PER_TOKEN
 from rlhf_jax.data.prompts import PromptFormat
 
 
@@ -118,6 +119,21 @@ def check_row(row: SupervisedRow, where: str, *, prompt_length: int,
     raise ValueError(f"{where}: the response has {len(row.response_ids)} tokens, more than "
                      f"sft.response_length={response_length}.")
   return row
+
+
+def check_characters(record: Any, where: str, *, prompt_length: int,
+                     response_length: int) -> None:
+  """ValueError naming `where` when a record's text (its turns, prompt and completion)
+  has more characters than `prompt_length + response_length` tokens can hold (at most
+  MAX_CHARS_PER_TOKEN a token): checked before the row is rendered or tokenised, as a
+  prompt's is (data/prompts.py)."""
+  characters = sum(map(len, record_texts(record)))
+  limit = (prompt_length + response_length) * MAX_CHARS_PER_TOKEN
+  if characters > limit:
+    raise ValueError(f"{where}: the row has {characters} characters, more than "
+                     f"data.prompt_length + sft.response_length = {prompt_length} + "
+                     f"{response_length} tokens can hold (at most {MAX_CHARS_PER_TOKEN} "
+                     f"characters per token: {limit}).")
 
 
 def record_texts(record: Mapping[str, Any]) -> list[str]:

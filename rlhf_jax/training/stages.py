@@ -31,6 +31,7 @@ from rlhf_jax.algorithms.sft import run_sft
 from rlhf_jax.algorithms.sft import supervised_batches
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.data.conversations import check_characters
 from rlhf_jax.data.conversations import check_row
 from rlhf_jax.data.conversations import record_texts
 from rlhf_jax.data.conversations import supervised_row
@@ -229,12 +230,17 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
 
 
 def supervised_inputs(c) -> list[tuple[str, dict[str, Any]]]:
-  """The (where, record) rows of `sft.train_file` (each row's JSON and layout) and the
-  files of `model.checkpoint` when one is given, checked before anything is tokenised or
-  loads; a ConfigError naming the field, file and row. (The rows' lengths are checked
-  with the tokenizer, which a model from scratch trains on the file first.)"""
+  """The (where, record) rows of `sft.train_file` (each row's JSON and layout, and its
+  characters: `check_characters`) and the files of `model.checkpoint` when one is given,
+  checked before anything is tokenised or loads; a ConfigError naming the field, file and
+  row. (The rows' lengths in tokens are checked with the tokenizer, which a model from
+  scratch trains on the file first.)"""
+  response_length = c.sft.response_length or rollout_modes.response_length(c)
   try:
     records = read_records(c.sft.train_file)
+    for where, record in records:  # a row too long to fit, before it is rendered
+      check_characters(record, where, prompt_length=c.data.prompt_length,
+                       response_length=response_length)
   except (OSError, ValueError) as error:
     raise ConfigError(f"config.sft.train_file: {error}") from None
   if c.model.checkpoint:  # its files, before the records are tokenised or anything loads

@@ -86,3 +86,20 @@ def test_a_50_megabyte_row_is_refused_in_well_under_a_second():
   with pytest.raises(PromptError, match="the prompt has 50000009 characters"):
     prompts.encode(Example(prompt="x" * 50_000_000, answer="", task="t"), "big.jsonl:1")
   assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("record,characters", [
+    ({"messages": [{"role": "user", "content": "x" * 3000},
+                   {"role": "assistant", "content": "y" * 100}]}, 3100),
+    ({"prompt": "x" * 3000, "completion": "y" * 200}, 3200),
+    ({"prompt": [{"role": "user", "content": "x" * 3000}],
+      "completion": [{"role": "assistant", "content": "y" * 97}]}, 3097),
+])
+def test_an_sft_row_is_bounded_in_characters_before_it_is_rendered(record, characters):
+  from rlhf_jax.data.conversations import check_characters
+  limit = (64 + 128) * MAX_CHARS_PER_TOKEN  # 3072
+  with pytest.raises(ValueError, match=f"^s.jsonl:4: the row has {characters} characters, "
+                                       r"more than data.prompt_length \+ sft.response_length "
+                                       f"= 64 \\+ 128 tokens can hold .* {limit}"):
+    check_characters(record, "s.jsonl:4", prompt_length=64, response_length=128)
+  check_characters(record, "s.jsonl:4", prompt_length=64, response_length=128 + 10)

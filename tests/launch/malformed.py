@@ -84,6 +84,9 @@ def make_malformed(root: pathlib.Path) -> None:
   (root / "chat.jsonl").write_text(json.dumps(CHAT_ROW) + "\n")
   (root / "big_row.jsonl").write_text(json.dumps(ROW) + "\n" + json.dumps(
       {**ROW, "prompt": "1+" * 25_000_000 + "1="}) + "\n")
+  conversation = [{"role": "user", "content": "1+2="}, {"role": "assistant", "content": "3"}]
+  (root / "sft_big.jsonl").write_text(json.dumps({"messages": conversation}) + "\n" + json.dumps(
+      {"messages": [{"role": "user", "content": "1+" * 25_000_000}, conversation[1]]}) + "\n")
   (root / "bad_utf8.jsonl").write_bytes(json.dumps(ROW).encode() + b"\n"
                                         + b'{"prompt": "1+2=\xff", "answer": "3"}\n')
   (root / "deep.jsonl").write_text(json.dumps(ROW) + "\n" + '{"prompt": '
@@ -130,6 +133,9 @@ CASES = [
                                         ("with bytes not UTF-8", "bad_utf8.jsonl"),
                                         ("nested 100000 deep", "deep.jsonl"),
                                         ("with answer NaN", "nan_answer.jsonl"))],
+    ("sft.py: conversation of 50 MB", "sft.py",
+     ("--config=configs/sft.py:hf", "--workdir={w}", "--config.model.checkpoint={d}/ckpt",
+      "--config.sft.train_file={d}/sft_big.jsonl", "--validate_only"), "sft_big.jsonl:2"),
     ("rollouts.py: rollouts.jsonl with bytes not UTF-8", "rollouts.py",
      ("--workdir={d}/logs",), "rollouts.jsonl:2"),
 ]
