@@ -210,6 +210,7 @@ def _evaluate(c, held_out) -> tuple[object, dict[str, tuple[dict, object]]]:
   """(greedy (figures, table), mode → sampled (figures, table)) of `c.model.checkpoint`:
   the policy, sampler, scorer and evaluator built as the trainer builds them
   (training/build.py, rewards/build.py), so the figures are train.py's."""
+  import inspect
   from rlhf_jax.config_errors import ConfigError
   from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.rollout import modes as rollout_modes
@@ -227,6 +228,10 @@ def _evaluate(c, held_out) -> tuple[object, dict[str, tuple[dict, object]]]:
   parts = build.rollout_parts(c, policy, sampler, scorer)
   try:
     evaluate = build.build_evaluator(c, parts, held_out, eval_scorer)
+    if "details" not in inspect.signature(evaluate).parameters:  # a mode of one's own
+      raise ConfigError(f"rollout mode {rollout_modes.rollout_mode(c).name!r}: its evaluator "
+                        "takes no details=True (the per-sample table eval.py reports from; "
+                        "rollout/evaluation.py's evaluate_policy gives one)")
     greedy = evaluate(samples=1, temperature=0.0, details=True)  # the trainer's call
     sampled = {}
     for mode in _FIRE.value:
