@@ -10,8 +10,10 @@ DAPO's dynamic sampling is `--config.rollout.mode=dynamic`.
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """CISPO on the `arith` task or an `hf` checkpoint."""
   c = base_config(variant)

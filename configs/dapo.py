@@ -4,8 +4,10 @@
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """DAPO on the `arith` task or an `hf` checkpoint (paper values, ALGORITHMS.md §2)."""
   c = base_config(variant)

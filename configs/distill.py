@@ -16,8 +16,10 @@ GRPO's advantages from the verifier's reward (`.task_estimator`) to the teacher'
 
 from rlhf_jax.algorithms import distillation
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """On-policy distillation on the `arith` task or an `hf` checkpoint."""
   c = base_config(variant)

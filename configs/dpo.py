@@ -12,8 +12,10 @@ iterative DPO on our own samples is configs/iterative_dpo.py.
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """DPO on the `arith` task or an `hf` checkpoint."""
   c = base_config(variant)

@@ -11,8 +11,10 @@ weights (kernels/q_learning.py: our reconstruction, the details are UNVERIFIED).
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """DQO on the `arith` task or an `hf` checkpoint."""
   c = base_config(variant)

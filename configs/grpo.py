@@ -11,8 +11,10 @@ REINFORCE++ `estimator=reinforce_pp_baseline`.
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """GRPO on the `arith` task or an `hf` checkpoint."""
   c = base_config(variant)

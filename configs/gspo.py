@@ -11,8 +11,10 @@ same loss and gradient as `gspo`.
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """GSPO on the `arith` task or an `hf` checkpoint (paper values, ALGORITHMS.md §19)."""
   c = base_config(variant)

@@ -15,8 +15,10 @@ samples are in the metrics as reward/<route>/... . A single route for every samp
 """
 
 from rlhf_jax.training.config import sibling_preset
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """GRPO with hybrid reward routing on the `arith` task or an `hf` checkpoint."""
   c = sibling_preset(__file__, "grpo", variant)

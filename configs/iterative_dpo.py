@@ -10,8 +10,10 @@ groups whose scores tie give no pair. Every `algorithm.dpo.reference_sync_every`
 """
 
 from rlhf_jax.training.config import sibling_preset
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """Online DPO on the `arith` task or an `hf` checkpoint."""
   c = sibling_preset(__file__, "dpo", variant)

@@ -12,8 +12,10 @@ P(y ≻ anchor) − 0.5 at the last token; the rest is configs/ppo.py (critic, G
 """
 
 from rlhf_jax.training.config import sibling_preset
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """Pairwise-PPO on the `arith` task or an `hf` checkpoint."""
   c = sibling_preset(__file__, "ppo", variant)

@@ -4,8 +4,10 @@
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """PPO on the `arith` task or an `hf` checkpoint."""
   c = base_config(variant)

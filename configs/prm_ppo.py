@@ -11,8 +11,10 @@ at the last token; the critic starts as the PRM.
 """
 
 from rlhf_jax.training.config import sibling_preset
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """PPO + PRM dense rewards on the `arith` task or an `hf` checkpoint."""
   c = sibling_preset(__file__, "ppo", variant)

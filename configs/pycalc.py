@@ -10,8 +10,10 @@ are logged as reward/pycalc/*.
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """GRPO (as configs/grpo.py) on pycalc (arith variant only: the task is generated)."""
   c = base_config(variant)

@@ -12,8 +12,10 @@ made from scratch. The arith variant is the built-in task's warm start (as in ev
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "hf"):
   """SFT of an `hf` checkpoint on one's own data (or the `arith` warm start)."""
   c = base_config(variant)

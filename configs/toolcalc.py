@@ -12,8 +12,10 @@ the calculator (docs/agents.md has the figures and the command).
 """
 
 from rlhf_jax.training.config import sibling_preset
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """configs/grpo.py on toolcalc (arith variant only: the task is generated)."""
   c = sibling_preset(__file__, "grpo", variant)

@@ -5,8 +5,10 @@ positive-example NLL and group sampling (ALGORITHMS.md §4).
 """
 
 from rlhf_jax.training.config import base_config
+from rlhf_jax.training.overlays import with_overlays
 
 
+@with_overlays
 def get_config(variant: str = "arith"):
   """VAPO on the `arith` task or an `hf` checkpoint."""
   c = base_config(variant)

@@ -89,15 +89,9 @@ def validate_env_config(c: ml_collections.ConfigDict, *, reads_token_rewards: bo
     invalid("algorithm.process_reward.shaping", c.algorithm.process_reward.shaping,
             "must be 'none' with env.reward_placement='turn' (turn rewards ride the "
             "step-reward channel and are not a PRM's scores to refine)")
-  row = c.data.prompt_length + e.max_tokens
-  if row > c.sampler.cache_length:
-    invalid("sampler.cache_length", c.sampler.cache_length, "must be >= data.prompt_length "
-            f"+ env.max_tokens = {row}")
-  # A later turn is sent as the conversation so far (prompt, turns, observations).
-  if row - 1 > max(c.sampler.prompt_buckets):
-    invalid("sampler.prompt_buckets", tuple(c.sampler.prompt_buckets), f"must reach {row - 1}"
-            " tokens with rollout.mode='multi_turn' (a later turn's prompt is the "
-            "conversation so far: data.prompt_length + env.max_tokens - 1)")
+  # The sampler's sizes for episodes (prompt + env.max_tokens, the conversation so far as a
+  # later turn's prompt) are fitted with every other bound at once: training/config.py's
+  # fit_sampler_sizes.
 
 
 def turn_end_id(e: ml_collections.ConfigDict, tokenizer) -> int | None:

@@ -42,7 +42,6 @@ from rlhf_jax.rollout.multi_turn import MultiTurnRollout
 from rlhf_jax.rollout.offline import encode_groups
 from rlhf_jax.rollout.offline import offline_rollout
 from rlhf_jax.rollout.windows import WindowRollout
-from rlhf_jax.rollout.windows import longest_request_prompt
 
 Evaluate = Callable[..., dict[str, float]]  # evaluate(samples=, temperature=, seed=) -> figures
 
@@ -238,13 +237,8 @@ def _windows(c, parts: RolloutParts) -> Rollout:
 
 
 def _validate_windows(c) -> None:
-  r, w = c.rollout, c.rollout.windows.window_tokens
-  # A continued response is re-sent as prompt + tokens so far.
-  longest = longest_request_prompt(c.data.prompt_length, r.max_new_tokens, w)
-  if longest > max(c.sampler.prompt_buckets):
-    invalid("sampler.prompt_buckets", tuple(c.sampler.prompt_buckets), f"must reach "
-            f"{longest} tokens with rollout.windows.window_tokens={w} (a continued "
-            "response is sent as prompt + the tokens so far)")
+  # The prompt buckets a continued response needs (prompt + tokens so far) are fitted with
+  # the sampler's other sizes: training/config.py's fit_sampler_sizes.
   if c.reward.process.checkpoint:
     invalid("reward.process.checkpoint", c.reward.process.checkpoint, "must be empty with "
             "rollout.mode='windows' (not supported)")

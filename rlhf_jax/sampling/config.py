@@ -43,8 +43,12 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
   # up (the trainer then checkpoints and stops).
   config.reconnect_s = 60.0
   config.num_slots = num_slots  # Concurrent samples in the decode batch (KV cache rows).
-  config.cache_length = cache_length  # KV positions per slot: longest prompt + max new tokens.
-  config.prompt_buckets = prompt_buckets  # Padded prompt lengths; one prefill compile each.
+  # KV positions per slot: longest prompt + max new tokens. In a trainer's config 0 derives
+  # it from data.prompt_length and the rollout's response budget (`fit_sizes`).
+  config.cache_length = cache_length
+  # Padded prompt lengths; one prefill compile each. In a trainer's config () derives them:
+  # data.prompt_length and the longest prompt the rollout sends (`fit_sizes`).
+  config.prompt_buckets = prompt_buckets
   config.steps_per_sync = 8  # Decode steps per dispatch before the host reads tokens.
   config.max_prefill_batch = 8  # Most prompts per prefill call (a power of two).
   config.warmup = True  # Compile every program at start instead of on first use.
@@ -66,19 +70,28 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
 
 
 def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sampler",
-                            num_devices: int | None = None) -> None:
+                            num_devices: int | None = None, *, derivable: bool = False) -> None:
   """Raises ConfigError naming the `config.<prefix>.*` field of an impossible sampler
-  setting, with its allowed values or range."""
+  setting, with its allowed values or range. `derivable` (a trainer's config, whose
+  `fit_sizes` runs later): cache_length 0 and prompt_buckets () are accepted as "derive"."""
   del num_devices  # the sampler runs on the trainer's mesh (or a server's devices)
+  derive_cache, derive_buckets = derived_sizes(config) if derivable else (False, False)
   for field in ("num_slots", "cache_length", "max_stop_tokens"):  # the Engine's
+    if field == "cache_length" and derive_cache:
+      continue
     if not isinstance(config[field], int) or config[field] < 1:
-      invalid(f"{prefix}.{field}", config[field], "must be an int >= 1")
+      requirement = "must be an int >= 1" + (" (0: derived)" if derivable else "")
+      invalid(f"{prefix}.{field}", config[field], requirement)
+  # A size still to derive is checked once it is: a stand-in keeps the other's rules here.
+  buckets = (1,) if derive_buckets else tuple(config.prompt_buckets)
+  cache_length = (max(buckets) + 1 if derive_cache and _all_ints(buckets) else
+                  2 if derive_cache else config.cache_length)
   if not isinstance(config.parked_rows, int) or config.parked_rows < -1:
     invalid(f"{prefix}.parked_rows", config.parked_rows, "must be an int >= -1 (-1: "
             "num_slots, 0: off)")
   try:
     validate_scheduler_options(
-        prompt_buckets=tuple(config.prompt_buckets), cache_length=config.cache_length,
+        prompt_buckets=buckets, cache_length=cache_length,
         steps_per_sync=config.steps_per_sync, max_prefill_batch=config.max_prefill_batch,
         max_queue=config.max_queue, update_policy=config.update_policy,
         prefix=f"config.{prefix}.")
@@ -102,6 +115,53 @@ def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sa
   if config.address and ":" not in config.address:
     invalid(f"{prefix}.address", config.address, "must be 'host:port' (or empty for the "
             "in-process engine)")
+
+
+def derived_sizes(config: ml_collections.ConfigDict) -> tuple[bool, bool]:
+  """(cache_length is left to derive: 0, prompt_buckets is: empty)."""
+  return config.cache_length == 0, not tuple(config.prompt_buckets)
+
+
+def _all_ints(values) -> bool:
+  return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def fit_sizes(config: ml_collections.ConfigDict, *, prompt_length: int,
+              row: tuple[int, str], longest_prompt: tuple[int, str],
+              prefix: str = "sampler") -> None:
+  """The KV cache and prompt buckets a run needs, decided together.
+
+  A run's rows hold up to `row` = (tokens, why) positions (prompt + response budget) and
+  its requests up to `longest_prompt` = (tokens, why) prompt tokens (the prompt itself,
+  or a multi-turn conversation so far, or a continued response). A size left to derive
+  (cache_length 0, prompt_buckets ()) is set here: cache_length = the row (at least the
+  largest bucket + 1), prompt_buckets = (prompt_length, longest prompt) without repeats.
+  Explicit sizes that are too small are one ConfigError naming the first of them and
+  giving every size that fits at once (a fix of one never makes another insufficient).
+  The `why`s are the fields each bound comes from, e.g. "data.prompt_length 512 +
+  rollout.max_new_tokens 1024"."""
+  derive_cache, derive_buckets = derived_sizes(config)
+  needed_row, row_why = row
+  longest, longest_why = longest_prompt
+  buckets = (tuple(sorted({prompt_length, longest})) if derive_buckets else
+             tuple(config.prompt_buckets))
+  cache_length = (max(needed_row, max(buckets) + 1) if derive_cache else config.cache_length)
+  problems = []
+  if cache_length < needed_row:
+    problems.append((f"{prefix}.cache_length", cache_length,
+                     f"must be >= {needed_row} = {row_why}"))
+  if max(buckets) < longest:
+    problems.append((f"{prefix}.prompt_buckets", buckets,
+                     f"must reach {longest} = {longest_why}"))
+  if problems:
+    fitting_buckets = tuple(sorted({*buckets, longest})) if max(buckets) < longest else buckets
+    fitting_cache = max(cache_length, needed_row, max(fitting_buckets) + 1)
+    field, value, requirement = problems[0]
+    also = "".join(f"; and config.{f}={v!r} {r}" for f, v, r in problems[1:])
+    invalid(field, value, f"{requirement}{also}; sizes that fit: --config.{prefix}."
+            f"cache_length={fitting_cache} --config.{prefix}.prompt_buckets="
+            f"{','.join(str(b) for b in fitting_buckets)} (or 0 and () to derive them)")
+  config.cache_length, config.prompt_buckets = cache_length, buckets
 
 
 def newline_token_ids(tokenizer) -> list[int]:

@@ -149,13 +149,14 @@ def load_policy(c, workdir: str, mesh) -> Policy:
 _NOTES_SAID: set[str] = set()
 
 
-def load_examples(c, prompts: PromptFormat | None = None
+def load_examples(c, prompts: PromptFormat | None = None, *, scorer: Scorer | None = None
                   ) -> tuple[list[Example], list[Example]]:
   """Training and held-out examples (`data.train_file` / `eval_file` read with the
   section's row layout, or generated `data.task` problems), checked before any work:
-  every row's task has a scorer (`check_tasks`) and, with `prompts`, every prompt renders
-  and fits `data.prompt_length`. Errors are ConfigErrors naming the field, file and row;
-  plain prompts sent raw to a checkpoint with a chat template get one logged warning
+  every row's task has a scorer (`check_tasks`: `scorer`'s when one is handed to the
+  trainer in Python) and, with `prompts`, every prompt renders and fits
+  `data.prompt_length`. Errors are ConfigErrors naming the field, file and row; plain
+  prompts sent raw to a checkpoint with a chat template get one logged warning
   (`raw_prompts_note`), once per process."""
   levels, weights = tuple(c.data.levels), tuple(c.data.level_weights)
   generate = task_registry.get_task(c.data.task).generate
@@ -170,7 +171,7 @@ def load_examples(c, prompts: PromptFormat | None = None
     else:  # an hf run on offline data needs no prompts
       located[field] = []
   for field, rows in located.items():
-    check_tasks(c, field, rows)
+    check_tasks(c, field, rows, scorer=scorer)
     if prompts is not None and c.data[field]:  # generated problems fit by construction
       try:
         check_prompts(prompts, rows)
@@ -192,12 +193,22 @@ def _read_located(c, field: str) -> list[tuple[str, Example]]:
     raise ConfigError(f"config.data.{field}: {error}") from None
 
 
-def check_tasks(c, field: str, located: list[tuple[str, Example]]) -> None:
-  """Every row's task has a scorer: a registered task (tasks/registry.py), or any task
-  when `reward.function` or a model route scores the samples; else a ConfigError naming
-  the row, the task and the ways out. No row needs a scorer when the environment's
-  rewards alone are the episode's reward (`rollout_modes.rewarded_by_environment`: env.verifier=False)."""
+def check_tasks(c, field: str, located: list[tuple[str, Example]], *,
+                scorer: Scorer | None = None) -> None:
+  """Every row's task has a scorer: `scorer`'s tasks (`Scorer.check_tasks`) when one is
+  handed to the trainer in Python (as benchmarks/grpo_step.py does); else a registered
+  task, or any task when `reward.function` or a model route scores the samples; else a
+  ConfigError naming the row, the task and the ways out. No row needs a scorer when the
+  environment's rewards alone are the episode's reward (env.verifier=False)."""
   if rollout_modes.rewarded_by_environment(c):
+    return
+  if scorer is not None:  # the config's reward section does not score this run
+    for task, where in {e.task: w for w, e in reversed(located)}.items():  # first rows
+      try:
+        scorer.check_tasks([task])
+      except ValueError as error:
+        raise ConfigError(f"config.data.{field}: {where}: the scorer handed to the trainer "
+                          f"refuses task {task!r}: {error}") from None
     return
   math_tasks = set(task_registry.scored_by("math", {e.task for _, e in located}))
   for where, example in located:  # the rule scorers' dependencies (a monitor's too)
@@ -234,14 +245,15 @@ def check_checkpoint_family(directory: str) -> None:
     raise ConfigError(f"config.model.checkpoint: {directory}: {error}") from None
 
 
-def check_data(c, workdir: str, *, read_offline: bool = True) -> None:
+def check_data(c, workdir: str, *, read_offline: bool = True,
+               scorer: Scorer | None = None) -> None:
   """Everything a run reads, before any work (`--validate_only` stops here): the workdir
   (no file in its place); the policy checkpoint's files (file_checks.check_checkpoint_dir)
   and the reward models'; every row of the data files (`load_examples`: JSON, schema, task,
   encodability, length) with the policy's tokenizer — for the arith variant before its
   warm start, the task's own, which the warm start saves; with rollout.mode 'offline' the
   labelled groups of `data.offline_file`, unless `read_offline` is False (a labelling run's
-  output). Nothing loads onto a device; errors are ConfigErrors naming field, file, row."""
+  output; `scorer`: as in `load_examples`). Nothing loads; ConfigErrors name field, file, row."""
   if workdir:
     file_checks.check_workdir(workdir)
   directory = policy_checkpoint_dir(c, workdir)
@@ -263,7 +275,7 @@ def check_data(c, workdir: str, *, read_offline: bool = True) -> None:
     prefix = [tokenizer.backend.token_to_id(t) for t in arith.PROMPT_PREFIX]
   check_reward_checkpoints(c)
   prompts = prompt_format(c, tokenizer, prefix)
-  load_examples(c, prompts)
+  load_examples(c, prompts, scorer=scorer)
   mode = rollout_modes.rollout_mode(c)
   if read_offline and mode.check_data is not None:
     mode.check_data(c, prompts, pairs=registry.learner_spec(c).pairs)

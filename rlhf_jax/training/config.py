@@ -44,6 +44,7 @@ from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.rollout import reference as reference_lib
+from rlhf_jax.rollout import windows as rollout_windows
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
@@ -76,9 +77,11 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.rollout = rollout_config_lib.rollout_config(prompts_per_step=16 if arith else 128,
                                                 max_new_tokens=64 if arith else 1024)
   c.env = env_config_lib.env_config()  # rollout.mode 'multi_turn': envs/config.py
+  # The KV cache and prompt buckets are derived from data.prompt_length and the response
+  # budget (0 and (): fit_sampler_sizes), so a longer prompt, response or episode grows
+  # them and a shorter one shrinks them.
   c.sampler = sampler_config_lib.sampler_config(
-      num_slots=64 if arith else 256, cache_length=(64 + 64) if arith else 1536,
-      prompt_buckets=(64,) if arith else (512,))
+      num_slots=64 if arith else 256, cache_length=0, prompt_buckets=())
 
   c.reward = reward_config_lib.reward_config(arith)  # rewards/config.py
 
@@ -149,7 +152,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   check_finite(c)
   r, a = c.rollout, c.algorithm
   rows = r.prompts_per_step * r.group_size
-  sampler_config_lib.validate_sampler_config(c.sampler)
+  sampler_config_lib.validate_sampler_config(c.sampler, derivable=True)
   ppo_config.validate_algorithm_config(a, group_size=r.group_size,
                                        response_length=rollout_modes.response_length(c))
   if (mode := rollout_modes.rollout_mode(c)).needs_critic and not ppo_config.uses_critic(a):
@@ -188,12 +191,7 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
   if r.partial_rollouts and not remote and c.sampler.update_policy != "swap_now":
     invalid("sampler.update_policy", c.sampler.update_policy, "must be 'swap_now' with "
             "rollout.partial_rollouts=True (samples in flight take the new weights)")
-  if c.data.prompt_length > max(c.sampler.prompt_buckets):
-    invalid("data.prompt_length", c.data.prompt_length, "must be <= the largest "
-            f"sampler.prompt_buckets={max(c.sampler.prompt_buckets)}")
-  if c.data.prompt_length + r.max_new_tokens > c.sampler.cache_length:
-    invalid("sampler.cache_length", c.sampler.cache_length, "must be >= data.prompt_length "
-            f"+ rollout.max_new_tokens = {c.data.prompt_length + r.max_new_tokens}")
+  fit_sampler_sizes(c)
   if supervised and c.variant == "hf" and not c.sft.train_file:
     invalid("sft.train_file", c.sft.train_file, "a file of conversations or prompt/"
             "completion pairs is required for the hf variant's SFT")
@@ -205,6 +203,33 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
   if c.variant == "hf" and not c.data.train_file and not rollout_modes.rollout_mode(c).fixed_data:
     invalid("data.train_file", c.data.train_file, "a prompt file (JSONL: prompt, answer, "
             "task) is required for the hf variant")
+
+
+def fit_sampler_sizes(c) -> None:
+  """`sampler.cache_length` and `sampler.prompt_buckets` against every bound the run puts
+  on them at once (`sampling.config.fit_sizes`: derived when 0 / (), else one error with
+  the sizes that fit): a row holds data.prompt_length + the response budget (the
+  mode's response columns: rollout.max_new_tokens, or env.max_tokens for episodes); the
+  longest request is the prompt, a multi-turn conversation so far (data.prompt_length +
+  env.max_tokens - 1) or a continued T-PPO response (prompt + whole windows)."""
+  r, p = c.rollout, c.data.prompt_length
+  mode = rollout_modes.rollout_mode(c)
+  response = max(rollout_modes.response_length(c), r.max_new_tokens)
+  budget = (f"env.max_tokens {c.env.max_tokens}" if mode.needs_environment else
+            f"rollout.max_new_tokens {r.max_new_tokens}")
+  longest = (p, f"data.prompt_length {p}")
+  if mode.needs_environment:  # a later turn's prompt is the conversation so far
+    longest = (p + c.env.max_tokens - 1, f"data.prompt_length {p} + env.max_tokens "
+               f"{c.env.max_tokens} - 1 (a later turn's prompt is the conversation so far)")
+  elif mode.name == "windows":  # a continued response is sent as prompt + tokens so far
+    w = r.windows.window_tokens
+    longest = (rollout_windows.longest_request_prompt(p, r.max_new_tokens, w),
+               f"data.prompt_length {p} + the whole windows of rollout.windows.window_tokens "
+               f"{w} below rollout.max_new_tokens {r.max_new_tokens} (a continued response "
+               "is sent as prompt + the tokens so far)")
+  sampler_config_lib.fit_sizes(c.sampler, prompt_length=p,
+                               row=(p + response, f"data.prompt_length {p} + {budget}"),
+                               longest_prompt=longest)
 
 
 def _validate_estimator_inputs(c) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import models
 from rlhf_jax import parallel
+from rlhf_jax.launch_support import on_terminal
 from rlhf_jax import run_control
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import Scorer
@@ -66,7 +67,9 @@ class Trainer:
     # In a job of several processes (parallel/distributed.py) the first one speaks and
     # writes files; every process computes the same step.
     main = parallel.is_main_process()
-    self.workdir, self.show_progress = workdir, progress and main
+    # A bar redrawn with carriage returns is one unreadable line in a log file or a pipe:
+    # there the loop logs one plain line per step instead (train.log_every).
+    self.workdir, self.show_progress = workdir, progress and main and on_terminal()
     self.log = log if main else (lambda line: None)
     # One trainer per workdir, before any work: a second one would interleave records.
     self.lock = lock or run_control.WorkdirLock(workdir)
@@ -82,7 +85,8 @@ class Trainer:
     os.makedirs(workdir, exist_ok=True)
     self.mesh = build.trainer_mesh(c)
     self.policy = build.load_policy(c, workdir, self.mesh)
-    self.train_examples, self.held_out = build.load_examples(c, self.policy.prompts)
+    self.train_examples, self.held_out = build.load_examples(c, self.policy.prompts,
+                                                                 scorer=scorer)
     tasks = sorted({e.task for e in self.train_examples + self.held_out})
     self.scorer = (scorer if scorer is not None else
                    reward_build.training_scorer(c, tasks, self.mesh,
@@ -126,6 +130,9 @@ class Trainer:
     except BaseException:
       self.metrics.close(failed=True)  # the loggers' runs end, marked failed
       raise
+    for line in metrics_lib.startup_lines(c, self.policy.model.config, self.mesh,
+                                          self.train_examples, self.held_out, self.step):
+      self.log(line)  # what the run is, once, before anything compiles
 
   # ------------------------------------------------------------------ one step
 
@@ -301,12 +308,14 @@ class Trainer:
       summary["eval_accuracy_start"] = first["eval_accuracy"]
       self.metrics.write({"step": self.step, **first})
       self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
+    first = True  # of this process: it compiles the step's programs
     while self.step < c.train.steps:
       self._stop_if_asked(signals)  # here every record of `self.step` is written
       if self.fleet is not None and LookAhead.of(c).synchronous:
         # what a checkpoint of this step holds if the fleet is lost while sampling
         self.step_start = (self.step, json.loads(json.dumps(self.rollout.state())))
-      metrics = self.train_step()
+      metrics = self._first_step_said() if first else self.train_step()
+      first = False
       if self.held_out and c.train.eval_every and (self.step % c.train.eval_every == 0
                                                    or self.step == c.train.steps):
         metrics.update(self.evaluate())
@@ -320,6 +329,16 @@ class Trainer:
         self.log(f"step {self.step}/{c.train.steps}: {metrics_lib.summary_line(metrics)}")
       if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
         self.save()
+
+  def _first_step_said(self) -> dict[str, float]:
+    """The process's first step, announced: it compiles the sampler's and the learner's
+    programs (tens of seconds for a GPU-sized model), which is no hang."""
+    self.log(f"step {self.step + 1}: compiling the step's programs (the first step of a "
+             "process compiles them; later steps reuse them)")
+    start = time.perf_counter()
+    metrics = self.train_step()
+    self.log(f"step {self.step}: compiled and ran in {time.perf_counter() - start:.1f} s")
+    return metrics
 
   def _stop_if_asked(self, signals: run_control.StopSignals) -> None:
     """After a step's records (every process agrees): saves the step unless it is saved

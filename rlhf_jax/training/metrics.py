@@ -1,5 +1,6 @@
 """Step metrics: reduced from device once per step, written to metrics.jsonl and the
-loggers of `train.loggers` (TensorBoard, W&B, MLflow), and shown as a tqdm progress bar;
+loggers of `train.loggers` (TensorBoard, W&B, MLflow), and shown as a tqdm progress bar
+(on a terminal; one plain line per step elsewhere) after a start-up summary of the run;
 and samples of what was trained on, written to rollouts.jsonl (`train.log_rollouts` = N per
 step; analysis/rollouts.py reads them) and given to the loggers as a table.
 
@@ -23,11 +24,13 @@ import shutil
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
+import jax
 import numpy as np
 
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.loggers import Logger
 from rlhf_jax.rollout import Rollouts
+from rlhf_jax.rollout import modes as rollout_modes
 
 # Per-mini-batch metrics reduced by their extreme, not their mean.
 _EXTREMES = {"is_ratio_max": np.max, "is_ratio_min": np.min, "logprob_mismatch_max": np.max,
@@ -148,6 +151,34 @@ def summary_line(m: Mapping[str, float]) -> str:
     if key in m:
       parts.append(f"{label} {m[key]:{fmt}}")
   return " | ".join(parts)
+
+
+def startup_lines(c, model_config, mesh, train_examples: Sequence[Any],
+                  held_out: Sequence[Any], step: int) -> list[str]:
+  """What a run is, said once before it starts (`Trainer.run`): the policy's family,
+  parameter count and dtypes (`model_config`, a DecoderConfig); the devices and the
+  `mesh`; the rows read from each data file (or generated); the batch (prompts x group
+  size) and the tokens a step holds at most (prompt + the mode's response columns)."""
+  devices = jax.devices()
+  axes = " x ".join(f"{axis} {size}" for axis, size in mesh.shape.items())
+  rows = []
+  for field, examples in (("train_file", train_examples), ("eval_file", held_out)):
+    source = c.data[field] or (f"generated {c.data.task} problems" if examples else "")
+    if source:
+      rows.append(f"{len(examples)} {field.split('_')[0]} rows from {source}")
+  samples = c.rollout.prompts_per_step * c.rollout.group_size
+  response = rollout_modes.response_length(c)
+  return [
+      f"policy: {model_config.architecture}, {model_config.num_params() / 1e6:.2f}M "
+      f"parameters, {model_config.param_dtype} parameters, {model_config.dtype} compute",
+      f"devices: {len(devices)} x {devices[0].platform} ({devices[0].device_kind}); "
+      f"mesh {axes}",
+      "data: " + ("; ".join(rows) or "none read (offline groups)"),
+      f"batch: {c.rollout.prompts_per_step} prompts x {c.rollout.group_size} samples = "
+      f"{samples} responses per step; up to {samples * (c.data.prompt_length + response):,} "
+      f"tokens per step (prompt {c.data.prompt_length} + response {response} each); "
+      f"{c.train.steps - step} steps to go",
+  ]
 
 
 class Progress:

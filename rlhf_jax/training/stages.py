@@ -20,10 +20,10 @@ import shutil
 from typing import Any, Callable
 
 import jax
-from tqdm import tqdm
 
 from rlhf_jax import cli
 from rlhf_jax import file_checks
+from rlhf_jax import launch_support
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax import run_control
@@ -38,6 +38,7 @@ from rlhf_jax.data.conversations import supervised_row
 from rlhf_jax.data.sources import read_records
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import write_labelled
+from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import config as rollout_config_lib
@@ -49,14 +50,15 @@ from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import build
 from rlhf_jax.training import checkpoint as checkpoint_lib
+from rlhf_jax.training.config import fit_sampler_sizes
 from rlhf_jax.training.config import validate_config
 from rlhf_jax.training.config import validate_mesh
 from rlhf_jax.training.loop import Trainer
 
 
 def run(config, workdir: str, *, validate_only: bool = False, progress: bool = True,
-        log: Callable[[str], None] | None = None, overwrite: bool = False
-        ) -> dict[str, Any] | None:
+        log: Callable[[str], None] | None = None, scorer: Scorer | None = None,
+        overwrite: bool = False) -> dict[str, Any] | None:
   """Trains `config` (a trainer config: training/config.py) in `workdir`; what
   launch/train.py runs, callable from a notebook.
 
@@ -71,6 +73,8 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
   every process waits for it, and the loop trains. Returns the summary (JSON-able figures;
   its last line is also logged as JSON on the main process), or None with `validate_only`.
   `log` (default: print) is called on the main process only.
+  `scorer`: the reward in Python (default: the config's `reward` section); the data check
+  asks it which tasks it scores.
   Raises ConfigError (one line naming the field) for anything the user can fix.
   `train.deterministic` sets XLA's deterministic GPU ops: it takes effect only when JAX has
   not computed anything yet in this process (in a notebook: call `run` first).
@@ -82,7 +86,7 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
   parallel.initialize(config.distributed)
   validate_mesh(config, jax.device_count(),
                 rows=config.rollout.prompts_per_step * config.rollout.group_size)
-  build.check_data(config, workdir)  # the data files, every row, before any work
+  build.check_data(config, workdir, scorer=scorer)  # the data files, every row, first
   main_process = parallel.is_main_process()
   emit = (log or (lambda line: print(line, flush=True))) if main_process else (lambda _: None)
   if not overwrite:  # the workdir's checkpoints were made with this config (but for
@@ -105,7 +109,7 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
       run_control.start_over(workdir, lock, also=_warm_start_outputs(config), log=emit)
     prepare_run(config, workdir, log=emit)
   parallel.barrier("prepared")
-  trainer = Trainer(config, workdir, log=emit, progress=progress, lock=lock)
+  trainer = Trainer(config, workdir, log=emit, progress=progress, lock=lock, scorer=scorer)
   summary = trainer.run()
   if "eval_accuracy_start" in summary and "eval_accuracy_end" in summary:
     before, after = summary["eval_accuracy_start"], summary["eval_accuracy_end"]
@@ -208,7 +212,7 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   model, params = models.init_model(arith.model_config(
       vocab_size=tokenizer.vocab_size, hidden_size=c.model.hidden_size,
       num_layers=c.model.num_layers, num_heads=c.model.num_heads,
-      max_positions=c.sampler.cache_length), seed=c.seed)
+      max_positions=sampler_positions(c)), seed=c.seed)
   prefix = [tokenizer.backend.token_to_id(token) for token in arith.PROMPT_PREFIX]
   common = dict(seed=c.seed + 17, batch_size=c.sft.batch_size, levels=tuple(c.sft.levels),
                 weights=tuple(c.sft.level_weights), prompt_prefix=prefix,
@@ -303,22 +307,22 @@ def _supervised_start(c, records, log):
   model, params = models.init_model(arith.model_config(
       vocab_size=tokenizer.vocab_size, hidden_size=c.model.hidden_size,
       num_layers=c.model.num_layers, num_heads=c.model.num_heads,
-      max_positions=c.sampler.cache_length), seed=c.seed)
+      max_positions=sampler_positions(c)), seed=c.seed)
   return model, params, tokenizer, []
 
 
+def sampler_positions(c) -> int:
+  """The positions a model made here needs: the sampler's KV cache length, derived first
+  when it is left at 0 and the config was not validated yet (a notebook's, a test's)."""
+  if not c.sampler.cache_length:
+    fit_sampler_sizes(c)
+  return c.sampler.cache_length
+
+
 def _run_with_bar(model, params, make_batch, c, what: str):
-  bar = tqdm(total=c.sft.steps, desc=what, unit="step", dynamic_ncols=True)
-
-  def progress(step, loss):
-    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-    bar.update(1)
-
-  try:
+  with launch_support.progress_bar(c.sft.steps, what) as progress:  # plain lines in a log
     return run_sft(model, params, make_batch, steps=c.sft.steps,
                    learning_rate=c.sft.learning_rate, progress=progress)
-  finally:
-    bar.close()
 
 
 def check_toolcalc_tokenizer(directory: str) -> None:

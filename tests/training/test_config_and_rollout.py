@@ -41,7 +41,7 @@ def test_presets_validate(name):
     ("train.micro_batches", 3,
      r"config\.train\.micro_batches: invalid value 3: must divide the 64 rows"),
     ("sampler.cache_length", 100, r"config\.sampler\.cache_length: invalid value 100: must "
-     r"be >= data\.prompt_length \+ rollout\.max_new_tokens = 128"),
+     r"be >= 128 = data\.prompt_length 64 \+ rollout\.max_new_tokens 64"),
     ("sampler.dtype", "float8", r"config\.sampler\.dtype: invalid value 'float8': must be "
      "one of float32"),
     ("model.matmul_precision", "tf32", r"config\.model\.matmul_precision: invalid value "
@@ -101,7 +101,8 @@ def test_tppo_validation():
   config = preset("tppo")
   config.sampler.prompt_buckets = (64,)
   with pytest.raises(ValueError, match=r"config\.sampler\.prompt_buckets: invalid value "
-                     r"\(64,\): must reach 128 tokens with rollout.windows.window_tokens=32"):
+                     r"\(64,\): must reach 128 = data\.prompt_length 64 \+ the whole windows "
+                     r"of rollout\.windows\.window_tokens 32"):
     validate_config(config, num_devices=1)
 
 

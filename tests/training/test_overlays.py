@@ -1,0 +1,55 @@
+"""`configs/<preset>.py:hf,cpu`: the cpu overlay shrinks a preset's hf sizes to two CPU cores
+after the preset's own settings and before the flags (which win); lengths the preset
+derived from the response cap shrink with it; a bad overlay is one line."""
+
+from absl import flags
+from ml_collections import config_flags
+import pytest
+
+from rlhf_jax import cli
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.training.overlays import CPU_SIZES
+from tests.training.runs import ROOT
+from tests.training.runs import preset
+
+pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
+
+
+def parse(spec, *overrides):
+  """The config a launcher gets from `--config=<spec> <overrides>` (fresh flags)."""
+  argv = ["launcher", f"--config={ROOT / spec}", *overrides]
+  values = flags.FlagValues()
+  holder = config_flags.DEFINE_config_file("config", None, "preset", flag_values=values,
+                                           lock_config=True, sys_argv=argv)
+  cli.parse_flags(argv, values)
+  return holder.value
+
+
+def test_the_cpu_overlay_sets_its_sizes_after_the_preset():
+  full, cpu = preset("dapo", "hf"), preset("dapo", "hf,cpu")
+  for field, value in CPU_SIZES.items():
+    section, name = field.split(".")
+    assert cpu[section][name] == value, field
+  assert cpu.rollout.group_size == full.rollout.group_size == 16  # the preset's own
+  # DAPO's overlong buffer is a fifth of the response cap: it shrinks with the cap
+  assert full.algorithm.overlong.buffer == full.rollout.max_new_tokens // 5
+  assert cpu.algorithm.overlong.buffer == int(full.algorithm.overlong.buffer * 64
+                                              / full.rollout.max_new_tokens)
+  assert cpu.to_dict().keys() == full.to_dict().keys()  # no field added or lost
+
+
+def test_flags_win_over_the_overlay():
+  config = parse("configs/grpo.py:hf,cpu", "--config.rollout.max_new_tokens=32",
+                 "--config.train.steps=3")
+  assert (config.rollout.max_new_tokens, config.train.steps) == (32, 3)
+  assert config.rollout.prompts_per_step == CPU_SIZES["rollout.prompts_per_step"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("configs/grpo.py:hf,gpu", "config overlay 'gpu'"),
+    ("configs/grpo.py:arith,cpu", "config overlay 'cpu' applies to the hf variant"),
+])
+def test_a_bad_overlay_is_one_line(spec, message):
+  with pytest.raises(ConfigError, match=message) as caught:
+    parse(spec)
+  assert "\n" not in str(caught.value)
