@@ -22,6 +22,7 @@ the exception absl or ml_collections raised.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
@@ -72,12 +73,30 @@ def _lookup(config, path: str) -> tuple[Any, str]:
       unknown_field(".".join(parts[:depth + 1]), (), f"config.{parent} is a value "
                     f"({type(node).__name__}), not a section")
     if name not in node:  # a peer's name (TRL's num_generations) gets our field's
-      unknown_field(".".join(parts[:depth + 1]), node.keys(),
-                    peer_hint(path, lambda field: _has_field(config, field)) or "")
+      hint = peer_hint(path, lambda field: _has_field(config, field))
+      if hint is None and not difflib.get_close_matches(name, list(node.keys()), cutoff=0.6):
+        hint = _elsewhere(config, name)  # a field of another section: config.temperature
+      unknown_field(".".join(parts[:depth + 1]), node.keys(), hint or "")
     if depth == len(parts) - 1:
       return node, name
     node = node[name]
   raise AssertionError(path)  # unreachable: the loop returns at the last part
+
+
+def _elsewhere(config, name: str) -> str | None:
+  """"did you mean 'config.<section>.<name>'?" for the fields (at most three) of that name
+  in other sections of `config`; None when there is none."""
+  found = []
+
+  def visit(node, prefix: str) -> None:
+    for key, value in node.items():
+      if isinstance(value, (ml_collections.ConfigDict, dict)):
+        visit(value, f"{prefix}{key}.")
+      elif key == name:
+        found.append(f"'config.{prefix}{key}'")
+
+  visit(config, "")
+  return f"did you mean {' or '.join(found)}?" if 0 < len(found) <= 3 else None
 
 
 def _has_field(config, path: str) -> bool:

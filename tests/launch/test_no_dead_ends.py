@@ -5,6 +5,8 @@ launcher parses its flags."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from absl import flags
@@ -85,6 +87,16 @@ def test_a_peers_field_name_gets_ours(override, unknown, hint):
     parse(GRPO, f"--config.{override}")
   assert str(error.value) == f"config.{unknown}: {UNKNOWN_FIELD}; did you mean {hint}?"
   assert error.value.field == unknown
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("temperature=0.7", "'config.rollout.temperature'"),
+    ("train.group_size=8", "'config.rollout.group_size'"),
+    ("model.seed=3", "'config.seed'"),
+])
+def test_a_field_of_another_section_is_named(override, hint):
+  with pytest.raises(ConfigError, match=f"; did you mean {re.escape(hint)}\\?$"):
+    parse(GRPO, f"--config.{override}")
 
 
 def test_a_typo_still_gets_the_close_matches():
