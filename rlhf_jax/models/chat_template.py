@@ -355,6 +355,9 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *,
         pieces.append(piece)
   except bounds.TemplateBoundError as error:
     raise ChatTemplateError(str(error)) from None
+  except bounds.TemplateTimeout:  # delivered after the block, as it ended (a rare race)
+    raise ChatTemplateError(f"the chat template took more than {timeout_s:g} s "
+                            "(data.template_timeout_s)") from None
   except (jinja2.TemplateError, TypeError) as error:
     raise ChatTemplateError(f"the chat template failed on the messages: "
                             f"{type(error).__name__}: {error}") from None

@@ -221,10 +221,10 @@ def deadline(seconds: float, what: str):
   except MemoryError:
     raise TemplateBoundError(f"{what} ran out of memory") from None
   finally:
-    if _WATCHDOG.disarm(token) and not delivered:
-      # Raised just as the block ended: it arrives within a few bytecodes; take it here.
-      try:
+    try:
+      if _WATCHDOG.disarm(token) and not delivered:
+        # Raised just as the block ended: it arrives within a few bytecodes; take it here.
         for _ in range(10_000_000):
           pass
-      except TemplateTimeout:
-        pass
+    except TemplateTimeout:
+      pass
