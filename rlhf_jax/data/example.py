@@ -119,8 +119,9 @@ def _metadata(record: Mapping, paths: Mapping[str, str], where: str) -> dict[str
   if isinstance(metadata, str):  # write_examples keeps it as JSON text in Parquet
     try:
       metadata = json.loads(metadata)
-    except ValueError:
-      raise ValueError(f"{where}: field 'metadata' is text but not JSON.") from None
+    except (ValueError, RecursionError):
+      raise ValueError(f"{where}: field 'metadata' is text but not JSON (or nested too "
+                       "deeply to read).") from None
   if not isinstance(metadata, Mapping):
     raise ValueError(f"{where}: field 'metadata' must be an object; got "
                      f"{type(metadata).__name__}.")

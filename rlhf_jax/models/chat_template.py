@@ -74,8 +74,7 @@ def read_chat_templates(directory: str, config: Mapping[str, Any]) -> dict[str, 
     return {t["name"]: t["template"] for t in template}
   legacy = os.path.join(directory, LEGACY_TEMPLATE_FILE)
   if os.path.isfile(legacy):
-    with open(legacy, encoding="utf-8") as f:
-      template = json.load(f).get("chat_template")
+    template = read_json(legacy).get("chat_template")
     if not isinstance(template, str):
       raise ValueError(f"{legacy}: 'chat_template' is not a string.")
     return {"default": template}
@@ -134,7 +133,12 @@ def read_json(path: str) -> dict[str, Any]:
   if not os.path.exists(path):
     return {}
   with open(path, encoding="utf-8") as f:
-    value = json.load(f)
+    try:
+      value = json.load(f)
+    except json.JSONDecodeError as error:  # its message names no file
+      raise ValueError(f"{path}:{error.lineno}: not JSON ({error.msg}).") from None
+    except RecursionError:
+      raise ValueError(f"{path}: JSON nested too deeply to read.") from None
   if not isinstance(value, dict):
     raise ValueError(f"{path} does not hold a JSON object.")
   return value

@@ -250,6 +250,11 @@ def supervised_inputs(c) -> list[tuple[str, dict[str, Any]]]:
   if c.model.checkpoint:  # its files, before the records are tokenised or anything loads
     file_checks.check_checkpoint_dir(c.model.checkpoint, "config.model.checkpoint")
     build.check_checkpoint_family(c.model.checkpoint)
+    try:  # as train.py's check: its tokenizer_config.json and templates read
+      models.Tokenizer.from_directory(c.model.checkpoint)
+    except (OSError, ValueError) as error:
+      raise ConfigError(f"config.model.checkpoint: {c.model.checkpoint}: the tokenizer does "
+                        f"not load: {error}") from None
   return records
 
 

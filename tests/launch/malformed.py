@@ -63,6 +63,8 @@ def make_malformed(root: pathlib.Path) -> None:
   edit_json(copy("rope_nan") / "config.json", rope_theta=float("nan"))
   edit_json(copy("wider_config") / "config.json", hidden_size=32)
   (copy("deep_config") / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+  (copy("deep_tokenizer_config") / "tokenizer_config.json").write_text(
+      '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
   embed = "model.embed_tokens.weight"
   forge_header(copy("negative_shape") / "model.safetensors", embed, shape=[-1, 16])
   forge_header(copy("huge_shape") / "model.safetensors", embed, shape=[1 << 40, 1 << 40])
@@ -121,7 +123,9 @@ CASES = [
           ("safetensors 2^80-element shape", "huge_shape", "needs"),
           ("safetensors dtype F128", "unknown_dtype", "dtype 'F128'"),
           ("tokenizer 2,000,000 ids past the embedding", "big_tokenizer", "token ids, more"),
-          ("pre-tokenizer regex backtracking", "backtracking_regex", "pre-tokenizer regex"))],
+          ("pre-tokenizer regex backtracking", "backtracking_regex", "pre-tokenizer regex"),
+          ("tokenizer_config.json nested 100000 deep", "deep_tokenizer_config",
+           "tokenizer_config.json: JSON nested too deeply"))],
     *[(f"train.py: chat template, {name.split('_')[1]}", "train.py",
        ("--config=configs/grpo.py:hf", "--config.data.train_file={d}/chat.jsonl",
         "--config.data.eval_file={d}/chat.jsonl", "--workdir={w}", "--validate_only",
