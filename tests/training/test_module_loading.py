@@ -118,6 +118,7 @@ def test_a_missing_file_and_a_failing_import_are_one_line(user_cwd, tmp_path):
     load_object("broken:fn", "env.factory")
 
 
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # ml_collections'
 def test_a_preset_file_imports_a_module_beside_it_without_pythonpath(user_cwd, tmp_path):
   """A learner or mode registers when its module is imported: from the user's preset."""
   from absl import flags  # pylint: disable=import-outside-toplevel
