@@ -113,3 +113,15 @@ def test_eval_every_0_turns_evaluation_off():
   with pytest.raises(ConfigError, match=r"^config\.train\.eval_every: invalid value -1: must "
                      r"be >= 0 \(0: no held-out evaluation\)$"):
     validate_config(config, num_devices=1)
+
+
+@pytest.mark.slow
+def test_a_peers_name_on_the_command_line_is_one_line_naming_ours(tmp_path):
+  """End to end: launch/train.py in a fresh process, as a TRL user types it."""
+  from tests.launch.runs import run  # pylint: disable=import-outside-toplevel
+  result = run("train.py", "--config=configs/grpo.py:arith", f"--workdir={tmp_path}",
+               "--config.num_generations=8", timeout=120)
+  assert result.returncode == 2 and not result.stdout.strip()
+  assert result.stderr.strip().splitlines() == [
+      "error: config.num_generations: unknown field; did you mean "
+      "'config.rollout.group_size' (TRL's num_generations)?"]
