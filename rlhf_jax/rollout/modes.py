@@ -220,13 +220,14 @@ def _dynamic(c, parts: RolloutParts) -> Rollout:
                                 oversample=r.dynamic.oversample,
                                 max_rounds=r.dynamic.max_rounds,
                                 keep_surplus=r.dynamic.keep_surplus,
-                                max_age=r.dynamic.max_age)
+                                max_age=r.dynamic.max_age,
+                                signal=r.dynamic.signal)
 
 
 def _validate_dynamic(c) -> None:
   if c.rollout.group_size < 2:
     invalid("rollout.group_size", c.rollout.group_size, "must be >= 2 for rollout.mode="
-            "'dynamic' (it keeps groups whose correctness varies)")
+            "'dynamic' (it keeps groups whose rewards or correctness vary)")
 
 
 def _windows(c, parts: RolloutParts) -> Rollout:

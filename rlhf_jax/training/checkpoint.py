@@ -168,6 +168,8 @@ RESUMABLE_FIELDS = (
     "train.log_every", "train.log_rollouts", "train.loggers", "train.run_name",
     "train.wandb_project", "train.wandb_entity", "train.mlflow_experiment",
     "train.checkpoint_every",
+    # when a run whose every reward fails stops (raised to resume past a stop)
+    "reward.max_failed_steps",
     # where the job, its compile cache and its sampling servers are
     "compile_cache", "distributed.*", "sampler.address", "sampler.addresses",
     "sampler.tls_*", "sampler.token_file", "sampler.reconnect_s",

@@ -32,6 +32,7 @@ from rlhf_jax import run_control
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
+from rlhf_jax.rewards.scorer import FailureStreak
 from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.rollout.lookahead import LookAhead
 from rlhf_jax.sampling import protocol as sampler_protocol
@@ -120,6 +121,7 @@ class Trainer:
     self.rollout_log = metrics_lib.RolloutLog(workdir, c.train.log_rollouts,
                                               self.policy.tokenizer, loggers, enabled=main)
     self.checkpointer = Checkpointer(workdir)
+    self.reward_failures = FailureStreak(c.reward.max_failed_steps)
     try:
       restored = self.checkpointer.restore_intact(self.learner.state(), log=self.log)
       if restored is not None:
@@ -141,6 +143,10 @@ class Trainer:
     start = time.perf_counter()
     self.rollout.set_step(self.step)  # a curriculum's phase
     rollouts = self.rollout.collect()
+    stop = self.reward_failures.update(len(rollouts.correct), rollouts.failures)
+    if stop:  # before this step trains on failure scores
+      self.log(f"stopped before step {self.step + 1}: {stop}; {self._last_checkpoint()}")
+      raise run_control.Stopped(1)
     generated = time.perf_counter()
     batch = jax.tree.map(
         lambda x: jax.device_put(x, parallel.batch_sharding(self.mesh, np.ndim(x))),
