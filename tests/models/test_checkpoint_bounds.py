@@ -178,3 +178,22 @@ def test_a_sound_regex_of_ones_own_passes_the_probe(copy):
   # Qwen2's pattern with one change (so not a known one): probed, and it finishes
   set_pre_tokenizer_regex(copy, r"(?i:'s|'t)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,2}|\s+(?!\S)|\s+")
   check_checkpoint_dir(str(copy), WHERE)
+
+
+@pytest.mark.slow
+def test_every_family_saved_by_transformers_fits_its_config(tmp_path):
+  """The header check reads each family's real layout (fused Phi-3 projections, OLMo 2's
+  projection norms, Gemma's four norms, tied and untied heads) as the loader does: a
+  transformers checkpoint passes, and one layer's tensor of another width is named."""
+  from tests.models.hf_fixtures import FAMILIES
+  from tests.models.hf_fixtures import save_family_model
+  for family in FAMILIES:
+    directory = tmp_path / family
+    save_family_model(directory, family)
+    check_checkpoint_dir(str(directory), WHERE, tokenizer=False)
+  config = json.loads((tmp_path / "phi3" / "config.json").read_text())
+  config["intermediate_size"] = 96
+  (tmp_path / "phi3" / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ConfigError, match="'model.layers.0.mlp.gate_up_proj.weight' of shape "
+                                        r"\(160, 48\): the config gives it 192 rows"):
+    check_checkpoint_dir(str(tmp_path / "phi3"), WHERE, tokenizer=False)
