@@ -168,7 +168,7 @@ def test_unknown_keys_without_a_close_match_list_the_section():
   with pytest.raises(ConfigError) as error:
     parse("configs/grpo.py:arith", "--config.rollout.dynamic.zzz=1")
   assert str(error.value) == ("config.rollout.dynamic.zzz: unknown field; config.rollout."
-                              "dynamic has keep_surplus, max_age, max_rounds, oversample")
+                              "dynamic has keep_surplus, max_age, max_rounds, oversample, signal")
   with pytest.raises(ConfigError) as error:
     parse("configs/grpo.py:arith", "--config.train.steps.every=1")
   assert_error(error.value, "train.steps.every", UNKNOWN_FIELD)
