@@ -61,6 +61,7 @@ class Episode:
   step_rewards: list[tuple[int, float]] = dataclasses.field(default_factory=list)
   failure: str = ""
   failure_kind: str = ""  # "<phase>/<kind>": its env/failures/... metric
+  reward_failure: str = ""  # why its last turn's scoring failed (set by `score`)
   truncated: bool = False
   over: bool = False
   cut_chars: int = 0  # characters of an observation cut to the row's budget
@@ -261,6 +262,7 @@ class MultiTurnRollout(StreamRollout):
                              group_size=self.group_size,
                              turn_rewards=self.reward_placement == "turn")
     rollouts.correct, rollouts.failures = correct, failures
+    rollouts.row_failures = [e.failure or e.reward_failure for e in episodes]  # one row each
     rollouts.metrics.update(episode_metrics(episodes, time.perf_counter() - started))
     rollouts.metrics.update(observations.failure_metrics(
         [(e.failure_kind, e.failure) for e in episodes if e.failure], len(episodes)))
@@ -306,6 +308,7 @@ class MultiTurnRollout(StreamRollout):
         continue
       scores.append(total)
       correct.append(bool(verdict))
+      episode.reward_failure = reason
       if reason:
         failures.append(reason)
     return scores, correct, failures

@@ -226,6 +226,7 @@ def test_an_episode_whose_reset_fails_is_scored_as_failed():
   rollouts = collect_once(["the cat sat"], factory="RaisingReset")
   assert rollouts.batch.scores.tolist() == [-7.0] * G
   assert rollouts.failures == ["env reset: RuntimeError: no episode today"] * G
+  assert rollouts.row_failures == rollouts.failures  # each row's reason, for rollouts.jsonl
   assert rollouts.transcripts == [[]] * G and rollouts.batch.lengths.tolist() == [0] * G
 
 
