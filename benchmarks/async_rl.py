@@ -15,6 +15,9 @@ against steps and wall time; the ratio of samples/s against k = 0 of the same se
       [--summarise]   (recompute the figures of the runs already in --workdir)
 
 Prints one JSON line per run, then one per k (`"summary": true`).
+
+  python benchmarks/async_rl.py --tiny   (CI: one seed, k = 0, 4 steps of a 1-layer
+                                          32-wide model: the same processes, seconds each)
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "configs/grpo.py:arith"
+# --tiny: a 1-layer, 32-wide warm start of 2 SFT steps, 2 prompts x 2 samples per step.
+TINY_WARM_START = ["--config.model.hidden_size=32", "--config.model.num_layers=1",
+                   "--config.model.num_heads=2", "--config.sft.steps=2",
+                   "--config.sft.batch_size=8", "--config.data.num_eval=4"]
+TINY_TRAINER = ["data.num_train=32", "data.num_eval=4", "sampler.num_slots=8",
+                "sampler.warmup=False", "train.minibatches=1"]
 
 
 def free_port() -> int:
@@ -44,13 +53,13 @@ def pinned(cpus: str) -> list[str]:
   return ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
 
 
-def warm_start(workdir: str) -> str:
-  """The arith SFT warm start every run starts from (trained once)."""
+def warm_start(workdir: str, flags: list[str] = ()) -> str:
+  """The arith SFT warm start every run starts from (trained once; `flags` shrink it)."""
   sft = os.path.join(workdir, "warm", "sft")
   if not os.path.exists(os.path.join(sft, "config.json")):
     subprocess.run([sys.executable, "launch/sft.py", f"--config={PRESET}",
-                    f"--workdir={os.path.join(workdir, 'warm')}"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    f"--workdir={os.path.join(workdir, 'warm')}", *flags], cwd=ROOT,
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   return sft
 
 
@@ -186,10 +195,18 @@ def main() -> int:
   parser.add_argument("--plot", default="")
   parser.add_argument("--summarise", action="store_true",
                       help="recompute the figures from the runs already in --workdir")
+  parser.add_argument("--tiny", action="store_true",
+                      help="one seed, k = 0, 4 steps of a tiny model (CI)")
   args = parser.parse_args()
+  if args.tiny:  # a step's time is a difference of two steps after the first (it compiles)
+    # that did not evaluate: 4 steps, evaluated at the start and the end
+    args.steps, args.eval_every, args.seeds, args.staleness = 4, 4, "0", "0"
+    args.prompts_per_step, args.group_size = 2, 2
+    args.set = [*TINY_TRAINER, "rollout.prompts_per_step=2", "rollout.group_size=2", *args.set]
   os.makedirs(args.workdir, exist_ok=True)
   runs = []
-  checkpoint = None if args.summarise else warm_start(args.workdir)
+  checkpoint = None if args.summarise else warm_start(
+      args.workdir, TINY_WARM_START if args.tiny else [])
   for seed in [int(s) for s in args.seeds.split(",")]:
     for k in [int(k) for k in args.staleness.split(",")]:  # alternating k within a seed
       if args.summarise:

@@ -24,6 +24,9 @@ Prints one JSON line per measurement; `--markdown` also prints a table.
 
   python benchmarks/compile_time.py --arith-run [--sft-steps 3] [--rl-steps 2]
 
+  python benchmarks/compile_time.py --tiny   (CI: every program at a 1-layer, 64-wide
+      shape and small batches, measured in this process)
+
 counts instead the programs a whole run compiles (issue 35, item 7): a GRPO arith run
 (`configs/grpo.py:arith`, `--sft-steps` SFT steps then `--rl-steps` RL steps, the
 persistent compilation cache off) under `JAX_LOG_COMPILES=1`, one JSON object with the
@@ -47,15 +50,26 @@ TRAIN_BATCH, TRAIN_LENGTH = 16, 1024
 SLOTS, CACHE_LENGTH = 128, 640
 PREFILL_BATCH, PREFILL_LENGTH = 128, 128
 PROGRAMS = ("train", "prefill", "decode")
+SHAPE = dict(vocab_size=151936, hidden_size=896, num_heads=14, num_kv_heads=2, head_dim=64,
+             intermediate_size=4864)  # Qwen2.5-0.5B's
+
+
+def shrink_to_tiny() -> None:
+  """--tiny: a 64-wide model and batches of a few rows, so every program compiles in
+  about a second on CPU."""
+  global TRAIN_BATCH, TRAIN_LENGTH, SLOTS, CACHE_LENGTH, PREFILL_BATCH, PREFILL_LENGTH
+  TRAIN_BATCH, TRAIN_LENGTH, SLOTS, CACHE_LENGTH = 2, 32, 4, 48
+  PREFILL_BATCH, PREFILL_LENGTH = 2, 16
+  SHAPE.update(vocab_size=512, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+               intermediate_size=128)
 
 
 def qwen_config(layers: int, scan_layers: bool, remat: str):
-  """The Qwen2.5-0.5B shape with `layers` layers; remat "off" or a policy name."""
+  """The Qwen2.5-0.5B shape (`SHAPE`) with `layers` layers; remat "off" or a policy name."""
   from rlhf_jax import models
 
   return models.DecoderConfig(
-      vocab_size=151936, hidden_size=896, num_layers=layers, num_heads=14, num_kv_heads=2,
-      head_dim=64, intermediate_size=4864, rope_theta=1e6, max_position_embeddings=32768,
+      num_layers=layers, **SHAPE, rope_theta=1e6, max_position_embeddings=32768,
       tie_embeddings=True, qkv_bias=True, dtype="bfloat16", param_dtype="float32",
       remat=remat != "off", remat_policy="nothing_saveable" if remat == "off" else remat,
       scan_layers=scan_layers)
@@ -229,7 +243,12 @@ def main():
                       help="count the compilations of a GRPO arith run instead")
   parser.add_argument("--sft-steps", type=int, default=3)
   parser.add_argument("--rl-steps", type=int, default=2)
+  parser.add_argument("--tiny", action="store_true",
+                      help="tiny shapes, 1 layer, remat off, in this process (CI)")
   args = parser.parse_args()
+  if args.tiny:
+    shrink_to_tiny()
+    args.layers, args.remat = "1", "off"
   if args.arith_run:
     print(json.dumps(arith_run(args.sft_steps, args.rl_steps), indent=1), flush=True)
     return
@@ -242,7 +261,8 @@ def main():
     for program in args.programs.split(","):
       for remat in args.remat.split(",") if program == "train" else ["off"]:
         for scan in (False, True):
-          records.append(_run_one(program, layers, scan, remat, args.repeats))
+          records.append(measure(program, layers, scan, remat) if args.tiny else
+                         _run_one(program, layers, scan, remat, args.repeats))
           print(json.dumps(records[-1]), flush=True)
   if args.markdown:
     print(markdown(records))

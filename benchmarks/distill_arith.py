@@ -17,6 +17,8 @@ is a 128-wide, 3-layer decoder with 450 SFT steps of 64, evaluated on 256 proble
 levels 1-2).
 
   python benchmarks/distill_arith.py --seeds=0,1,2 --shared-teacher --workdir=/tmp/distill
+  python benchmarks/distill_arith.py --tiny   (CI: one seed, 1-layer models, 2 SFT and 2
+                                               distillation steps, 8 held-out problems)
 """
 
 from __future__ import annotations
@@ -142,7 +144,14 @@ def parse_args():
   p.add_argument("--max-new-tokens", type=int, default=48)
   p.add_argument("--num-eval", type=int, default=128, help="held-out problems")
   p.add_argument("--compile-cache", default="~/.cache/rlhf_jax/xla")
-  return p.parse_args()
+  p.add_argument("--tiny", action="store_true", help="the same stages at toy sizes (CI)")
+  args = p.parse_args()
+  if args.tiny:
+    args.seeds, args.teacher, args.student = "0", "32x1x2", "16x1x2"
+    args.teacher_sft_steps = args.student_sft_steps = 2
+    args.teacher_sft_batch = args.student_sft_batch = 8
+    args.steps, args.prompts, args.group_size, args.num_eval = 2, 2, 2, 8
+  return args
 
 
 def main() -> None:

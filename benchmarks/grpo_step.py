@@ -12,6 +12,11 @@ phase's model FLOP rate as a fraction of the peak.
 
   python benchmarks/grpo_step.py [--model-dir /tmp/bench_model] [--repeats 1]
       [--peer-python /tmp/venv_peers/bin/python] [--skip-peer] [--set FIELD=VALUE ...]
+  python benchmarks/grpo_step.py --tiny   (CI: our side only, seconds on CPU)
+
+`--tiny` runs the same code on a 1-layer, 32-wide checkpoint of our own making
+(common.tiny_bench_model), 2 prompts x 2 samples, 8 new tokens, 2 steps; the peer is
+skipped (its workload is the full one) and the record says so.
 """
 
 from __future__ import annotations
@@ -31,13 +36,26 @@ from common import BENCH
 from common import default_peer_python
 from common import ensure_bench_model
 from common import peer_env
+from common import peer_skipped
 from common import run_json
+from common import tiny_model_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 N_PARAMS = 24_656_384
 GROUPS, GROUP_SIZE, PROMPT_LEN, NEW_TOKENS = 8, 8, 64, 128
 ROLLOUT_FLOPS = 2 * N_PARAMS * GROUPS * GROUP_SIZE * (PROMPT_LEN + NEW_TOKENS)
 UPDATE_FLOPS = 6 * N_PARAMS * GROUPS * GROUP_SIZE * (PROMPT_LEN + NEW_TOKENS)
+STEPS = 4  # the first untimed
+
+
+def shrink_to_tiny(n_params: int) -> None:
+  """--tiny: W3's shapes shrunk so a step takes well under a second on CPU; the FLOP
+  counts of the tiny checkpoint's `n_params`."""
+  global GROUPS, GROUP_SIZE, PROMPT_LEN, NEW_TOKENS, N_PARAMS, STEPS
+  global ROLLOUT_FLOPS, UPDATE_FLOPS
+  GROUPS, GROUP_SIZE, PROMPT_LEN, NEW_TOKENS, N_PARAMS, STEPS = 2, 2, 16, 8, n_params, 2
+  ROLLOUT_FLOPS = 2 * N_PARAMS * GROUPS * GROUP_SIZE * (PROMPT_LEN + NEW_TOKENS)
+  UPDATE_FLOPS = 6 * N_PARAMS * GROUPS * GROUP_SIZE * (PROMPT_LEN + NEW_TOKENS)
 
 
 def w3_config(model_dir: str, train_file: str):
@@ -86,7 +104,8 @@ def apply_overrides(config, overrides: list[str]):
 
 
 def run_ours(model_dir: str, overrides: list[str] = ()) -> dict:
-  """Four `Trainer.train_step` calls on W3's prompts; each step's metrics and wall time."""
+  """`STEPS` (four) `Trainer.train_step` calls on W3's prompts; each step's metrics and
+  wall time."""
   import time
 
   from rlhf_jax.rewards import RewardRouter
@@ -106,7 +125,7 @@ def run_ours(model_dir: str, overrides: list[str] = ()) -> dict:
     for p in prompts:  # our tokenizer gives the workload's ids
       assert encode(trainer.train_examples[prompts.index(p)]) == p["prompt_ids"]
     steps = []
-    for _ in range(4):
+    for _ in range(STEPS):
       start = time.perf_counter()
       metrics = trainer.train_step()
       metrics["step_s"] = time.perf_counter() - start
@@ -121,15 +140,27 @@ def main() -> int:
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--threads", type=int, default=2)
   parser.add_argument("--skip-peer", action="store_true")
+  parser.add_argument("--tiny", action="store_true",
+                      help="a tiny checkpoint and workload, our side only (CI)")
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                       help="override a config field of ours, e.g. model.logprob_chunk=0")
   args = parser.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   env = peer_env(args.threads)
-  ensure_bench_model(args.peer_python, args.model_dir, "w3_prompts.jsonl", env)
+  notes = {}
+  if args.tiny:
+    args.model_dir = tiny_model_dir(args.model_dir, parser.get_default("model_dir"))
+    args.skip_peer = True
+    args.set = ["sampler.warmup=False", *args.set]  # compile on first use: fewer programs
+    notes = peer_skipped("--tiny runs our side only (TRL's side is the full W3 workload)")
+  else:
+    ensure_bench_model(args.peer_python, args.model_dir, "w3_prompts.jsonl", env)
   import jax
 
   import rlhf_jax
+  if args.tiny:
+    from rlhf_jax import models
+    shrink_to_tiny(models.read_hf_config(args.model_dir).num_params())
 
   peaks = [] if args.skip_peer else run_json(
       [args.peer_python, str(BENCH / "matmul_peak.py"), "--threads", str(args.threads)], env)
@@ -157,7 +188,7 @@ def main() -> int:
             "ours_phases_s": phases,
             "ours_completion_tokens_per_s": GROUPS * GROUP_SIZE * NEW_TOKENS / step_s,
             "ours_model_gflops_per_s": (ROLLOUT_FLOPS + UPDATE_FLOPS) / step_s / 1e9,
-            "rewards_mean": [s["reward_mean"] for s in timed]}
+            "rewards_mean": [s["reward_mean"] for s in timed], **notes}
   if peer_runs:
     peak = max(p["torch_gflops_best"] for p in peaks)
     peer_s = statistics.median(t for run in peer_runs for t in run["s_per_step_timed"])

@@ -10,6 +10,7 @@ same liveness as a GPU's). Each configuration compiles in a fresh process.
 
   python benchmarks/memory_analysis.py [--rows 16,32] [--chunks 0,1024] [--layers 24]
       [--remat 0,1] [--scan 0,1] [--markdown]
+  python benchmarks/memory_analysis.py --tiny   (CI: a tiny shape, measured in this process)
 
 Prints one JSON line per configuration: temp (the step's temporaries: activations,
 logits, gradients in flight), arguments, outputs, and the [B, R, V] float32 logits a
@@ -39,6 +40,16 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROMPT, RESPONSE, VOCAB = 256, 768, 151936
+SHAPE = dict(hidden_size=896, num_heads=14, num_kv_heads=2, head_dim=64,
+             intermediate_size=4864)  # Qwen2.5-0.5B's
+
+
+def shrink_to_tiny() -> None:
+  """--tiny: a 64-wide model on 2 rows of 16 + 32 tokens, so a step compiles in seconds."""
+  global PROMPT, RESPONSE, VOCAB
+  PROMPT, RESPONSE, VOCAB = 16, 32, 512
+  SHAPE.update(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+               intermediate_size=128)
 
 
 def flash_stub(q, k, v, mask, **_):
@@ -90,8 +101,7 @@ def measure(rows: int, chunk: int, layers: int, remat: bool, scan: bool = False,
     blocks.grouped_query_attention = flash_stub
 
   config = models.DecoderConfig(
-      vocab_size=VOCAB, hidden_size=896, num_layers=layers, num_heads=14, num_kv_heads=2,
-      head_dim=64, intermediate_size=4864, rope_theta=1e6, max_position_embeddings=32768,
+      vocab_size=VOCAB, num_layers=layers, **SHAPE, rope_theta=1e6, max_position_embeddings=32768,
       tie_embeddings=True, dtype="bfloat16", param_dtype="float32", remat=remat,
       logprob_chunk=chunk, scan_layers=scan, attention_impl="xla")
   model, params = models.init_model(config, abstract=True)
@@ -169,7 +179,12 @@ def main() -> int:
   parser.add_argument("--layer-pair", help="two layer counts, e.g. 2,4: per-layer figures")
   parser.add_argument("--markdown", action="store_true")
   parser.add_argument("--one", help=argparse.SUPPRESS)  # rows,chunk,remat,scan here
+  parser.add_argument("--tiny", action="store_true",
+                      help="a 64-wide 1-layer model, 2 rows, chunks 0 and 16, in this process (CI)")
   args = parser.parse_args()
+  if args.tiny:
+    shrink_to_tiny()
+    args.rows, args.chunks, args.layers, args.remat, args.attention = "2", "0,16", 1, "0", "xla"
   if args.one:
     rows, chunk, remat, scan = (int(x) for x in args.one.split(","))
     print(json.dumps(measure(rows, chunk, args.layers, bool(remat), bool(scan),
@@ -186,7 +201,9 @@ def main() -> int:
             low, high = (_run_one(rows, chunk, n, remat, scan, attention) for n in pair)
             print(json.dumps(per_layer(low, high)), flush=True)
             continue
-          records.append(_run_one(rows, chunk, args.layers, remat, scan, attention))
+          records.append(measure(rows, chunk, args.layers, bool(remat), bool(scan), attention)
+                         if args.tiny else
+                         _run_one(rows, chunk, args.layers, remat, scan, attention))
           print(json.dumps(records[-1]), flush=True)
   if args.markdown:
     print("| tokens | remat | scan | logprob_chunk | attention | temporaries (GiB) | "

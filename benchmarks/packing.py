@@ -8,6 +8,8 @@ Tokens/s counts real prompt + response tokens of the step; the padding fractions
 the learner's own metrics.
 
   python benchmarks/packing.py [--repeats 4] [--warmup 2] [--rows 64] [--response 512]
+  python benchmarks/packing.py --tiny   (CI: 16 rows of up to 64 tokens, a 1-layer 32-wide
+                                         decoder, 1 + 2 steps)
 
 Steps that compiled a new program (a new buffer count) are not timed. Prints one
 JSON line: per mode the median step time, tokens/s and padding fraction,
@@ -25,10 +27,12 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODEL = dict(vocab_size=4096, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
+             head_dim=64, intermediate_size=768)
 
 
 def make_learner(packed: bool, minibatches: int, micro_batches: int):
-  """A GRPO PPOLearner (actor only) on a fresh 4-layer model."""
+  """A GRPO PPOLearner (actor only) on a fresh 4-layer model (`MODEL`)."""
   import jax
 
   from rlhf_jax import models
@@ -42,8 +46,7 @@ def make_learner(packed: bool, minibatches: int, micro_batches: int):
   c.train.minibatches, c.train.micro_batches = minibatches, micro_batches
   c.algorithm.kl.placement = "none"
   c.algorithm.overlong.penalty = False
-  config = models.DecoderConfig(vocab_size=4096, hidden_size=256, num_layers=4, num_heads=4,
-                                num_kv_heads=2, head_dim=64, intermediate_size=768)
+  config = models.DecoderConfig(**MODEL)
   model, params = models.init_model(config, seed=0)
   mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
   actor = ppo_learner.actor_role(model, params, optim.make_optimizer(1e-6, max_grad_norm=1.0),
@@ -77,7 +80,12 @@ def main() -> int:
   parser.add_argument("--warmup", type=int, default=2, help="steps not timed (compiles)")
   parser.add_argument("--rows", type=int, default=64)
   parser.add_argument("--response", type=int, default=512)
+  parser.add_argument("--tiny", action="store_true", help="toy sizes (CI)")
   args = parser.parse_args()
+  if args.tiny:
+    args.rows, args.response, args.repeats, args.warmup = 16, 64, 2, 1
+    MODEL.update(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                 intermediate_size=64)
   import jax
 
   learners = {mode: make_learner(mode == "packed", 2, 2) for mode in ("padded", "packed")}
@@ -105,6 +113,10 @@ def main() -> int:
             "real_tokens_per_step": statistics.median(tokens),
             "steps_timed": {mode: len(runs) for mode, runs in times.items()},
             "steps_that_compiled": compiled}
+  if not all(times.values()):  # every step compiled a new program: nothing steady to time
+    result["note"] = "no steady step was timed: raise --repeats"
+    print(json.dumps(result))
+    return 0
   for mode, runs in times.items():
     result[f"{mode}_s_median"] = statistics.median(runs)
     result[f"{mode}_tokens_per_s"] = statistics.median(tokens) / statistics.median(runs)

@@ -17,6 +17,11 @@ batching: tokens/s and slot utilisation (emitted tokens / slot-steps).
       [--peer-python /tmp/venv_peers/bin/python] [--skip-peer] [--skip-long-tail]
 
 Prints one JSON line per workload.
+
+  python benchmarks/sampling.py --tiny   (CI: the same code on a 1-layer, 32-wide
+      checkpoint of our own making, 4 prompts of 8 tokens, 8 new tokens, a long tail of
+      8 requests of at most 16 tokens; the transformers peer is skipped and the record
+      says so)
 """
 
 from __future__ import annotations
@@ -35,11 +40,24 @@ from common import BENCH
 from common import default_peer_python
 from common import ensure_bench_model
 from common import peer_env
+from common import peer_skipped
 from common import run_json
+from common import tiny_model_dir
 
 N_PARAMS = 24_656_384
 BATCH, PROMPT_LEN, NEW_TOKENS = 32, 64, 256
 NOMINAL_FLOPS = 2 * N_PARAMS * BATCH * (PROMPT_LEN + NEW_TOKENS)  # workloads.md W1
+LONG_TAIL_REQUESTS, LONG_TAIL_MEDIAN, LONG_TAIL_CAP = 64, 96, 512
+
+
+def shrink_to_tiny(n_params: int) -> None:
+  """--tiny: W1 and the long tail at toy sizes (the FLOPs of the tiny checkpoint's
+  `n_params`)."""
+  global N_PARAMS, BATCH, PROMPT_LEN, NEW_TOKENS, NOMINAL_FLOPS
+  global LONG_TAIL_REQUESTS, LONG_TAIL_MEDIAN, LONG_TAIL_CAP
+  N_PARAMS, BATCH, PROMPT_LEN, NEW_TOKENS = n_params, 4, 8, 8
+  NOMINAL_FLOPS = 2 * N_PARAMS * BATCH * (PROMPT_LEN + NEW_TOKENS)
+  LONG_TAIL_REQUESTS, LONG_TAIL_MEDIAN, LONG_TAIL_CAP = 8, 6, 16
 
 
 def xla_decode_gemm_gflops(repeats: int = 200) -> float:
@@ -94,17 +112,18 @@ def run_w1(model, params, prompts: np.ndarray, steps_per_sync: int) -> dict:
 
 
 def run_long_tail(model, params, continuous: bool, steps_per_sync: int) -> dict:
-  """64 requests with log-normal max_new_tokens (capped at 512) on 32 slots, after warmup."""
+  """64 requests with log-normal max_new_tokens (median 96, capped at 512) on 32 slots,
+  after warmup (`LONG_TAIL_*`, `BATCH` slots)."""
   from rlhf_jax import sampling
   from rlhf_jax.sampling.scheduler import Scheduler
 
   rng = np.random.default_rng(7)
-  requests = 64
-  lengths = np.minimum(np.round(rng.lognormal(mean=np.log(96), sigma=0.9, size=requests)),
-                       512).astype(int)
+  requests = LONG_TAIL_REQUESTS
+  lengths = np.minimum(np.round(rng.lognormal(mean=np.log(LONG_TAIL_MEDIAN), sigma=0.9,
+                                              size=requests)), LONG_TAIL_CAP).astype(int)
   lengths = np.maximum(lengths, 1)
-  prompts = rng.integers(3, 4096, size=(requests, PROMPT_LEN))
-  engine = sampling.Engine(model, num_slots=BATCH, cache_length=PROMPT_LEN + 512)
+  prompts = rng.integers(3, model.config.vocab_size, size=(requests, PROMPT_LEN))
+  engine = sampling.Engine(model, num_slots=BATCH, cache_length=PROMPT_LEN + LONG_TAIL_CAP)
   params_list = [sampling.SamplingParams(temperature=1.0, max_new_tokens=int(n),
                                          stop_token_ids=(0,), seed=i)
                  for i, n in enumerate(lengths)]
@@ -134,14 +153,25 @@ def main() -> int:
   parser.add_argument("--steps-per-sync", type=int, default=32)
   parser.add_argument("--skip-peer", action="store_true")
   parser.add_argument("--skip-long-tail", action="store_true")
+  parser.add_argument("--tiny", action="store_true",
+                      help="a tiny checkpoint and workload, our side only (CI)")
   args = parser.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   env = peer_env(args.threads)
-  ensure_bench_model(args.peer_python, args.model_dir, "workload_inputs.npz", env)
+  notes = {}
+  if args.tiny:
+    args.model_dir = tiny_model_dir(args.model_dir, parser.get_default("model_dir"))
+    args.skip_peer, args.repeats, args.steps_per_sync = True, 1, 4
+    notes = peer_skipped("--tiny runs our side only (transformers' side is the full W1)")
+  else:
+    ensure_bench_model(args.peer_python, args.model_dir, "workload_inputs.npz", env)
 
   import jax
 
   import rlhf_jax
+  if args.tiny:
+    from rlhf_jax import models
+    shrink_to_tiny(models.read_hf_config(args.model_dir).num_params())
 
   common = {"threads": args.threads, "backend": jax.default_backend(),
             "versions": {"python": platform.python_version(), "jax": jax.__version__,
@@ -151,7 +181,7 @@ def main() -> int:
   result = {"workload": "W1_generate", "impl": "rlhf_jax", "batch": BATCH,
             "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
             "steps_per_sync": args.steps_per_sync, "loadavg_start": os.getloadavg()[0],
-            **common}
+            **common, **notes}
   peaks = [] if args.skip_peer else run_json(
       [args.peer_python, str(BENCH / "matmul_peak.py"), "--threads", str(args.threads)], env)
   ours_runs, peer_runs, ratios = [], [], []
@@ -193,7 +223,8 @@ def main() -> int:
 
   if not args.skip_long_tail:
     for continuous in (True, False):
-      line = {"workload": "long_tail_generate", "impl": "rlhf_jax", "requests": 64,
+      line = {"workload": "long_tail_generate", "impl": "rlhf_jax",
+              "requests": LONG_TAIL_REQUESTS,
               "num_slots": BATCH, "loadavg_start": os.getloadavg()[0], **common,
               **run_long_tail(model, params, continuous, min(args.steps_per_sync, 8))}
       print(json.dumps(line), flush=True)

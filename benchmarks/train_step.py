@@ -13,6 +13,9 @@ the peer keeps its own environment unless --peer-resident-malloc.
 
   python benchmarks/train_step.py [--model-dir /tmp/bench_model] [--repeats 2]
       [--peer-python /tmp/venv_peers/bin/python] [--skip-peer] [--dtype float32]
+  python benchmarks/train_step.py --tiny   (CI: the same step on a 1-layer, 32-wide
+      checkpoint of our own making, 4 rows of 8 + 8 tokens, 1 warm-up and 1 timed step;
+      the PyTorch peer is skipped and the record says so)
 """
 
 from __future__ import annotations
@@ -31,11 +34,21 @@ from common import BENCH
 from common import default_peer_python
 from common import ensure_bench_model
 from common import peer_env
+from common import peer_skipped
 from common import run_json
+from common import tiny_model_dir
 
 PROMPT_LEN, BATCH, SEQ = 64, 16, 320
 CLIP_EPS, LR, MAX_GRAD_NORM = 0.2, 1e-6, 1.0
 NOMINAL_FLOPS = 6 * 24_656_384 * BATCH * SEQ  # 6N per token (workloads.md)
+WARMUP, TIMED = 2, 5  # steps per round
+
+
+def shrink_to_tiny(n_params: int) -> None:
+  """--tiny: W2 at toy sizes (the FLOPs of the tiny checkpoint's `n_params`)."""
+  global PROMPT_LEN, BATCH, SEQ, NOMINAL_FLOPS, WARMUP, TIMED
+  PROMPT_LEN, BATCH, SEQ, WARMUP, TIMED = 8, 4, 16, 1, 1
+  NOMINAL_FLOPS = 6 * n_params * BATCH * SEQ
 
 
 def build_step(model):
@@ -68,12 +81,15 @@ def build_step(model):
   return optimizer, jax.jit(step, donate_argnums=(0, 1))
 
 
-def run_ours(model_dir: str, dtype: str, warmup: int = 2, timed: int = 5) -> dict:
+def run_ours(model_dir: str, dtype: str, warmup: int | None = None,
+             timed: int | None = None) -> dict:
   """W2: compile, `warmup` untimed steps, `timed` timed steps; per-step times and losses."""
   import jax
 
   from rlhf_jax import models
 
+  warmup = WARMUP if warmup is None else warmup
+  timed = TIMED if timed is None else timed
   overrides = {} if dtype == "float32" else {"dtype": dtype}
   model, params = models.load_hf_checkpoint(model_dir, **overrides)
   inputs = np.load(os.path.join(model_dir, "workload_inputs.npz"))
@@ -110,15 +126,26 @@ def main() -> int:
   parser.add_argument("--skip-peer", action="store_true")
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                       help="compute dtype for ours (float32 is the headline figure)")
+  parser.add_argument("--tiny", action="store_true",
+                      help="a tiny checkpoint and batch, our side only (CI)")
   args = parser.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   # Unless asked, the peer runs with the environment it was given.
   env = peer_env(args.threads, original_malloc=not args.peer_resident_malloc)
-  ensure_bench_model(args.peer_python, args.model_dir, "workload_inputs.npz", env)
+  notes = {}
+  if args.tiny:
+    args.model_dir = tiny_model_dir(args.model_dir, parser.get_default("model_dir"))
+    args.skip_peer, args.repeats = True, 1
+    notes = peer_skipped("--tiny runs our side only (PyTorch's side is the full W2)")
+  else:
+    ensure_bench_model(args.peer_python, args.model_dir, "workload_inputs.npz", env)
 
   import jax
 
   import rlhf_jax
+  if args.tiny:
+    from rlhf_jax import models
+    shrink_to_tiny(models.read_hf_config(args.model_dir).num_params())
 
   result = {"workload": "W2_train_step", "impl": "rlhf_jax", "dtype": args.dtype,
             "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
@@ -127,7 +154,7 @@ def main() -> int:
             "threads": args.threads, "loadavg_start": os.getloadavg()[0],
             "backend": jax.default_backend(), "devices": str(jax.devices()[0]),
             "versions": {"python": platform.python_version(), "jax": jax.__version__,
-                         "rlhf_jax": rlhf_jax.__version__}}
+                         "rlhf_jax": rlhf_jax.__version__}, **notes}
   peaks = [] if args.skip_peer else run_json(
       [args.peer_python, str(BENCH / "matmul_peak.py"), "--threads", str(args.threads)], env)
   ours_runs, peer_runs, ratios = [], [], []
