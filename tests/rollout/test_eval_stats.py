@@ -146,3 +146,13 @@ def test_markdown_table_gives_value_and_interval_in_percent():
   cells = [c.strip() for c in lines[2].split("|")[1:-1]]
   low, high = out["interval"]["avg@2"]["low"], out["interval"]["avg@2"]["high"]
   assert cells[0] == "policy" and cells[2] == f"75.0 [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def test_a_table_that_cannot_tell_no_answers_reports_no_rate():
+  episodes = table([[1, 0], [0, 0]])
+  episodes.no_answer = None  # whole episodes: the final answer is not read
+  figures = eval_stats.point_figures(episodes)
+  assert "no_answer_rate" not in figures and figures["avg@2"] == 0.25
+  out = eval_stats.report(episodes, greedy=episodes, resamples=50)
+  assert "greedy_no_answer_rate" not in out and out["greedy_accuracy"] == 0.25
+  assert eval_stats.point_figures(table([[1, 0]]))["no_answer_rate"] == 0.0
