@@ -93,13 +93,25 @@ RUN_OUTPUTS = ("checkpoints", "corrupt_checkpoints", "metrics.jsonl", "rollouts.
 
 
 def start_over(workdir: str, lock: WorkdirLock, *, also: tuple[str, ...] = (),
-               log=print) -> list[str]:
+               inputs: dict[str, str] | None = None, log=print) -> list[str]:
   """Removes what a run wrote in `workdir` (RUN_OUTPUTS, plus the names in `also`, e.g.
   the warm start the run trained) so that the next run starts from step 0 (`--overwrite`).
   Only while `lock` (the workdir's) is held: no trainer is writing there. Names only, in
-  the workdir itself: a symlink is removed, never followed. Returns what it removed."""
+  the workdir itself: a symlink is removed, never followed. `inputs` (config field →
+  path it reads): an output that is or holds one of them is refused, before anything is
+  removed (a ConfigError naming the field: `model.checkpoint=<workdir>/policy`). Returns
+  what it removed."""
   if lock.file is None:
     raise RuntimeError("start_over needs the workdir's lock held (WorkdirLock.acquire)")
+  root = os.path.realpath(workdir)
+  for name in RUN_OUTPUTS + tuple(also):
+    output = os.path.join(root, name)
+    for field, path in (inputs or {}).items():
+      read = os.path.realpath(path)
+      if not os.path.islink(output) and (read == output or read.startswith(output + os.sep)):
+        raise ConfigError(f"config.{field}: {path!r} is in {name!r} of --workdir={workdir}, "
+                          "which --overwrite would remove; point the field elsewhere or "
+                          "remove the workdir by hand")
   removed = []
   for name in RUN_OUTPUTS + tuple(also):
     path = os.path.join(os.path.abspath(workdir), name)

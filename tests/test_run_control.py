@@ -112,3 +112,22 @@ def test_a_trainer_takes_over_its_launchers_lock_and_gives_it_back(tmp_path):
   with pytest.raises(ConfigError, match="no policy checkpoint"):  # past the lock
     loop.Trainer(config, str(tmp_path), log=print, scorer=scorer(config), lock=lock)
   assert lock.file is None  # released with the failed trainer
+
+
+def test_overwrite_refuses_to_remove_an_input_the_config_reads(tmp_path):
+  workdir = tmp_path / "run"
+  (workdir / "policy").mkdir(parents=True)
+  (workdir / "metrics.jsonl").write_text("{}\n")
+  lock = run_control.WorkdirLock(str(workdir))
+  lock.acquire()
+  try:
+    with pytest.raises(ConfigError, match=r"config\.model\.checkpoint: .* is in 'policy' of "
+                                          r"--workdir=.*which --overwrite would remove"):
+      run_control.start_over(str(workdir), lock,
+                             inputs={"model.checkpoint": str(workdir / "policy")})
+    assert (workdir / "metrics.jsonl").exists()  # refused before anything was removed
+    removed = run_control.start_over(str(workdir), lock,
+                                     inputs={"data.train_file": str(tmp_path / "x.jsonl")})
+    assert set(removed) == {"policy", "metrics.jsonl"}
+  finally:
+    lock.release()

@@ -190,10 +190,15 @@ class _Output:
     self.total = 0
 
   def drain(self, fd: int) -> None:
-    while chunk := os.read(fd, 65536):
-      self.total += len(chunk)
-      if len(self.kept) < OUTPUT_BYTES:
-        self.kept += chunk[:OUTPUT_BYTES - len(self.kept)]
+    """Reads `fd` to its end, then closes it (the thread owns it: a process that escaped
+    the group may hold the pipe open past the call, and the fd must not be reused then)."""
+    try:
+      while chunk := os.read(fd, 65536):
+        self.total += len(chunk)
+        if len(self.kept) < OUTPUT_BYTES:
+          self.kept += chunk[:OUTPUT_BYTES - len(self.kept)]
+    finally:
+      os.close(fd)
 
   def text(self) -> str:
     return bytes(self.kept).decode("utf-8", "replace")
@@ -227,8 +232,7 @@ def _guarded_call():
     os.dup2(saved[1], 2)
     for fd in saved:
       os.close(fd)
-    reader.join(1.0)
-    os.close(read_end)
+    reader.join(1.0)  # the reader closes read_end itself
 
 
 def _safe_repr(value: Any) -> str:
@@ -271,11 +275,8 @@ def _plain_verl(value: Any) -> Any:
   kept = {k: value[k] for k in keys if k in ("score", "acc")}
   kept.update({k: value[k] for k in keys[:_MAX_EXTRAS] if k not in kept})
   out = {}
-  for key, item in kept.items():
-    if isinstance(item, bool):
-      out[key] = bool(item)
-    else:
-      out[key] = plain_value(item)
+  for key, item in kept.items():  # a bool stays one only as the verdict ("acc")
+    out[key] = bool(item) if key == "acc" and isinstance(item, bool) else plain_value(item)
   return {"dict": out, "keys": sorted(keys)[:8]}
 
 
@@ -289,11 +290,15 @@ def call_trl(spec: str, kwargs: dict[str, list]) -> dict[str, Any]:
   sample a `plain_value`, or None when the result is no list, "error": "" or why the call
   failed, "output": what it printed (first OUTPUT_BYTES), "output_bytes": how much}."""
   fn = load_callable(spec)
+  result, raised = None, ""
   with _guarded_call() as output:
     try:
       result = _resolved(fn(**_accepted(fn, kwargs)))
     except BaseException as error:  # pylint: disable=broad-except  # user code
-      return _report(output, values=None, error=f"raised {describe_error(error)}")
+      raised = f"raised {describe_error(error)}"
+  # Reported after the block: only then is everything the call printed read.
+  if raised:
+    return _report(output, values=None, error=raised)
   values = plain_list(result)
   error = "" if values is not None else (f"returned {type(result).__name__}, not a list of "
                                          "rewards")

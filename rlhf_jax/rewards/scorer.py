@@ -164,7 +164,9 @@ class FailureStreak:
     """After a step of `samples` scored samples with these failure reasons (non-empty
     ones): None, or the one-line reason to stop."""
     failed = [f for f in failures if f]
-    self.steps = self.steps + 1 if samples and len(failed) >= samples else 0
+    if not samples:  # nothing finished (T-PPO windows): no evidence either way
+      return None
+    self.steps = self.steps + 1 if len(failed) >= samples else 0
     if not self.limit or self.steps < self.limit:
       return None
     return (f"every sample's reward failed in {self.steps} steps in a row "

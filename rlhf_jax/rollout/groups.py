@@ -139,7 +139,8 @@ class DynamicSamplingRollout(GroupRollout):
   def next_groups(self) -> tuple[list[Group], dict[str, float]]:
     wanted = self.prompts_per_step
     kept, metrics = self.take_buffered(wanted)
-    generated = qualified = rounds = fruitless = correct = samples = 0
+    generated = qualified = rounds = fruitless = correct = samples = failed = 0
+    first_failure = ""
     while len(kept) < wanted:
       groups = self.generator.generate_groups(self.stream.take(wanted * self.oversample))
       # Without set_step (a caller other than the loop) the newest sample tells the version.
@@ -148,6 +149,9 @@ class DynamicSamplingRollout(GroupRollout):
       generated += len(groups)
       correct += sum(sum(g.correct) for g in groups)
       samples += sum(len(g.correct) for g in groups)
+      reasons = [f for g in groups for f in g.failures if f]
+      failed += len(reasons)
+      first_failure = first_failure or (reasons[0] if reasons else "")
       good = [g for g in groups if has_signal(g, self.signal)]
       qualified += len(good)
       fruitless = 0 if good else fruitless + 1
@@ -156,7 +160,9 @@ class DynamicSamplingRollout(GroupRollout):
             f"dynamic sampling: {fruitless} generation rounds in a row gave no group whose "
             f"{'rewards' if self.signal == 'reward' else 'correctness'} varied "
             f"(rollout.dynamic.signal={self.signal!r}, rollout.dynamic.max_rounds="
-            f"{self.max_rounds}); the data is too easy or too hard for the policy.")
+            f"{self.max_rounds}); "
+            + (f"{failed} of {samples} samples' rewards failed, the first: {first_failure[:300]}"
+               if failed else "the data is too easy or too hard for the policy."))
       kept.extend(good)
     surplus = kept[wanted:]
     if self.keep_surplus:

@@ -77,13 +77,17 @@ def _serve(connection, initializer=None, plain: bool = False) -> None:
   # A terminal's Ctrl-C reaches the whole process group: the trainer decides what it
   # means (training/loop.py finishes the step), so a call in flight must not die of it.
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  # In plain mode even the start-up messages are JSON: the initializer runs user code
+  # (a reward function's import), which must not get a pickle to the parent either.
+  say = ((lambda message: connection.send_bytes(json.dumps(message).encode())) if plain
+         else connection.send)
   if initializer is not None:
     try:
       initializer[0](*initializer[1])
     except BaseException as error:  # the parent reports the worker as not started
-      connection.send(("init_error", describe_error(error)))
+      say(["init_error", describe_error(error)])
       return
-  connection.send(_READY)
+  say(_READY)
   while True:
     try:
       fn, args = connection.recv()
@@ -96,6 +100,10 @@ def _serve(connection, initializer=None, plain: bool = False) -> None:
     _send(connection, reply, plain)
 
 
+class _MalformedReply(ValueError):
+  """A plain-mode reply that is not the [status, value] JSON a worker of ours sends."""
+
+
 class WorkerStartError(RuntimeError):
   """A worker process died or hung before it could take calls."""
 
@@ -103,6 +111,7 @@ class WorkerStartError(RuntimeError):
 class _Worker:
 
   def __init__(self, context, initializer=None, plain: bool = False):
+    self.plain = plain
     self.connection, child = context.Pipe()
     self.process = context.Process(target=_serve, args=(child, initializer, plain),
                                    daemon=True)
@@ -117,12 +126,17 @@ class _Worker:
     message = None
     try:
       if self.connection.poll(timeout_s):
-        message = self.connection.recv()
+        message = (json.loads(self.connection.recv_bytes(4096)) if self.plain
+                   else self.connection.recv())
     except (EOFError, OSError):
       pass
-    if isinstance(message, tuple) and message[0] == "init_error":
+    except ValueError:  # plain mode: not JSON, which no worker of ours sends
       self.kill()
-      raise WorkerStartError(f"a worker process could not start: {message[1]}")
+      raise WorkerStartError("a worker process sent a malformed start-up message (its "
+                             "initializer's user code wrote to the worker's pipe)") from None
+    if isinstance(message, (tuple, list)) and len(message) == 2 and message[0] == "init_error":
+      self.kill()
+      raise WorkerStartError(f"a worker process could not start: {str(message[1])[:300]}")
     if message != _READY:
       exitcode = self.process.exitcode
       self.kill()
@@ -205,6 +219,9 @@ class KillablePool:
         if worker.connection in ready:
           try:
             results[index] = self._receive(worker)
+          except _MalformedReply as malformed:  # the stream cannot be trusted after it
+            results[index] = ("error", f"worker sent a malformed reply ({malformed})")
+            self._replace(slot)
           except (EOFError, OSError):
             worker.process.join(1.0)  # its pipe closes before it is reaped: wait for the code
             results[index] = ("error", f"worker died (exit code {worker.process.exitcode})")
@@ -226,8 +243,17 @@ class KillablePool:
     if not self.plain_results:
       return worker.connection.recv()
     # maxlength: a reply longer than the worker may send is a broken worker (OSError).
-    status, value = json.loads(worker.connection.recv_bytes(MAX_PLAIN_RESULT_BYTES + 1024))
-    return str(status), value
+    data = worker.connection.recv_bytes(MAX_PLAIN_RESULT_BYTES + 1024)
+    try:
+      reply = json.loads(data)
+    except ValueError:
+      raise _MalformedReply("not JSON") from None
+    if (not isinstance(reply, list) or len(reply) != 2
+        or reply[0] not in ("ok", "error")):
+      raise _MalformedReply("not a [status, value] pair")
+    if reply[0] == "error" and not isinstance(reply[1], str):
+      raise _MalformedReply("an error without a reason")
+    return reply[0], reply[1]
 
   def _replace(self, slot: int) -> None:
     self._workers[slot].kill()

@@ -26,6 +26,7 @@ from rlhf_jax import file_checks
 from rlhf_jax import launch_support
 from rlhf_jax import models
 from rlhf_jax import parallel
+from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import run_control
 from rlhf_jax.algorithms.sft import run_sft
 from rlhf_jax.algorithms.sft import supervised_batches
@@ -106,7 +107,8 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
   if main_process:  # warm start, DPO / DQO offline data: once, in the shared workdir
     lock.acquire()  # before the warm start: a second launch must not train it as well
     if overwrite:  # what the run wrote goes, once no trainer can be writing it
-      run_control.start_over(workdir, lock, also=_warm_start_outputs(config), log=emit)
+      run_control.start_over(workdir, lock, also=_warm_start_outputs(config),
+                             inputs=_config_paths(config), log=emit)
     prepare_run(config, workdir, log=emit)
   parallel.barrier("prepared")
   trainer = Trainer(config, workdir, log=emit, progress=progress, lock=lock, scorer=scorer)
@@ -118,6 +120,14 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
          f"{summary['seconds']:.0f} s of RL; policy in {summary['policy']}")
   emit(json.dumps({"event": "done", **summary}))
   return summary
+
+
+def _config_paths(c) -> dict[str, str]:
+  """Every config field whose value is a path that exists (a checkpoint, a data file):
+  what `--overwrite` must not remove."""
+  flat = loggers_lib.flatten_config(c.to_dict())
+  return {field: value for field, value in flat.items()
+          if isinstance(value, str) and value and os.path.exists(value)}
 
 
 def _warm_start_outputs(c) -> tuple[str, ...]:

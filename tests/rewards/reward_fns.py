@@ -124,3 +124,14 @@ def chatty(prompts, completions, **kwargs):
     print("x" * 1023)
   sys.stderr.write("done\n")
   return [1.0] * len(completions)
+
+
+def prints_then_raises(prompts, completions, **kwargs):
+  """Prints a diagnostic, then raises: the diagnostic is what the user needs to see."""
+  print("diagnostic: the answer column is missing")
+  raise KeyError("answer")
+
+
+def verl_bool_score(data_source, solution_str, ground_truth, extra_info=None):
+  """verl's dict with a bool score (a bare True is 1.0 too)."""
+  return {"score": solution_str == ground_truth} if solution_str else True

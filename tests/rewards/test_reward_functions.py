@@ -321,3 +321,28 @@ def test_the_new_reward_fields_are_checked(field, value, message):
   c.reward[field] = value
   with pytest.raises(ConfigError, match=f"config.reward.{field}: invalid value .*{message}"):
     validate_config(c)
+
+
+def test_what_a_function_printed_before_it_raised_is_shown(caplog):
+  examples, completions = rows("a", "b")
+  with scorer("prints_then_raises") as s:
+    out = s.score(examples, completions)
+    assert out.failures[0] == "reward.function prints_then_raises: raised KeyError: 'answer'"
+    with caplog.at_level("WARNING", logger="rlhf_jax.rewards"):
+      s.pop_metrics()
+  assert any("diagnostic: the answer column is missing" in m for m in caplog.messages)
+
+
+def test_a_verl_bool_score_is_a_number():
+  examples, completions = rows("0", "x")  # answers "0", "1"
+  with scorer("verl_bool_score") as s:
+    out = s.score(examples, completions)
+  assert out.scores == [1.0, 0.0] and out.failures == ["", ""]
+
+
+def test_a_step_with_nothing_finished_neither_counts_nor_resets_the_streak():
+  from rlhf_jax.rewards.scorer import FailureStreak
+  streak = FailureStreak(2)
+  assert streak.update(4, ["x"] * 4) is None
+  assert streak.update(0, []) is None  # T-PPO: no response finished this step
+  assert streak.update(4, ["x"] * 4) is not None

@@ -89,6 +89,16 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_vary_by_default():
   assert kept == [equal, equal]
 
 
+def test_dynamic_sampling_that_finds_nothing_because_every_reward_failed_says_why():
+  n = 2
+  failed = Group(Example("q", "1", "f"), [1], [[2]] * n, [[0.0]] * n, [-1.0] * n,
+                 [False] * n, [False] * n, ["reward.function f: raised KeyError: 'answer'"] * n)
+  rollout = dynamic([[failed] * 6] * 2, max_rounds=2)
+  with pytest.raises(NoSignalError, match="24 of 24 samples' rewards failed, the first: "
+                                          "reward.function f: raised KeyError: 'answer'"):
+    rollout.next_groups()
+
+
 def test_dynamic_sampling_signal_is_checked():
   with pytest.raises(ConfigError, match=r"config\.rollout\.dynamic\.signal: invalid value "
                                         "'std': must be one of reward, accuracy"):

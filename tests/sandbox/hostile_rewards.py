@@ -59,3 +59,20 @@ def floods_stdout(prompts, completions, **kwargs):
   os.write(1, b"y" * (25 * 2**20))
   subprocess.run(["head", "-c", str(25 * 2**20), "/dev/zero"], check=True)
   return [1.0] * len(completions)
+
+
+def _parent_connection():
+  """The worker's pipe to the trainer, found where user code can find it: up the stack."""
+  import sys  # pylint: disable=import-outside-toplevel
+  frame = sys._getframe()  # pylint: disable=protected-access
+  while frame is not None:
+    if "connection" in frame.f_locals and hasattr(frame.f_locals["connection"], "send_bytes"):
+      return frame.f_locals["connection"]
+    frame = frame.f_back
+  raise RuntimeError("no connection found")
+
+
+def writes_garbage_to_its_pipe(prompts, completions, **kwargs):
+  """Sends bytes that are not the worker's reply before returning normally."""
+  _parent_connection().send_bytes(b"\x80\x04not json at all")
+  return [1.0] * len(completions)

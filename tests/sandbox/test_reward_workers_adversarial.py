@@ -96,3 +96,26 @@ def test_a_flood_of_output_is_counted_not_kept(caplog, capfd):
   assert len(shown) < 5000
   captured = capfd.readouterr()
   assert len(captured.out) + len(captured.err) < 10_000
+
+
+def test_a_pickle_sent_at_import_is_never_unpickled_by_the_trainer(tmp_path, monkeypatch):
+  from rlhf_jax.sandbox.workers import WorkerStartError
+  marker = tmp_path / "ran"
+  monkeypatch.setenv("HOSTILE_MARKER", str(marker))
+  # Built by hand: loading it here would run its import in the trainer (parse_functions
+  # imports each module once to check its signature); only the worker's import is hostile.
+  function = functions.RewardFunction("tests.sandbox.hostile_reward_import:score", "score",
+                                      "trl")
+  with FunctionScorer([function], render_prompt=str, encode=list, workers=1) as s, \
+      pytest.raises(WorkerStartError, match="malformed start-up message"):
+    s.score(*samples())
+  assert not marker.exists()
+
+
+def test_garbage_on_the_pipe_fails_the_call_not_the_run():
+  with scorer("writes_garbage_to_its_pipe") as s:
+    out = s.score(*samples())
+    assert out.failures[0] == ("reward.function writes_garbage_to_its_pipe: worker sent a "
+                               "malformed reply (not JSON)"), out.failures
+    with scorer("leaves_a_process") as t:  # the pool goes on
+      assert t.score(*samples()).failures == ["", ""]
