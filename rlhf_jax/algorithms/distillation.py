@@ -92,6 +92,13 @@ def is_distilling(algorithm) -> bool:
   return estimators.estimator(algorithm.advantage.estimator).fn is distill_advantages
 
 
+def is_pure_distillation(algorithm) -> bool:
+  """Whether the run distils with no task term (`algorithm.distill.task_coef` = 0): its
+  signal, the teacher's per-token term, is dense in every group."""
+  return (is_distilling(algorithm) and SECTION in algorithm
+          and algorithm[SECTION].task_coef == 0)
+
+
 def check_distill_fields(section: ml_collections.ConfigDict) -> None:
   """`algorithm.distill.*` alone: the task term's weight and estimator (one that needs
   neither a critic nor a reference: the task term reads the verifier's scores)."""
@@ -124,13 +131,6 @@ def validate_distill(c) -> None:
   if is_distilling(a) and not d.teacher:
     invalid(TEACHER_FIELD, d.teacher, "a teacher checkpoint directory is required for "
             f"algorithm.advantage.estimator={NAME!r}")
-  if is_distilling(a) and d.task_coef == 0 and c.rollout.mode == "dynamic":
-    # The teacher's per-token term is nonzero in every group, so "keep the groups whose
-    # reward varies" filters on a reward that trains nothing.
-    invalid("rollout.mode", c.rollout.mode, "must not be 'dynamic' with pure distillation "
-            f"(algorithm.advantage.estimator={NAME!r}, algorithm.distill.task_coef=0): "
-            "every group carries the teacher's signal; use 'groups', or a task term "
-            "(algorithm.distill.task_coef > 0)")
   if is_distilling(a) and d.task_coef > 0:
     if estimators.estimator(d.task_estimator).group_based and c.rollout.group_size < 2:
       invalid("rollout.group_size", c.rollout.group_size, "must be >= 2 for algorithm."

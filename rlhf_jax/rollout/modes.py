@@ -131,6 +131,9 @@ class RolloutMode:
     fixed_data: it trains on the labelled groups of `data.offline_file` (or the warm
       start's, labelled first: training/stages.py), sampling nothing: no look-ahead, no
       reference from the sampler, and the learners' offline rules apply (DPO, DQO).
+    filters_groups: it keeps only the groups whose rewards (or correctness) vary, as
+      dynamic sampling does: a reward that every group varies in (pure distillation's
+      per-token teacher term) leaves it nothing to filter.
     learners: learners that train from it besides those whose registry spec lists it.
     evaluator: `(c, parts, held_out, scorer) -> evaluate(samples=, temperature=, seed=)`.
     check_data: `(c, prompts, *, pairs) -> None`: the files it reads, checked before any
@@ -144,6 +147,7 @@ class RolloutMode:
   allows_staleness: bool = True
   needs_critic: bool = False
   fixed_data: bool = False
+  filters_groups: bool = False
   learners: tuple[str, ...] = ()
   evaluator: Callable[..., Evaluate] = per_sample_evaluator
   check_data: Callable[..., None] | None = None
@@ -283,7 +287,8 @@ def _check_offline_file(c, prompts, *, pairs: bool) -> None:
 
 
 register_rollout_mode(RolloutMode(name="groups", build=_groups))
-register_rollout_mode(RolloutMode(name="dynamic", build=_dynamic, validate=_validate_dynamic))
+register_rollout_mode(RolloutMode(name="dynamic", build=_dynamic, validate=_validate_dynamic,
+                                  filters_groups=True))
 register_rollout_mode(RolloutMode(name="windows", build=_windows, allows_staleness=False,
                                   needs_critic=True, validate=_validate_windows))
 register_rollout_mode(RolloutMode(

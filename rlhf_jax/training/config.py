@@ -24,6 +24,7 @@ import ml_collections
 
 from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import parallel
+from rlhf_jax.algorithms import distillation
 from rlhf_jax.algorithms import estimators
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import sft as sft_lib
@@ -192,6 +193,13 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
     invalid("sampler.update_policy", c.sampler.update_policy, "must be 'swap_now' with "
             "rollout.partial_rollouts=True (samples in flight take the new weights)")
   fit_sampler_sizes(c)
+  mode = rollout_modes.rollout_mode(c)
+  if not supervised and mode.filters_groups and distillation.is_pure_distillation(c.algorithm):
+    # The teacher's per-token term is nonzero in every group: "keep the groups whose
+    # reward varies" filters on a reward that trains nothing.
+    invalid("rollout.mode", mode.name, "must not filter groups (dynamic sampling) with pure "
+            "distillation (algorithm.distill.task_coef=0): every group carries the teacher's "
+            "signal; use 'groups', or a task term (algorithm.distill.task_coef > 0)")
   if supervised and c.variant == "hf" and not c.sft.train_file:
     invalid("sft.train_file", c.sft.train_file, "a file of conversations or prompt/"
             "completion pairs is required for the hf variant's SFT")
