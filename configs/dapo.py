@@ -19,7 +19,8 @@ def get_config(variant: str = "arith"):
   a.policy_loss.clip_high = 0.28  # ε_high, clip-higher (§3.1).
   a.policy_loss.agg = "token-mean"  # Token-level policy-gradient loss (§3.3, Eq. 12).
   a.kl.placement = "none"  # No KL term, no reference model (§2.3).
-  c.rollout.mode = "dynamic"  # Keep groups with 0 < #correct < G (§3.2).
+  # Keep groups whose rewards vary (§3.2; with the ±1 verifier reward, 0 < #correct < G).
+  c.rollout.mode = "dynamic"
   c.rollout.dynamic.max_rounds = 10  # verl's max_num_gen_batches.
   # Soft overlong punishment (§3.4, Eq. 13): paper L_cache 4096 of L_max 20480; the hf
   # variant keeps that fifth of its response cap (rollout.max_new_tokens).
