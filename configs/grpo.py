@@ -3,6 +3,7 @@
   python launch/train.py --config=configs/grpo.py:arith --workdir=/tmp/grpo
   python launch/train.py --config=configs/grpo.py:hf --config.model.checkpoint=DIR \
       --config.data.train_file=prompts.jsonl --workdir=DIR
+  (configs/grpo.py:hf,cpu: the same, shrunk to two CPU cores by training/overlays.py)
 
 The paper's KL loss (β = 0.04, k3) is on; Dr. GRPO (arXiv:2503.20783) is
 `--config.algorithm.advantage.estimator=dr_grpo
