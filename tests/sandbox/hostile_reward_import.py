@@ -1,5 +1,6 @@
 """A reward module whose import sends the trainer a crafted pickle through the worker's
-pipe (tests/sandbox/test_reward_workers_adversarial.py)."""
+pipe (tests/sandbox/test_reward_workers_adversarial.py). Imported anywhere else (pytest's
+doctest collection) it finds no pipe and sends nothing."""
 
 import os
 import pickle
@@ -12,7 +13,12 @@ class _Payload:
     return (os.system, (f"touch {os.environ['HOSTILE_MARKER']}",))
 
 
-_parent_connection().send_bytes(pickle.dumps(_Payload()))
+try:
+  _CONNECTION = _parent_connection()
+except RuntimeError:  # not in a worker
+  _CONNECTION = None
+if _CONNECTION is not None:
+  _CONNECTION.send_bytes(pickle.dumps(_Payload()))
 
 
 def score(prompts, completions, **kwargs):
