@@ -204,4 +204,8 @@ def test_sweep_runs_arms_and_seeds_reuses_finished_runs_and_tabulates(tmp_path):
   assert len(bad.stderr.strip().splitlines()) == 1
   assert bad.stderr.startswith("error: arm 'base': config.algorithm.policy_loss.clip_hihg")
   changed = run("sweep.py", *[a.replace("clip_high=0.2", "clip_high=0.3") for a in args])
-  assert changed.returncode != 0 and "holds a finished run of other settings" in changed.stderr
+  # an arm whose settings changed is refused before any arm runs, by the workdir's rule
+  assert changed.returncode == 2, changed.stderr
+  assert len(changed.stderr.strip().splitlines()) == 1
+  assert ("error: arm 'sym': --workdir=" in changed.stderr and "was made with another "
+          "config: algorithm.policy_loss.clip_high 0.2 → 0.3" in changed.stderr), changed.stderr
