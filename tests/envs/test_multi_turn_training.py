@@ -36,7 +36,8 @@ def test_grpo_trains_on_multi_turn_episodes(tmp_path):
   logged = read_rollouts(str(tmp_path / "rollouts.jsonl"))
   assert [r["step"] for r in logged] == [1, 1, 1, 2, 2, 2]
   for record in logged:
-    assert set(record) == {"step", "reward", "token_ids", "loss_mask", "turns"}
+    assert set(record) == {"step", "reward", "token_ids", "loss_mask", "turns", "failure"}
+    assert record["failure"] == ""  # nothing failed: the environment checks every answer
     assert len(record["loss_mask"]) == len(record["token_ids"])
     turn_ids = [t for turn in record["turns"] for t in turn["token_ids"]]
     assert record["token_ids"][-len(turn_ids):] == turn_ids
