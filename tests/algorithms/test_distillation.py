@@ -138,6 +138,7 @@ def save_arith_model(directory, *, hidden_size, num_layers, num_heads, seed, voc
   return models.load_hf_checkpoint(str(directory))
 
 
+@pytest.mark.slow  # 13 s: two checkpoints loaded and compared leaf by leaf
 def test_the_teacher_role_holds_the_teachers_weights(tmp_path):
   """A teacher twice the student's width and depth from its checkpoint: the learner's
   reference scores a batch exactly as a direct forward of the teacher does, and the
