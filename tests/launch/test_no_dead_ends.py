@@ -9,29 +9,16 @@ import re
 
 import pytest
 
-from absl import flags
-from ml_collections import config_flags
 
-from rlhf_jax import cli
 from rlhf_jax.config_errors import PEER_NAMES
 from rlhf_jax.config_errors import UNKNOWN_FIELD
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.config import validate_config
-from tests.training.runs import ROOT
+from tests.training.runs import parse
 from tests.training.runs import preset
 
 pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
 GRPO = "configs/grpo.py:arith"
-
-
-def parse(spec: str, *overrides: str):
-  """The config a launcher gets from `--config=<spec> <overrides>` (fresh flags)."""
-  argv = ["launcher", f"--config={ROOT / spec}", *overrides]
-  values = flags.FlagValues()
-  holder = config_flags.DEFINE_config_file("config", None, "preset", flag_values=values,
-                                           lock_config=True, sys_argv=argv)
-  cli.parse_flags(argv, values)
-  return holder.value
 
 
 @pytest.mark.parametrize("first, last, expected", [

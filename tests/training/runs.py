@@ -5,6 +5,10 @@ import importlib.util
 import json
 import pathlib
 
+from absl import flags
+from ml_collections import config_flags
+
+from rlhf_jax import cli
 from rlhf_jax.rewards import RewardRouter
 from rlhf_jax.training import loop
 from rlhf_jax.training import stages
@@ -20,6 +24,17 @@ def preset(name, variant="arith"):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(variant)
+
+
+def parse(spec: str, *overrides: str):
+  """The config a launcher gets from `--config=<spec> <overrides>` (fresh flags; `spec`
+  relative to the repository, e.g. "configs/grpo.py:hf,cpu")."""
+  argv = ["launcher", f"--config={ROOT / spec}", *overrides]
+  values = flags.FlagValues()
+  holder = config_flags.DEFINE_config_file("config", None, "preset", flag_values=values,
+                                           lock_config=True, sys_argv=argv)
+  cli.parse_flags(argv, values)
+  return holder.value
 
 
 def shrink(config):

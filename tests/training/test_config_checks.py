@@ -16,12 +16,9 @@ import subprocess
 import sys
 import time
 
-from absl import flags
 import ml_collections
-from ml_collections import config_flags
 import pytest
 
-from rlhf_jax import cli
 from rlhf_jax.config_errors import INVALID_VALUE
 from rlhf_jax.config_errors import UNKNOWN_FIELD
 from rlhf_jax.config_errors import ConfigError
@@ -31,6 +28,7 @@ from rlhf_jax.config_errors import reword
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling.serve_config import validate_serve_config
 from rlhf_jax.training import config as trainer_config
+from tests.training.runs import parse
 
 # ml_collections loads preset files with the deprecated importlib load_module().
 pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
@@ -86,16 +84,6 @@ def required(spec: str, inputs) -> list[str]:
   if name == "distill.py":
     args.append(f"--config.algorithm.distill.teacher={inputs['ckpt']}")
   return args
-
-
-def parse(spec: str, *overrides: str) -> ml_collections.ConfigDict:
-  """The config a launcher gets from `--config=<spec> <overrides>` (fresh flags)."""
-  argv = ["launcher", f"--config={ROOT / 'configs' / spec.split('/')[1]}", *overrides]
-  values = flags.FlagValues()
-  holder = config_flags.DEFINE_config_file("config", None, "preset", flag_values=values,
-                                           lock_config=True, sys_argv=argv)
-  cli.parse_flags(argv, values)
-  return holder.value
 
 
 def validate(spec: str, config) -> None:

@@ -2,27 +2,14 @@
 after the preset's own settings and before the flags (which win); lengths the preset
 derived from the response cap shrink with it; a bad overlay is one line."""
 
-from absl import flags
-from ml_collections import config_flags
 import pytest
 
-from rlhf_jax import cli
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.overlays import CPU_SIZES
-from tests.training.runs import ROOT
+from tests.training.runs import parse
 from tests.training.runs import preset
 
 pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
-
-
-def parse(spec, *overrides):
-  """The config a launcher gets from `--config=<spec> <overrides>` (fresh flags)."""
-  argv = ["launcher", f"--config={ROOT / spec}", *overrides]
-  values = flags.FlagValues()
-  holder = config_flags.DEFINE_config_file("config", None, "preset", flag_values=values,
-                                           lock_config=True, sys_argv=argv)
-  cli.parse_flags(argv, values)
-  return holder.value
 
 
 def test_the_cpu_overlay_sets_its_sizes_after_the_preset():
