@@ -9,11 +9,9 @@ the lines of stderr, the exit status and the seconds it took (the figures of the
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -23,6 +21,7 @@ from rlhf_jax.file_checks import check_checkpoint_dir
 from rlhf_jax.file_checks import check_config_file
 from rlhf_jax.file_checks import check_safetensors
 from rlhf_jax.file_checks import check_workdir
+from tests.launch.malformed import run_case
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROW = {"prompt": "1+2=", "answer": "3", "task": "arith"}
@@ -148,17 +147,6 @@ EXTRA = [
     ("best_of_n: malformed eval_file", "best_of_n.py",
      (*BON, "--config.data.eval_file={d}/malformed.jsonl"), "malformed.jsonl:2"),
 ]
-
-
-def run_case(launcher: str, arguments, files: pathlib.Path, workdir: pathlib.Path,
-             timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
-  """The launcher run in a fresh process on CPU; (its result, seconds)."""
-  args = [a.format(d=files, w=workdir) for a in arguments]
-  start = time.perf_counter()
-  result = subprocess.run([sys.executable, f"launch/{launcher}", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  return result, time.perf_counter() - start
 
 
 @pytest.fixture(scope="module")
