@@ -15,13 +15,11 @@ and exit with status 2.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import hashlib
 import importlib
 import importlib.util
 import os
-import re
 import sys
 import types
 from typing import Any, Callable, Iterable, NoReturn
@@ -56,6 +54,14 @@ def invalid(field: str, value: Any, requirement: str) -> NoReturn:
   names the allowed values or range (and the other fields it depends on)."""
   raise ConfigError(f"config.{field}: {INVALID_VALUE} {show(value)}: {requirement}",
                     field=field, kind=INVALID_VALUE)
+
+
+def unfit(field: str, reason: str) -> NoReturn:
+  """Raises `config.<field>: invalid value: <reason>`, for a value that is valid on its own
+  but does not fit what it meets later (the data's tasks, a tokenizer): `reason` names
+  what it does not fit."""
+  raise ConfigError(f"config.{field}: {INVALID_VALUE}: {reason}", field=field,
+                    kind=INVALID_VALUE)
 
 
 def unknown_field(field: str, known: Iterable[str], hint: str = "") -> NoReturn:
@@ -276,47 +282,3 @@ def at_least(section, prefix: str, fields: Iterable[str], low: int = 1) -> None:
   """`check_range(low=low)` for each of `fields` of the config `section` at `prefix`."""
   for name in fields:
     check_range(f"{prefix}.{name}", section[name], low=low)
-
-
-def fail(field: str, message: str) -> NoReturn:
-  """The older form of `invalid`: `message` is "=<value> <requirement>" (the value as
-  written, e.g. `f"={x!r} must be ..."`) or a bare requirement; prefer `invalid`."""
-  raise _reworded(field, message)
-
-
-def reword(error: Exception) -> ConfigError:
-  """The ConfigError, in `invalid`'s form, of an error whose message names a field
-  the older way ("config.<path>=<value> <requirement>." or "config.<path>: ..."), as
-  helpers outside the config modules raise them; other messages are kept as they are."""
-  if isinstance(error, ConfigError) and error.kind is not None:
-    return error
-  match = re.match(r"config\.(?P<path>[A-Za-z_][A-Za-z0-9_.]*?)(?P<rest>(=|: ).*)$",
-                   str(error), re.DOTALL)
-  if match is None:
-    return ConfigError(str(error))
-  rest = match["rest"]
-  return _reworded(match["path"], rest if rest.startswith("=") else rest[2:])
-
-
-def _reworded(field: str, message: str) -> ConfigError:
-  text = message.rstrip(".")
-  if not text.startswith("="):
-    return ConfigError(f"config.{field}: {INVALID_VALUE}: {text}", field=field,
-                       kind=INVALID_VALUE)
-  value, requirement = _split_value(text[1:])
-  return ConfigError(f"config.{field}: {INVALID_VALUE} {value}: {requirement}", field=field,
-                     kind=INVALID_VALUE)
-
-
-def _split_value(text: str) -> tuple[str, str]:
-  """("<value>", "<requirement>") of "<value> <requirement>" or "<value>: <requirement>":
-  the shortest prefix that is a Python literal, else the first word."""
-  for end, char in enumerate(text):
-    if char in " :":
-      try:
-        ast.literal_eval(text[:end])
-      except (SyntaxError, TypeError, ValueError):
-        continue
-      return text[:end], text[end:].lstrip(": ")
-  value, _, requirement = text.partition(" ")
-  return value, requirement.lstrip(": ")

@@ -24,7 +24,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from rlhf_jax.config_errors import fail
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import unfit
 from rlhf_jax.data.example import Example
 from rlhf_jax.data.jsonl import PromptStream
 
@@ -46,23 +47,23 @@ def parse_curriculum(text: str) -> Curriculum:
   phases = []
   parts = [p.strip() for p in text.split(";")]
   if not text.strip() or any(not p for p in parts):
-    fail(FIELD, f"={text!r}: expected phases 'task:weight,...@step; ...; task:weight,...'")
+    invalid(FIELD, text, "expected phases 'task:weight,...@step; ...; task:weight,...'")
   previous = 0
   for number, part in enumerate(parts, 1):
     last = number == len(parts)
     mix, has_bound, bound = part.partition("@")
     if last == bool(has_bound):
-      fail(FIELD, f"={text!r}: every phase but the last ends with '@step', the last has none "
-           f"(phase {number}: {part!r})")
+      invalid(FIELD, text, f"every phase but the last ends with '@step', the last has none "
+              f"(phase {number}: {part!r})")
     until = None
     if not last:
       try:
         until = int(bound.strip())
       except ValueError:
-        fail(FIELD, f"={text!r}: step {bound.strip()!r} is not an integer")
+        invalid(FIELD, text, f"step {bound.strip()!r} is not an integer")
       if until <= previous:
-        fail(FIELD, f"={text!r}: phase bounds must increase and be > 0 (got {until} after "
-             f"{previous})")
+        invalid(FIELD, text, f"phase bounds must increase and be > 0 (got {until} after "
+                f"{previous})")
       previous = until
     weights = []
     for item in mix.split(","):
@@ -70,12 +71,12 @@ def parse_curriculum(text: str) -> Curriculum:
       try:
         value = float(weight)
       except ValueError:
-        fail(FIELD, f"={text!r}: {item.strip()!r} is not 'task:weight'")
+        invalid(FIELD, text, f"{item.strip()!r} is not 'task:weight'")
       if not task or not (value > 0 and math.isfinite(value)):
-        fail(FIELD, f"={text!r}: {item.strip()!r} needs a task name and a finite weight > 0")
+        invalid(FIELD, text, f"{item.strip()!r} needs a task name and a finite weight > 0")
       weights.append((task, value))
     if len({t for t, _ in weights}) != len(weights):
-      fail(FIELD, f"={text!r}: a task appears twice in phase {number}")
+      invalid(FIELD, text, f"a task appears twice in phase {number}")
     phases.append(Phase(until, tuple(weights)))
   return tuple(phases)
 
@@ -131,8 +132,8 @@ class CurriculumStream:
     wanted = sorted({t for phase in curriculum for t, _ in phase.weights})
     missing = [t for t in wanted if t not in by_task]
     if missing:
-      fail(FIELD, f"names task(s) {missing} that have no examples in the data "
-           f"(tasks there: {sorted(by_task)})")
+      unfit(FIELD, f"names task(s) {missing} that have no examples in the data "
+            f"(tasks there: {sorted(by_task)})")
     self.phases = tuple(curriculum)
     self.seed = seed
     self.streams = {t: PromptStream(by_task[t], seed=_task_seed(seed, t), shuffle=shuffle)

@@ -15,7 +15,7 @@ is a server (`reward.judge_sampler.address`). Nothing goes through the host.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 from rlhf_jax import models
@@ -66,17 +66,15 @@ def scoring_layout(c, tokenizer, prefix: Sequence[int]) -> ScoringLayout:
                        system_prompt=c.data.system_prompt)
 
 
-def build_judge(c, section, verdicts: Sequence[str], field: str, mesh) -> VerdictJudge:
+def build_judge(c, section, verdicts: Mapping[str, str], mesh) -> VerdictJudge:
   """A VerdictJudge over the checkpoint of `section` (reward.genrm / reward.pairwise)
-  in an in-process engine, or over the server at reward.judge_sampler.address."""
+  in an in-process engine, or over the server at reward.judge_sampler.address;
+  `verdicts` maps each verdict's field to its text, in the judge's order."""
   s = c.reward.judge_sampler
   directory = section.checkpoint
   tokenizer = models.Tokenizer.from_directory(directory)
   prefix = models.load_prompt_prefix(directory, tokenizer)
-  try:
-    ids = verdict_token_ids(tokenizer, verdicts, field)
-  except ValueError as error:
-    raise ConfigError(str(error)) from None
+  ids = verdict_token_ids(tokenizer, verdicts)
   if s.address:
     # grpc is the `serve` extra's: imported only when a judge server is configured.
     from rlhf_jax.sampling import remote  # pylint: disable=import-outside-toplevel
@@ -104,7 +102,8 @@ def build_model_routes(c, mesh) -> dict[str, Scorer]:
                                      correct_threshold=r.rm.correct_threshold,
                                      failure_score=r.failure_score, mesh=mesh)
   if any(route.startswith("genrm") for route in needed):
-    judge = build_judge(c, r.genrm, (r.genrm.yes, r.genrm.no), "reward.genrm.yes/no", mesh)
+    judge = build_judge(c, r.genrm, {"reward.genrm.yes": r.genrm.yes,
+                                     "reward.genrm.no": r.genrm.no}, mesh)
     for route, mode, template in (("genrm_gt", "gt", r.genrm.template_gt),
                                   ("genrm_reference", "reference", r.genrm.template_reference)):
       if route in needed:
@@ -112,8 +111,8 @@ def build_model_routes(c, mesh) -> dict[str, Scorer]:
                                     reference_key=r.genrm.reference_key,
                                     failure_score=r.failure_score)
   if "pairwise" in needed:
-    judge = build_judge(c, r.pairwise, (r.pairwise.first, r.pairwise.second),
-                        "reward.pairwise.first/second", mesh)
+    judge = build_judge(c, r.pairwise, {"reward.pairwise.first": r.pairwise.first,
+                                        "reward.pairwise.second": r.pairwise.second}, mesh)
     routes["pairwise"] = PairwiseScorer(judge, anchor_key=r.pairwise.anchor_key,
                                         template=r.pairwise.template,
                                         centre=r.pairwise.centre,

@@ -22,7 +22,6 @@ from rlhf_jax.config_errors import at_least
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
-from rlhf_jax.config_errors import reword
 from rlhf_jax.rewards import functions
 from rlhf_jax.rewards import genrm
 from rlhf_jax.rewards import hybrid
@@ -195,15 +194,12 @@ def validate_reward_models(c) -> None:
 
 def _validate_judges(r) -> None:
   """The GenRM and pairwise judges' verdicts, templates, keys and sampler."""
-  try:
-    check_template(r.genrm.template_gt, genrm.TEMPLATE_FIELDS["gt"],
-                   genrm.TEMPLATE_FIELDS["gt"][1:], "reward.genrm.template_gt")
-    check_template(r.genrm.template_reference, genrm.TEMPLATE_FIELDS["reference"],
-                   genrm.TEMPLATE_FIELDS["reference"][1:], "reward.genrm.template_reference")
-    check_template(r.pairwise.template, pairwise.TEMPLATE_FIELDS,
-                   pairwise.TEMPLATE_FIELDS[1:], "reward.pairwise.template")
-  except ValueError as error:  # "config.<field>=<template>: placeholders must ..."
-    raise reword(error) from None
+  check_template(r.genrm.template_gt, genrm.TEMPLATE_FIELDS["gt"],
+                 genrm.TEMPLATE_FIELDS["gt"][1:], "reward.genrm.template_gt")
+  check_template(r.genrm.template_reference, genrm.TEMPLATE_FIELDS["reference"],
+                 genrm.TEMPLATE_FIELDS["reference"][1:], "reward.genrm.template_reference")
+  check_template(r.pairwise.template, pairwise.TEMPLATE_FIELDS,
+                 pairwise.TEMPLATE_FIELDS[1:], "reward.pairwise.template")
   for judge, verdicts, key in (("genrm", ("yes", "no"), "reference_key"),
                                ("pairwise", ("first", "second"), "anchor_key")):
     section = r[judge]

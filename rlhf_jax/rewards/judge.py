@@ -11,10 +11,11 @@ fit, or an answer that puts little mass on any verdict token, is a recorded fail
 from __future__ import annotations
 
 import string
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
+from rlhf_jax.config_errors import invalid
 from rlhf_jax.sampling import SamplingParams
 
 
@@ -25,28 +26,30 @@ def template_fields(template: str) -> set[str]:
 
 def check_template(template: str, allowed: Sequence[str], required: Sequence[str],
                    field: str) -> None:
-  """Raises ValueError naming `field` if the template uses an unknown placeholder or
+  """Raises ConfigError naming `field` if the template uses an unknown placeholder or
   lacks a required one."""
   used = template_fields(template)
   unknown = sorted(used - set(allowed))
   missing = sorted(set(required) - used)
   if unknown or missing:
-    raise ValueError(f"config.{field}={template!r}: placeholders must include "
-                     f"{sorted(required)} and come from {sorted(allowed)} "
-                     f"(unknown: {unknown}, missing: {missing}).")
+    invalid(field, template, f"placeholders must include {sorted(required)} and come from "
+            f"{sorted(allowed)} (unknown: {unknown}, missing: {missing})")
 
 
-def verdict_token_ids(tokenizer, verdicts: Sequence[str], field: str) -> tuple[int, ...]:
-  """The single token id of each verdict text; ValueError naming `field` otherwise."""
-  ids = []
-  for verdict in verdicts:
+def verdict_token_ids(tokenizer, verdicts: Mapping[str, str]) -> tuple[int, ...]:
+  """The single token id of each verdict text, in order; `verdicts` maps each verdict's
+  config field (e.g. "reward.genrm.yes") to its text. ConfigError naming the field of a
+  verdict that is not one token, or that shares its token with an earlier one."""
+  ids: dict[int, str] = {}
+  for field, verdict in verdicts.items():
     encoded = tokenizer.encode(verdict)
     if len(encoded) != 1:
-      raise ValueError(f"config.{field}: verdict {verdict!r} is {len(encoded)} tokens for "
-                       "the judge's tokenizer; a verdict must be exactly one token.")
-    ids.append(encoded[0])
-  if len(set(ids)) != len(ids):
-    raise ValueError(f"config.{field}: verdicts {list(verdicts)} share a token.")
+      invalid(field, verdict, f"is {len(encoded)} tokens for the judge's tokenizer; a "
+              "verdict must be exactly one token")
+    if encoded[0] in ids:
+      invalid(field, verdict, f"shares its token with {ids[encoded[0]]} for the judge's "
+              "tokenizer")
+    ids[encoded[0]] = field
   return tuple(ids)
 
 

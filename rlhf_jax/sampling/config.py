@@ -14,7 +14,6 @@ import ml_collections
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
-from rlhf_jax.config_errors import reword
 from rlhf_jax.models import with_numerics
 from rlhf_jax.models.config import DTYPES
 from rlhf_jax.models.config import MATMUL_PRECISIONS
@@ -89,14 +88,10 @@ def validate_sampler_config(config: ml_collections.ConfigDict, prefix: str = "sa
   if not isinstance(config.parked_rows, int) or config.parked_rows < -1:
     invalid(f"{prefix}.parked_rows", config.parked_rows, "must be an int >= -1 (-1: "
             "num_slots, 0: off)")
-  try:
-    validate_scheduler_options(
-        prompt_buckets=buckets, cache_length=cache_length,
-        steps_per_sync=config.steps_per_sync, max_prefill_batch=config.max_prefill_batch,
-        max_queue=config.max_queue, update_policy=config.update_policy,
-        prefix=f"config.{prefix}.")
-  except ValueError as error:  # "config.<prefix>.<field>=<value> <rule>."
-    raise reword(error) from None
+  validate_scheduler_options(
+      prompt_buckets=buckets, cache_length=cache_length,
+      steps_per_sync=config.steps_per_sync, max_prefill_batch=config.max_prefill_batch,
+      max_queue=config.max_queue, update_policy=config.update_policy, section=prefix)
   one_of(f"{prefix}.dtype", config.dtype, DTYPES)
   one_of(f"{prefix}.matmul_precision", config.matmul_precision, MATMUL_PRECISIONS)
   addresses = tuple(config.addresses)

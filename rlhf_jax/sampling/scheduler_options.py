@@ -1,8 +1,8 @@
 """The Scheduler's options and their one validation.
 
-Both paths call `validate_scheduler_options`: `Scheduler.__init__` (errors name the
-argument) and `config.validate_sampler_config` (with prefix "config.sampler.", reworded
-into ConfigErrors), so a launcher refuses a bad sampler section before it loads a
+Both paths call `validate_scheduler_options`: `Scheduler.__init__` (a ValueError naming
+the argument) and `config.validate_sampler_config` (a ConfigError naming
+config.<section>.<field>), so a launcher refuses a bad sampler section before it loads a
 model, by the same rule a directly built Scheduler applies. A module of its own
 because `config.py` imports the Scheduler (no cycle) and needs no model to check.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from rlhf_jax.config_errors import invalid
 from rlhf_jax.sampling.params import SamplingParams
 
 UPDATE_POLICIES = ("finish_old", "swap_now")
@@ -29,9 +30,10 @@ def default_prompt_buckets(cache_length: int) -> tuple[int, ...]:
 
 def validate_scheduler_options(*, prompt_buckets: Sequence[int], cache_length: int,
                                steps_per_sync: int, max_prefill_batch: int, max_queue: int,
-                               update_policy: str, prefix: str = "") -> None:
-  """Raises ValueError naming the first impossible option and its allowed values:
-  "<prefix><field>=<value> <requirement>.".
+                               update_policy: str, section: str | None = None) -> None:
+  """Raises an error naming the first impossible option and its allowed values: for a
+  Scheduler's arguments (`section` None) a ValueError "<field>=<value> <requirement>.",
+  for a config section a ConfigError (`invalid`) naming config.<section>.<field>.
 
   Args:
     prompt_buckets: padded prompt lengths; each in [1, cache_length): a prompt that
@@ -42,23 +44,25 @@ def validate_scheduler_options(*, prompt_buckets: Sequence[int], cache_length: i
     max_prefill_batch: a power of two (prefill batches are padded to a few sizes up to it:
       `programs.prefill_batch_sizes`).
     update_policy: one of UPDATE_POLICIES.
-    prefix: prepended to the field names, e.g. "config.sampler.".
+    section: the config section the options come from, e.g. "sampler"; None: arguments.
   """
-  def fail(field, value, message):
-    raise ValueError(f"{prefix}{field}={value!r} {message}.")
+  def refuse(field, value, requirement):
+    if section is not None:
+      invalid(f"{section}.{field}", value, requirement)
+    raise ValueError(f"{field}={value!r} {requirement}.")
 
   for field, value in (("steps_per_sync", steps_per_sync), ("max_queue", max_queue),
                        ("max_prefill_batch", max_prefill_batch)):
     if not _is_positive_int(value):
-      fail(field, value, "must be a positive integer")
+      refuse(field, value, "must be a positive integer")
   if max_prefill_batch & (max_prefill_batch - 1):
-    fail("max_prefill_batch", max_prefill_batch, "must be a power of two (1, 2, 4, ...)")
+    refuse("max_prefill_batch", max_prefill_batch, "must be a power of two (1, 2, 4, ...)")
   if update_policy not in UPDATE_POLICIES:
-    fail("update_policy", update_policy, f"is not one of {', '.join(UPDATE_POLICIES)}")
+    refuse("update_policy", update_policy, f"is not one of {', '.join(UPDATE_POLICIES)}")
   buckets = tuple(prompt_buckets)
   if not buckets or not all(_is_positive_int(b) and b < cache_length for b in buckets):
-    fail("prompt_buckets", buckets, f"must be a non-empty tuple of integers in [1, "
-         f"cache_length={cache_length}) (room for new tokens)")
+    refuse("prompt_buckets", buckets, f"must be a non-empty tuple of integers in [1, "
+           f"cache_length={cache_length}) (room for new tokens)")
 
 
 def validate_request(prompt_ids: Sequence[int], sampling, engine, prompt_buckets: Sequence[int]

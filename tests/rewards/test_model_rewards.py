@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rlhf_jax import models
+from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.data import Example
 from rlhf_jax.data import PreferencePair
 from rlhf_jax.data import read_pairs
@@ -104,7 +105,7 @@ def test_reward_model_scorer_reads_the_last_token_and_records_too_long_responses
 
 @pytest.mark.slow
 def test_genrm_score_is_the_verdict_probability_of_a_full_forward(judge_sampler):
-  ids = verdict_token_ids(TOKENIZER, ("Y", "N"), "reward.genrm.yes/no")
+  ids = verdict_token_ids(TOKENIZER, {"reward.genrm.yes": "Y", "reward.genrm.no": "N"})
   judge = VerdictJudge(judge_sampler, TOKENIZER, ids, max_prompt_tokens=128,
                        min_verdict_mass=0.0)
   scorer = genrm.GenRMScorer(judge, mode="gt")
@@ -119,7 +120,7 @@ def test_genrm_score_is_the_verdict_probability_of_a_full_forward(judge_sampler)
 
 
 def test_genrm_failures_are_recorded_not_raised(judge_sampler):
-  ids = verdict_token_ids(TOKENIZER, ("Y", "N"), "reward.genrm.yes/no")
+  ids = verdict_token_ids(TOKENIZER, {"reward.genrm.yes": "Y", "reward.genrm.no": "N"})
   picky = VerdictJudge(judge_sampler, TOKENIZER, ids, max_prompt_tokens=80,
                        min_verdict_mass=0.99)  # a random model is never that sure
   examples = [Example("1+1?\n", "2", "arith"), Example("1+1?\n", "", "arith"),
@@ -135,7 +136,8 @@ def test_genrm_failures_are_recorded_not_raised(judge_sampler):
 
 
 def test_pairwise_reward_averages_both_orders(judge_sampler):
-  ids = verdict_token_ids(TOKENIZER, ("A", "B"), "reward.pairwise.first/second")
+  ids = verdict_token_ids(TOKENIZER, {"reward.pairwise.first": "A",
+                                     "reward.pairwise.second": "B"})
   judge = VerdictJudge(judge_sampler, TOKENIZER, ids, max_prompt_tokens=128,
                        min_verdict_mass=0.0)
   scorer = pairwise.PairwiseScorer(judge, anchor_key="solution", centre=0.5)
@@ -164,10 +166,14 @@ def test_templates_name_their_placeholders():
 
 
 def test_verdicts_must_be_single_distinct_tokens():
-  with pytest.raises(ValueError, match="reward.genrm.yes/no.*exactly one token"):
-    verdict_token_ids(TOKENIZER, ("Yes", "N"), "reward.genrm.yes/no")
-  with pytest.raises(ValueError, match="share a token"):
-    verdict_token_ids(TOKENIZER, ("Y", "Y"), "reward.genrm.yes/no")
+  with pytest.raises(ConfigError, match=r"^config\.reward\.genrm\.yes: invalid value 'Yes': "
+                     r"is \d+ tokens .*exactly one token") as error:
+    verdict_token_ids(TOKENIZER, {"reward.genrm.yes": "Yes", "reward.genrm.no": "N"})
+  assert error.value.field == "reward.genrm.yes"
+  with pytest.raises(ConfigError, match=r"^config\.reward\.genrm\.no: invalid value 'Y': "
+                     r"shares its token with reward\.genrm\.yes") as error:
+    verdict_token_ids(TOKENIZER, {"reward.genrm.yes": "Y", "reward.genrm.no": "Y"})
+  assert error.value.field == "reward.genrm.no"
 
 
 # ------------------------------------------------------------------ PRM

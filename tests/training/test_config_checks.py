@@ -23,8 +23,6 @@ from rlhf_jax.config_errors import INVALID_VALUE
 from rlhf_jax.config_errors import UNKNOWN_FIELD
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import check_range
-from rlhf_jax.config_errors import fail
-from rlhf_jax.config_errors import reword
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling.serve_config import validate_serve_config
 from rlhf_jax.training import config as trainer_config
@@ -247,24 +245,6 @@ def test_check_range(value, bounds, ok, requirement):
   with pytest.raises(ConfigError) as error:
     check_range("a.b", value, **bounds)
   assert str(error.value) == f"config.a.b: invalid value {value!r}: {requirement}"
-
-
-@pytest.mark.parametrize("message, expected", [
-    ("=0.1 must be >= clip_low=0.2.", "config.x.y: invalid value 0.1: must be >= clip_low=0.2"),
-    ("='a b:c': not 'task:weight'", "config.x.y: invalid value 'a b:c': not 'task:weight'"),
-    ("=(16, 200) must stay below 128", "config.x.y: invalid value (16, 200): must stay below "
-     "128"),
-    ("=inf is too big", "config.x.y: invalid value inf: is too big"),
-    ("is required for the hf variant", "config.x.y: invalid value: is required for the hf "
-     "variant"),
-])
-def test_older_messages_are_reworded(message, expected):
-  with pytest.raises(ConfigError) as error:
-    fail("x.y", message)
-  assert (str(error.value), error.value.kind) == (expected, INVALID_VALUE)
-  older = f"config.x.y{message}" if message.startswith("=") else f"config.x.y: {message}"
-  assert str(reword(ValueError(older))) == expected
-  assert str(reword(ValueError("no field named here"))) == "no field named here"
 
 
 def run(script: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
