@@ -49,7 +49,6 @@ def main(argv) -> None:
   del argv
   from rlhf_jax.runtime import quiet_library_logs
   quiet_library_logs()
-  from rlhf_jax import file_checks
   from rlhf_jax.config_errors import ConfigError
   try:
     decisions = [int(t) for t in _DECISIONS.value]
@@ -61,17 +60,19 @@ def main(argv) -> None:
 
   from rlhf_jax.search.best_of_n import BestOfNOptions
   from rlhf_jax.search.best_of_n import run_best_of_n
+  from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
   from rlhf_jax.training.config import validate_config
+  from rlhf_jax.training.run_control import check_workdir
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
   if _WORKDIR.value:
-    file_checks.check_workdir(_WORKDIR.value)
+    check_workdir(_WORKDIR.value)
   if _VALIDATE_ONLY.value:  # the workdir, checkpoints and data files too
     from rlhf_jax.training import build
     build.check_data(c, _WORKDIR.value)
     if _PRM.value:
-      file_checks.check_checkpoint_dir(_PRM.value, f"--prm={_PRM.value}")
+      check_checkpoint_dir(_PRM.value, f"--prm={_PRM.value}")
     print("config ok", flush=True)
     return
   options = BestOfNOptions(n=_N.value, decision_tokens=decisions,

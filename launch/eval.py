@@ -176,11 +176,11 @@ def _held_out(c, checkpoint: str):
   checked as train.py reads them (training/build.load_examples: every row's JSON,
   schema, task and prompt length with the checkpoint's tokenizer), before any model
   loads; the checkpoint's files and the reward's checkpoints are checked first."""
-  from rlhf_jax import file_checks
   from rlhf_jax import models
   from rlhf_jax.config_errors import ConfigError
+  from rlhf_jax.models import checkpoint_checks
   from rlhf_jax.training import build
-  file_checks.check_checkpoint_dir(checkpoint, f"--checkpoint={checkpoint}")
+  checkpoint_checks.check_checkpoint_dir(checkpoint, f"--checkpoint={checkpoint}")
   build.check_checkpoint_family(checkpoint)
   try:
     tokenizer = models.Tokenizer.from_directory(checkpoint)

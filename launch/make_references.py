@@ -45,7 +45,7 @@ def main(argv) -> None:
   from rlhf_jax.data import write_examples
   from rlhf_jax.rewards.reward_model import RewardModelScorer
   from rlhf_jax.sampling import SamplingParams
-  from rlhf_jax import file_checks
+  from rlhf_jax.models import checkpoint_checks
   from rlhf_jax.training import build
   from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.training.config import validate_config
@@ -53,7 +53,7 @@ def main(argv) -> None:
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
   build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
-  file_checks.check_checkpoint_dir(_RM.value, f"--rm={_RM.value}")
+  checkpoint_checks.check_checkpoint_dir(_RM.value, f"--rm={_RM.value}")
   if _VALIDATE_ONLY.value:
     print("config ok", flush=True)
     return

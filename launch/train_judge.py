@@ -50,9 +50,9 @@ def main(argv) -> None:
                      ("question_length", _LENGTH)):
     if flag.value < 1:
       raise ConfigError(f"--{name}={flag.value} must be >= 1")
-  from rlhf_jax import reward_fits
+  from rlhf_jax.training import reward_fits
   if _VALIDATE_ONLY.value:  # the policy's files, the output directory, the data files
-    from rlhf_jax.launch_support import check_policy_and_output
+    from rlhf_jax.training.reward_fits import check_policy_and_output
     check_policy_and_output(_POLICY.value, _OUTPUT.value)
     reward_fits.judge_questions(_KIND.value, judged=_JUDGED.value, pairs=_PAIRS.value,
                                 reference_key=_REFERENCE_KEY.value, num_examples=_NUM.value,

@@ -52,14 +52,14 @@ def main(argv) -> None:
     raise ConfigError("--step_delimiter must not be empty")
   if _VALIDATE_ONLY.value:  # the policy's files, the output directory, the prompts file
     from rlhf_jax.data import read_examples
-    from rlhf_jax.launch_support import check_policy_and_output
-    from rlhf_jax.launch_support import read_flag_file
+    from rlhf_jax.training.reward_fits import check_policy_and_output
+    from rlhf_jax.training.reward_fits import read_flag_file
     check_policy_and_output(_POLICY.value, _OUTPUT.value)
     if _PROMPTS.value:
       read_flag_file("prompts", read_examples, _PROMPTS.value)
     print("config ok", flush=True)
     return
-  from rlhf_jax import reward_fits
+  from rlhf_jax.training import reward_fits
   result = reward_fits.train_prm(
       policy=_POLICY.value, output=_OUTPUT.value, prompts=_PROMPTS.value,
       num_prompts=_NUM_PROMPTS.value, samples=_SAMPLES.value, completions=_COMPLETIONS.value,

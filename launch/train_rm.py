@@ -55,15 +55,15 @@ def main(argv) -> None:
   check_flags()
   if _VALIDATE_ONLY.value:  # the policy's files, the output directory, the pairs files
     from rlhf_jax.data import read_pairs
-    from rlhf_jax.launch_support import check_policy_and_output
-    from rlhf_jax.launch_support import read_flag_file
+    from rlhf_jax.training.reward_fits import check_policy_and_output
+    from rlhf_jax.training.reward_fits import read_flag_file
     check_policy_and_output(_POLICY.value, _OUTPUT.value)
     for name, flag in (("train_pairs", _TRAIN), ("eval_pairs", _EVAL)):
       if flag.value:
         read_flag_file(name, read_pairs, flag.value)
     print("config ok", flush=True)
     return
-  from rlhf_jax import reward_fits
+  from rlhf_jax.training import reward_fits
   result = reward_fits.train_reward_model(
       policy=_POLICY.value, output=_OUTPUT.value, train_pairs=_TRAIN.value,
       eval_pairs=_EVAL.value, eval_fraction=_EVAL_FRACTION.value, num_pairs=_NUM_PAIRS.value,

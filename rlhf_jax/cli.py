@@ -11,10 +11,10 @@
   * a value no validator accepts: the `ConfigError` of `validate_config`, which every
     launcher calls first in main, before anything loads, trains or compiles.
   * a config file that is missing, not a .py file, or does not compile, or whose code
-    fails (file_checks.check_config_file); any other flag error absl reports (an unknown
+    fails (`check_config_file`); any other flag error absl reports (an unknown
     or missing flag): one line with absl's message.
   * a data file, checkpoint or workdir the launcher's own checks refuse
-    (rlhf_jax/file_checks.py, training/build.check_data): one line naming it.
+    (models/checkpoint_checks.py, training/build.check_data): one line naming it.
 
 The classification reads the config tree and the flags' parsers, never the text of
 the exception absl or ml_collections raised.
@@ -35,7 +35,6 @@ from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import peer_hint
 from rlhf_jax.config_errors import unknown_field
-from rlhf_jax.file_checks import check_config_file
 
 _EXPECTED = {bool: "true or false", int: "an int", float: "a number", str: "a string",
              tuple: "a tuple, e.g. '(1, 2)' or '1,2'"}
@@ -130,6 +129,27 @@ def _preset_spec(argv: list[str], name: str) -> str | None:
     elif argument.startswith((f"-{name}=", f"--{name}=")):
       spec = argument.split("=", 1)[1]
   return spec
+
+
+def check_config_file(spec: str, flag: str = "config") -> None:
+  """`--<flag>=<spec>` (`file.py[:variant]`) names an existing Python file that compiles."""
+  path = spec.split(":", 1)[0]
+  where = f"--{flag}={spec}"
+  if not path:
+    raise ConfigError(f"{where}: no config file given (e.g. configs/grpo.py:arith)")
+  if not os.path.isfile(path):
+    missing = "is a directory" if os.path.isdir(path) else "no such file"
+    raise ConfigError(f"{where}: {path}: {missing} (a preset is configs/<name>.py[:variant])")
+  if not path.endswith(".py"):
+    raise ConfigError(f"{where}: {path} is not a Python config file (a .py file with "
+                      "get_config(), e.g. configs/grpo.py:arith)")
+  try:
+    with open(path, "rb") as f:
+      compile(f.read(), path, "exec")
+  except SyntaxError as error:
+    raise ConfigError(f"{where}: {path}:{error.lineno}: syntax error: {error.msg}") from None
+  except (OSError, ValueError) as error:  # unreadable, or NUL bytes / bad encoding
+    raise ConfigError(f"{where}: {path} cannot be read as Python ({error})") from None
 
 
 def _load_preset(flag_values, argv: list[str], name: str):

@@ -73,7 +73,18 @@ def test_no_file_is_over_400_lines():
 
 def test_training_holds_only_the_loops_modules():
   files = sorted(p.name for p in (ROOT / "training").glob("*.py"))
-  assert len(files) <= 8, files
+  # 11: the loop, its construction (config, overlays, build), its stages (stages, reward_fits),
+  # its lifecycle (run_control) and its outputs (metrics, loggers, checkpoint), and __init__.
+  assert len(files) <= 11, files
+
+
+# The top level holds what every room may use; a module with one user lives in its room.
+TOP_LEVEL = {"cli.py", "config_errors.py", "registry.py", "runtime.py"}
+
+
+def test_the_top_level_has_at_most_four_modules():
+  files = {p.name for p in ROOT.glob("*.py")} - {"__init__.py"}
+  assert files <= TOP_LEVEL, f"move into the room that uses them: {sorted(files - TOP_LEVEL)}"
 
 
 def test_no_import_circle_even_through_function_level_imports():

@@ -30,7 +30,6 @@ import dataclasses
 import jax
 import ml_collections
 
-from rlhf_jax import file_checks
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.algorithms import estimators
@@ -38,6 +37,7 @@ from rlhf_jax.batch import RolloutBatch
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.models import checkpoint_checks
 from rlhf_jax.models.functional import RUNTIME_FIELDS
 from rlhf_jax.models.run_config import model_layout
 from rlhf_jax.models.run_config import model_numerics
@@ -166,7 +166,7 @@ def load_teacher(c, policy_model, mesh) -> tuple[object, dict]:
   algorithm.distill.teacher."""
   directory = teacher_checkpoint(c)
   where = f"config.{TEACHER_FIELD}"
-  file_checks.check_checkpoint_dir(directory, where)
+  checkpoint_checks.check_checkpoint_dir(directory, where)
   if c.model.checkpoint:
     check_same_tokenizer(directory, c.model.checkpoint, where)
   vocab = policy_model.config.vocab_size
@@ -186,14 +186,14 @@ def load_teacher(c, policy_model, mesh) -> tuple[object, dict]:
 def check_teacher(c, policy_dir: str) -> None:
   """The teacher's files against the policy checkpoint in `policy_dir`, before any weight
   loads (`training/build.check_data`, so --validate_only sees them): a checkpoint that
-  loads (`file_checks.check_checkpoint_dir`), the policy's tokenizer
+  loads (`checkpoint_checks.check_checkpoint_dir`), the policy's tokenizer
   (`check_same_tokenizer`), at least the policy's embedding rows (config.json vocab_size;
   more are cut: `shared_vocabulary`). ConfigError naming algorithm.distill.teacher."""
   directory = teacher_checkpoint(c)
   if not directory:
     return
   where = f"config.{TEACHER_FIELD}"
-  file_checks.check_checkpoint_dir(directory, where)
+  checkpoint_checks.check_checkpoint_dir(directory, where)
   check_same_tokenizer(directory, policy_dir, where)
   teacher_rows = models.read_hf_config(directory).vocab_size
   policy_rows = models.read_hf_config(policy_dir).vocab_size
@@ -265,7 +265,7 @@ def sampler_reference_params(c, policy_model, policy_params, mesh):
   if not directory:
     return policy_params
   where = f"config.{TEACHER_FIELD}"
-  file_checks.check_checkpoint_dir(directory, where)
+  checkpoint_checks.check_checkpoint_dir(directory, where)
   teacher = models.read_hf_config(directory, **model_layout(c.model))
   if teacher.vocab_size > policy_model.config.vocab_size:  # cut by `shared_vocabulary`
     teacher = teacher.replace(vocab_size=policy_model.config.vocab_size)

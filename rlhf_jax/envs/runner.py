@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 from rlhf_jax.envs.base import StepResult
 from rlhf_jax.envs.base import load_factory
-from rlhf_jax.reward_values import finite_in_float32
 from rlhf_jax.sandbox import worker_groups
+from rlhf_jax.sandbox.reward_values import finite_in_float32
 from rlhf_jax.sandbox.workers import GroupPool
 
 

@@ -37,8 +37,8 @@ from rlhf_jax.rewards.scorer import Scorer
 from rlhf_jax.rewards.scorer import ScorerBase
 from rlhf_jax.rewards.scorer import Scores
 from rlhf_jax.rewards.scorer import guarded_score
-from rlhf_jax.reward_values import finite_in_float32
 from rlhf_jax.sandbox import worker_groups
+from rlhf_jax.sandbox.reward_values import finite_in_float32
 from rlhf_jax.sandbox.workers import GroupPool
 
 LOG = logging.getLogger("rlhf_jax.rewards")

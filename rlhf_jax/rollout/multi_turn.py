@@ -34,7 +34,6 @@ from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.envs import observations
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards.scorer import Completion
-from rlhf_jax.reward_values import finite_in_float32
 from rlhf_jax.rollout.base import StreamRollout
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.generation import Rollouts
@@ -42,6 +41,7 @@ from rlhf_jax.rollout.generation import token_versions
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling.protocol import ReportsMetrics
 from rlhf_jax.sampling.protocol import find_extra
+from rlhf_jax.sandbox.reward_values import finite_in_float32
 
 
 @dataclasses.dataclass

@@ -12,8 +12,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from rlhf_jax import file_checks
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.models import checkpoint_checks
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards.router import has_verifier
 from rlhf_jax.rollout import config as rollout_config_lib
@@ -85,7 +85,7 @@ def run_best_of_n(c, workdir: str, options: BestOfNOptions) -> Iterator[dict[str
   options.check(c)
   build.check_data(c, workdir)  # the checkpoint's files and the prompts, before loading
   if options.prm:
-    file_checks.check_checkpoint_dir(options.prm, f"--prm={options.prm}", tokenizer=False)
+    checkpoint_checks.check_checkpoint_dir(options.prm, f"--prm={options.prm}", tokenizer=False)
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, workdir, mesh)
   examples = build.load_examples(c)[1]

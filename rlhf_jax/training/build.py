@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import jax
 
-from rlhf_jax import file_checks
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.algorithms import distillation
@@ -29,6 +28,7 @@ from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.data.prompts import check_prompts
 from rlhf_jax.data.prompts import raw_prompts_note
 from rlhf_jax.data.sources import located_examples
+from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
 from rlhf_jax.models.run_config import model_layout
 from rlhf_jax.models.run_config import model_numerics
 from rlhf_jax.rewards import Scorer
@@ -43,6 +43,7 @@ from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.sampling import protocol as sampler_protocol
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
+from rlhf_jax.training import run_control
 
 
 @dataclasses.dataclass
@@ -248,20 +249,19 @@ def check_checkpoint_family(directory: str) -> None:
 def check_data(c, workdir: str, *, read_offline: bool = True,
                scorer: Scorer | None = None) -> None:
   """Everything a run reads, before any work (`--validate_only` stops here): the workdir
-  (no file in its place); the policy checkpoint's files (file_checks.check_checkpoint_dir)
+  (no file in its place); the policy checkpoint's files (`check_checkpoint_dir`)
   and the reward models'; every row of the data files (`load_examples`: JSON, schema, task,
   encodability, length) with the policy's tokenizer — for the arith variant before its
   warm start, the task's own, which the warm start saves; with rollout.mode 'offline' the
   labelled groups of `data.offline_file`, unless `read_offline` is False (a labelling run's
   output; `scorer`: as in `load_examples`). Nothing loads; ConfigErrors name field, file, row."""
   if workdir:
-    file_checks.check_workdir(workdir)
+    run_control.check_workdir(workdir)
   directory = policy_checkpoint_dir(c, workdir)
   field = "config.model.checkpoint"
   # The arith warm start trains a missing one (a directory without config.json included).
   if os.path.exists(os.path.join(directory, "config.json")) or c.variant != "arith":
-    file_checks.check_checkpoint_dir(directory, field if c.model.checkpoint
-                                     else f"{field} (<workdir>/sft)")
+    check_checkpoint_dir(directory, field if c.model.checkpoint else f"{field} (<workdir>/sft)")
     check_checkpoint_family(directory)
     try:
       tokenizer = models.Tokenizer.from_directory(directory)
@@ -283,14 +283,14 @@ def check_data(c, workdir: str, *, read_offline: bool = True,
 
 def check_reward_checkpoints(c) -> None:
   """The files of every reward, judge or PRM checkpoint the run loads (the `reward` section's
-  routes, `reward.process.checkpoint`): `file_checks.check_checkpoint_dir`, naming the field."""
+  routes, `reward.process.checkpoint`): `check_checkpoint_dir`, naming the field."""
   sections = {"rm": "rm", "pairwise": "pairwise"}
   used = {sections.get(route, "genrm") for route in reward_config_lib.routes_needed(c.reward)}
   if c.reward.process.checkpoint:
     used.add("process")
   served = bool(c.reward.judge_sampler.address)  # the judges' weights are on its server
   for section in sorted(used):
-    file_checks.check_checkpoint_dir(
+    check_checkpoint_dir(
         c.reward[section].checkpoint, f"config.reward.{section}.checkpoint",
         weights=not (served and section in ("genrm", "pairwise")))
 

@@ -22,7 +22,6 @@ import os
 
 import ml_collections
 
-from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import parallel
 from rlhf_jax.algorithms import distillation
 from rlhf_jax.algorithms import estimators
@@ -50,6 +49,7 @@ from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
 from rlhf_jax.tasks.arith import LEVELS as ARITH_LEVELS
+from rlhf_jax.training import loggers as loggers_lib
 
 __all__ = ["VARIANTS", "LEARNERS", "base_config", "sibling_preset", "validate_config",
            "parse_columns"]  # parse_columns: data/sources.py's, re-exported

@@ -24,11 +24,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from rlhf_jax import loggers as loggers_lib
 from rlhf_jax import models
 from rlhf_jax import parallel
-from rlhf_jax.launch_support import on_terminal
-from rlhf_jax import run_control
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
@@ -39,6 +36,8 @@ from rlhf_jax.sampling import protocol as sampler_protocol
 from rlhf_jax.training import build
 from rlhf_jax.training import metrics as metrics_lib
 from rlhf_jax.training import checkpoint as checkpoint_lib
+from rlhf_jax.training import loggers as loggers_lib
+from rlhf_jax.training import run_control
 from rlhf_jax.training.checkpoint import Checkpointer
 from rlhf_jax.training.config import validate_config
 
@@ -70,7 +69,7 @@ class Trainer:
     main = parallel.is_main_process()
     # A bar redrawn with carriage returns is one unreadable line in a log file or a pipe:
     # there the loop logs one plain line per step instead (train.log_every).
-    self.workdir, self.show_progress = workdir, progress and main and on_terminal()
+    self.workdir, self.show_progress = workdir, progress and main and loggers_lib.on_terminal()
     self.log = log if main else (lambda line: None)
     # One trainer per workdir, before any work: a second one would interleave records.
     self.lock = lock or run_control.WorkdirLock(workdir)

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.loggers import Logger
+from rlhf_jax.training.loggers import Logger
 from rlhf_jax.rollout import Rollouts
 from rlhf_jax.rollout import modes as rollout_modes
 
@@ -103,7 +103,7 @@ def rollout_metrics(rollouts: Rollouts, prepared: Mapping[str, np.ndarray]) -> d
 
 class MetricsWriter:
   """Appends one JSON line per record to <workdir>/metrics.jsonl and gives its numbers to
-  the `loggers` (rlhf_jax/loggers.py: TensorBoard, W&B, MLflow). With `enabled` False
+  the `loggers` (training/loggers.py: TensorBoard, W&B, MLflow). With `enabled` False
   (every process of a job but the first) it writes nothing."""
 
   def __init__(self, workdir: str, loggers: Sequence[Logger] = (), *, enabled: bool = True):

@@ -22,12 +22,8 @@ from typing import Any, Callable
 import jax
 
 from rlhf_jax import cli
-from rlhf_jax import file_checks
-from rlhf_jax import launch_support
 from rlhf_jax import models
 from rlhf_jax import parallel
-from rlhf_jax import loggers as loggers_lib
-from rlhf_jax import run_control
 from rlhf_jax.algorithms.sft import run_sft
 from rlhf_jax.algorithms.sft import supervised_batches
 from rlhf_jax.config_errors import ConfigError
@@ -39,6 +35,7 @@ from rlhf_jax.data.conversations import supervised_row
 from rlhf_jax.data.sources import read_records
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import write_labelled
+from rlhf_jax.models import checkpoint_checks
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator
@@ -51,6 +48,8 @@ from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import build
 from rlhf_jax.training import checkpoint as checkpoint_lib
+from rlhf_jax.training import loggers as loggers_lib
+from rlhf_jax.training import run_control
 from rlhf_jax.training.config import fit_sampler_sizes
 from rlhf_jax.training.config import validate_config
 from rlhf_jax.training.config import validate_mesh
@@ -83,7 +82,7 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
   if config.train.deterministic:
     cli.enable_deterministic_gpu_ops()  # before JAX initialises its backends
   validate_config(config)
-  file_checks.check_workdir(workdir)
+  run_control.check_workdir(workdir)
   parallel.initialize(config.distributed)
   validate_mesh(config, jax.device_count(),
                 rows=config.rollout.prompts_per_step * config.rollout.group_size)
@@ -155,7 +154,7 @@ def warm_start(config, workdir: str, *, overwrite: bool = False,
   # The whole config, first: before the warm start trains anything.
   validate_config(config, num_devices=jax.device_count(),
                   supervised=config.variant == "hf")
-  file_checks.check_workdir(workdir)
+  run_control.check_workdir(workdir)
   if config.variant == "hf":  # one's own data: model.checkpoint (or from scratch) → sft/
     if not overwrite and os.path.exists(os.path.join(workdir, "sft")):
       raise ConfigError(f"--workdir: {workdir}/sft exists; pass --overwrite to train it again")
@@ -258,7 +257,7 @@ def supervised_inputs(c) -> list[tuple[str, dict[str, Any]]]:
   except (OSError, ValueError) as error:
     raise ConfigError(f"config.sft.train_file: {error}") from None
   if c.model.checkpoint:  # its files, before the records are tokenised or anything loads
-    file_checks.check_checkpoint_dir(c.model.checkpoint, "config.model.checkpoint")
+    checkpoint_checks.check_checkpoint_dir(c.model.checkpoint, "config.model.checkpoint")
     build.check_checkpoint_family(c.model.checkpoint)
     try:  # as train.py's check: its tokenizer_config.json and templates read
       models.Tokenizer.from_directory(c.model.checkpoint)
@@ -335,7 +334,7 @@ def sampler_positions(c) -> int:
 
 
 def _run_with_bar(model, params, make_batch, c, what: str):
-  with launch_support.progress_bar(c.sft.steps, what) as progress:  # plain lines in a log
+  with loggers_lib.progress_bar(c.sft.steps, what) as progress:  # plain lines in a log
     return run_sft(model, params, make_batch, steps=c.sft.steps,
                    learning_rate=c.sft.learning_rate, progress=progress)
 

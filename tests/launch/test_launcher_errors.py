@@ -16,11 +16,11 @@ import sys
 import numpy as np
 import pytest
 
+from rlhf_jax.cli import check_config_file
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.file_checks import check_checkpoint_dir
-from rlhf_jax.file_checks import check_config_file
-from rlhf_jax.file_checks import check_safetensors
-from rlhf_jax.file_checks import check_workdir
+from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
+from rlhf_jax.models.checkpoint_checks import check_safetensors
+from rlhf_jax.training.run_control import check_workdir
 from tests.launch.malformed import run_case
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def test_a_user_error_is_one_line_and_exit_2_before_any_work(case, launcher, arg
 
 
 def test_a_workdir_in_use_is_refused_before_the_warm_start(files, tmp_path):
-  from rlhf_jax import run_control
+  from rlhf_jax.training import run_control
   held = run_control.WorkdirLock(str(tmp_path / "work"))
   held.acquire()  # another trainer's, as far as the launcher can tell
   try:

@@ -1,5 +1,5 @@
 """A checkpoint's config.json, safetensors headers and tokenizer are checked against sane
-bounds and against each other before anything is built (file_checks.check_checkpoint_dir):
+bounds and against each other before anything is built (checkpoint_checks.check_checkpoint_dir):
 each bad one is a one-line ConfigError naming the file and the key or tensor, in well
 under a second, where it spun, allocated or gave a traceback before."""
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.file_checks import check_checkpoint_dir
-from rlhf_jax.file_checks import safetensors_shapes
+from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
+from rlhf_jax.models.checkpoint_checks import safetensors_shapes
 
 WHERE = "config.model.checkpoint"
 

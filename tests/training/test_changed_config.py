@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from rlhf_jax import run_control
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training import checkpoint
+from rlhf_jax.training import run_control
 from rlhf_jax.training import stages
 from tests.training.runs import preset
 from tests.training.runs import records

@@ -4,8 +4,8 @@ run continues the same run; bad names and missing packages fail validation in on
 
 import pytest
 
-from rlhf_jax import loggers as loggers_lib
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.training import loggers as loggers_lib
 from rlhf_jax.training.config import base_config
 from rlhf_jax.training.config import validate_config
 from rlhf_jax.training.metrics import MetricsWriter

@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlhf_jax import run_control
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training import build
 from rlhf_jax.training import loop
+from rlhf_jax.training import run_control
 from rlhf_jax.training.checkpoint import Checkpointer
 from rlhf_jax.training.metrics import truncate_jsonl
 from tests.training.runs import preset

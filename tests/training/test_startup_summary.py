@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from rlhf_jax import launch_support
+from rlhf_jax.training import loggers
 from rlhf_jax.training import loop
 from rlhf_jax.training import stages
 from tests.training.runs import preset
@@ -16,7 +16,7 @@ from tests.training.runs import shrink
 
 
 def test_progress_bar_in_a_log_is_one_plain_line_per_step(capsys):
-  with launch_support.progress_bar(3, "PRM") as progress:
+  with loggers.progress_bar(3, "PRM") as progress:
     for step, loss in enumerate((0.5, 0.25, 0.125)):
       progress(step, loss)
   out, err = capsys.readouterr()

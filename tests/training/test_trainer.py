@@ -231,7 +231,7 @@ def test_bf16_sampler_is_corrected_by_truncated_importance_sampling(tmp_path):
 
 
 def test_metrics_also_go_to_tensorboard(tmp_path):
-  from rlhf_jax.loggers import TensorBoardLogger
+  from rlhf_jax.training.loggers import TensorBoardLogger
   from rlhf_jax.training.metrics import MetricsWriter
   from tests.training.tensorboard_events import read_event_scalars
 

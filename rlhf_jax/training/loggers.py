@@ -1,4 +1,5 @@
-"""Where a run's metrics go besides <workdir>/metrics.jsonl (always written): the loggers
+"""Where a run's metrics go besides <workdir>/metrics.jsonl (always written): the progress
+display (`progress_bar`: a tqdm bar on a terminal, plain lines in a log file) and the loggers
 named in `train.loggers`, a comma-separated list of tensorboard, wandb and mlflow.
 
 Each logger is a small class behind one interface, built in one place (`build_loggers`):
@@ -15,13 +16,15 @@ A resumed run continues the same W&B and MLflow runs: their ids are kept in the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pathlib
 import re
+import sys
 import time
 import uuid
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from rlhf_jax.config_errors import invalid
 
@@ -32,6 +35,38 @@ LOGGERS = {"tensorboard": (("tensorboardX",), "tensorboard"),
            "mlflow": (("mlflow", "sqlalchemy", "alembic"), "mlflow")}
 ROLLOUT_COLUMNS = ("step", "reward", "prompt", "response")
 PARAM_MAX_CHARS = 6000  # MLflow refuses longer param values
+
+
+def on_terminal() -> bool:
+  """Whether stdout and stderr are both terminals, where a progress bar can redraw itself;
+  in a log file or a pipe its carriage returns make one unreadable line."""
+  return all(stream is not None and hasattr(stream, "isatty") and stream.isatty()
+             for stream in (sys.stdout, sys.stderr))
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, description: str) -> Iterator[Callable[[int, float], None]]:
+  """A `progress(step, loss)` callback, closed on exit: a tqdm bar on a terminal; else
+  (`on_terminal` False) one plain line per step on stdout, "<description> step 3/100:
+  loss 0.1234" (`step` counts from 0, as optim/fit.py calls it)."""
+  if not on_terminal():
+    def plain(step: int, loss: float) -> None:
+      print(f"{description} step {step + 1}/{total}: loss {loss:.4f}", flush=True)
+
+    yield plain
+    return
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  bar = tqdm(total=total, desc=description, unit="step", dynamic_ncols=True)
+
+  def progress(step: int, loss: float) -> None:
+    del step  # the bar counts
+    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+    bar.update(1)
+
+  try:
+    yield progress
+  finally:
+    bar.close()
 
 
 def add_logger_fields(train) -> None:

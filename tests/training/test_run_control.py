@@ -11,9 +11,9 @@ import time
 import pytest
 
 from rlhf_jax import cli
-from rlhf_jax import run_control
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training import loop
+from rlhf_jax.training import run_control
 from tests.training.runs import preset
 from tests.training.runs import scorer
 from tests.training.runs import shrink
@@ -66,7 +66,7 @@ def test_a_workdir_that_is_a_file_is_one_error(tmp_path):
 
 def test_a_live_process_holds_the_lock_and_a_dead_one_does_not(tmp_path):
   holder = subprocess.Popen(
-      [sys.executable, "-c", "import sys, time; from rlhf_jax import run_control; "
+      [sys.executable, "-c", "import sys, time; from rlhf_jax.training import run_control; "
        f"lock = run_control.WorkdirLock({str(tmp_path)!r}); lock.acquire(); "
        "print('held', flush=True); "
        "time.sleep(60)"], stdout=subprocess.PIPE, text=True)

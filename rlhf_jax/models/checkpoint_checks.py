@@ -1,23 +1,20 @@
-"""Checks of the files a launcher is given, before any work: each raises a one-line
-`ConfigError` naming the flag or config field, the file and what is wrong with it, which
-`rlhf_jax.cli.run` prints as `error: ...` with exit status 2.
+"""Checks of a checkpoint directory a launcher or config names, before any work: each raises
+a one-line `ConfigError` naming the flag or config field, the file and what is wrong with
+it, which `rlhf_jax.cli.run` prints as `error: ...` with exit status 2.
 
-  * `check_config_file`: a `--config=<file>[:variant]` that exists, is a .py file and
-    compiles (a missing file or a syntax error, not a 40-line traceback).
-  * `check_checkpoint_dir`: an HF checkpoint directory whose config.json is a JSON object
-    within sane bounds (`models.hf_config.check_hf_bounds`: finite numbers, sizes no
-    published model exceeds), whose safetensors files have a readable header of known
-    dtypes and non-negative shapes whose byte ranges tile the file exactly (a truncated
-    download, a forged header), whose shard index names existing shards, whose tensors'
-    shapes fit config.json (`models.hf_tensors.check_header_shapes`), and, for a policy,
-    whose tokenizer.json is there, is JSON and has no more token ids than the embedding
-    has rows. Only config.json, the index, tokenizer.json and each file's 8-byte length
-    and JSON header are read: nothing is built or allocated.
-  * `check_workdir`: a run directory that is a directory, or can be made one (no regular
-    file in its place or above it).
+`check_checkpoint_dir`: an HF checkpoint directory whose config.json is a JSON object
+within sane bounds (`models.hf_config.check_hf_bounds`: finite numbers, sizes no published
+model exceeds), whose safetensors files have a readable header of known dtypes and
+non-negative shapes whose byte ranges tile the file exactly (a truncated download, a forged
+header), whose shard index names existing shards, whose tensors' shapes fit config.json
+(`models.hf_tensors.check_header_shapes`), and, for a policy, whose tokenizer.json is
+there, is JSON and has no more token ids than the embedding has rows. Only config.json, the
+index, tokenizer.json and each file's 8-byte length and JSON header are read: nothing is
+built or allocated.
 
-Data files are read and checked by their readers (data/sources.py), whose errors name the
-file and line; the launchers turn those into ConfigErrors naming the field.
+The other files a launcher is given are checked by their users: the config file by
+`rlhf_jax.cli` (`check_config_file`), the workdir by `training.run_control.check_workdir`,
+data files by their readers (data/sources.py), whose errors name the file and line.
 """
 
 from __future__ import annotations
@@ -42,27 +39,6 @@ SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8
                     "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32,
                     "F32": 32, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6,
                     "F6_E3M2": 6}
-
-
-def check_config_file(spec: str, flag: str = "config") -> None:
-  """`--<flag>=<spec>` (`file.py[:variant]`) names an existing Python file that compiles."""
-  path = spec.split(":", 1)[0]
-  where = f"--{flag}={spec}"
-  if not path:
-    raise ConfigError(f"{where}: no config file given (e.g. configs/grpo.py:arith)")
-  if not os.path.isfile(path):
-    missing = "is a directory" if os.path.isdir(path) else "no such file"
-    raise ConfigError(f"{where}: {path}: {missing} (a preset is configs/<name>.py[:variant])")
-  if not path.endswith(".py"):
-    raise ConfigError(f"{where}: {path} is not a Python config file (a .py file with "
-                      "get_config(), e.g. configs/grpo.py:arith)")
-  try:
-    with open(path, "rb") as f:
-      compile(f.read(), path, "exec")
-  except SyntaxError as error:
-    raise ConfigError(f"{where}: {path}:{error.lineno}: syntax error: {error.msg}") from None
-  except (OSError, ValueError) as error:  # unreadable, or NUL bytes / bad encoding
-    raise ConfigError(f"{where}: {path} cannot be read as Python ({error})") from None
 
 
 def _json_object(path: str, where: str) -> dict:
@@ -311,18 +287,3 @@ def _check_weights(directory: str, where: str) -> dict[str, tuple[int, ...]]:
 
 def _missing(directory: str, name: str, where: str) -> NoReturn:
   raise ConfigError(f"{where}: {directory} has no {name}")
-
-
-def check_workdir(path: str, where: str = "--workdir") -> None:
-  """`path` is a directory, or nothing on its way is a file (so it can be made one)."""
-  if not path:
-    raise ConfigError(f"{where}: empty; give the run's directory")
-  probe = os.path.abspath(path)
-  while not os.path.exists(probe):
-    parent = os.path.dirname(probe)
-    if parent == probe:
-      return
-    probe = parent
-  if not os.path.isdir(probe):
-    inside = "" if probe == os.path.abspath(path) else f" (on the way to {path})"
-    raise ConfigError(f"{where}={path}: {probe} is a file, not a directory{inside}")

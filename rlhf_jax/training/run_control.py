@@ -1,5 +1,7 @@
 """What keeps a training run's workdir consistent when people and machines interfere.
 
+- `check_workdir`: the run's directory is one, or can be made one (no regular file in its
+  place or above it), checked before any work.
 - `WorkdirLock`: one trainer per workdir. A second one is refused in one line naming the
   holder (pid, host, start time); two trainers would interleave their records and
   checkpoints. `fcntl.flock` on <workdir>/trainer.lock, held for the trainer's life: the
@@ -125,6 +127,21 @@ def start_over(workdir: str, lock: WorkdirLock, *, also: tuple[str, ...] = (),
   if removed:
     log(f"--overwrite: removed {', '.join(removed)} from {workdir}; starting over")
   return removed
+
+
+def check_workdir(path: str, where: str = "--workdir") -> None:
+  """`path` is a directory, or nothing on its way is a file (so it can be made one)."""
+  if not path:
+    raise ConfigError(f"{where}: empty; give the run's directory")
+  probe = os.path.abspath(path)
+  while not os.path.exists(probe):
+    parent = os.path.dirname(probe)
+    if parent == probe:
+      return
+    probe = parent
+  if not os.path.isdir(probe):
+    inside = "" if probe == os.path.abspath(path) else f" (on the way to {path})"
+    raise ConfigError(f"{where}={path}: {probe} is a file, not a directory{inside}")
 
 
 def describe_holder(text: str) -> str:

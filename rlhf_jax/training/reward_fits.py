@@ -4,13 +4,13 @@ the one that launch/train_rm.py, launch/train_judge.py and launch/train_prm.py c
 parsing their flags (the keyword arguments are the flags, and errors name them); each saves
 beside the policy's tokenizer into `output` and returns its JSON summary.
 
-A module of its own above rewards/ (it reads tasks/' generated data and algorithms/' SFT,
-which rewards/ may not import).
+The launchers' file checks are here too (`check_policy_and_output`, `read_flag_file`):
+one-line errors naming the flag, before any work.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence, TypeVar
 
 import jax
 import numpy as np
@@ -22,10 +22,7 @@ from rlhf_jax.data import Example
 from rlhf_jax.data import read_examples
 from rlhf_jax.data import read_pairs
 from rlhf_jax.data.jsonl import json_lines
-from rlhf_jax.launch_support import check_policy_and_output
-from rlhf_jax.launch_support import progress_bar
-from rlhf_jax.launch_support import read_flag_file
-from rlhf_jax.launch_support import split_held_out
+from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
 from rlhf_jax.rewards import genrm
 from rlhf_jax.rewards import model_training as rt
 from rlhf_jax.rewards import pairwise
@@ -36,8 +33,38 @@ from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import arith_rewards
+from rlhf_jax.training.loggers import progress_bar
+from rlhf_jax.training.run_control import check_workdir
 
 JUDGE_KINDS = ("genrm", "genrm_reference", "pairwise")
+T = TypeVar("T")
+
+
+def split_held_out(items: Sequence[T], held_out: Sequence[T] | None, fraction: float
+                   ) -> tuple[list[T], list[T]]:
+  """(train, held-out): `held_out` when given, else the last `fraction` of `items`."""
+  if held_out is not None:
+    return list(items), list(held_out)
+  cut = len(items) - max(1, int(round(len(items) * fraction)))
+  if cut < 1:
+    raise ValueError(f"{len(items)} items are too few to hold out {fraction:.0%}.")
+  return list(items[:cut]), list(items[cut:])
+
+
+def check_policy_and_output(policy: str, output: str) -> None:
+  """--policy is a checkpoint directory that loads (its files, not its tensors) and
+  --output can become a directory; else a ConfigError naming the flag."""
+  check_checkpoint_dir(policy, f"--policy={policy}")
+  check_workdir(output, "--output")
+
+
+def read_flag_file(flag: str, reader: Callable[[str], T], path: str) -> T:
+  """`reader(path)` for the file of --<flag>; a missing, empty or malformed file (the
+  readers' OSError / ValueError, which name the file and line) is a ConfigError."""
+  try:
+    return reader(path)
+  except (OSError, ValueError) as error:
+    raise ConfigError(f"--{flag}={path}: {error}") from None
 
 
 def train_reward_model(*, policy: str, output: str, train_pairs: str = "",
