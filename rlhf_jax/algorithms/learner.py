@@ -20,7 +20,7 @@ import jax
 
 from rlhf_jax import models
 from rlhf_jax import parallel
-from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import invalid
 from rlhf_jax.models import lora as lora_lib
 from rlhf_jax.optim import FrozenRole
 from rlhf_jax.optim import TrainedRole
@@ -166,9 +166,8 @@ def critic_from_checkpoint(directory: str, policy_model) -> tuple[object, dict]:
   model, params = models.load_hf_checkpoint(directory, head="scalar",
                                             scan_layers=policy_model.config.scan_layers)
   if model.config.vocab_size != policy_model.config.vocab_size:
-    raise ConfigError(f"config.critic.init_from={directory!r}: vocabulary "
-                      f"{model.config.vocab_size} differs from the policy's "
-                      f"{policy_model.config.vocab_size}.")
+    invalid("critic.init_from", directory, f"its vocabulary {model.config.vocab_size} "
+            f"differs from the policy's {policy_model.config.vocab_size}")
   return models.with_numerics(model, dtype=policy_model.config.dtype,
                               matmul_precision=policy_model.config.matmul_precision), params
 

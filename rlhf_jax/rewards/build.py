@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import invalid
 from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rewards.function_scorer import FunctionScorer
 from rlhf_jax.rewards.functions import parse_reward_config
@@ -135,10 +136,9 @@ def verifiers(c, tasks: Sequence[str]) -> Scorer:
   except ImportError as error:
     raise ConfigError(f"the data has a 'math' task: {error}") from None
   except ValueError as error:
-    raise ConfigError(f"config.reward.math_extractor: {error}") from None
+    invalid("reward.math_extractor", r.math_extractor, str(error))
   except SandboxUnavailable as error:
-    raise ConfigError(f"config.reward.sandbox.isolation={r.sandbox.isolation!r}: "
-                      f"{error}") from None
+    invalid("reward.sandbox.isolation", r.sandbox.isolation, str(error))
 
 
 def scores_any_task(c) -> bool:
@@ -229,5 +229,4 @@ def step_ends_of(c, tokenizer) -> frozenset[int]:
   try:
     return step_end_token_ids(tokenizer, c.reward.process.step_delimiter)
   except ValueError as error:
-    raise ConfigError(f"config.reward.process.step_delimiter="
-                      f"{c.reward.process.step_delimiter!r}: {error}") from None
+    invalid("reward.process.step_delimiter", c.reward.process.step_delimiter, str(error))

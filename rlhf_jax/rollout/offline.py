@@ -17,7 +17,7 @@ import numpy as np
 
 from rlhf_jax.batch import RolloutBatch
 from rlhf_jax.batch import response_logprobs
-from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import invalid
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import PromptStream
 from rlhf_jax.data import read_labelled
@@ -139,7 +139,7 @@ def offline_rollout(c, policy, path: str, log: Callable[[str], None] = print, *,
                                    group_size=c.rollout.group_size,
                                    pairs=pairs)
   except (OSError, ValueError) as error:
-    raise ConfigError(f"config.data.offline_file={path!r}: {error}") from None
+    invalid("data.offline_file", path, str(error))
   shapes = dict(prompt_length=c.data.prompt_length, response_length=c.rollout.max_new_tokens,
                 pad_id=policy.tokenizer.pad_id)
   # Always: they are π_ref's (reference 'cached') and the data's behaviour policy μ (DQO's

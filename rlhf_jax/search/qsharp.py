@@ -21,6 +21,7 @@ from rlhf_jax.algorithms import qsharp_fit
 from rlhf_jax.batch import build_rollout_batch
 from rlhf_jax.batch import response_logprobs
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import invalid
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.search.speculative_rejection import SpeculativeRejection
@@ -57,18 +58,21 @@ class QSharpOptions:
     if self.eta <= 0:
       raise ConfigError(f"--eta={self.eta} must be > 0")
     if c.rollout.max_new_tokens < 2:
-      raise ConfigError("config.rollout.max_new_tokens: must be >= 2 (a roll-in and a "
-                        "roll-out)")
+      invalid("rollout.max_new_tokens", c.rollout.max_new_tokens, "must be >= 2 (a roll-in "
+              "and a roll-out)")
     # The search steps and cancels samples in the scheduler itself.
-    if c.sampler.address or tuple(c.sampler.addresses):
-      raise ConfigError("config.sampler.address / addresses: Q♯ runs the in-process "
-                        "scheduler; leave both empty.")
+    if c.sampler.address:
+      invalid("sampler.address", c.sampler.address, "must be empty: Q♯ runs the in-process "
+              "scheduler")
+    if tuple(c.sampler.addresses):
+      invalid("sampler.addresses", tuple(c.sampler.addresses), "must be empty: Q♯ runs the "
+              "in-process scheduler")
     longest = c.data.prompt_length + c.rollout.max_new_tokens - 1  # prompt + roll-in
     if max(c.sampler.prompt_buckets) < longest:
-      raise ConfigError(f"config.sampler.prompt_buckets={tuple(c.sampler.prompt_buckets)} "
-                        f"must reach {longest} tokens (a roll-out starts from the prompt "
-                        f"and the roll-in), e.g. --config.sampler.prompt_buckets="
-                        f"{c.data.prompt_length},{longest + 1}")
+      invalid("sampler.prompt_buckets", tuple(c.sampler.prompt_buckets),
+              f"must reach {longest} tokens (a roll-out starts from the prompt and the "
+              f"roll-in), e.g. --config.sampler.prompt_buckets="
+              f"{c.data.prompt_length},{longest + 1}")
 
 
 def evaluate(name, sampler, reference, policy, examples, verifier, c, *, samples: int,
