@@ -27,7 +27,7 @@ Prints one JSON line per measurement; `--markdown` also prints a table.
   python benchmarks/compile_time.py --tiny   (CI: every program at a 1-layer, 64-wide
       shape and small batches, measured in this process)
 
-counts instead the programs a whole run compiles (issue 35, item 7): a GRPO arith run
+counts instead the programs a whole run compiles: a GRPO arith run
 (`configs/grpo.py:arith`, `--sft-steps` SFT steps then `--rl-steps` RL steps, the
 persistent compilation cache off) under `JAX_LOG_COMPILES=1`, one JSON object with the
 number of XLA compilations, their summed seconds, the run's wall time, and per program

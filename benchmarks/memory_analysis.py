@@ -16,7 +16,7 @@ Prints one JSON line per configuration: temp (the step's temporaries: activation
 logits, gradients in flight), arguments, outputs, and the [B, R, V] float32 logits a
 step without chunking materialises, for scale.
 
-Attention, XLA against flash (issue 35, P0-1), per layer:
+Attention, XLA against flash, per layer:
 
   python benchmarks/memory_analysis.py --attention xla,flash --layer-pair 2,4 \
       --rows 16,32 --chunks 1024 --remat 0

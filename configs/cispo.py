@@ -1,6 +1,6 @@
 """CISPO (MiniMax-M1, arXiv:2506.13585 §3.1 Eq. 4): REINFORCE on GRPO's advantages,
 weighted by a clipped, stop-gradient importance ratio; token-mean like DAPO
-(ALGORITHMS.md §19).
+(docs/formulas.md#cispo).
 
   python launch/train.py --config=configs/cispo.py:arith --workdir=/tmp/cispo
   python launch/train.py --config=configs/cispo.py:hf --config.model.checkpoint=DIR \

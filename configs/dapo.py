@@ -9,7 +9,7 @@ from rlhf_jax.training.overlays import with_overlays
 
 @with_overlays
 def get_config(variant: str = "arith"):
-  """DAPO on the `arith` task or an `hf` checkpoint (paper values, ALGORITHMS.md §2)."""
+  """DAPO on the `arith` task or an `hf` checkpoint (paper values, docs/formulas.md#dapo)."""
   c = base_config(variant)
   a = c.algorithm
   a.name = "dapo"

@@ -1,4 +1,4 @@
-"""DPO (Rafailov et al., arXiv:2305.18290; ALGORITHMS.md §1.7) on offline pairs.
+"""DPO (Rafailov et al., arXiv:2305.18290; docs/formulas.md#dpo) on offline pairs.
 
   python launch/train.py --config=configs/dpo.py:arith --workdir=/tmp/dpo
   python launch/train.py --config=configs/dpo.py:hf --config.model.checkpoint=DIR \

@@ -1,4 +1,4 @@
-"""DQO (Liu et al., arXiv:2410.09302; ALGORITHMS.md §9): the LM as a soft Q-function,
+"""DQO (Liu et al., arXiv:2410.09302; docs/formulas.md#dqo): the LM as a soft Q-function,
 trained offline on verifier-labelled samples of the SFT policy.
 
   python launch/train.py --config=configs/dqo.py:arith --workdir=/tmp/dqo

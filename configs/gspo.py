@@ -1,5 +1,5 @@
 """GSPO (Zheng et al., arXiv:2507.18071): GRPO's advantages, PPO's clip on a
-length-normalised sequence-level ratio (ALGORITHMS.md §19).
+length-normalised sequence-level ratio (docs/formulas.md#gspo).
 
   python launch/train.py --config=configs/gspo.py:arith --workdir=/tmp/gspo
   python launch/train.py --config=configs/gspo.py:hf --config.model.checkpoint=DIR \
@@ -16,12 +16,12 @@ from rlhf_jax.training.overlays import with_overlays
 
 @with_overlays
 def get_config(variant: str = "arith"):
-  """GSPO on the `arith` task or an `hf` checkpoint (paper values, ALGORITHMS.md §19)."""
+  """GSPO on the `arith` task or an `hf` checkpoint (paper values, docs/formulas.md#gspo)."""
   c = base_config(variant)
   a = c.algorithm
   a.name = "gspo"
   a.advantage.estimator = "grpo"  # Group-normalised A_i, one per response (GRPO's).
-  c.rollout.group_size = 8  # G (§19 quotes none; GRPO preset's).
+  c.rollout.group_size = 8  # G (the paper's is not quoted; GRPO preset's).
   a.policy_loss.kind = "gspo"  # s_i = exp(mean_t log π/π_old), clipped per sequence.
   # Tiny ranges: s_i is a geometric mean over the response (paper v2 §5.1).
   a.policy_loss.clip_low = 3e-4  # ε_low.

@@ -1,5 +1,5 @@
-"""Hybrid rewards (Shen et al., arXiv:2503.22230 §3; ALGORITHMS.md §6): each sample goes to
-a rule verifier if its task has one, else to GenRM w/ GT if it has a ground-truth answer,
+"""Hybrid rewards (Shen et al., arXiv:2503.22230 §3; docs/formulas.md#hybrid-rewards): each sample
+goes to a rule verifier if its task has one, else to GenRM w/ GT if it has a ground-truth answer,
 else to GenRM against its reference response (best-of-N SFT by the BT RM), else to the
 BT reward model. GRPO otherwise.
 

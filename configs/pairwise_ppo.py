@@ -1,5 +1,5 @@
-"""Pairwise-PPO (Pairwise-RL, arXiv:2504.04950; ALGORITHMS.md §10): PPO whose reward is
-the win probability of each response against an anchor, from a pairwise generative
+"""Pairwise-PPO (Pairwise-RL, arXiv:2504.04950; docs/formulas.md#pairwise-rl): PPO whose
+reward is the win probability of each response against an anchor, from a pairwise generative
 judge asked in both orders.
 
   python launch/train_judge.py --kind=pairwise --policy=runs/pw/sft --output=runs/pw/judge

@@ -1,4 +1,4 @@
-"""PPO with a critic and GAE (Ouyang et al. / verl defaults; ALGORITHMS.md §1.1).
+"""PPO with a critic and GAE (Ouyang et al. / verl defaults; docs/formulas.md#ppo).
 
   python launch/train.py --config=configs/ppo.py:arith --workdir=/tmp/ppo
 """

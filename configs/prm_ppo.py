@@ -1,6 +1,6 @@
 """PPO with a process reward model (Dai et al., arXiv:2410.17621; Gao et al.,
-arXiv:2410.15115; ALGORITHMS.md §8, §11): the PRM's line scores are dense rewards at
-line ends, refined by Delta so their sum cannot be farmed, plus the verifier's outcome
+arXiv:2410.15115; docs/formulas.md#prm-ppo, #reward-shaping): the PRM's line scores are dense
+rewards at line ends, refined by Delta so their sum cannot be farmed, plus the verifier's outcome
 at the last token; the critic starts as the PRM.
 
   python launch/train_prm.py --policy=runs/prm/sft --output=runs/prm/prm

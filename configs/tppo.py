@@ -1,4 +1,4 @@
-"""T-PPO (arXiv:2506.15050): windowed generation and Extended GAE (ALGORITHMS.md §5).
+"""T-PPO (arXiv:2506.15050): windowed generation and Extended GAE (docs/formulas.md#t-ppo).
 
   python launch/train.py --config=configs/tppo.py:arith --workdir=/tmp/tppo
 """
@@ -11,7 +11,7 @@ from rlhf_jax.training.overlays import with_overlays
 def get_config(variant: str = "arith"):
   """T-PPO on the `arith` task or an `hf` checkpoint.
 
-  The paper's full text is not in our index (ALGORITHMS.md §5): the window, batch
+  The paper's full text is not in our index (docs/formulas.md#t-ppo): the window, batch
   and no-KL settings are from its reviews; λ_actor and the clip range are not
   stated and follow VC-PPO.
   """

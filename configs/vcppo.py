@@ -1,4 +1,5 @@
-"""VC-PPO (arXiv:2503.01491): value pretraining and decoupled GAE (ALGORITHMS.md §3).
+"""VC-PPO (arXiv:2503.01491): value pretraining and decoupled GAE
+(docs/formulas.md#vc-ppo).
 
   python launch/train.py --config=configs/vcppo.py:arith --workdir=/tmp/vcppo
 """

@@ -1,4 +1,4 @@
-"""The house rules of the package layout, checked on the source (DESIGN.md, Layout):
+"""The house rules of the package layout, checked on the source (docs/concepts.md#layout):
 small files, a `training/` that holds only the loop's modules, and one-way imports
 with no circle (a function-level import counts: it must not dodge one)."""
 
@@ -266,7 +266,7 @@ MAX_FLOORS = 8  # kernels → models → batch → sampling → rewards → roll
 def test_the_house_has_at_most_eight_floors():
   """The longest chain of imports between the packages (a package's floor is one above the
   highest it imports): 10 before the rollout batch, the sandbox and speculative rejection
-  moved to their own rooms (issue 36), 8 after."""
+  moved to their own rooms, 8 after."""
   mods = modules()
   packages = {name.split(".")[1] for name in mods if name.count(".") >= 1
               and (ROOT / name.split(".")[1] / "__init__.py").is_file()}

@@ -1,5 +1,6 @@
 """Direct Preference Optimisation (Rafailov et al., arXiv:2305.18290; IPO, Azar et al.
-arXiv:2310.12036; hinge / SLiC; ALGORITHMS.md §1.7, §12) over groups of the rollout batch.
+arXiv:2310.12036; hinge / SLiC; docs/formulas.md#dpo, #dpo-vs-ppo) over groups of the rollout
+batch.
 
 A step's RolloutBatch holds groups of G responses per prompt (rows adjacent): offline
 pairs (G = 2, chosen then rejected: rollout.mode "offline") or our own samples ranked

@@ -1,5 +1,5 @@
-"""DQO: the LM trained as a soft Q-function (Liu et al., arXiv:2410.09302; ALGORITHMS.md §9;
-the targets and losses are our reconstruction, see kernels/q_learning.py).
+"""DQO: the LM trained as a soft Q-function (Liu et al., arXiv:2410.09302;
+docs/formulas.md#dqo; the targets and losses are our reconstruction, see kernels/q_learning.py).
 
     Q_θ(s_h, a_h) = β·log π_θ(a_h|s_h)/π_ref(a_h|s_h) + V_φ(s_h)
 

@@ -1,6 +1,6 @@
 """The `algorithm` config section of the PPO family, and its validation.
 
-Nested sub-sections, each a concept of its own (ALGORITHMS.md §0–§5):
+Nested sub-sections, each a concept of its own (docs/formulas.md, from #notation to #t-ppo):
   advantage     the estimator (GAE, GRPO, RLOO, REINFORCE++ ...) and its λ / γ
   policy_loss   the surrogate (PPO clip with clip-higher / dual clip, GSPO, GSPO-token,
                 CISPO), aggregation, entropy, positive NLL
@@ -9,7 +9,7 @@ Nested sub-sections, each a concept of its own (ALGORITHMS.md §0–§5):
   value         the critic's loss and pretraining (estimator 'gae' only)
   overlong      DAPO's soft overlong punishment and the truncation filter
   correction    sampler–trainer mismatch correction (TIS / masked IS)
-  staleness     decoupled PPO for tokens sampled by an older policy version (§20)
+  staleness     decoupled PPO for tokens sampled by an older policy version
   process_reward  how a PRM's step rewards are refined (Clip / Delta) before the advantages
 Presets (configs/*.py) set fields of these sections; nothing else differs.
 """
@@ -100,11 +100,11 @@ def algorithm_config() -> ml_collections.ConfigDict:
   a.correction.reuse_sampler_logprobs = True
 
   # Tokens sampled by an older policy version (dynamic sampling's kept surplus, a
-  # swap_now sampler): decoupled PPO (ALGORITHMS.md §20) centres the clip on the
-  # trainer's π_prox and weights the token by w = π_prox / π_behav.
+  # swap_now sampler): decoupled PPO (docs/formulas.md#decoupled-ppo) centres the clip on
+  # the trainer's π_prox and weights the token by w = π_prox / π_behav.
   a.staleness = ml_collections.ConfigDict()
   # 'tis' (default): w truncated at cap, so every stale token keeps a clipped weight (the
-  # decoupled-PPO objective of §20); 'mis_token': a token whose w leaves [1/cap, cap]
+  # decoupled-PPO objective); 'mis_token': a token whose w leaves [1/cap, cap]
   # gets w = 0 and still counts in the token mean's denominator (AReaL's behaviour mask,
   # which masks only w above its behav_imp_weight_cap).
   a.staleness.mode = "tis"

@@ -99,7 +99,8 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
                          correction: str, version: jax.Array | int | None
                          ) -> tuple[RolloutBatch, dict[str, jax.Array]]:
   """π_old, importance weights and kept tokens of every sampled token (decoupled PPO for
-  stale tokens: Hilton et al. arXiv:2110.00641, AReaL arXiv:2505.24298; ALGORITHMS.md §20).
+  stale tokens: Hilton et al. arXiv:2110.00641, AReaL arXiv:2505.24298;
+  docs/formulas.md#decoupled-ppo).
 
   A sampled token is fresh when its `token_versions` entry equals `version` (the policy
   whose weights `trainer_logprobs` were computed with), else stale

@@ -1,6 +1,6 @@
 """Q♯: decoding guided by the reference policy's return distribution (Zhou et al.,
 "Q♯: Provably Optimal Distributional RL for LLM Post-Training", arXiv:2502.20548;
-ALGORITHMS.md §13.2).
+docs/formulas.md#qsharp).
 
 For KL-regularised RL with deterministic transitions the optimal policy is
 
@@ -14,7 +14,7 @@ parameters read at every decode step), which suits small vocabularies or few bin
 π_ref's top-k next tokens and reweights them by exp(Q̂/η) (`guided_logits`, the
 engine's logits hook). The head is fitted by cross-entropy to the two-hot bin of the
 observed return (`guide_loss`) on an aggregated dataset: roll in with the guided
-policy, roll out with π_ref, refit (training/qsharp_training.py).
+policy, roll out with π_ref, refit (algorithms/qsharp_fit.py).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class RolloutBatch:
     token_versions: [B, R] int32, the policy version (the training step whose weights
       the sampler held) that sampled each response token; 0 on padding. A token is
       fresh when its version is the step being learned, else stale (decoupled PPO in
-      `prepare`, ALGORITHMS.md §20). T-PPO rows span one version per window.
+      `prepare`, docs/formulas.md#decoupled-ppo). T-PPO rows span one version per window.
     advantages: [B, R] the actor's advantages (set by `prepare`).
     returns: [B, R] the critic's targets (set by `prepare`; zeros without a critic).
   """

@@ -1,6 +1,6 @@
 """Pre-PPO prompt selection (Shen et al., "Exploring Data Scaling Trends and Effects in
-Reinforcement Learning from Human Feedback", §3 of ../shared/ALGORITHMS.md): before RL,
-score every candidate prompt by the current policy's samples and keep the hardest.
+Reinforcement Learning from Human Feedback", arXiv:2503.22230 §3; docs/formulas.md#hybrid-rewards):
+before RL, score every candidate prompt by the current policy's samples and keep the hardest.
 
 Scores are normalised per task (z-scores), so that a task whose reward scale or base
 accuracy differs from another's does not take the whole selection; the lowest-scoring

@@ -244,7 +244,7 @@ def truncation_bootstrap_values(values: chex.Array, mask: chex.Array,
   A finished response (stop token or cap) has no successor state: 0. An
   unfinished one (cut at the end of a generation window, length l) gets
   V(s_l) := V(s_{l−1}), its own last value (T-PPO, arXiv:2506.15050, Eq. 6;
-  ALGORITHMS.md §5). With γ = 1 and no token reward, the last δ is then 0, and
+  docs/formulas.md#t-ppo). With γ = 1 and no token reward, the last δ is then 0, and
   the row's advantages come only from value differences. Pass the result as
   `bootstrap_values` to `gae` / `decoupled_gae`.
 

@@ -1,6 +1,6 @@
 """Soft Q-learning in the token MDP: DQO's targets and losses (Liu et al., "Enhancing
 Multi-Step Reasoning Abilities of Language Models through Direct Q-Function
-Optimization", arXiv:2410.09302; ALGORITHMS.md §9).
+Optimization", arXiv:2410.09302; docs/formulas.md#dqo).
 
 The LM is the Q-function up to a state baseline:
 
@@ -10,8 +10,8 @@ which is the soft-optimal relation π* = π_ref·exp((Q* − V*)/β) read backwa
 the soft Bellman equation Q*(s_h, a_h) = r_h + V*(s_{h+1}) and, for any action,
 V*(s) = Q*(s, a) − β·log π*/π_ref(a|s).
 
-Our reconstruction (the paper's full text was not available; ALGORITHMS.md §9 marks
-the details UNVERIFIED): the target of Q(s_h, a_h) is a λ-return over those relations,
+Our reconstruction (the paper's full text was not available; docs/formulas.md#dqo marks the
+details UNVERIFIED): the target of Q(s_h, a_h) is a λ-return over those relations,
 with Retrace-style clipped importance weights c = min(ρ, c̄) on the multi-step
 corrections so that samples of a behaviour policy μ (the SFT policy) train π_θ:
 

@@ -47,7 +47,7 @@ def place_at_last_token(scores: chex.Array, mask: chex.Array) -> chex.Array:
   """Token-level rewards with each sequence's score at its last valid token.
 
   r_{i,t} = R_i if t is the last position with mask 1 in row i, else 0 (the
-  sparse outcome reward of the token MDP, ALGORITHMS.md §0). Empty rows get
+  sparse outcome reward of the token MDP, docs/formulas.md#notation). Empty rows get
   no reward.
 
   Args:

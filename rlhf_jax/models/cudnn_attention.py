@@ -5,7 +5,8 @@ Dao 2023, as NVIDIA builds it) through JAX's lower-level
 `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`, which takes the
 packed ("THD") description the public `jax.nn.dot_product_attention` does not
 expose yet: per batch entry the start offset and length of each of at most M
-segments (jax PRs #25812, #29731). One form serves every layout the decoder has:
+segments (github.com/jax-ml/jax/pull/25812 and pull/29731). One form serves every
+layout the decoder has:
 
 - no padding and no segments: plain causal (no lengths, the cheapest call);
 - padded rows (left, right or both): one segment per row, the run of its real
@@ -111,7 +112,7 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
   Args:
     q: [B, T, N, D] queries; k, v: [B, T, K, D] (cuDNN groups the heads itself, but
-      the packed form gets K/V repeated to N heads: jax PR #39521);
+      the packed form gets K/V repeated to N heads: github.com/jax-ml/jax/pull/39521);
       bf16/fp16, T even, D ≤ 256 and a multiple of 8 (else a ValueError naming it).
     token_mask: [B, T] bool, real tokens (None: all); each row's real tokens of one
       segment contiguous.
@@ -137,7 +138,7 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   offsets, lengths, runs = packed_description(valid, segment_ids, bound)
   keep = valid[:, :, None, None]
   q, k, v = (jnp.where(keep, x, jnp.zeros((), x.dtype)) for x in (q, k, v))
-  # The packed form scales kv offsets by the query's heads (jax < PR #39521: silently
+  # The packed form scales kv offsets by the query's heads (jax before pull/39521: silently
   # wrong keys under GQA), so K/V go in with N heads; autodiff sums the repeats back.
   group = q.shape[2] // k.shape[2]
   k, v = (jnp.repeat(x, group, axis=2) for x in (k, v)) if group > 1 else (k, v)

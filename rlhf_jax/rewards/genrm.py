@@ -1,5 +1,5 @@
 """GenRM: a generative reward model that judges a response against a reference
-(Shen et al., arXiv:2503.22230; ALGORITHMS.md §6).
+(Shen et al., arXiv:2503.22230; docs/formulas.md#hybrid-rewards).
 
 Two templates: "with ground truth" (reasoning prompts: the reference answer) and
 "with reference response" (the rest: e.g. the SFT policy's best-of-N response by the

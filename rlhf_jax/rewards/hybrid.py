@@ -1,5 +1,5 @@
 """Routing each sample to a reward: rule verifier, GenRM, reward model (Shen et al.,
-arXiv:2503.22230 §3; ALGORITHMS.md §6).
+arXiv:2503.22230 §3; docs/formulas.md#hybrid-rewards).
 
 `RoutedScorer` sends every sample down one route and keeps per-route metrics (share of
 samples, mean score, failure rate). The config's `reward.route` picks a single route for

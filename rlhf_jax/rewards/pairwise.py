@@ -1,5 +1,5 @@
 """The pairwise judge and Pairwise-PPO's reward (Pairwise-RL, arXiv:2504.04950;
-ALGORITHMS.md §10).
+docs/formulas.md#pairwise-rl).
 
 A generative judge reads (prompt, response A, response B) and answers with the token
 of the better one. P(y ≻ anchor) is averaged over both orders

@@ -1,10 +1,11 @@
-"""A line-level process reward model (Dai et al., arXiv:2410.17621; ALGORITHMS.md §8).
+"""A line-level process reward model (Dai et al., arXiv:2410.17621;
+docs/formulas.md#prm-ppo).
 
 Steps are the pieces of a response that end with the step delimiter (a newline by
 default), the last piece ending at the last text token. The PRM is a scalar-head model
 read at each step-end token: its value there estimates the probability that the policy
 can still finish the prefix into a verified answer. It is trained by regression on
-0/1 step labels (`training/reward_training.py`), so that value is directly a success
+0/1 step labels (`rewards/model_training.py`), so that value is directly a success
 probability and can initialise the PPO critic (`critic.init_from`).
 
 Labels follow Dai et al.: a verified response labels every step 1; for a wrong one, the

@@ -8,7 +8,7 @@ reward is made of), or, with signal 'accuracy', those whose correctness varies
 (0 < #correct < G, the paper's rule; the verifier's verdict or a function's "acc"). Surplus qualified groups are discarded, as in verl's DAPO recipe, so every
 trained row was sampled by the current policy; keeping them for later steps
 (OpenRLHF's variant) is the `keep_surplus` option, whose stale rows `prepare`
-corrects by decoupled PPO (ALGORITHMS.md §20).
+corrects by decoupled PPO (docs/formulas.md#decoupled-ppo).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Bounded-staleness pipelining: generation runs up to k policy versions ahead of the
-learner (`rollout.max_staleness = k`; AReaL arXiv:2505.24298, ALGORITHMS.md §20).
+learner (`rollout.max_staleness = k`; AReaL arXiv:2505.24298, docs/formulas.md#decoupled-ppo).
 
     step s:  collect()   submits the jobs for batches up to s + k, each pinned to the
                          newest weights (version s), then waits for batch s

@@ -1,4 +1,4 @@
-"""T-PPO's windowed generation (arXiv:2506.15050; ALGORITHMS.md §5).
+"""T-PPO's windowed generation (arXiv:2506.15050; docs/formulas.md#t-ppo).
 
 A fixed pool of in-flight responses. Each training step every response in the
 pool generates at most W more tokens (`window_tokens`) with the current policy;

@@ -204,7 +204,7 @@ class Scheduler(WeightSwaps):
       SamplingParams] = SamplingParams()) -> list[list[Completion]]:
     """Samples every prompt and returns, per prompt, its `n` completions in order.
 
-    The in-process sampler interface of DESIGN.md: `generate(prompts, params)`.
+    The in-process `Sampler` interface (docs/concepts.md#the-seams): `generate(prompts, params)`.
     """
     samplings = per_prompt(prompts, sampling)
     ids = [self.submit(p, s) for p, s in zip(prompts, samplings)]

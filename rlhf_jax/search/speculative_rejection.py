@@ -1,5 +1,6 @@
 """Best-of-N and Speculative Rejection (Sun et al., "Fast Best-of-N Decoding via Speculative
-Rejection", arXiv:2410.20290; ALGORITHMS.md §13.1) over the in-process scheduler.
+Rejection", arXiv:2410.20290; docs/formulas.md#speculative-rejection) over the in-process
+scheduler.
 
 Every prompt starts N_init samples. At each decision point τ_k (a response length in
 tokens), once every sample of a prompt still generating has at least τ_k tokens, a

@@ -11,9 +11,9 @@ earlier ones, then ends with a final answer line:
     0+3+1=4 c0
     Answer: 432
 
-(A probe on this machine found that a tiny model learns digit-serial formats
-in minutes and left-to-right answers hardly at all; see DESIGN.md, "Notes for
-the built-in arith task".) Difficulty levels set the operand sizes; × always
+(A probe found that a tiny model learns digit-serial formats in minutes and
+left-to-right answers hardly at all: docs/algorithms.md#the-built-in-tasks.)
+Difficulty levels set the operand sizes; × always
 has a one-digit multiplier. `verify` reads the last "Answer:" line.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offline and inference-time methods on arith from the seed-0 warm start (issue 14):
+# Offline and inference-time methods on arith from the seed-0 warm start:
 #   DPO (offline pairs of the warm start's verified samples) and DQO (its labelled samples),
 #   two learning rates each, iterative DPO, against PPO and GRPO; held-out greedy accuracy every 5 steps;
 #   speculative rejection against Best-of-N by the BT reward model and by the PRM of

@@ -1,8 +1,8 @@
 """Staleness fidelity: policy versions on rows, decoupled PPO in `prepare`, and dynamic
 sampling's surplus (discarded as in verl, or kept with a maximum age).
 
-References are NumPy loops written from ALGORITHMS.md §20 (decoupled PPO: π_prox
-centres the clip, w = π_prox / π_behav weights the token) and §2 (DAPO dynamic sampling).
+References are NumPy loops written from docs/formulas.md#decoupled-ppo (π_prox
+centres the clip, w = π_prox / π_behav weights the token) and #dapo (dynamic sampling).
 """
 
 import collections
@@ -83,9 +83,9 @@ def run_prepare(a, batch, trainer, *, correction="none", version=CURRENT):
 
 def reference_weights(trainer, sampler, versions, lengths, starts, *, correction, c_corr,
                       stale_mode, cap):
-  """Per token, from §20: (π_old, w, keep), 0 off the sampled tokens. A token of version
-  CURRENT is fresh, also in a row that spans versions (the sampler recomputes the KV cache
-  of a sample in flight at a swap: sampling/swap.py)."""
+  """Per token, from docs/formulas.md#decoupled-ppo: (π_old, w, keep), 0 off the sampled
+  tokens. A token of version CURRENT is fresh, also in a row that spans versions (the
+  sampler recomputes the KV cache of a sample in flight at a swap: sampling/swap.py)."""
   old, weight, keep = np.zeros_like(trainer), np.zeros_like(trainer), np.zeros_like(trainer)
   for b in range(trainer.shape[0]):
     for t in range(trainer.shape[1]):

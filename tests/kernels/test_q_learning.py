@@ -1,5 +1,5 @@
 """DQO's soft λ-returns, clipped importance weights and losses against NumPy loops
-written from the formulas (kernels/q_learning.py; ALGORITHMS.md §9)."""
+written from the formulas (kernels/q_learning.py; docs/formulas.md#dqo)."""
 
 import chex
 import jax

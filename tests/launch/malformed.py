@@ -1,4 +1,4 @@
-"""The red team's malformed inputs of issue 41 (checkpoints, chat templates, data rows,
+"""The red team's malformed inputs (checkpoints, chat templates, data rows,
 logs) and how a launcher is run on them: shared by tests/launch/test_malformed_inputs.py
 (the table) and the adversarial suite (tests/sandbox/test_input_bounds_adversarial.py)."""
 

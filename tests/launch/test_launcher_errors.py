@@ -133,8 +133,8 @@ CASES = [
     ("train_rm: truncated --policy", "train_rm.py",
      ("--policy={d}/truncated", "--output={w}/rm"), "model.safetensors"),
 ]
-# Cases that were one line already before issue 34, or repeat another launcher's: measured
-# by main(), not run by the test.
+# Cases that were always one line, or repeat another launcher's: measured by main(), not
+# run by the test.
 EXTRA = [
     ("train: empty train_file", "train.py",
      (*ARITH, "--config.data.train_file={d}/empty.jsonl"), "empty.jsonl"),

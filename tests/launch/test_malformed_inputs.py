@@ -1,4 +1,4 @@
-"""The red team's malformed inputs of issue 41 (checkpoints, chat templates, data rows,
+"""The red team's malformed inputs (checkpoints, chat templates, data rows,
 logs) through the launchers as a user runs them: each is one line on stderr naming the
 file, exit status 2, in seconds, where they spun, aborted or gave tracebacks.
 

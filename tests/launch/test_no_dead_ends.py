@@ -1,4 +1,4 @@
-"""No dead ends between settings (issue 41): the last of repeated flags wins, tuples
+"""No dead ends between settings: the last of repeated flags wins, tuples
 included; a peer's field name (TRL, verl, OpenRLHF) gets our field's in "did you mean";
 `train.eval_every=0` turns evaluation off. In-process through `cli.parse_flags`, as every
 launcher parses its flags."""

@@ -1,4 +1,4 @@
-"""The red team's chat templates of issue 41 (time, size, recursion), shared by the
+"""The red team's chat templates (time, size, recursion), shared by the
 bounds' unit tests (test_template_bounds.py) and the adversarial suite."""
 
 # (case, template, what the error says). Loops within range() but with no end in sight are

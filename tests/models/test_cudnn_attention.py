@@ -147,8 +147,8 @@ def test_cudnn_refuses_softcap():
 @pytest.mark.parametrize("layout, key_heads", [("causal", 2), ("padded", 8), ("packed", 8)])
 def test_what_cudnn_is_given(monkeypatch, layout, key_heads):
   """Plain causal rows go in as they are (cuDNN does GQA); padded and packed rows take
-  the packed form, whose kv offsets jax scales by the query's heads (before jax PR
-  #39521), so K/V are repeated to N heads; padding queries come back 0."""
+  the packed form, whose kv offsets jax scales by the query's heads (before
+  github.com/jax-ml/jax/pull/39521), so K/V are repeated to N heads; padding queries come back 0."""
   from rlhf_jax.models import cudnn_attention as module
   seen = {}
 

@@ -1,4 +1,5 @@
-"""Fidelity of the rollout modes and of `prepare` to the formulas (ALGORITHMS.md §0, §1, §5).
+"""Fidelity of the rollout modes and of `prepare` to the formulas
+(docs/formulas.md#notation, #ppo to #remax, #t-ppo).
 
 * T-PPO's windows mode with a window W >= the response cap R is plain groups mode:
   every response finishes in its first window.
@@ -253,9 +254,10 @@ def np_kl(logp, ref, estimator):
 
 
 def np_gae(rewards, values, mask, finished, *, gamma, lam):
-  """GAE per row, backwards over its valid tokens (ALGORITHMS.md §0):
+  """GAE per row, backwards over its valid tokens (docs/formulas.md#notation):
   δ_t = r_t + γ·V_{t+1} − V_t, A_t = δ_t + γλ·A_{t+1}. After the last token V is 0 for a
-  finished row and V(s_l) := V(s_{l−1}) for an unfinished one (T-PPO's EGAE, §5)."""
+  finished row and V(s_l) := V(s_{l−1}) for an unfinished one (T-PPO's EGAE,
+  docs/formulas.md#t-ppo)."""
   advantages = np.zeros(rewards.shape)
   for i in range(rewards.shape[0]):
     valid = np.flatnonzero(mask[i])
@@ -272,7 +274,8 @@ def np_gae(rewards, values, mask, finished, *, gamma, lam):
 
 
 def np_whiten(x, mask):
-  """(x − μ) / sqrt(σ² + 1e-8) over the masked entries (Bessel σ², ALGORITHMS.md §0)."""
+  """(x − μ) / sqrt(σ² + 1e-8) over the masked entries (Bessel σ²,
+  docs/formulas.md#notation)."""
   chosen = x[mask > 0]
   return (x - chosen.mean()) / np.sqrt(chosen.var(ddof=1) + 1e-8) * mask
 

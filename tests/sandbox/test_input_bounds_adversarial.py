@@ -1,4 +1,4 @@
-"""The red team's hostile inputs of issue 41 against the bounds on what a checkpoint and a
+"""The red team's hostile inputs against the bounds on what a checkpoint and a
 data file can make the trainer do (models/template_bounds.py, data/prompts.py): chat
 templates that loop, allocate or recurse without end, and a 50 MB data row, each run in a
 child process with a wall-clock limit and its peak memory measured (they took 72 s and

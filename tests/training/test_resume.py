@@ -1,4 +1,4 @@
-"""Resume that survives what happens to a run's workdir (issue 34): torn record files, a
+"""Resume that survives what happens to a run's workdir: torn record files, a
 corrupt latest checkpoint, SIGINT mid-step, a lost fleet (the lock and the signal flag:
 test_workdir_lock.py).
 

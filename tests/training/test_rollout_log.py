@@ -1,4 +1,4 @@
-"""rollouts.jsonl (training/rollout_log.py): a single-turn row is its prompt and response
+"""rollouts.jsonl (training/metrics.py): a single-turn row is its prompt and response
 without padding, trained on where the response is; resumed runs drop later steps."""
 
 import json

@@ -1,5 +1,5 @@
 """One trainer per workdir (run_control.WorkdirLock) and signals that wait for the step's
-records (run_control.StopSignals); issue 34."""
+records (run_control.StopSignals)."""
 
 import os
 import signal
