@@ -11,7 +11,10 @@ An estimator is a function with one signature,
   token_rewards  [B, R] the score at the last token, plus step / turn rewards and −β·KL
                  when the KL is in the reward (`ppo_family.token_rewards`);
   algorithm      the whole `algorithm` config section (its λ, γ, ... in `advantage`);
-  group_size     G: the rows of a group are adjacent;
+  group_size     G: the rows of a group are adjacent; a row whose `batch.scored` is False
+                 (no reward scored it, `reward.unscored = "drop"`) has an empty
+                 response_mask and should stay out of its group's statistics, as the
+                 built-in group estimators keep it (`valid=` of the kernels);
   advantages     [B, R] float32, 0 off `batch.response_mask`;
   returns        [B, R] the critic's targets, or None without a critic.
 
@@ -79,7 +82,7 @@ def grpo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size
   """GRPO: the score minus the group's mean, over the group's std, on every token."""
   del token_rewards, algorithm
   advantages = kernels.group_advantages(batch.scores, group_size=group_size,
-                                        normalize_by_std=True)
+                                        normalize_by_std=True, valid=batch.scored)
   return advantages[:, None] * batch.response_mask, None
 
 
@@ -87,14 +90,15 @@ def dr_grpo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_s
   """Dr. GRPO: the score minus the group's mean (no std), on every token."""
   del token_rewards, algorithm
   advantages = kernels.group_advantages(batch.scores, group_size=group_size,
-                                        normalize_by_std=False)
+                                        normalize_by_std=False, valid=batch.scored)
   return advantages[:, None] * batch.response_mask, None
 
 
 def rloo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
   """RLOO: the score minus the mean of the group's other scores, on every token."""
   del token_rewards, algorithm
-  advantages = kernels.rloo_advantages(batch.scores, group_size=group_size)
+  advantages = kernels.rloo_advantages(batch.scores, group_size=group_size,
+                                       valid=batch.scored)
   return advantages[:, None] * batch.response_mask, None
 
 
@@ -112,7 +116,8 @@ def reinforce_pp_baseline(batch: RolloutBatch, token_rewards: jax.Array, algorit
   """REINFORCE++-baseline: the group-mean baseline, then global whitening."""
   del token_rewards, algorithm
   return kernels.reinforce_pp_baseline_advantages(batch.scores, batch.response_mask,
-                                                  group_size=group_size), None
+                                                  group_size=group_size,
+                                                  valid=batch.scored), None
 
 
 _BUILT_IN = (

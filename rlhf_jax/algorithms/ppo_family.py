@@ -32,7 +32,10 @@ class Normalizers(NamedTuple):
 
 def shape_rewards(algorithm, batch: RolloutBatch) -> RolloutBatch:
   """DAPO's overlong punishment on finished rows' scores (Eq. 13), and the overlong
-  filter (truncated rows leave the loss)."""
+  filter (truncated rows leave the loss). Rows no reward scored (`batch.scored` False:
+  `reward.unscored = "drop"`) leave the loss here, and their groups' statistics in the
+  group estimators."""
+  batch = batch.replace(response_mask=batch.response_mask * batch.scored[:, None])
   o = algorithm.overlong
   if o.penalty:
     penalty = kernels.overlong_penalty(batch.lengths, max_length=batch.response_length,

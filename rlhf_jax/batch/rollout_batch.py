@@ -45,6 +45,9 @@ class RolloutBatch:
       for the advantages but not trained on again.
     finished: [B] bool, the response ended (stop token or cap); False for a
       T-PPO response that continues in the next step.
+    scored: [B] bool, some reward scored the row; False for a row that no reward
+      function scored under `reward.unscored = "drop"`: `prepare` takes it out of the
+      loss and the group estimators out of its group's statistics.
     is_weights: [B, R] rollout-correction importance weights (1 until `prepare`
       sets them; `kernels.rollout_correction`).
     correction_mask: [B, R] 0 on tokens masked importance sampling drops.
@@ -70,6 +73,7 @@ class RolloutBatch:
   group_ids: jax.Array
   window_starts: jax.Array
   finished: jax.Array
+  scored: jax.Array
   sampler_logprobs: jax.Array
   is_weights: jax.Array
   correction_mask: jax.Array
@@ -130,14 +134,15 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                         finished: Sequence[bool] | None = None,
                         step_rewards: Sequence[Sequence[tuple[int, float]]] | None = None,
                         token_versions: Sequence[Sequence[int]] | None = None,
-                        loss_masks: Sequence[Sequence[int]] | None = None
-                        ) -> RolloutBatch:
+                        loss_masks: Sequence[Sequence[int]] | None = None,
+                        scored: Sequence[bool] | None = None) -> RolloutBatch:
   """Packs host-side rollouts into a RolloutBatch of NumPy arrays (`window_starts`
   default 0, `finished` default True: whole responses; `step_rewards` per row a list of
   (response column, process reward) pairs, default none; `token_versions` per row the
   policy version of each response token, default 0: the starting policy; `loss_masks`
   per row 0/1 per response token, default 1: multi-turn rows put 0 on the environment's
-  tokens, which are context but not the policy's actions).
+  tokens, which are context but not the policy's actions; `scored` default True: see
+  `RolloutBatch.scored`).
 
   Raises:
     ValueError: naming the row if a prompt or response does not fit, or if its
@@ -192,7 +197,8 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                       window_starts=np.asarray(
                           [0] * batch if window_starts is None else window_starts, np.int32),
                       finished=np.asarray([True] * batch if finished is None else finished,
-                                          bool))
+                                          bool),
+                      scored=np.asarray([True] * batch if scored is None else scored, bool))
 
 
 def encode_pairs(tokenizer, prompts: Sequence[str], responses: Sequence[str], *,

@@ -27,8 +27,19 @@ def _grouped(scores: chex.Array, group_size: int, name: str = "scores") -> chex.
   return jnp.asarray(scores, jnp.float32).reshape(-1, group_size)
 
 
+def _group_valid(valid: chex.Array | None, grouped: chex.Array) -> chex.Array:
+  """[N/G, G] float32 membership: 1 for rows that count in their group's statistics."""
+  if valid is None:
+    return jnp.ones_like(grouped)
+  if jnp.shape(valid) != (grouped.size,):
+    raise ValueError(f"valid must be a [batch] vector of {grouped.size} entries; got shape "
+                     f"{jnp.shape(valid)}.")
+  return jnp.asarray(valid, jnp.float32).reshape(grouped.shape)
+
+
 def group_advantages(scores: chex.Array, *, group_size: int,
-                     normalize_by_std: bool = True, eps: float = 1e-6) -> chex.Array:
+                     normalize_by_std: bool = True, eps: float = 1e-6,
+                     valid: chex.Array | None = None) -> chex.Array:
   """Group-normalised outcome advantages (GRPO; Dr. GRPO without the std).
 
       A_i = (R_i − mean_G R) / (std_G R + eps)     (GRPO, arXiv:2402.03300 §4.1.2)
@@ -37,43 +48,69 @@ def group_advantages(scores: chex.Array, *, group_size: int,
   std is the sample std (Bessel), as in verl/tunix. A group of one sample has
   mean 0 and std 1 (verl's convention), so its advantage is its score.
 
+  With `valid`, the statistics of a group are taken over its valid members only
+  (n of them): a row that no reward scored leaves its group (`reward.unscored =
+  "drop"`). Its own advantage is 0; a group left with one valid member has advantage
+  0 for it (its own mean), one with none is all 0.
+
   Args:
     scores: [N] per-sample rewards, N = groups × group_size, each group's
       samples contiguous.
     group_size: G, samples per prompt.
     normalize_by_std: divide by the group std (GRPO) or not (Dr. GRPO).
     eps: added to the std.
+    valid: optional [N] bool/0-1, the rows that count (default: all).
   Returns:
     [N] float32 advantages (broadcast over tokens by the caller).
   """
   grouped = _grouped(scores, group_size)
-  if group_size == 1:
-    mean, std = jnp.zeros_like(grouped), jnp.ones_like(grouped)
-  else:
+  if group_size == 1:  # mean 0, std 1: the advantage is the score
+    return (grouped * _group_valid(valid, grouped)).reshape(-1)
+  if valid is None:
     mean = jnp.mean(grouped, axis=1, keepdims=True)
     std = jnp.std(grouped, axis=1, keepdims=True, ddof=1)
-  centred = grouped - mean
+    centred = grouped - mean
+    if normalize_by_std:
+      centred = centred / (std + eps)
+    return centred.reshape(-1)
+  member = _group_valid(valid, grouped)
+  count = jnp.sum(member, axis=1, keepdims=True)
+  mean = jnp.sum(grouped * member, axis=1, keepdims=True) / jnp.maximum(count, 1.0)
+  centred = (grouped - mean) * member
   if normalize_by_std:
-    centred = centred / (std + eps)
+    variance = jnp.sum(centred ** 2, axis=1, keepdims=True) / jnp.maximum(count - 1.0, 1.0)
+    centred = centred / (jnp.sqrt(variance) + eps)
   return centred.reshape(-1)
 
 
-def rloo_advantages(scores: chex.Array, *, group_size: int) -> chex.Array:
+def rloo_advantages(scores: chex.Array, *, group_size: int,
+                    valid: chex.Array | None = None) -> chex.Array:
   """REINFORCE leave-one-out advantages (Ahmadian et al., arXiv:2402.14740 Eq. 5).
 
       A_i = R_i − (1/(G−1)) Σ_{j≠i} R_j = G/(G−1)·(R_i − mean_G R)
 
+  With `valid`, G and the sum run over the group's valid members (a row no reward
+  scored leaves its group: `reward.unscored = "drop"`); an invalid row, or the only
+  valid one of its group, gets 0.
+
   Args:
     scores: [N] per-sample rewards in contiguous groups.
     group_size: G ≥ 2 (a single sample has no leave-one-out baseline).
+    valid: optional [N] bool/0-1, the rows that count (default: all).
   Returns:
     [N] float32 advantages.
   """
   if isinstance(group_size, int) and group_size < 2:
     raise ValueError(f"group_size={group_size!r} must be >= 2 for RLOO.")
   grouped = _grouped(scores, group_size)
-  baseline = (jnp.sum(grouped, axis=1, keepdims=True) - grouped) / (group_size - 1)
-  return (grouped - baseline).reshape(-1)
+  if valid is None:
+    baseline = (jnp.sum(grouped, axis=1, keepdims=True) - grouped) / (group_size - 1)
+    return (grouped - baseline).reshape(-1)
+  member = _group_valid(valid, grouped)
+  others = jnp.sum(member, axis=1, keepdims=True) - 1.0
+  baseline = (jnp.sum(grouped * member, axis=1, keepdims=True) - grouped) / jnp.maximum(
+      others, 1.0)
+  return ((grouped - baseline) * member * (others >= 1.0)).reshape(-1)
 
 
 def discounted_returns(token_rewards: chex.Array, mask: chex.Array, *,
@@ -117,7 +154,8 @@ def reinforce_pp_advantages(token_rewards: chex.Array, mask: chex.Array, *,
 
 
 def reinforce_pp_baseline_advantages(scores: chex.Array, mask: chex.Array, *,
-                                     group_size: int) -> chex.Array:
+                                     group_size: int, valid: chex.Array | None = None
+                                     ) -> chex.Array:
   """REINFORCE++-baseline: group-mean baseline, then global whitening.
 
       A_{i,t} = whiten_batch(R_i − mean_G R) broadcast over response tokens
@@ -128,10 +166,13 @@ def reinforce_pp_baseline_advantages(scores: chex.Array, mask: chex.Array, *,
     scores: [B] per-sample rewards in contiguous groups.
     mask: [B, T] 0/1.
     group_size: G.
+    valid: optional [B] bool/0-1, the rows that count in the group means (a row no
+      reward scored: `reward.unscored = "drop"`; its mask should be 0 too).
   Returns:
     [B, T] float32 advantages, 0 where mask is 0.
   """
-  centred = group_advantages(scores, group_size=group_size, normalize_by_std=False)
+  centred = group_advantages(scores, group_size=group_size, normalize_by_std=False,
+                             valid=valid)
   if jnp.ndim(mask) != 2 or mask.shape[0] != centred.shape[0]:
     raise ValueError(f"mask must be [batch, time] with batch={centred.shape[0]}; "
                      f"got shape {jnp.shape(mask)}.")

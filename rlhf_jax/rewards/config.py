@@ -55,8 +55,9 @@ def reward_config(arith: bool) -> ml_collections.ConfigDict:
   # are the training reward of every sample (the verifiers still measure accuracy).
   r.function = ""
   r.function_weights = ""  # Their weights, "1.0,0.5" (empty: 1 each).
-  # A sample that no function scores (each returned None): 'zero' (reward 0, TRL's) or
-  # 'failure' (reward.failure_score, counted as a failure). Either way a console line counts them.
+  # A sample that no function scores (each returned None): 'zero' (reward 0, TRL's),
+  # 'failure' (reward.failure_score, counted as a failure) or 'drop' (out of its group's
+  # statistics and the loss). Each way a console line counts them.
   r.unscored = "zero"
   r.function_timeout_s = 60.0  # One call of a function (a TRL function's holds the whole step).
   r.worker_memory_mb = 4096  # A function worker's memory with what it starts (0: no limit).
@@ -231,7 +232,7 @@ def validate_reward_functions(r) -> None:
   if r.function_weights and not r.function:
     invalid("reward.function_weights", r.function_weights, "must be empty without "
             "reward.function")
-  one_of("reward.unscored", r.unscored, ("zero", "failure"))
+  one_of("reward.unscored", r.unscored, ("zero", "failure", "drop"))
   check_range("reward.function_timeout_s", r.function_timeout_s, low=0, low_open=True)
   if not isinstance(r.worker_memory_mb, int) or r.worker_memory_mb < 0:
     invalid("reward.worker_memory_mb", r.worker_memory_mb, "must be an int >= 0 (0: no limit)")

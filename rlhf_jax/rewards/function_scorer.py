@@ -43,7 +43,8 @@ from rlhf_jax.sandbox.workers import GroupPool
 
 LOG = logging.getLogger("rlhf_jax.rewards")
 FULL_MARKS = 1.0  # a function's value that counts as a correct answer (TRL's, verl's 1.0)
-UNSCORED = ("zero", "failure")  # reward.unscored: a sample no function scored gets 0 / fails
+# reward.unscored: a sample no function scored gets 0 / fails / leaves training
+UNSCORED = ("zero", "failure", "drop")
 _SHOWN_OUTPUT = 1000  # characters of a function's printed output shown on the console
 
 
@@ -110,8 +111,9 @@ class FunctionScorer(ScorerBase):
     monitor: the rule verifiers of the tasks that have one (true accuracy), or None.
     monitor_tasks: the tasks `monitor` scores.
     failure_score: the reward of a failed sample.
-    unscored: the reward of a sample no function scored: "zero" (0, TRL's) or
-      "failure" (`failure_score`, counted as a failure).
+    unscored: the reward of a sample no function scored: "zero" (0, TRL's),
+      "failure" (`failure_score`, counted as a failure) or "drop" (`Scores.scored`
+      False: out of its group's statistics and the loss).
     timeout_s: the limit of one call (a TRL function's call holds the whole step).
     workers: worker processes.
     memory_mb: a worker's resident limit with the processes it starts (0: none).
@@ -163,6 +165,9 @@ class FunctionScorer(ScorerBase):
           reason = ("no reward function scored it (every one returned None; "
                     "reward.unscored='failure')")
           out.append(self.failure_score, False, reason, reason)
+        elif self.unscored == "drop":
+          out.append(0.0, False, "", "no reward function scored it (dropped: "
+                     "reward.unscored='drop')", scored=False)
         else:
           correct = bool(verdicts[i])
           out.append(0.0, correct, "", "" if correct else "no reward function scored it")
@@ -317,8 +322,9 @@ class FunctionScorer(ScorerBase):
         LOG.warning("reward function %s printed %d bytes%s:\n%s", name, t.output_bytes,
                     f" ({more} not shown)" if more > 0 else "", shown)
     if self._unscored_samples:
-      what = ("they get 0" if self.unscored == "zero" else
-              f"they get reward.failure_score={self.failure_score:g}")
+      what = {"zero": "they get 0",
+              "drop": "they leave their groups' statistics and the loss"}.get(
+                  self.unscored, f"they get reward.failure_score={self.failure_score:g}")
       LOG.warning("reward: %d of %d samples were scored by no reward function (every one "
                   "returned None): %s (reward.unscored=%r)", self._unscored_samples,
                   self._samples, what, self.unscored)

@@ -61,6 +61,8 @@ class Scores:
       "test failed: ..."); a failure's reason is the failure.
     extracted: optional [N] the final answer a verifier read from each response (None
       where it read none); the evaluation's majority vote (maj@k) reads it.
+    scored: optional [N] False for a sample no reward scored that leaves training
+      (`reward.unscored = "drop"`: `RolloutBatch.scored`); None: every sample counts.
   """
   scores: list[float]
   correct: list[bool]
@@ -68,10 +70,11 @@ class Scores:
   step_scores: list[list[float]] | None = None
   reasons: list[str] | None = None
   extracted: list[str | None] | None = None
+  scored: list[bool] | None = None
 
   def __post_init__(self):
     lengths = {len(self.scores), len(self.correct), len(self.failures)}
-    for optional in (self.step_scores, self.reasons, self.extracted):
+    for optional in (self.step_scores, self.reasons, self.extracted, self.scored):
       if optional is not None:
         lengths.add(len(optional))
     if len(lengths) != 1:
@@ -87,8 +90,12 @@ class Scores:
     """The final answer read from sample i (None if none, or the scorer reads none)."""
     return self.extracted[i] if self.extracted is not None else None
 
+  def counts(self, i: int) -> bool:
+    """Whether sample i counts in training (False: dropped, see `scored`)."""
+    return self.scored is None or self.scored[i]
+
   def append(self, score: float, correct: bool, failure: str, reason: str,
-             extracted: str | None = None) -> None:
+             extracted: str | None = None, *, scored: bool = True) -> None:
     """Adds one sample (scorers that build their result one sample at a time)."""
     self.scores.append(float(score))
     self.correct.append(bool(correct))
@@ -100,6 +107,10 @@ class Scores:
       self.extracted = [None] * (len(self.scores) - 1)
     if self.extracted is not None:
       self.extracted.append(extracted)
+    if self.scored is None and not scored:
+      self.scored = [True] * (len(self.scores) - 1)
+    if self.scored is not None:
+      self.scored.append(bool(scored))
 
 
 class Completion(str):

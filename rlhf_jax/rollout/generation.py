@@ -39,6 +39,8 @@ class Group:
   # Per sample, per token the policy version that sampled it (`token_versions`); None:
   # version 0, the starting policy (offline data, checkpoints from before versions).
   versions: list[list[int]] | None = None
+  # Per sample whether it counts in training (`Scores.scored`); None: every one does.
+  scored: list[bool] | None = None
 
   @property
   def task(self) -> str:
@@ -161,7 +163,8 @@ class GroupGenerator:
                           truncated=[s.finish_reason == "length" for s in samples],
                           failures=scored.failures[part],
                           step_rewards=None if steps is None else steps[part],
-                          versions=[token_versions(s) for s in samples]))
+                          versions=[token_versions(s) for s in samples],
+                          scored=None if scored.scored is None else scored.scored[part]))
       index += len(samples)
     return groups
 
@@ -200,7 +203,9 @@ def pack_groups(groups: Sequence[Group], *, prompt_length: int, response_length:
       list(x) for x in zip(*rows))
   batch = build_rollout_batch(prompts, responses, logprobs, scores, truncated, group_ids,
                               prompt_length=prompt_length, response_length=response_length,
-                              pad_id=pad_id, step_rewards=steps, token_versions=versions)
+                              pad_id=pad_id, step_rewards=steps, token_versions=versions,
+                              scored=[s for g in groups
+                                      for s in (g.scored or [True] * len(g.responses))])
   return Rollouts(batch=batch, correct=[c for g in groups for c in g.correct],
                   failures=[f for g in groups for f in g.failures if f], metrics={},
                   row_failures=[f for g in groups for f in g.failures])

@@ -30,12 +30,15 @@ class NoSignalError(RuntimeError):
 
 
 def has_signal(group: Group, signal: str) -> bool:
-  """Whether dynamic sampling keeps `group`: its rewards are not all equal (`signal`
-  'reward'), or its correctness varies ('accuracy')."""
+  """Whether dynamic sampling keeps `group`: the rewards of its samples that count
+  (`Group.scored`) are not all equal (`signal` 'reward'), or their correctness varies
+  ('accuracy')."""
+  counts = group.scored or [True] * len(group.scores)
   if signal == "reward":
-    return len(set(group.scores)) > 1
+    return len({s for s, c in zip(group.scores, counts) if c}) > 1
   if signal == "accuracy":
-    return 0 < sum(group.correct) < len(group.correct)
+    correct = [k for k, c in zip(group.correct, counts) if c]
+    return 0 < sum(correct) < len(correct)
   raise ValueError(f"signal={signal!r}: must be 'reward' or 'accuracy'.")
 
 

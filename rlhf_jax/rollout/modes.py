@@ -134,6 +134,9 @@ class RolloutMode:
     filters_groups: it keeps only the groups whose rewards (or correctness) vary, as
       dynamic sampling does: a reward that every group varies in (pure distillation's
       per-token teacher term) leaves it nothing to filter.
+    drops_unscored: its rows come from scored groups of whole responses
+      (`generation.pack_groups`), so a sample no reward function scored can leave
+      training (`reward.unscored = "drop"`).
     learners: learners that train from it besides those whose registry spec lists it.
     evaluator: `(c, parts, held_out, scorer) -> evaluate(samples=, temperature=, seed=)`.
     check_data: `(c, prompts, *, pairs) -> None`: the files it reads, checked before any
@@ -148,6 +151,7 @@ class RolloutMode:
   needs_critic: bool = False
   fixed_data: bool = False
   filters_groups: bool = False
+  drops_unscored: bool = False
   learners: tuple[str, ...] = ()
   evaluator: Callable[..., Evaluate] = per_sample_evaluator
   check_data: Callable[..., None] | None = None
@@ -286,9 +290,9 @@ def _check_offline_file(c, prompts, *, pairs: bool) -> None:
     raise ConfigError(f"config.data.offline_file: {error}") from None
 
 
-register_rollout_mode(RolloutMode(name="groups", build=_groups))
+register_rollout_mode(RolloutMode(name="groups", build=_groups, drops_unscored=True))
 register_rollout_mode(RolloutMode(name="dynamic", build=_dynamic, validate=_validate_dynamic,
-                                  filters_groups=True))
+                                  filters_groups=True, drops_unscored=True))
 register_rollout_mode(RolloutMode(name="windows", build=_windows, allows_staleness=False,
                                   needs_critic=True, validate=_validate_windows))
 register_rollout_mode(RolloutMode(

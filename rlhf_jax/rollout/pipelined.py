@@ -194,7 +194,10 @@ def encode_job(job: _Job) -> dict[str, Any]:
 
 def decode_job(data: dict[str, Any]) -> _Job:
   """Inverse of `encode_job`."""
-  batch = RolloutBatch(**{name: _decode_array(a) for name, a in data["batch"].items()})
+  arrays = {name: _decode_array(a) for name, a in data["batch"].items()}
+  if "scored" not in arrays:  # saved before rows could be dropped: every row was scored
+    arrays["scored"] = np.ones_like(arrays["finished"], bool)
+  batch = RolloutBatch(**arrays)
   rollouts = Rollouts(batch=batch, correct=list(data["correct"]),
                       failures=list(data["failures"]), metrics=dict(data["metrics"]),
                       transcripts=data.get("transcripts"),

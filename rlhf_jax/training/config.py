@@ -200,6 +200,8 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
     invalid("rollout.mode", mode.name, "must not filter groups (dynamic sampling) with pure "
             "distillation (algorithm.distill.task_coef=0): every group carries the teacher's "
             "signal; use 'groups', or a task term (algorithm.distill.task_coef > 0)")
+  if c.reward.function and c.reward.unscored == "drop" and not supervised:
+    _check_dropping_unscored(c, mode)
   if supervised and c.variant == "hf" and not c.sft.train_file:
     invalid("sft.train_file", c.sft.train_file, "a file of conversations or prompt/"
             "completion pairs is required for the hf variant's SFT")
@@ -371,3 +373,15 @@ def validate_mesh(c, num_devices: int | None, *, rows: int) -> None:
     invalid("rollout.prompts_per_step", c.rollout.prompts_per_step, f"the {rows} rollouts "
             f"per step (× rollout.group_size={c.rollout.group_size}) must split evenly over "
             f"mesh data×fsdp = {batch_shards}")
+
+
+def _check_dropping_unscored(c, mode) -> None:
+  """`reward.unscored = "drop"` needs rows that carry the reward functions' verdicts
+  straight to the batch: a rollout mode of whole-response groups and the functions as the
+  reward itself (a hybrid route sums them with other scorers, whose samples count)."""
+  if not mode.drops_unscored:
+    invalid("reward.unscored", "drop", f"works with rollout.mode 'groups' or 'dynamic', not "
+            f"{mode.name!r} (use 'zero' or 'failure')")
+  if c.reward.route != "verifier":
+    invalid("reward.unscored", "drop", f"needs reward.route='verifier' (the functions are "
+            f"the reward), not {c.reward.route!r} (use 'zero' or 'failure')")

@@ -310,6 +310,71 @@ class GroupEstimatorsTest(parameterized.TestCase):
       np.testing.assert_allclose(rloo.reshape(groups, group_size).mean(axis=1), 0.0, atol=1e-5)
 
 
+class DroppedRowsTest(parameterized.TestCase):
+  """`valid=`: rows no reward scored leave their group's statistics (reward.unscored =
+  'drop'); the reference recomputes each group from its valid members alone."""
+
+  def _case(self, seed):
+    rng = np.random.default_rng(seed)
+    scores = rng.standard_normal(16).astype(np.float32)
+    valid = rng.random(16) > 0.35
+    valid[4:8] = [True, False, False, False]  # one valid member left
+    valid[8:12] = False  # none left
+    return scores, valid
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(True, False)
+  def test_group_statistics_over_valid_rows(self, normalize_by_std):
+    scores, valid = self._case(3)
+    fn = self.variant(functools.partial(kernels.group_advantages, group_size=4,
+                                        normalize_by_std=normalize_by_std))
+    out = np.asarray(fn(scores, valid=valid))
+    for g in range(4):
+      rows = [i for i in range(4 * g, 4 * g + 4) if valid[i]]
+      members = scores[rows].astype(np.float64)
+      for i in range(4 * g, 4 * g + 4):
+        if not valid[i] or len(rows) < 2:
+          expected = 0.0
+        else:
+          expected = scores[i] - members.mean()
+          if normalize_by_std:
+            expected /= np.std(members, ddof=1) + 1e-6
+        np.testing.assert_allclose(out[i], expected, rtol=1e-5, atol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_rloo_over_valid_rows(self):
+    scores, valid = self._case(4)
+    out = np.asarray(self.variant(functools.partial(kernels.rloo_advantages,
+                                                    group_size=4))(scores, valid=valid))
+    for i in range(16):
+      others = [scores[j] for j in range(4 * (i // 4), 4 * (i // 4) + 4)
+                if j != i and valid[j]]
+      expected = scores[i] - np.mean(others) if valid[i] and others else 0.0
+      np.testing.assert_allclose(out[i], expected, atol=1e-6)
+
+  def test_a_dropped_rows_score_changes_nothing(self):
+    scores, valid = self._case(5)
+    moved = np.where(valid, scores, 1e3).astype(np.float32)
+    for fn in (kernels.group_advantages, kernels.rloo_advantages):
+      np.testing.assert_array_equal(fn(scores, group_size=4, valid=valid),
+                                    fn(moved, group_size=4, valid=valid))
+    mask = np.ones((16, 3), np.float32) * valid[:, None]
+    np.testing.assert_array_equal(
+        kernels.reinforce_pp_baseline_advantages(scores, mask, group_size=4, valid=valid),
+        kernels.reinforce_pp_baseline_advantages(moved, mask, group_size=4, valid=valid))
+
+  def test_all_valid_equals_no_mask(self):
+    scores = np.random.default_rng(6).standard_normal(12).astype(np.float32)
+    ones = np.ones(12, bool)
+    for fn in (kernels.group_advantages, kernels.rloo_advantages):
+      np.testing.assert_allclose(fn(scores, group_size=3, valid=ones),
+                                 fn(scores, group_size=3), rtol=1e-5, atol=1e-6)
+
+  def test_valid_of_the_wrong_length(self):
+    with self.assertRaisesRegex(ValueError, "valid must be a \\[batch\\] vector of 8"):
+      kernels.group_advantages(np.zeros(8, np.float32), group_size=4, valid=np.ones(6, bool))
+
+
 class ReinforceTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)

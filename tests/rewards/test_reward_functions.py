@@ -139,6 +139,17 @@ def test_unscored_samples_are_counted_on_the_console_and_can_be_failures(caplog)
     out = s.score(examples, completions)
   assert out.scores == [1.0, -7.0, -7.0]
   assert out.failures[1].startswith("no reward function scored it")
+  with FunctionScorer(parsed, render_prompt=str, encode=list, unscored="drop",
+                      workers=1) as s:
+    out = s.score(examples, completions)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlhf_jax.rewards"):
+      s.pop_metrics()
+  assert out.scored == [True, False, False] and out.failures == ["", "", ""]
+  assert [out.counts(i) for i in range(3)] == [True, False, False]
+  assert out.reason(2).startswith("no reward function scored it (dropped")
+  assert any("they leave their groups' statistics and the loss (reward.unscored='drop')"
+             in m for m in caplog.messages)
 
 
 @pytest.mark.parametrize("name, reason", [
@@ -311,7 +322,7 @@ def test_a_run_whose_every_reward_fails_stops_after_max_failed_steps():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("unscored", "drop_it", "must be one of zero, failure"),
+    ("unscored", "drop_it", "must be one of zero, failure, drop"),
     ("function_timeout_s", 0.0, "must be > 0"),
     ("worker_memory_mb", -1, "must be an int >= 0"),
     ("max_failed_steps", -1, "must be >= 0"),
@@ -346,3 +357,19 @@ def test_a_step_with_nothing_finished_neither_counts_nor_resets_the_streak():
   assert streak.update(4, ["x"] * 4) is None
   assert streak.update(0, []) is None  # T-PPO: no response finished this step
   assert streak.update(4, ["x"] * 4) is not None
+
+
+def test_dropping_unscored_samples_needs_whole_response_groups_and_the_functions_alone():
+  c = base_config("arith")
+  c.reward.function, c.reward.unscored = f"{FNS}:only_short", "drop"
+  validate_config(c)  # groups of whole responses, the functions are the reward
+  c.reward.route = "hybrid"
+  with pytest.raises(ConfigError, match=r"config\.reward\.unscored: invalid value 'drop': "
+                     r"needs reward\.route='verifier'"):
+    validate_config(c)
+  from configs import tppo
+  t = tppo.get_config("arith")
+  t.reward.function, t.reward.unscored = f"{FNS}:only_short", "drop"
+  with pytest.raises(ConfigError, match=r"config\.reward\.unscored: invalid value 'drop': "
+                     r"works with rollout\.mode 'groups' or 'dynamic', not 'windows'"):
+    validate_config(t)

@@ -226,9 +226,10 @@ ROWS = [
 ]
 
 
-def mixed_batch(rows, seed=0):
+def mixed_batch(rows, seed=0, scored=None):
   """(batch, trainer log-probs, reference log-probs, values) for `rows`: random tokens,
-  sampler log-probs, and trainer / reference log-probs that differ from them by noise."""
+  sampler log-probs, and trainer / reference log-probs that differ from them by noise;
+  `scored` False marks rows no reward scored (reward.unscored='drop')."""
   rng = np.random.default_rng(seed)
   lengths = [r[0] for r in rows]
   sampler = [list(-rng.uniform(0.1, 3.0, n)) for n in lengths]
@@ -237,7 +238,7 @@ def mixed_batch(rows, seed=0):
       [list(rng.integers(1, VOCAB, n)) for n in lengths], sampler,
       [r[4] for r in rows], [r[3] for r in rows], [i // 4 for i in range(len(rows))],
       prompt_length=3, response_length=R, pad_id=0, window_starts=[r[1] for r in rows],
-      finished=[r[2] for r in rows])
+      finished=[r[2] for r in rows], scored=scored)
   mask = batch.response_mask
   trainer = (batch.sampler_logprobs + rng.normal(0, 0.5, mask.shape)) * mask
   reference = (batch.sampler_logprobs + rng.normal(0, 0.5, mask.shape)) * mask
@@ -295,6 +296,7 @@ def np_prepare(a, batch, trainer, reference, values, *, beta, correction, group_
     scores = scores + penalty * finished
   if a.overlong.filter:
     mask = mask * ~truncated[:, None]
+  mask = mask * batch.scored[:, None]  # rows no reward scored leave the loss
   columns = np.arange(cap)[None, :]
   sampled = mask * (columns >= batch.window_starts[:, None])
   # Rollout correction on this window's tokens: r = π_trainer / π_sampler.
@@ -332,10 +334,14 @@ def np_prepare(a, batch, trainer, reference, values, *, beta, correction, group_
                       lam=np.full(n, v.critic_lam)) + values) * mask
   else:
     assert v.estimator == "grpo"
-    grouped = scores.reshape(-1, group_size)
-    normalised = ((grouped - grouped.mean(1, keepdims=True))
-                  / (grouped.std(1, ddof=1, keepdims=True) + 1e-6))
-    advantages = normalised.reshape(-1)[:, None] * mask
+    # Each group's statistics over the rows a reward scored (all, unless dropped).
+    normalised = np.zeros(n)
+    for start in range(0, n, group_size):
+      rows = [i for i in range(start, start + group_size) if batch.scored[i]]
+      if len(rows) > 1:
+        members = scores[rows]
+        normalised[rows] = (members - members.mean()) / (members.std(ddof=1) + 1e-6)
+    advantages = normalised[:, None] * mask
     returns = np.zeros((n, cap))
   advantages = np_whiten(advantages, out["policy_mask"]) if v.whiten else advantages * mask
   out.update(advantages=advantages, returns=returns, token_rewards=rewards)
@@ -382,16 +388,23 @@ GRPO_ROWS[4] = (7, 0, True, False, 1.0)
 GRPO_ROWS[7] = (R, 0, True, False, -1.0)  # the stop token exactly at the cap
 
 
-@pytest.mark.parametrize("make_algorithm,rows,correction", [
-    (gae_algorithm, ROWS, "mis_token"),
-    (gae_algorithm, ROWS, "none"),
-    (tppo_algorithm, ROWS, "none"),
-    (vapo_gae_algorithm, ROWS, "tis"),
-    (grpo_algorithm, GRPO_ROWS, "none"),
-], ids=["gae-kl-whiten-mis", "gae-kl-whiten", "tppo", "vapo-tis", "grpo-overlong"])
-def test_prepare_matches_numpy_on_mixed_rows(make_algorithm, rows, correction):
+# Rows no reward function scored (reward.unscored='drop'): one in the first group, three
+# of the second (one member left: no baseline).
+DROPPED = [True, False, True, True, False, True, False, False]
+
+
+@pytest.mark.parametrize("make_algorithm,rows,correction,scored", [
+    (gae_algorithm, ROWS, "mis_token", None),
+    (gae_algorithm, ROWS, "none", None),
+    (tppo_algorithm, ROWS, "none", None),
+    (vapo_gae_algorithm, ROWS, "tis", None),
+    (grpo_algorithm, GRPO_ROWS, "none", None),
+    (grpo_algorithm, GRPO_ROWS, "none", DROPPED),
+], ids=["gae-kl-whiten-mis", "gae-kl-whiten", "tppo", "vapo-tis", "grpo-overlong",
+        "grpo-dropped"])
+def test_prepare_matches_numpy_on_mixed_rows(make_algorithm, rows, correction, scored):
   a = make_algorithm()
-  batch, trainer, reference, values = mixed_batch(rows)
+  batch, trainer, reference, values = mixed_batch(rows, scored=scored)
   beta = 0.1
   # Eager, not jitted: each case would compile its own program, while eager op-by-op
   # dispatch reuses the primitives the first case compiled (several seconds saved).
@@ -434,8 +447,10 @@ def test_prepare_matches_numpy_on_mixed_rows(make_algorithm, rows, correction):
         np.testing.assert_allclose(returns[i, :batch.lengths[i]], batch.scores[i],
                                    rtol=1e-5, atol=1e-5)
   if a.advantage.estimator == "grpo":
-    # Truncated rows count in their group's baseline but leave the loss (overlong filter).
-    assert np.all(np.asarray(got.advantages)[batch.truncated] == 0)
+    # Truncated rows count in their group's baseline but leave the loss (overlong filter);
+    # dropped rows leave both.
+    assert np.all(np.asarray(got.advantages)[batch.truncated | ~batch.scored] == 0)
+    assert np.all(np.asarray(got.response_mask)[~batch.scored] == 0)
     assert np.abs(np.asarray(got.advantages)[~batch.truncated]).sum() > 0
   if a.kl.placement == "reward":
     assert float(next_beta) == np.float32(beta) and "rollout_kl" in metrics  # fixed β

@@ -229,3 +229,34 @@ def test_a_registered_mode_trains_through_the_loop_with_its_own_evaluator(tmp_pa
   assert summary["steps"] == 2
   # Held-out accuracy is the mode's evaluator's, before and after training.
   assert summary["eval_accuracy_start"] == summary["eval_accuracy_end"] == EVAL_ACCURACY
+
+
+def test_dynamic_sampling_reads_only_the_samples_that_count():
+  from rlhf_jax.data import Example
+  from rlhf_jax.rollout.generation import Group
+  from rlhf_jax.rollout.groups import has_signal
+
+  def group(scores, correct, scored=None):
+    n = len(scores)
+    return Group(example=Example("q", "a", "t"), prompt_ids=[1], responses=[[2]] * n,
+                 logprobs=[[0.0]] * n, scores=scores, correct=correct,
+                 truncated=[False] * n, failures=[""] * n, scored=scored)
+
+  # A dropped sample's stand-in 0 is no signal: the scored ones are all 1.
+  assert has_signal(group([1.0, 0.0, 1.0], [True, False, True]), "reward")
+  assert not has_signal(group([1.0, 0.0, 1.0], [True, False, True], [True, False, True]),
+                        "reward")
+  assert not has_signal(group([1.0, 0.0, 1.0], [True, False, True], [True, False, True]),
+                        "accuracy")
+  assert has_signal(group([1.0, 0.0, 0.5], [True, False, False], [True, False, True]),
+                    "reward")
+  assert not has_signal(group([1.0, 0.0], [True, False], [False, False]), "accuracy")
+
+
+def test_packed_groups_carry_which_samples_count():
+  from tests.rollout.scripted_groups import group
+  from rlhf_jax.rollout.generation import pack_groups
+  kept, dropped = group([True, False]), group([True, True])
+  dropped.scored = [False, True]
+  batch = pack_groups([kept, dropped], prompt_length=2, response_length=3, pad_id=0).batch
+  assert batch.scored.tolist() == [True, True, False, True]
