@@ -26,6 +26,7 @@ thing is; they belong in commits, never in code, tests or docs.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import pathlib
 import re
@@ -102,6 +103,7 @@ def placeholder(line: str, match_end: int) -> bool:
   return line[match_end:match_end + 1] in ("<", "*")
 
 
+@functools.lru_cache(maxsize=None)
 def findings() -> dict[str, list[str]]:
   """Missing paths, citations outside the repository and issue numbers, as `file:line: ...`."""
   missing, outside, issues = [], [], []
@@ -121,8 +123,6 @@ def findings() -> dict[str, list[str]]:
         issues.append(f"{where}:{number}: {line.strip()}")
   return {"missing": missing, "outside": outside, "issues": issues}
 
-
-FOUND = findings()
 
 
 def page_anchors(page: pathlib.Path) -> set[str]:
@@ -158,19 +158,19 @@ def test_cited_docs_anchors_exist():
 
 def test_every_cited_repository_path_exists():
   """A path cited in code or docs names a file or folder of this repository."""
-  assert not FOUND["missing"], "cited paths that do not exist:\n" + "\n".join(FOUND["missing"])
+  assert not findings()["missing"], "cited paths that do not exist:\n" + "\n".join(findings()["missing"])
 
 
 def test_nothing_cites_a_file_outside_the_repository():
   """The formulas and the architecture are in docs/, not in notes beside the clone."""
-  assert not FOUND["outside"], ("cites a file outside the repository (formulas: "
+  assert not findings()["outside"], ("cites a file outside the repository (formulas: "
                                 "docs/formulas.md; architecture: docs/concepts.md):\n"
-                                + "\n".join(FOUND["outside"]))
+                                + "\n".join(findings()["outside"]))
 
 
 def test_no_issue_numbers():
   """Code, tests and docs say what a thing is, not which issue asked for it."""
-  assert not FOUND["issues"], "issue numbers:\n" + "\n".join(FOUND["issues"])
+  assert not findings()["issues"], "issue numbers:\n" + "\n".join(findings()["issues"])
 
 
 def test_the_scanner_finds_what_it_should():
