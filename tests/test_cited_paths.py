@@ -158,7 +158,8 @@ def test_cited_docs_anchors_exist():
 
 def test_every_cited_repository_path_exists():
   """A path cited in code or docs names a file or folder of this repository."""
-  assert not findings()["missing"], "cited paths that do not exist:\n" + "\n".join(findings()["missing"])
+  missing = findings()["missing"]
+  assert not missing, "cited paths that do not exist:\n" + "\n".join(missing)
 
 
 def test_nothing_cites_a_file_outside_the_repository():
