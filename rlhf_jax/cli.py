@@ -262,7 +262,7 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
 def working_directory_on_path() -> None:
   """Appends the working directory to sys.path (last: it shadows nothing installed), as
   `python script.py` users of TRL and verl expect their modules to import: a preset file's
-  `import my_learner`, and every `module:name` field (config_errors.load_object does the
+  `import my_learner`, and every `module:name` field (registry.load_object does the
   same on its own, for Python callers)."""
   cwd = os.getcwd()
   if cwd not in sys.path and "" not in sys.path:

@@ -16,12 +16,6 @@ and exit with status 2.
 from __future__ import annotations
 
 import difflib
-import hashlib
-import importlib
-import importlib.util
-import os
-import sys
-import types
 from typing import Any, Callable, Iterable, NoReturn
 
 UNKNOWN_FIELD = "unknown field"
@@ -163,119 +157,6 @@ def check_range(field: str, value: Any, *, low: float | None = None,
   else:
     bounds = f"{'<' if high_open else '<='} {high}"
   invalid(field, value, f"must be {bounds}{' ' + note if note else ''}")
-
-
-def load_object(path: str, field: str, *, accept: Callable[[Any], bool] = callable,
-                what: str = "callable", error: Callable[[str], Exception] | None = None
-                ) -> Any:
-  """The attribute named by "package.module:name" or "path/to/file.py:name" of a config
-  field (`env.factory`, `algorithm.advantage.estimator`, `algorithm.policy_loss.kind`,
-  `rollout.mode`, `reward.function`, ...), imported before any work: the one loader of
-  every `module:name`. A dotted module is imported from the working directory too (as
-  TRL and verl users run their scripts: `import_user_module`).
-
-  Raises:
-    ConfigError: naming `field`, for a malformed path, a module that does not import (with
-      the directories searched when it is not found), or a missing attribute or one that
-      `accept` refuses (`what` names what it must be). With `error`, `error(<reason>)`
-      instead (e.g. the reward functions' RewardFunctionError, whose caller names the field).
-  """
-  def refuse(reason: str) -> NoReturn:
-    if error is not None:
-      raise error(reason)
-    invalid(field, path, reason)
-
-  module_name, colon, attribute = path.rpartition(":")
-  if not colon or not module_name or not attribute:
-    refuse(f"must be 'package.module:{what}' or 'path/to/file.py:{what}'")
-  try:
-    module = import_user_module(module_name)
-  except Exception as failure:  # pylint: disable=broad-except  # user code: anything
-    refuse(f"its module does not import: {type(failure).__name__}: {failure}")
-  value = getattr(module, attribute, None)
-  if value is None or not accept(value):
-    refuse(f"module {module_name!r} has no {what} {attribute!r}"
-           + ("" if value is None else f" (it is a {type(value).__name__})"))
-  return value
-
-
-def import_user_module(module: str) -> types.ModuleType:
-  """The module of a `module:name` spec: a file ("dir/file.py", loaded from its path under
-  a name of its own, once per process), or a dotted name imported as Python does and, when
-  its top package is not found there, from the working directory as well (appended to
-  sys.path, as `python script.py` would find it beside the script).
-
-  Raises:
-    ModuleNotFoundError: the module is not found; the message says where it looked (the
-      file, or the directories searched, shortened).
-    Exception: whatever the module's own code raises on import.
-  """
-  if module.endswith(".py"):
-    path = os.path.abspath(module)
-    if not os.path.isfile(path):
-      raise ModuleNotFoundError(f"no file {module!r}"
-                                + ("" if path == module else f" (looked for {path})"))
-    name = "rlhf_jax_user_" + hashlib.sha1(path.encode()).hexdigest()[:16]
-    if name not in sys.modules:
-      spec = importlib.util.spec_from_file_location(name, path)
-      loaded = importlib.util.module_from_spec(spec)
-      sys.modules[name] = loaded
-      try:
-        spec.loader.exec_module(loaded)
-      except BaseException:
-        del sys.modules[name]  # a later load runs the file again, not half a module
-        raise
-    return sys.modules[name]
-  try:
-    return importlib.import_module(module)
-  except ModuleNotFoundError as missing:
-    if not _names_part_of(missing.name, module):
-      raise  # a module the user's module imports is missing: its own message says which
-    cwd = os.getcwd()
-    if missing.name == module.split(".")[0] and cwd not in sys.path:
-      sys.path.append(cwd)
-      try:
-        return importlib.import_module(module)
-      except ModuleNotFoundError as again:
-        if not _names_part_of(again.name, module):
-          raise
-        missing = again
-    raise ModuleNotFoundError(f"no module named {missing.name!r} (searched "
-                              f"{_searched(missing.name)})", name=missing.name) from None
-
-
-def _names_part_of(name: str | None, module: str) -> bool:
-  """Whether `name` is `module` or one of its parent packages."""
-  return bool(name) and (module == name or module.startswith(name + "."))
-
-
-def _searched(name: str) -> str:
-  """Where Python looked for module `name`: its parent package's directories, or the
-  working directory and the other sys.path entries ('' is the working directory), each
-  shortened, at most 6 shown."""
-  parent = name.rpartition(".")[0]
-  package = sys.modules.get(parent) if parent else None
-  if package is not None:
-    return f"package {parent!r}: " + _listed(list(getattr(package, "__path__", ())))
-  cwd = os.getcwd()
-  others = [entry for entry in sys.path if entry and os.path.abspath(entry) != cwd]
-  return f"the working directory {cwd} and sys.path: " + _listed(others)
-
-
-def _listed(directories: list[str], most: int = 6) -> str:
-  shown = ", ".join(_short(d) for d in directories[:most]) or "nothing"
-  return shown + (f" and {len(directories) - most} more" if len(directories) > most else "")
-
-
-def _short(path: str) -> str:
-  """`path` relative to the working directory when inside it, else with ~ for $HOME."""
-  cwd = os.getcwd()
-  if path.startswith(cwd + os.sep):
-    return os.path.relpath(path, cwd)
-  home = os.path.expanduser("~")
-  if home not in ("", "/") and path.startswith(home + os.sep):
-    return "~" + path[len(home):]
-  return path
 
 
 def at_least(section, prefix: str, fields: Iterable[str], low: int = 1) -> None:

@@ -198,6 +198,27 @@ def test_the_rollout_mode_is_read_in_one_module():
   assert not bad, bad
 
 
+def test_modules_are_imported_by_name_in_one_loader():
+  """Every `module:name` goes through rlhf_jax/registry.py's `load_object` (the working
+  directory on the path, errors saying where it looked): no `importlib.import_module` or
+  `__import__` elsewhere but the sandbox harness, which imports a submission's modules in
+  its own process."""
+  allowed = {"registry.py", "sandbox/harness.py"}
+  files = {str(p.relative_to(ROOT)): p for p in modules().values()}
+  files.update({f"../launch/{p.name}": p for p in (ROOT.parent / "launch").glob("*.py")})
+  bad = []
+  for name, path in sorted(files.items()):
+    if name in allowed:
+      continue
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if ((isinstance(node, ast.Attribute) and node.attr == "import_module")
+          or (isinstance(node, ast.Name) and node.id in ("import_module", "__import__"))
+          or (isinstance(node, ast.ImportFrom) and node.module == "importlib"
+              and any(a.name == "import_module" for a in node.names))):
+        bad.append(f"{name}:{node.lineno}")
+  assert not bad, bad
+
+
 def test_no_attribute_probing_of_samplers_scorers_or_rollouts():
   """A sampler's optional extras are Protocols asked with isinstance (sampling/protocol.py;
   `find_extra` looks behind a wrapper), and scorers and rollouts are Protocols too: no

@@ -42,7 +42,7 @@ import jax
 from rlhf_jax import kernels
 from rlhf_jax.batch import RolloutBatch
 from rlhf_jax.config_errors import invalid
-from rlhf_jax.config_errors import load_object
+from rlhf_jax.registry import Registry
 
 FIELD = "algorithm.advantage.estimator"
 
@@ -120,16 +120,33 @@ def reinforce_pp_baseline(batch: RolloutBatch, token_rewards: jax.Array, algorit
                                                   valid=batch.scored), None
 
 
-_BUILT_IN = (
+def _check_signature(record: Estimator, name: str, field: str) -> None:
+  """ConfigError unless the record's function takes (batch, token_rewards, algorithm, *,
+  group_size)."""
+  try:
+    inspect.signature(record.fn).bind(None, None, None, group_size=2)
+  except TypeError as error:
+    invalid(field, name, "its function must take (batch, token_rewards, algorithm, *, "
+            f"group_size): {error}")
+  except ValueError:  # no signature to inspect (a builtin): taken on trust
+    pass
+
+
+# The table of `algorithm.advantage.estimator`; a plain function is an Estimator with no
+# capabilities.
+ESTIMATORS: Registry[Estimator] = Registry(
+    "estimator", FIELD, Estimator, what="Estimator or function", wrap=Estimator,
+    check=_check_signature)
+for _record in (
     Estimator("gae", gae, needs_critic=True, reads_token_rewards=True),
     Estimator("grpo", grpo, group_based=True),
     Estimator("dr_grpo", dr_grpo, group_based=True),
     Estimator("rloo", rloo, group_based=True),
     Estimator("reinforce_pp", reinforce_pp, reads_token_rewards=True),
     Estimator("reinforce_pp_baseline", reinforce_pp_baseline, group_based=True),
-)
-BUILT_IN = tuple(e.name for e in _BUILT_IN)
-_TABLE: dict[str, Estimator] = {e.name: e for e in _BUILT_IN}
+):
+  ESTIMATORS.register(_record.name, _record, built_in=True)
+BUILT_IN = ESTIMATORS.built_ins()
 
 
 def register_estimator(name: str, fn: Callable, *, needs_critic: bool = False,
@@ -137,52 +154,27 @@ def register_estimator(name: str, fn: Callable, *, needs_critic: bool = False,
                        needs_reference: bool = False, token_advantages: bool = False
                        ) -> Estimator:
   """Adds (or replaces) the estimator `name`, so `algorithm.advantage.estimator=name`
-  trains with `fn` (the signature of the module docstring). Built-ins cannot be replaced;
-  a name holds no ':' (that spells a module path)."""
-  if not name or ":" in name:
-    raise ValueError(f"An estimator's name must be non-empty without ':'; got {name!r}.")
-  if name in BUILT_IN:
-    raise ValueError(f"{name!r} is a built-in estimator; register under another name.")
-  record = Estimator(name, fn, needs_critic=needs_critic, group_based=group_based,
-                     reads_token_rewards=reads_token_rewards, needs_reference=needs_reference,
-                     token_advantages=token_advantages)
-  _check_signature(record.fn, name)
-  _TABLE[name] = record
-  return record
+  trains with `fn` (the signature of the module docstring): `ESTIMATORS.register` with
+  the capabilities given. Built-ins cannot be replaced; a name holds no ':' (that spells
+  a module path)."""
+  return ESTIMATORS.register(name, Estimator(
+      name, fn, needs_critic=needs_critic, group_based=group_based,
+      reads_token_rewards=reads_token_rewards, needs_reference=needs_reference,
+      token_advantages=token_advantages))
 
 
 def names() -> tuple[str, ...]:
   """The estimators known by name: built-ins, then registered ones."""
-  return tuple(_TABLE)
+  return tuple(ESTIMATORS)
 
 
 def estimator(name: str, field: str = FIELD) -> Estimator:
   """The record of `algorithm.advantage.estimator` (or of another field that names an
   estimator, `field`): a built-in, a registered name, or "package.module:name" (an
-  `Estimator`, or a function taken with no capabilities).
+  `Estimator`, or a function taken with no capabilities); `ESTIMATORS.resolve`.
 
   Raises:
     ConfigError: one line naming `field`, for an unknown name, a module that does not
-      import, or an attribute that is neither.
+      import, an attribute that is neither, or a function of another signature.
   """
-  if not isinstance(name, str) or ":" not in name:
-    if name not in _TABLE:
-      invalid(field, name, f"must be one of {', '.join(_TABLE)}, or 'package.module:name' "
-              "(an Estimator or a function; docs/extending.md)")
-    return _TABLE[name]
-  value = load_object(name, field, what="Estimator or function",
-                      accept=lambda v: isinstance(v, Estimator) or callable(v))
-  record = value if isinstance(value, Estimator) else Estimator(name, value)
-  _check_signature(record.fn, name, field)
-  return record
-
-
-def _check_signature(fn: Callable, name: str, field: str = FIELD) -> None:
-  """ConfigError unless `fn` takes (batch, token_rewards, algorithm, *, group_size)."""
-  try:
-    inspect.signature(fn).bind(None, None, None, group_size=2)
-  except TypeError as error:
-    invalid(field, name, "its function must take (batch, token_rewards, algorithm, *, "
-            f"group_size): {error}")
-  except ValueError:  # no signature to inspect (a builtin): taken on trust
-    pass
+  return ESTIMATORS.resolve(name, field)

@@ -36,7 +36,7 @@ from typing import Callable
 from rlhf_jax import kernels
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
-from rlhf_jax.config_errors import load_object
+from rlhf_jax.registry import Registry
 
 FIELD = "algorithm.policy_loss.kind"
 _SIGNATURE = ("(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, agg, "
@@ -69,66 +69,58 @@ class PolicyLoss:
   options: tuple[str, ...] = ()
 
 
-_BUILT_IN = (
-    PolicyLoss("ppo", kernels.ppo_policy_loss, options=("dual_clip",)),
-    PolicyLoss("gspo", kernels.gspo_policy_loss, sequence_advantages=True),
-    PolicyLoss("gspo_token", kernels.gspo_token_policy_loss),
-    PolicyLoss("cispo", kernels.cispo_policy_loss, check_clip=check_weight_bounds),
-)
-BUILT_IN = tuple(loss.name for loss in _BUILT_IN)
-_TABLE: dict[str, PolicyLoss] = {loss.name: loss for loss in _BUILT_IN}
-
-
-def register_policy_loss(name: str, fn: Callable, *, sequence_advantages: bool = False,
-                         check_clip: Callable = check_ratio_clip,
-                         options: tuple[str, ...] = ()) -> PolicyLoss:
-  """Adds (or replaces) the policy loss `name`, so `algorithm.policy_loss.kind=name` trains
-  with `fn` (the signature of the module docstring). Built-ins cannot be replaced; a name
-  holds no ':' (that spells a module path)."""
-  if not name or ":" in name:
-    raise ValueError(f"A policy loss's name must be non-empty without ':'; got {name!r}.")
-  if name in BUILT_IN:
-    raise ValueError(f"{name!r} is a built-in policy loss; register under another name.")
-  record = PolicyLoss(name, fn, sequence_advantages=sequence_advantages,
-                      check_clip=check_clip, options=tuple(options))
-  _check_signature(record, name)
-  _TABLE[name] = record
-  return record
-
-
-def names() -> tuple[str, ...]:
-  """The policy losses known by name: built-ins, then registered ones."""
-  return tuple(_TABLE)
-
-
-def policy_loss(name: str) -> PolicyLoss:
-  """The record of `algorithm.policy_loss.kind`: a built-in, a registered name, or
-  "package.module:name" (a `PolicyLoss`, or a function taken with the default
-  capabilities).
-
-  Raises:
-    ConfigError: one line naming algorithm.policy_loss.kind, for an unknown name, a module
-      that does not import, or an attribute that is neither.
-  """
-  if not isinstance(name, str) or ":" not in name:
-    if name not in _TABLE:
-      invalid(FIELD, name, f"must be one of {', '.join(_TABLE)}, or 'package.module:name' "
-              "(a PolicyLoss or a function; docs/extending.md)")
-    return _TABLE[name]
-  value = load_object(name, FIELD, what="PolicyLoss or function",
-                      accept=lambda v: isinstance(v, PolicyLoss) or callable(v))
-  record = value if isinstance(value, PolicyLoss) else PolicyLoss(name, value)
-  _check_signature(record, name)
-  return record
-
-
-def _check_signature(record: PolicyLoss, name: str) -> None:
+def _check_signature(record: PolicyLoss, name: str, field: str) -> None:
   """ConfigError unless the loss takes the signature above (and its options)."""
   keywords = dict(clip_low=0.2, clip_high=0.2, agg="token-mean", agg_normalizer=None,
                   agg_horizon=None, weights=None, **{o: None for o in record.options})
   try:
     inspect.signature(record.fn).bind(None, None, None, None, **keywords)
   except TypeError as error:
-    invalid(FIELD, name, f"its function must take {_SIGNATURE}: {error}")
+    invalid(field, name, f"its function must take {_SIGNATURE}: {error}")
   except ValueError:  # no signature to inspect (a builtin): taken on trust
     pass
+
+
+# The table of `algorithm.policy_loss.kind`; a plain function is a PolicyLoss with the
+# default capabilities.
+POLICY_LOSSES: Registry[PolicyLoss] = Registry(
+    "policy loss", FIELD, PolicyLoss, what="PolicyLoss or function", wrap=PolicyLoss,
+    check=_check_signature)
+for _record in (
+    PolicyLoss("ppo", kernels.ppo_policy_loss, options=("dual_clip",)),
+    PolicyLoss("gspo", kernels.gspo_policy_loss, sequence_advantages=True),
+    PolicyLoss("gspo_token", kernels.gspo_token_policy_loss),
+    PolicyLoss("cispo", kernels.cispo_policy_loss, check_clip=check_weight_bounds),
+):
+  POLICY_LOSSES.register(_record.name, _record, built_in=True)
+BUILT_IN = POLICY_LOSSES.built_ins()
+
+
+def register_policy_loss(name: str, fn: Callable, *, sequence_advantages: bool = False,
+                         check_clip: Callable = check_ratio_clip,
+                         options: tuple[str, ...] = ()) -> PolicyLoss:
+  """Adds (or replaces) the policy loss `name`, so `algorithm.policy_loss.kind=name` trains
+  with `fn` (the signature of the module docstring): `POLICY_LOSSES.register` with the
+  capabilities given. Built-ins cannot be replaced; a name holds no ':' (that spells a
+  module path)."""
+  return POLICY_LOSSES.register(name, PolicyLoss(
+      name, fn, sequence_advantages=sequence_advantages, check_clip=check_clip,
+      options=tuple(options)))
+
+
+def names() -> tuple[str, ...]:
+  """The policy losses known by name: built-ins, then registered ones."""
+  return tuple(POLICY_LOSSES)
+
+
+def policy_loss(name: str) -> PolicyLoss:
+  """The record of `algorithm.policy_loss.kind`: a built-in, a registered name, or
+  "package.module:name" (a `PolicyLoss`, or a function taken with the default
+  capabilities); `POLICY_LOSSES.resolve`.
+
+  Raises:
+    ConfigError: one line naming algorithm.policy_loss.kind, for an unknown name, a module
+      that does not import, an attribute that is neither, or a function of another
+      signature.
+  """
+  return POLICY_LOSSES.resolve(name)

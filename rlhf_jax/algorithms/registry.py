@@ -6,7 +6,8 @@ training/config.py's `base_config` for every learner registered before it runs, 
 checked on every run), its own rules, the rollout modes it trains from, and the features
 it supports. `learner_spec(c)` is THE way to ask about `c.algorithm.learner`: no other
 module compares the learner's name (tests/test_layout.py). A new family registers itself
-with `register_learner(LearnerSpec(...))` or `register_learner(name, factory, **features)`.
+with `register_learner(LearnerSpec(...))` or `register_learner(name, factory, **features)`
+(the `LEARNERS` Registry, rlhf_jax/registry.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rlhf_jax.algorithms.dqo_learner import DQOLearner
 from rlhf_jax.algorithms.learner import Learner
 from rlhf_jax.algorithms import ppo_learner
 from rlhf_jax.algorithms.ppo_learner import PPOLearner
-from rlhf_jax.config_errors import one_of
+from rlhf_jax.registry import Registry
 
 LearnerFactory = Callable[..., Learner]
 
@@ -61,17 +62,18 @@ class LearnerSpec:
       raise ValueError(f"learner {self.name!r}: section and default_section go together")
 
 
-LEARNERS: dict[str, LearnerSpec] = {}
-BUILT_IN: tuple[str, ...] = ()  # set below, after the library's own families register
+# The table of `algorithm.learner` (a name, or "package.module:NAME" of a LearnerSpec).
+LEARNERS: Registry[LearnerSpec] = Registry("learner", "algorithm.learner", LearnerSpec,
+                                           what="LearnerSpec")
 
 
 def register_learner(spec_or_name: LearnerSpec | str, factory: LearnerFactory | None = None,
                      **features) -> LearnerSpec:
   """Makes `algorithm.learner = name` build its learner: `register_learner(spec)`, or
-  `register_learner(name, factory, **LearnerSpec fields)`. Register before
-  `base_config()` runs for its `algorithm.<section>` to be in the config. As with
-  estimators, policy losses and rollout modes, registering a name again replaces it
-  (re-running a notebook cell); the built-in families cannot be replaced."""
+  `register_learner(name, factory, **LearnerSpec fields)`; `LEARNERS.register`. Register
+  before `base_config()` runs for its `algorithm.<section>` to be in the config. As for
+  every registry, registering a name again replaces it (re-running a notebook cell); the
+  built-in families cannot be replaced, and a section belongs to one learner."""
   if isinstance(spec_or_name, LearnerSpec):
     if factory is not None or features:
       raise TypeError("register_learner(spec) takes no factory or features")
@@ -80,21 +82,18 @@ def register_learner(spec_or_name: LearnerSpec | str, factory: LearnerFactory | 
     if factory is None:
       raise TypeError(f"register_learner({spec_or_name!r}) needs a factory")
     spec = LearnerSpec(name=spec_or_name, factory=factory, **features)
-  if spec.name in BUILT_IN:  # a user's name is replaced (a notebook cell run again)
-    raise ValueError(f"{spec.name!r} is a built-in learner; register under another name")
   if spec.section is not None and any(s.section == spec.section and s.name != spec.name
                                       for s in LEARNERS.values()):
     raise ValueError(f"learner {spec.name!r}: section algorithm.{spec.section} is taken")
-  LEARNERS[spec.name] = spec
-  return spec
+  return LEARNERS.register(spec.name, spec)
 
 
 def learner_spec(c_or_name) -> LearnerSpec:
   """The spec of `c.algorithm.learner` (a config) or of a learner's name; ConfigError
-  naming `algorithm.learner` when it is not registered."""
+  naming `algorithm.learner` when it is neither registered nor a module's LearnerSpec
+  (`LEARNERS.resolve`)."""
   name = c_or_name if isinstance(c_or_name, str) else c_or_name.algorithm.learner
-  one_of("algorithm.learner", name, tuple(LEARNERS))
-  return LEARNERS[name]
+  return LEARNERS.resolve(name)
 
 
 def build_learner(c, model, params, mesh) -> Learner:
@@ -102,20 +101,25 @@ def build_learner(c, model, params, mesh) -> Learner:
   return learner_spec(c).factory(c, model, params, mesh)
 
 
-register_learner(LearnerSpec(
-    name="ppo", factory=PPOLearner.from_config,
-    # algorithm.distill: the teacher its reference role may be loaded from (distillation.py)
-    section=distillation.SECTION, default_section=distillation.distill_config,
-    check_section=distillation.check_distill_fields, validate=ppo_learner.validate_run,
-    rollout_modes=("groups", "dynamic", "windows", "multi_turn"),
-    packing=True, lora=True, staleness=True, value_pretraining=True,
-    sampler_reference=True))
-register_learner(LearnerSpec(
-    name="dpo", factory=DPOLearner.from_config, section="dpo",
-    default_section=dpo.dpo_config, check_section=dpo.validate_dpo_fields,
-    validate=dpo.validate_run, rollout_modes=("groups", "dynamic", "offline"), pairs=True))
-register_learner(LearnerSpec(
-    name="dqo", factory=DQOLearner.from_config, section="dqo",
-    default_section=dqo.dqo_config, check_section=dqo.validate_dqo_fields,
-    validate=dqo.validate_run, rollout_modes=("groups", "dynamic", "offline")))
-BUILT_IN = tuple(LEARNERS)
+for _spec in (
+    LearnerSpec(
+        name="ppo", factory=PPOLearner.from_config,
+        # algorithm.distill: the teacher its reference role may be loaded from
+        # (distillation.py)
+        section=distillation.SECTION, default_section=distillation.distill_config,
+        check_section=distillation.check_distill_fields, validate=ppo_learner.validate_run,
+        rollout_modes=("groups", "dynamic", "windows", "multi_turn"),
+        packing=True, lora=True, staleness=True, value_pretraining=True,
+        sampler_reference=True),
+    LearnerSpec(
+        name="dpo", factory=DPOLearner.from_config, section="dpo",
+        default_section=dpo.dpo_config, check_section=dpo.validate_dpo_fields,
+        validate=dpo.validate_run, rollout_modes=("groups", "dynamic", "offline"),
+        pairs=True),
+    LearnerSpec(
+        name="dqo", factory=DQOLearner.from_config, section="dqo",
+        default_section=dqo.dqo_config, check_section=dqo.validate_dqo_fields,
+        validate=dqo.validate_run, rollout_modes=("groups", "dynamic", "offline")),
+):
+  LEARNERS.register(_spec.name, _spec, built_in=True)
+BUILT_IN = LEARNERS.built_ins()

@@ -14,9 +14,10 @@ their state travels with each call.
 from __future__ import annotations
 
 import dataclasses
+import collections.abc
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from rlhf_jax.config_errors import load_object
+from rlhf_jax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +55,18 @@ class Environment(Protocol):
     step's reward and whether the episode ends."""
 
 
+# `env.factory`: named by "package.module:callable" only, since each environment worker
+# (a spawned process) loads it again, where a name registered in the parent is unknown.
+ENVIRONMENTS: Registry[Callable] = Registry("environment factory", "env.factory",
+                                            collections.abc.Callable, what="callable",
+                                            by_name=False)
+
+
 def load_factory(path: str, field: str = "env.factory") -> Callable[[], Environment]:
-  """The callable named by "package.module:callable".
+  """The callable named by "package.module:callable" (`ENVIRONMENTS.resolve`).
 
   Raises:
     ConfigError: naming `field`, for a malformed path, a module that does not import, or
       a missing or non-callable attribute.
   """
-  return load_object(path, field)
+  return ENVIRONMENTS.resolve(path, field)

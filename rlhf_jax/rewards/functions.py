@@ -32,6 +32,7 @@ exception, a hang, a wrong type or length fails those samples with a one-line re
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import contextlib
 import dataclasses
 import functools
@@ -43,8 +44,8 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
-from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.config_errors import load_object
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.registry import Registry
 from rlhf_jax.sandbox import worker_groups
 from rlhf_jax.sandbox.workers import describe_error
 
@@ -78,13 +79,20 @@ class RewardFunction:
   weight: float = 1.0
 
 
+# `reward.function`: named by "package.module:fn" only, since each reward worker (a
+# spawned process) loads it again, where a name registered in the parent is unknown.
+REWARD_FUNCTIONS: Registry[Callable] = Registry("reward function", "reward.function",
+                                                collections.abc.Callable, what="function",
+                                                by_name=False)
+
+
 @functools.lru_cache(maxsize=None)
 def load_callable(spec: str) -> Callable:
   """The callable of "module:name" (or "file.py:name"), by the one loader of every
-  `module:name` (config_errors.load_object: the working directory on the path, where it
+  `module:name` (`REWARD_FUNCTIONS.resolve`: the working directory on the path, where it
   looked when not found); RewardFunctionError naming what is wrong: no colon, a module
   that does not import, a missing or non-callable name."""
-  return load_object(spec, "reward.function", what="function", error=RewardFunctionError)
+  return REWARD_FUNCTIONS.resolve(spec, error=RewardFunctionError)
 
 
 def convention_of(fn: Callable, spec: str) -> str:
@@ -135,11 +143,9 @@ def parse_reward_config(r) -> list[RewardFunction]:
   try:
     return parse_functions(r.function, r.function_weights)
   except RewardWeightsError as error:
-    raise ConfigError(f"config.reward.function_weights: invalid value "
-                      f"{r.function_weights!r}: {error}") from None
+    invalid("reward.function_weights", r.function_weights, str(error))
   except RewardFunctionError as error:
-    raise ConfigError(f"config.reward.function: invalid value {r.function!r}: "
-                      f"{error}") from None
+    invalid("reward.function", r.function, str(error))
 
 
 _LOOP: asyncio.AbstractEventLoop | None = None  # the worker's one event loop

@@ -23,7 +23,6 @@ import ml_collections
 
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
-from rlhf_jax.config_errors import load_object
 from rlhf_jax.data import CurriculumStream
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
@@ -31,6 +30,7 @@ from rlhf_jax.data import parse_curriculum
 from rlhf_jax.data import read_labelled
 from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.envs.config import turn_end_id
+from rlhf_jax.registry import Registry
 from rlhf_jax.rollout.base import Rollout
 from rlhf_jax.rollout.config import sampling_params
 from rlhf_jax.rollout.evaluation import evaluate_episodes
@@ -158,33 +158,25 @@ class RolloutMode:
   validate: Callable[[ml_collections.ConfigDict], None] | None = None
 
 
-MODES: dict[str, RolloutMode] = {}
-BUILT_IN: tuple[str, ...] = ()  # set at the end of the module, after the five below
+# The table of `rollout.mode` (a name, or "package.module:NAME" of a RolloutMode).
+MODES: Registry[RolloutMode] = Registry("rollout mode", "rollout.mode", RolloutMode,
+                                        what="RolloutMode")
 
 
 def register_rollout_mode(mode: RolloutMode) -> RolloutMode:
-  """Makes `rollout.mode = mode.name` run `mode`. As with estimators, policy losses and
-  learners, registering a name again replaces it (re-running a notebook cell); the
-  built-in modes cannot be replaced."""
+  """Makes `rollout.mode = mode.name` run `mode` (`MODES.register`). As for every registry,
+  registering a name again replaces it (re-running a notebook cell); the built-in modes
+  cannot be replaced."""
   if not isinstance(mode, RolloutMode):
     raise TypeError(f"register_rollout_mode takes a RolloutMode, not {type(mode).__name__}")
-  if mode.name in BUILT_IN and MODES[mode.name] is not mode:
-    raise ValueError(f"{mode.name!r} is a built-in rollout mode; register under another name")
-  MODES[mode.name] = mode
-  return mode
+  return MODES.register(mode.name, mode)
 
 
 def rollout_mode(c: ml_collections.ConfigDict) -> RolloutMode:
   """The record of `c.rollout.mode`: a registered name, or "package.module:NAME" naming a
-  RolloutMode (imported here). ConfigError naming `rollout.mode` otherwise."""
-  name = c.rollout.mode
-  if isinstance(name, str) and name in MODES:
-    return MODES[name]
-  if not isinstance(name, str) or ":" not in name:
-    invalid("rollout.mode", name, f"must be one of {', '.join(MODES)} or "
-            "'package.module:NAME' of a RolloutMode")
-  return load_object(name, "rollout.mode", accept=lambda mode: isinstance(mode, RolloutMode),
-                     what="RolloutMode")
+  RolloutMode (imported here: `MODES.resolve`). ConfigError naming `rollout.mode`
+  otherwise."""
+  return MODES.resolve(c.rollout.mode)
 
 
 def rewarded_by_environment(c: ml_collections.ConfigDict) -> bool:
@@ -301,4 +293,6 @@ register_rollout_mode(RolloutMode(
     evaluator=_episode_evaluator))
 register_rollout_mode(RolloutMode(name="offline", build=_offline, allows_staleness=False,
                                   fixed_data=True, check_data=_check_offline_file))
-BUILT_IN = tuple(MODES)
+for _mode in tuple(MODES.values()):  # the five above: the library's own, never replaced
+  MODES.register(_mode.name, _mode, built_in=True)
+BUILT_IN = MODES.built_ins()

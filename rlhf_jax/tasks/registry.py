@@ -2,7 +2,7 @@
 ones, its problem generator.
 
     Task(name, scoring, verifier=None, generate=None, description="")
-    register_task(task)             a task of one's own, from Python
+    register_task(task)             a task of one's own, from Python (again: replaced)
     get_task(name) -> Task          KeyError naming the known tasks
     known_tasks() -> tuple[str]
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from rlhf_jax.registry import Registry
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import demonstrations
 from rlhf_jax.tasks import pycalc
@@ -65,53 +66,57 @@ class Task:
                        "'verifier'.")
 
 
-_TASKS: dict[str, Task] = {}
-
-
-def register_task(task: Task, *, replace: bool = False) -> Task:
-  """Adds `task` to the table (a task of one's own; call it before building the Trainer).
-  Registering a name twice is an error unless `replace`."""
-  if task.name in _TASKS and not replace:
-    raise ValueError(f"task {task.name!r} is registered already; pass replace=True.")
+def _check_picklable(task: Task, name: str, field: str) -> None:
+  """ValueError unless the task's verifier and extract can reach a worker process (a
+  module-level function, or a functools.partial of one)."""
+  del field
+  import pickle  # pylint: disable=import-outside-toplevel
   for role in ("verifier", "extract"):
     if getattr(task, role) is None:
       continue
-    import pickle  # pylint: disable=import-outside-toplevel
     try:
       pickle.dumps(getattr(task, role))
     except Exception as error:  # lambdas and closures cannot reach a worker process
-      raise ValueError(f"task {task.name!r}: the {role} must be a module-level function "
+      raise ValueError(f"task {name!r}: the {role} must be a module-level function "
                        f"(or a functools.partial of one): {error}") from None
-  _TASKS[task.name] = task
-  return task
+
+
+# The table of the tasks the rule scorers judge (a data row's `task`, `data.task`).
+TASKS: Registry[Task] = Registry("task", "data.task", Task, what="Task",
+                                 check=_check_picklable)
+
+
+def register_task(task: Task) -> Task:
+  """Adds `task` to the table (a task of one's own; call it before building the Trainer):
+  `TASKS.register`. Registering a name again replaces it (a notebook cell run again); a
+  built-in task cannot be replaced."""
+  return TASKS.register(task.name, task)
 
 
 def get_task(name: str) -> Task:
   """The registered task `name`; KeyError naming the known ones."""
-  if name not in _TASKS:
-    raise KeyError(f"unknown task {name!r}; known: {', '.join(known_tasks())}")
-  return _TASKS[name]
+  return TASKS[name]
 
 
 def is_known(name: str) -> bool:
   """Whether `name` is a registered task (one the rule scorers can judge)."""
-  return name in _TASKS
+  return name in TASKS
 
 
 def scored_by(scoring: str, tasks) -> list[str]:
   """The registered tasks among `tasks` whose scoring is `scoring` ('verifier', 'math',
   'sandbox'), sorted; unknown names are left out."""
-  return sorted(t for t in set(tasks) if t in _TASKS and _TASKS[t].scoring == scoring)
+  return sorted(t for t in set(tasks) if t in TASKS and TASKS[t].scoring == scoring)
 
 
 def known_tasks() -> tuple[str, ...]:
   """The registered task names, sorted."""
-  return tuple(sorted(_TASKS))
+  return tuple(sorted(TASKS))
 
 
 def generated_tasks() -> tuple[str, ...]:
   """The tasks with a problem generator (the arith variant's `data.task` choices)."""
-  return tuple(sorted(name for name, t in _TASKS.items() if t.generate is not None))
+  return tuple(sorted(name for name, t in TASKS.items() if t.generate is not None))
 
 
 for _task in (
@@ -129,4 +134,4 @@ for _task in (
     Task("math", "math", description="math-verify equivalence of the final answer"),
     Task("code", "sandbox", description="a Python program against unit tests, sandboxed"),
 ):
-  register_task(_task)
+  TASKS.register(_task.name, _task, built_in=True)

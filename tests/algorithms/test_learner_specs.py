@@ -43,7 +43,7 @@ def fixture_toy():
       name="toy", factory=toy_factory, section="toy", default_section=toy_section,
       check_section=check_toy_section, validate=validate_toy, rollout_modes=("groups",)))
   yield spec
-  registry.LEARNERS.pop("toy")
+  registry.LEARNERS.unregister("toy")
 
 
 def toy_config(**train) -> ml_collections.ConfigDict:
@@ -112,7 +112,7 @@ def test_a_feature_it_declares_is_allowed():
     with pytest.raises(ValueError, match="'ppo' is a built-in learner"):
       registry.register_learner("ppo", toy_factory)
   finally:
-    registry.LEARNERS.pop("toy_packed")
+    registry.LEARNERS.unregister("toy_packed")
 
 
 def test_a_config_built_before_registration_names_the_missing_section():
@@ -126,7 +126,7 @@ def test_a_config_built_before_registration_names_the_missing_section():
                        r"before base_config"):
       validate_config(c)
   finally:
-    registry.LEARNERS.pop("late")
+    registry.LEARNERS.unregister("late")
 
 
 def test_an_unknown_learner_lists_the_registered_ones():

@@ -26,10 +26,13 @@ G = 4
 
 
 @pytest.fixture(autouse=True)
-def fresh_tables(monkeypatch):
+def fresh_tables():
   """What a test registers leaves with it (the tables are module-global)."""
-  monkeypatch.setattr(estimators, "_TABLE", dict(estimators._TABLE))
-  monkeypatch.setattr(losses, "_TABLE", dict(losses._TABLE))
+  before = {table: set(table) for table in (estimators.ESTIMATORS, losses.POLICY_LOSSES)}
+  yield
+  for table, names in before.items():
+    for name in set(table) - names:
+      table.unregister(name)
 
 
 def rollouts(rows=8, response_length=6, seed=0):

@@ -1,4 +1,4 @@
-"""One loader for every `module:name` field (config_errors.load_object): a user's module in
+"""One loader for every `module:name` field (registry.load_object): a user's module in
 the working directory imports without PYTHONPATH, as TRL and verl users run their scripts;
 "file.py:name" works; a module that is not found says where it was looked for."""
 
@@ -11,8 +11,8 @@ import pytest
 from rlhf_jax.algorithms import estimators
 from rlhf_jax.algorithms import losses
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.config_errors import load_object
 from rlhf_jax.envs.base import load_factory
+from rlhf_jax.registry import load_object
 from rlhf_jax.rewards import functions
 from rlhf_jax.training.config import base_config
 from rlhf_jax.training.config import validate_config
