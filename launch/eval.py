@@ -151,8 +151,8 @@ def _run_config(checkpoint: str):
   checkpoint as model.checkpoint, --data as data.eval_file."""
   import os
   import jax
-  from rlhf_jax.config_errors import ConfigError
   from rlhf_jax.config_errors import invalid
+  from rlhf_jax.config_errors import unfit
   from rlhf_jax.training.config import validate_config
   c = (_CONFIG.value if _CONFIG.value is not None else _flag_config()
        ).copy_and_resolve_references()
@@ -160,8 +160,8 @@ def _run_config(checkpoint: str):
   if _DATA.value:
     c.data.eval_file = _DATA.value
   if c.variant == "hf" and not c.data.eval_file:
-    raise ConfigError("config.data.eval_file: empty: eval.py evaluates held-out rows "
-                      "(--config.data.eval_file=FILE or --data=FILE)")
+    unfit("data.eval_file", "empty: eval.py evaluates held-out rows "
+          "(--config.data.eval_file=FILE or --data=FILE)")
   if c.data.eval_file and not os.path.isfile(c.data.eval_file):
     invalid("data.eval_file", c.data.eval_file, "must be an existing .jsonl/.parquet file")
   if c.variant == "hf" and not c.data.train_file:
@@ -178,6 +178,7 @@ def _held_out(c, checkpoint: str):
   loads; the checkpoint's files and the reward's checkpoints are checked first."""
   from rlhf_jax import models
   from rlhf_jax.config_errors import ConfigError
+  from rlhf_jax.config_errors import unfit
   from rlhf_jax.models import checkpoint_checks
   from rlhf_jax.training import build
   checkpoint_checks.check_checkpoint_dir(checkpoint, f"--checkpoint={checkpoint}")
@@ -194,7 +195,7 @@ def _held_out(c, checkpoint: str):
   held_out_only.data.train_file, held_out_only.data.num_train = "", 1
   _, held_out = build.load_examples(held_out_only, prompts)
   if not held_out:
-    raise ConfigError("config.data.eval_file: no held-out rows to evaluate")
+    unfit("data.eval_file", "no held-out rows to evaluate")
   return held_out
 
 

@@ -1,16 +1,19 @@
 """One error type for bad configuration, shared by every module that owns a config section.
 
 A `ConfigError` is one line that starts with the field's full path and says which of
-two things went wrong:
+three things went wrong:
 
   config.rollout.temprature: unknown field; did you mean 'temperature'?
   config.rollout.temperature: invalid value -1.0: must be >= 0
+  config.data.train_file: rows.jsonl:3: no scorer for task 'proof' (known: ...)
 
 Validators raise the second with `invalid(field, value, requirement)` (or the range
-and choice helpers below), whose requirement states the allowed values or range;
-`rlhf_jax/cli.py` raises the first, with `unknown_field`, for a command-line override
-whose path is not in the config tree. Launchers print either as `error: <message>`
-and exit with status 2.
+and choice helpers below), whose requirement states the allowed values or range; the
+third, with `unfit`, is a value valid on its own whose file, checkpoint, data or job
+does not fit it, found when that is read. `rlhf_jax/cli.py` raises the first, with
+`unknown_field`, for a command-line override whose path is not in the config tree.
+Each carries its field. Launchers print any of them as `error: <message>` and exit
+with status 2.
 """
 
 from __future__ import annotations
@@ -51,11 +54,10 @@ def invalid(field: str, value: Any, requirement: str) -> NoReturn:
 
 
 def unfit(field: str, reason: str) -> NoReturn:
-  """Raises `config.<field>: invalid value: <reason>`, for a value that is valid on its own
-  but does not fit what it meets later (the data's tasks, a tokenizer): `reason` names
-  what it does not fit."""
-  raise ConfigError(f"config.{field}: {INVALID_VALUE}: {reason}", field=field,
-                    kind=INVALID_VALUE)
+  """Raises `config.<field>: <reason>`, for a value that is valid on its own but does not
+  fit what it meets later (its file's rows, a checkpoint, the data's tasks, a job of
+  several processes): `reason` names that, e.g. "rows.jsonl:3: no scorer for task 'x'"."""
+  raise ConfigError(f"config.{field}: {reason}", field=field, kind=INVALID_VALUE)
 
 
 def unknown_field(field: str, known: Iterable[str], hint: str = "") -> NoReturn:

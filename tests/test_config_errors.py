@@ -1,9 +1,10 @@
 """One way to raise a config error: `invalid` and its friends, each error carrying its field.
 
 A source scan keeps the older ways out of rlhf_jax/ and launch/ (a ValueError whose text
-starts with "config." for a caller to parse back, a `fail` or `reword` helper), and the
-errors of the modules that used them name their field in `.field` and in the message,
-as `invalid` writes it: "config.<field>: invalid value <repr(value)>: <requirement>".
+starts with "config." for a caller to parse back, a ConfigError written by hand without
+its field, a `fail` or `reword` helper), and the errors of the modules that used them
+name their field in `.field` and in the message, as `invalid` writes it:
+"config.<field>: invalid value <repr(value)>: <requirement>".
 """
 
 import ast
@@ -32,19 +33,20 @@ OLDER_HELPERS = ("fail", "reword")
 
 def older_ways(source: str) -> list[str]:
   """The older ways of raising a config error in `source`: a ValueError whose message
-  starts with "config.<field>" (config.json, a checkpoint's file, is not a field), and
-  a definition, import or call of `fail` / `reword`."""
+  starts with "config.<field>" (config.json, a checkpoint's file, is not a field) or a
+  ConfigError's without `field=`, and a definition, import or call of `fail` / `reword`."""
   found = []
   for node in ast.walk(ast.parse(source)):
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-        and node.func.id == "ValueError" and node.args):
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args
+        and (node.func.id == "ValueError" or node.func.id == "ConfigError"
+             and not any(keyword.arg == "field" for keyword in node.keywords))):
       first = node.args[0]
       if isinstance(first, ast.JoinedStr) and first.values:
         first = first.values[0]
       text = first.value if isinstance(first, ast.Constant) else None
       if (isinstance(text, str) and text.startswith("config.")
           and not text.startswith("config.json")):
-        found.append(f"line {node.lineno}: ValueError({text[:30]!r}...)")
+        found.append(f"line {node.lineno}: {node.func.id}({text[:30]!r}...)")
     named = (node.name if isinstance(node, ast.FunctionDef) else
              node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
              else None)
@@ -61,10 +63,14 @@ def test_the_scan_finds_each_older_way():
                      'raise ValueError("config.x.y: is required")\n'
                      'from rlhf_jax.config_errors import reword\n'
                      'def fail(field, message):\n  pass\n'
-                     'fail("x.y", "=1 must be 0")\n')
-  assert sorted(hit.split(":")[0] for hit in found) == [f"line {n}" for n in (1, 2, 3, 4, 6)]
+                     'fail("x.y", "=1 must be 0")\n'
+                     'raise ConfigError(f"config.{field}: {error}")\n')
+  assert sorted(hit.split(":")[0] for hit in found) == [
+      f"line {n}" for n in (1, 2, 3, 4, 6, 7)]
   assert older_ways('raise ValueError(f"config.json: {key}={value!r} must be > 0.")\n'
                     'raise ValueError(f"{field}={value!r} must be >= 0.")\n'
+                    'raise ConfigError(f"config.x.y: {error}", field="x.y")\n'
+                    'raise ConfigError(f"--flag={value}: must be >= 1")\n'
                     'invalid("x.y", 1, "must be 0")\n') == []
 
 
@@ -85,11 +91,11 @@ def raised(call, *args, **kwargs) -> ConfigError:
   return error.value
 
 
-def test_unfit_names_the_field_without_a_value():
-  error = raised(unfit, "data.curriculum", "names a task the data lacks")
+def test_unfit_names_the_field_and_what_it_does_not_fit():
+  error = raised(unfit, "data.train_file", "rows.jsonl:3: no scorer for task 'proof'")
   assert (str(error), error.field, error.kind) == (
-      "config.data.curriculum: invalid value: names a task the data lacks",
-      "data.curriculum", INVALID_VALUE)
+      "config.data.train_file: rows.jsonl:3: no scorer for task 'proof'", "data.train_file",
+      INVALID_VALUE)
 
 
 @pytest.mark.parametrize("text,requirement", [

@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 
 import ml_collections
 
-from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import unfit
 from rlhf_jax.data import CurriculumStream
 from rlhf_jax.data import Example
 from rlhf_jax.data import PromptStream
@@ -279,7 +279,7 @@ def _check_offline_file(c, prompts, *, pairs: bool) -> None:
                   response_length=c.rollout.max_new_tokens, group_size=c.rollout.group_size,
                   pairs=pairs)
   except (OSError, ValueError) as error:
-    raise ConfigError(f"config.data.offline_file: {error}") from None
+    unfit("data.offline_file", str(error))
 
 
 register_rollout_mode(RolloutMode(name="groups", build=_groups, drops_unscored=True))

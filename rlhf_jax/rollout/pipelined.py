@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from rlhf_jax.batch import RolloutBatch
-from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import invalid
 from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.sampling.protocol import KeepsVersions
 
@@ -147,9 +147,8 @@ class PipelinedRollout:
     batches, so it is refused."""
     if not self.max_staleness:
       if "pending" in state:
-        raise ConfigError("config.rollout.max_staleness: invalid value 0: the checkpoint "
-                          f"holds {len(state['pending'])} batches generated ahead; resume "
-                          "with the run's rollout.max_staleness > 0")
+        invalid("rollout.max_staleness", 0, f"the checkpoint holds {len(state['pending'])} "
+                "batches generated ahead; resume with the run's rollout.max_staleness > 0")
       self.inner.restore(state)
       return
     if "pending" not in state:  # a synchronous run's checkpoint

@@ -13,6 +13,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import unfit
 from rlhf_jax.models import checkpoint_checks
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards.router import has_verifier
@@ -49,9 +51,12 @@ class BestOfNOptions:
     if not 0 <= self.rejection_rate < 1:
       raise ConfigError(f"--rejection_rate={self.rejection_rate} must be in [0, 1)")
     # The search steps and cancels samples in the scheduler itself.
-    if c.sampler.address or tuple(c.sampler.addresses):
-      raise ConfigError("config.sampler.address / addresses: best-of-n runs the in-process "
-                        "scheduler; leave both empty.")
+    if c.sampler.address:
+      invalid("sampler.address", c.sampler.address, "must be empty: best-of-n runs the "
+              "in-process scheduler")
+    if tuple(c.sampler.addresses):
+      invalid("sampler.addresses", tuple(c.sampler.addresses), "must be empty: best-of-n "
+              "runs the in-process scheduler")
 
   def methods(self) -> list[tuple[str, int, list[int]]]:
     """(name, N, decision lengths) of every method to run."""
@@ -91,7 +96,7 @@ def run_best_of_n(c, workdir: str, options: BestOfNOptions) -> Iterator[dict[str
   examples = build.load_examples(c)[1]
   examples = examples[:options.prompts] if options.prompts else examples
   if not examples:
-    raise ConfigError("config.data.eval_file: best-of-n needs held-out prompts")
+    unfit("data.eval_file", "best-of-n needs held-out prompts")
   tasks = sorted({e.task for e in examples})
   scorer = (reward_build.prefix_value_scorer(options.prm, c, mesh) if options.prm
             else reward_build.training_scorer(c, tasks, mesh, policy.prompts))

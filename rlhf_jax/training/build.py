@@ -21,6 +21,8 @@ from rlhf_jax.algorithms import distillation
 from rlhf_jax.algorithms import registry
 from rlhf_jax.algorithms.learner import Learner
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import unfit
 from rlhf_jax.data import Example
 from rlhf_jax.data import config as data_config_lib
 from rlhf_jax.data.prompts import PromptError
@@ -92,18 +94,18 @@ def check_job(c, sizes: dict[str, int]) -> None:
     return
   count = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
   if count != jax.device_count():
-    raise ConfigError(f"config.mesh: invalid value {sizes}: a job of {processes} processes "
-                      f"needs a mesh over all {jax.device_count()} devices (set one axis "
-                      "to -1)")
+    invalid("mesh", sizes, f"a job of {processes} processes needs a mesh over all "
+            f"{jax.device_count()} devices (set one axis to -1)")
   if jax.local_device_count() % sizes["tensor"]:
-    raise ConfigError(f"config.mesh.tensor: invalid value {sizes['tensor']}: must divide "
-                      f"the {jax.local_device_count()} devices of each process")
+    invalid("mesh.tensor", sizes["tensor"], f"must divide the {jax.local_device_count()} "
+            "devices of each process")
   if remote_sampler(c):
-    raise ConfigError("config.sampler.address / addresses: must be empty in a job of "
-                      f"{processes} processes (each samples its share on its own devices)")
+    field = "sampler.address" if c.sampler.address else "sampler.addresses"
+    invalid(field, c.sampler.address or tuple(c.sampler.addresses), "must be empty in a job "
+            f"of {processes} processes (each samples its share on its own devices)")
   if not LookAhead.of(c).synchronous and reward_build.uses_models(c):
-    raise ConfigError(f"config.rollout.max_staleness: invalid value {c.rollout.max_staleness}"
-                      f": must be 0 with a reward model in a job of {processes} processes")
+    invalid("rollout.max_staleness", c.rollout.max_staleness, "must be 0 with a reward "
+            f"model in a job of {processes} processes")
 
 
 def check_deterministic(c) -> None:
@@ -111,9 +113,8 @@ def check_deterministic(c) -> None:
   flags = os.environ.get("XLA_FLAGS", "")
   if (c.train.deterministic and jax.default_backend() == "gpu"
       and "--xla_gpu_deterministic_ops=true" not in flags):
-    raise ConfigError("config.train.deterministic=True needs XLA_FLAGS="
-                      "--xla_gpu_deterministic_ops=true before JAX starts (launch/train.py "
-                      "sets it; in your own program, export it first).")
+    invalid("train.deterministic", True, "needs XLA_FLAGS=--xla_gpu_deterministic_ops=true "
+            "before JAX starts (launch/train.py sets it; in your own program, export it first)")
 
 
 def policy_checkpoint_dir(c, workdir: str) -> str:
@@ -131,9 +132,8 @@ def load_policy(c, workdir: str, mesh) -> Policy:
   computing in `model.dtype` at `model.matmul_precision`, params in the training layout."""
   directory = policy_checkpoint_dir(c, workdir)
   if not os.path.exists(os.path.join(directory, "config.json")):
-    raise ConfigError(f"config.model.checkpoint: no policy checkpoint in {directory!r} "
-                      "(for the arith variant run launch/sft.py, or launch/train.py, which "
-                      "trains the warm start first)")
+    unfit("model.checkpoint", f"no policy checkpoint in {directory!r} (for the arith "
+          "variant run launch/sft.py, or launch/train.py, which trains the warm start first)")
   model, params = models.load_hf_checkpoint(directory, **model_layout(c.model))
   model = models.with_numerics(model, **model_numerics(c.model))
   params = parallel.shard_params(params, parallel.param_shardings(
@@ -177,7 +177,7 @@ def load_examples(c, prompts: PromptFormat | None = None, *, scorer: Scorer | No
       try:
         check_prompts(prompts, rows)
       except PromptError as error:
-        raise ConfigError(f"config.data.{field}: {error}") from None
+        unfit(f"data.{field}", str(error))
   read = [field for field in located if c.data[field]]
   note = prompts and raw_prompts_note(prompts, [e for f in read for _, e in located[f]],
                                       " and ".join(f"config.data.{f}={c.data[f]}" for f in read))
@@ -191,7 +191,7 @@ def _read_located(c, field: str) -> list[tuple[str, Example]]:
   try:
     return located_examples(c.data[field], **data_config_lib.read_options(c.data))
   except (OSError, ValueError) as error:
-    raise ConfigError(f"config.data.{field}: {error}") from None
+    unfit(f"data.{field}", str(error))
 
 
 def check_tasks(c, field: str, located: list[tuple[str, Example]], *,
@@ -208,20 +208,20 @@ def check_tasks(c, field: str, located: list[tuple[str, Example]], *,
       try:
         scorer.check_tasks([task])
       except ValueError as error:
-        raise ConfigError(f"config.data.{field}: {where}: the scorer handed to the trainer "
-                          f"refuses task {task!r}: {error}") from None
+        unfit(f"data.{field}", f"{where}: the scorer handed to the trainer refuses task "
+              f"{task!r}: {error}")
     return
   math_tasks = set(task_registry.scored_by("math", {e.task for _, e in located}))
   for where, example in located:  # the rule scorers' dependencies (a monitor's too)
     if example.task in math_tasks and importlib.util.find_spec("math_verify") is None:
-      raise ConfigError(f"config.data.{field}: {where}: task {example.task!r} is scored by "
-                        "math-verify, which is not installed: pip install 'rlhf-jax[math]'")
+      unfit(f"data.{field}", f"{where}: task {example.task!r} is scored by math-verify, "
+            "which is not installed: pip install 'rlhf-jax[math]'")
   if reward_build.scores_any_task(c):
     return
   for where, example in located:
     if not task_registry.is_known(example.task):
-      raise ConfigError(
-          f"config.data.{field}: {where}: no scorer for task {example.task!r} (known: "
+      unfit(
+          f"data.{field}", f"{where}: no scorer for task {example.task!r} (known: "
           f"{', '.join(task_registry.known_tasks())}); score it with reward.function="
           "'module:fn', or give the rows a known task (data.default_task, or data.columns="
           "'task=<column>', e.g. task=ability for verl files)"
@@ -239,11 +239,11 @@ def check_checkpoint_family(directory: str) -> None:
     try:
       hf_config = json.load(f)
     except ValueError as error:
-      raise ConfigError(f"config.model.checkpoint: {path} is not JSON ({error})") from None
+      unfit("model.checkpoint", f"{path} is not JSON ({error})")
   try:
     models.config_from_hf(hf_config)
   except (ValueError, KeyError) as error:
-    raise ConfigError(f"config.model.checkpoint: {directory}: {error}") from None
+    unfit("model.checkpoint", f"{directory}: {error}")
 
 
 def check_data(c, workdir: str, *, read_offline: bool = True,

@@ -28,6 +28,7 @@ import threading
 from typing import Any
 
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import unfit
 
 LOCK_FILE = "trainer.lock"
 
@@ -111,9 +112,8 @@ def start_over(workdir: str, lock: WorkdirLock, *, also: tuple[str, ...] = (),
     for field, path in (inputs or {}).items():
       read = os.path.realpath(path)
       if not os.path.islink(output) and (read == output or read.startswith(output + os.sep)):
-        raise ConfigError(f"config.{field}: {path!r} is in {name!r} of --workdir={workdir}, "
-                          "which --overwrite would remove; point the field elsewhere or "
-                          "remove the workdir by hand")
+        unfit(field, f"{path!r} is in {name!r} of --workdir={workdir}, which --overwrite "
+              "would remove; point the field elsewhere or remove the workdir by hand")
   removed = []
   for name in RUN_OUTPUTS + tuple(also):
     path = os.path.join(os.path.abspath(workdir), name)

@@ -28,6 +28,7 @@ from rlhf_jax.algorithms.sft import run_sft
 from rlhf_jax.algorithms.sft import supervised_batches
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.config_errors import unfit
 from rlhf_jax.data.conversations import check_characters
 from rlhf_jax.data.conversations import check_row
 from rlhf_jax.data.conversations import record_texts
@@ -100,8 +101,8 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
     return None
   to_label = rollout_modes.rollout_mode(config).fixed_data and not config.data.offline_file
   if jax.process_count() > 1 and to_label:
-    raise ConfigError("config.data.offline_file: must be given in a job of several processes "
-                      "(label the samples first with launch/label_samples.py)")
+    unfit("data.offline_file", "must be given in a job of several processes (label the "
+          "samples first with launch/label_samples.py)")
   lock = run_control.WorkdirLock(workdir)
   if main_process:  # warm start, DPO / DQO offline data: once, in the shared workdir
     lock.acquire()  # before the warm start: a second launch must not train it as well
@@ -255,15 +256,15 @@ def supervised_inputs(c) -> list[tuple[str, dict[str, Any]]]:
       check_characters(record, where, prompt_length=c.data.prompt_length,
                        response_length=response_length)
   except (OSError, ValueError) as error:
-    raise ConfigError(f"config.sft.train_file: {error}") from None
+    unfit("sft.train_file", str(error))
   if c.model.checkpoint:  # its files, before the records are tokenised or anything loads
     checkpoint_checks.check_checkpoint_dir(c.model.checkpoint, "config.model.checkpoint")
     build.check_checkpoint_family(c.model.checkpoint)
     try:  # as train.py's check: its tokenizer_config.json and templates read
       models.Tokenizer.from_directory(c.model.checkpoint)
     except (OSError, ValueError) as error:
-      raise ConfigError(f"config.model.checkpoint: {c.model.checkpoint}: the tokenizer does "
-                        f"not load: {error}") from None
+      unfit("model.checkpoint", f"{c.model.checkpoint}: the tokenizer does not load: "
+            f"{error}")
   return records
 
 
@@ -286,7 +287,7 @@ def supervised_warm_start(c, workdir: str, log: Callable[[str], None] = print) -
                             prompt_length=c.data.prompt_length,
                             response_length=response_length))
     except ValueError as error:  # a template error is a ValueError too
-      raise ConfigError(f"config.sft.train_file: {error}") from None
+      unfit("sft.train_file", str(error))
   log(f"SFT on {len(rows)} rows of {c.sft.train_file} ({c.sft.steps} steps of "
       f"{c.sft.batch_size})")
   make_batch = supervised_batches(rows, batch_size=c.sft.batch_size, seed=c.seed + 17,

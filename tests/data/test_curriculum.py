@@ -106,7 +106,7 @@ def test_a_task_stream_does_not_depend_on_the_other_tasks():
 
 
 def test_missing_tasks_and_foreign_states_are_errors():
-  with pytest.raises(ConfigError, match=r"config.data.curriculum: invalid value: names "
+  with pytest.raises(ConfigError, match=r"config.data.curriculum: names "
                      r"task\(s\) \['proof'\] "
                      r"that have no examples in the data \(tasks there: \['arith', 'code', "
                      r"'math'\]\)"):
