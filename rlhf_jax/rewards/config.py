@@ -233,6 +233,10 @@ def validate_reward_functions(r) -> None:
     invalid("reward.function_weights", r.function_weights, "must be empty without "
             "reward.function")
   one_of("reward.unscored", r.unscored, ("zero", "failure", "drop"))
+  if r.function and r.unscored == "drop" and r.route != "verifier":
+    # a hybrid route mixes the functions with scorers whose samples all count
+    invalid("reward.unscored", "drop", f"needs reward.route='verifier' (the functions are "
+            f"the reward), not {r.route!r} (use 'zero' or 'failure')")
   check_range("reward.function_timeout_s", r.function_timeout_s, low=0, low_open=True)
   if not isinstance(r.worker_memory_mb, int) or r.worker_memory_mb < 0:
     invalid("reward.worker_memory_mb", r.worker_memory_mb, "must be an int >= 0 (0: no limit)")

@@ -377,11 +377,8 @@ def validate_mesh(c, num_devices: int | None, *, rows: int) -> None:
 
 def _check_dropping_unscored(c, mode) -> None:
   """`reward.unscored = "drop"` needs rows that carry the reward functions' verdicts
-  straight to the batch: a rollout mode of whole-response groups and the functions as the
-  reward itself (a hybrid route sums them with other scorers, whose samples count)."""
+  straight to the batch: a rollout mode of whole-response groups (the route is the reward
+  section's own rule: rewards/config.py)."""
   if not mode.drops_unscored:
     invalid("reward.unscored", "drop", f"works with rollout.mode 'groups' or 'dynamic', not "
             f"{mode.name!r} (use 'zero' or 'failure')")
-  if c.reward.route != "verifier":
-    invalid("reward.unscored", "drop", f"needs reward.route='verifier' (the functions are "
-            f"the reward), not {c.reward.route!r} (use 'zero' or 'failure')")
