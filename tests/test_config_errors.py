@@ -22,6 +22,8 @@ from rlhf_jax.rewards import genrm
 from rlhf_jax.rewards.judge import check_template
 from rlhf_jax.rewards.judge import verdict_token_ids
 from rlhf_jax.sampling import config as sampler_config_lib
+from rlhf_jax.search.best_of_n import BestOfNOptions
+from rlhf_jax.search.qsharp import QSharpOptions
 from rlhf_jax.training import config as trainer_config
 from tests.training.runs import parse
 
@@ -158,3 +160,15 @@ def test_a_bad_judge_template_in_a_preset_names_its_field():
   config = parse("configs/grpo.py:arith", "--config.reward.genrm.template_gt={extra}")
   error = raised(trainer_config.validate_config, config, num_devices=1)
   assert error.field == "reward.genrm.template_gt", str(error)
+
+
+@pytest.mark.parametrize("options", [QSharpOptions(), BestOfNOptions()])
+@pytest.mark.parametrize("field,value", [
+    ("sampler.address", "localhost:1"), ("sampler.addresses", ("localhost:1", "localhost:2"))])
+def test_the_searches_name_the_server_field_that_is_set(options, field, value):
+  config = trainer_config.base_config("arith")
+  section, name = field.split(".")
+  config[section][name] = value
+  error = raised(options.check, config)
+  assert error.field == field
+  assert str(error).startswith(f"config.{field}: invalid value {value!r}: must be empty")
