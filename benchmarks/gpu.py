@@ -23,7 +23,8 @@ Parts (--parts, comma-separated):
   g4   XLA's compiled memory analysis of the g1 step at 16 × 1024 and 32 × 1024 tokens with
        logprob_chunk 0 and 1024, from abstract inputs only (nothing allocated). Ours only.
   kern the fused attention kernels against the XLA path on small shapes, outputs and
-       gradients (benchmarks/gpu_kern.py); its `verdict` record says which to trust.
+       gradients, each case in its own process (benchmarks/gpu_kern.py): each case is ok,
+       wrong or crashed; its `verdict` record says which kernels to trust.
   w3   shared/bench/workloads.md W3, one GRPO step (8 prompts × 8 samples, 128 new tokens):
        `who=ours` runs benchmarks/grpo_step.py's `run_ours`, `who=trl` runs TRL's
        GRPOTrainer (`run_trl_gpu.py` from --bench-dir, a copy of shared/bench/run_trl.py
@@ -53,6 +54,10 @@ The code: gpu_common.py (shapes, peaks, records), gpu_ours.py (our G1-G4), gpu_t
 (the PyTorch peers), gpu_w3.py, gpu_kern.py (kern), gpu_profile.py (XLA flags, traces),
 gpu_summary.py and gpu_summary_ab.py (summary.json); this file parses and dispatches.
 
+Progress goes to stderr, one `[gpu.py +SECONDS] ...` line as each phase starts and ends
+(backend, build, compile, every timed step or call), and SIGTERM prints every thread's
+stack before the process dies: the log of a step stopped at its cap says where it was.
+
 Every record has `part`, `who`, `tiny`, `device`; a failed measurement has `error` (and
 `oom: true` when the device ran out of memory) next to what it measured before failing.
 For scripts/gpu_check.sh: `--mismatch LABEL=metrics.jsonl ...` prints the trainer–sampler
@@ -68,7 +73,7 @@ import sys
 
 import gpu_kern  # benchmarks/, beside this file
 import gpu_profile
-from gpu_common import emit, enable_compile_cache, error_record, jax_device_info, _STDOUT
+from gpu_common import dump_stacks_on_term, emit, enable_compile_cache, error_record, progress, _STDOUT
 from gpu_ours import gen_ours, memory_table, train_ours
 from gpu_summary import mismatch_records, summarize
 from gpu_torch import gen_torch, train_torch
@@ -82,6 +87,7 @@ SIDES = {"g1": ("ours", "torch", "torch_compile"), "g1b": ("ours", "torch", "tor
 def run_one(part: str, who: str, args) -> None:
   """One (part, side) in this process; every failure becomes an error record."""
   args.cache_info, args.partial = {}, {}
+  progress(f"{part} {who}: starting")
   try:
     if who == "ours" and part != "w3":
       args.cache_info = {**gpu_profile.apply_xla_flags(args),
@@ -89,9 +95,11 @@ def run_one(part: str, who: str, args) -> None:
     if part == "g4":
       memory_table(args)
       return
-    if part == "kern":
-      base = {"who": "ours", "tiny": args.tiny, **jax_device_info(), **args.cache_info}
-      gpu_kern.run_kern(args.tiny, [i for i in args.kern_impls.split(",") if i], emit, base)
+    if part == "kern":  # no backend here: each case starts its own (gpu_kern.py)
+      base = {"who": "ours", "tiny": args.tiny, **args.cache_info}
+      gpu_kern.run_kern(args.tiny, [i for i in args.kern_impls.split(",") if i], emit, base,
+                        compile_cache=args.compile_cache, case_timeout=args.kern_case_timeout)
+      progress("kern: done")
       return
     if part in ("g1", "g1b"):
       record = train_ours(part, args) if who == "ours" else train_torch(part, who, args)
@@ -102,10 +110,13 @@ def run_one(part: str, who: str, args) -> None:
     else:
       raise ValueError(f"unknown part {part!r}")
     emit(record)
+    progress(f"{part} {who}: done")
   except NotImplementedError as error:  # a kernel not built yet, or GPU-only: said, not failed
+    progress(f"{part} {who}: skipped: {error}")
     emit({**args.partial, "part": part, "who": who, "tiny": args.tiny,
           "skipped": f"{type(error).__name__}: {error}"[:2000]})
   except Exception as error:  # noqa: BLE001 (the figures measured so far stay)
+    progress(f"{part} {who}: failed: {type(error).__name__}: {str(error)[:200]}")
     emit({**args.partial, **error_record(part, who, args, error)})
 
 
@@ -146,6 +157,8 @@ def main() -> int:
                       help="DecoderConfig.attention_impl of the train parts")
   parser.add_argument("--kern-impls", default="cudnn,pallas",
                       help="kern: the fused training kernels to check against xla")
+  parser.add_argument("--kern-case-timeout", type=float, default=120.0,
+                      help="kern: seconds for each case's own process")
   parser.add_argument("--profile", metavar="DIR", default=None,
                       help="one more step (or a short generate) traced: DIR/profile_<part>.json.gz")
   parser.add_argument("--xla-flag", action="append", default=None,
@@ -192,6 +205,7 @@ def main() -> int:
   pairs = [(p, w) for p in parts for w in sides if w in SIDES[p]]
   if not pairs:
     parser.error(f"no part of {parts} has a side in {sides}")
+  dump_stacks_on_term()  # a step killed at its cap prints where it was
   if len(pairs) == 1:
     sys.stdout = sys.stderr  # library prints stay off the JSON stream
     run_one(*pairs[0], args)

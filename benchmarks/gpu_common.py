@@ -7,7 +7,9 @@ import json
 import math
 import os
 import pathlib
+import signal
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -41,6 +43,23 @@ SHAPES = {
 
 
 _STDOUT = sys.stdout  # the JSON lines; anything else printed goes to stderr (see main)
+_STDERR = sys.stderr  # progress lines (main may point sys.stdout at stderr too)
+_STARTED = time.perf_counter()
+
+
+def progress(message: str) -> None:
+  """One line on stderr, `[gpu.py +12.3s] message`, at every start and end of a phase, so the
+  log of a step that scripts/gpu_check.sh kills at its cap says where it stopped (its last
+  such line goes into the timeout record)."""
+  _STDERR.write(f"[gpu.py +{time.perf_counter() - _STARTED:.1f}s] {message}\n")
+  _STDERR.flush()
+
+
+def dump_stacks_on_term() -> None:
+  """On SIGTERM (gpu_check.sh's `timeout`), print every Python thread's stack to stderr
+  before dying: where the process was when its step ran out of time."""
+  import faulthandler
+  faulthandler.register(signal.SIGTERM, file=_STDERR, all_threads=True, chain=True)
 
 
 def _finite(value):

@@ -13,21 +13,45 @@ Queries on padding are left out of the comparison (the kernels leave them undefi
 must be finite. The ragged decode kernel (`decode_attention="pallas"`) is compared with the
 XLA decode path (`cached_attention(kernel="xla")`) on left-padded rows of different lengths.
 
+Every case runs in a process of its own (`python benchmarks/gpu_kern.py --case IMPL
+LAYOUT`): a CUDA error such as CUDA_ERROR_ILLEGAL_INSTRUCTION is sticky for the process's
+CUDA context, and on the H200 (2026-11-28) one crashing cuDNN case made every later case of
+the shared process fail with it. Each case record has a `status`:
+
+  ok       finite, and within the tolerance;
+  wrong    it ran, but beyond the tolerance (`errors`) or not finite;
+  crashed  its process died, timed out, or raised (a CUDA error among others):
+           `first_error` is the first error line;
+  skipped  not run here (cuDNN off an NVIDIA GPU, a kernel not built yet).
+
 On a GPU the inputs are bfloat16 (the model's compute dtype) at the 0.5B model's head
-shape; with --tiny, or off a GPU, float32 at a tiny shape (Pallas in interpret mode). cuDNN
-runs only on an NVIDIA GPU: elsewhere it is skipped with a note, as is a kernel that is not
-built yet (NotImplementedError). One JSON record per (kernel, layout), then one `verdict`
-record: {"cudnn": true | false | null, "pallas": ..., "decode_pallas": ...} (null: not
-run), which scripts/gpu_check.sh reads to pick the G1 steps' kernel.
+shape; with --tiny, or off a GPU, float32 at a tiny shape (Pallas in interpret mode). The
+last record is the `verdict`: {"cudnn": true | false | null, ...} (true: every case that ran
+was ok; null: none ran) and `cases` {impl: {layout: status}}. scripts/gpu_check.sh asks
+`--choose g1|g2 bench.jsonl` which kernel a step may use: cuDNN for G1 only when every
+layout G1 uses (`G1_LAYOUTS`) is ok, else Pallas when it is, else none (the step is skipped
+with the reason); the Pallas decode only when its case is ok. Never a kernel that failed.
 """
 
 from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 
 # bfloat16 inputs: outputs within 2e-2 and gradients within 5e-2 of the largest magnitude.
 TOLERANCE = {"float32": (1e-4, 1e-4), "bfloat16": (2e-2, 5e-2)}
 LAYOUTS = ("causal", "padded", "packed")
+DECODE_LAYOUT = "left_padded_ragged"
+# The layouts the G1 steps give the fused kernel: the decoder always passes its token mask,
+# so the unpacked rows of a RolloutBatch take the kernels' padded form (cuDNN: one segment
+# per row), never the plain causal call.
+G1_LAYOUTS = ("padded",)
 
 
 def shapes(tiny: bool) -> dict:
@@ -124,38 +148,191 @@ def decode_case(tiny: bool, dtype, rng) -> dict:
   want, got = run("xla"), run("pallas")
   error = compare(got, want, np.ones((batch, 1), bool))
   tol = TOLERANCE[jnp.dtype(dtype).name][0]
-  return {"impl": "decode_pallas", "layout": "left_padded_ragged", "dtype": jnp.dtype(dtype).name,
+  return {"impl": "decode_pallas", "layout": DECODE_LAYOUT, "dtype": jnp.dtype(dtype).name,
           "shape": [batch, heads, kv_heads, dim, slots], "errors": {"out": error},
           "finite": bool(np.isfinite(got).all()), "tolerance": [tol], "ok": error <= tol
           and bool(np.isfinite(got).all())}
 
 
-def run_kern(tiny: bool, impls, emit, base: dict) -> dict:
-  """Every check, each record emitted through `emit`; returns the verdict record."""
+def first_error_line(text: str) -> str | None:
+  """The first line of a process's stderr that names an error (a CUDA error, a failed XLA
+  check, a Python exception), else its last line; None for no output. Progress lines of
+  gpu.py are not errors."""
+  lines = [line.strip() for line in (text or "").splitlines()
+           if line.strip() and not line.startswith("[gpu.py")]
+  for line in lines:
+    if any(mark in line for mark in ("CUDA_ERROR", "Check failed", "Fatal Python error",
+                                     "Error", "error")):
+      return line[:300]
+  return lines[-1][:300] if lines else None
+
+
+def run_case(impl: str, name: str | None, tiny: bool, seed: int) -> dict:
+  """One (kernel, layout) in this process: the comparison's record with its `status`."""
   import jax
   import jax.numpy as jnp
 
   on_gpu = jax.default_backend() in ("gpu", "cuda")
   dtype = jnp.bfloat16 if on_gpu and not tiny else jnp.float32
-  rng = np.random.default_rng(0)
-  verdict = {}
-  checks = [(impl, name) for impl in impls for name in LAYOUTS] + [("decode_pallas", None)]
-  for impl, name in checks:
-    record = {**base, "part": "kern", "impl": impl, "layout": name}
-    if impl == "cudnn" and not on_gpu:
-      record["skipped"] = f"cudnn runs only on an NVIDIA GPU (backend {jax.default_backend()})"
-    else:
-      try:
-        record.update(train_case(impl, name, shapes(tiny)["train"], dtype, rng)
-                      if name else decode_case(tiny, dtype, rng))
-      except NotImplementedError as error:
-        record["skipped"] = f"{impl} not built yet: {error}"
-      except Exception as error:  # noqa: BLE001 (a kernel that fails is a verdict, not a crash)
-        record.update(error=f"{type(error).__name__}: {error}"[:2000], ok=False)
+  record = {"impl": impl, "layout": name}
+  if impl == "cudnn" and not on_gpu:
+    return {**record, "status": "skipped",
+            "skipped": f"cudnn runs only on an NVIDIA GPU (backend {jax.default_backend()})"}
+  rng = np.random.default_rng(seed)
+  try:
+    record.update(train_case(impl, name, shapes(tiny)["train"], dtype, rng)
+                  if impl != "decode_pallas" else decode_case(tiny, dtype, rng))
+  except NotImplementedError as error:
+    return {**record, "status": "skipped", "skipped": f"{impl} not built yet: {error}"}
+  except Exception as error:  # noqa: BLE001 (a kernel that raises is a verdict, not a crash of kern)
+    text = f"{type(error).__name__}: {error}"
+    return {**record, "status": "crashed", "ok": False, "error": text[:2000],
+            "first_error": text.splitlines()[0][:300]}
+  record["status"] = "ok" if record["ok"] else "wrong"
+  return record
+
+
+def case_command(impl: str, name: str, tiny: bool, seed: int,
+                 compile_cache: str | None) -> list[str]:
+  """The command line of one case's own process (this file with --case)."""
+  command = [sys.executable, os.path.abspath(__file__), "--case", impl, name, "--seed", str(seed)]
+  if tiny:
+    command.append("--tiny")
+  if compile_cache:
+    command += ["--compile-cache", compile_cache]
+  return command
+
+
+def case_record(impl: str, name: str, returncode: int | None, stdout: str, stderr: str) -> dict:
+  """What one case's process says: its JSON record when it printed one, else `crashed` with
+  the first error line of its stderr (returncode None: it was stopped at its timeout)."""
+  printed = None
+  for line in (stdout or "").splitlines():
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(row, dict) and row.get("impl") == impl:
+      printed = row
+  if printed is not None and "status" in printed:
+    return printed
+  if returncode is None:
+    how = "timed out"
+  elif returncode < 0:
+    how = f"killed by signal {-returncode}"
+  else:
+    how = f"exited with status {returncode}"
+  return {"impl": impl, "layout": name, "status": "crashed", "ok": False,
+          "error": f"the case's process {how} without a result",
+          "first_error": first_error_line(stderr) or f"the case's process {how}"}
+
+
+def verdict_of(records: list[dict], impls) -> tuple[dict, dict]:
+  """(verdict, cases) of the case records: verdict[impl] is True when every case of impl
+  that ran was ok, False when one was wrong or crashed, None when none ran; cases[impl]
+  maps each layout to its status."""
+  cases, verdict = {}, {}
+  for impl in (*impls, "decode_pallas"):
+    statuses = {r["layout"]: r["status"] for r in records if r["impl"] == impl}
+    cases[impl] = statuses
+    ran = [s for s in statuses.values() if s != "skipped"]
+    verdict[impl] = None if not ran else all(s == "ok" for s in ran)
+  return verdict, cases
+
+
+def run_kern(tiny: bool, impls, emit, base: dict, compile_cache: str | None = None,
+             case_timeout: float | None = None, command=case_command) -> dict:
+  """Every case in its own process, each record emitted through `emit`; returns the verdict
+  record. `command(impl, layout, tiny, seed, compile_cache)` is the case's command line."""
+  from gpu_common import progress
+
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # small cases, quick start
+  checks = [(impl, name) for impl in impls for name in LAYOUTS] + [("decode_pallas",
+                                                                     DECODE_LAYOUT)]
+  records, device = [], {}
+  for seed, (impl, name) in enumerate(checks):
+    progress(f"kern: {impl}/{name}: starting its own process")
+    start = time.perf_counter()
+    try:
+      done = subprocess.run(command(impl, name, tiny, seed, compile_cache), capture_output=True,
+                            text=True, env=env, timeout=case_timeout or 120)
+      returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as stopped:
+      as_text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+      returncode, stdout, stderr = None, as_text(stopped.stdout), as_text(stopped.stderr)
+    sys.stderr.write(stderr[-20000:])  # the case's own log lines, in the step's log
+    result = case_record(impl, name, returncode, stdout, stderr)
+    device = device or {k: result[k] for k in ("device", "backend", "jax") if k in result}
+    record = {**base, "part": "kern", **result, "seconds": time.perf_counter() - start}
+    progress(f"kern: {impl}/{name}: {record['status']} in {record['seconds']:.1f} s"
+             + (f": {record['first_error']}" if record["status"] == "crashed" else ""))
     emit(record)
-    if "skipped" not in record:
-      verdict[impl] = verdict.get(impl, True) and bool(record.get("ok"))
-  final = {**base, "part": "kern", "verdict": {k: verdict.get(k) for k in
-                                               (*impls, "decode_pallas")}}
+    records.append(record)
+  verdict, cases = verdict_of(records, impls)
+  final = {**base, **device, "part": "kern", "verdict": verdict, "cases": cases}
   emit(final)
   return final
+
+
+def choose(kind: str, records: list[dict]) -> str:
+  """The kernel a step may use after kern, or 'skip: <reason>': for `g1` (the G1 steps'
+  fused training attention) cudnn when every layout of G1_LAYOUTS is ok for it, else
+  pallas when they are for it; for `g2` (the Pallas decode steps) pallas when its case is
+  ok. A kernel that was wrong, crashed or did not run is never chosen."""
+  found = [r for r in records if r.get("part") == "kern" and "verdict" in r]
+  if not found:
+    return ("skip: kern gave no verdict in this call (not run, or stopped before its end); "
+            "name kern before the step")
+  cases = found[-1].get("cases") or {}
+  status = lambda impl, name: (cases.get(impl) or {}).get(name) or "not run"
+  if kind == "g1":
+    for impl in ("cudnn", "pallas"):
+      if all(status(impl, name) == "ok" for name in G1_LAYOUTS):
+        return impl
+    said = ", ".join(f"{impl} {name} {status(impl, name)}" for impl in ("cudnn", "pallas")
+                     for name in G1_LAYOUTS)
+    return f"skip: no fused kernel passed kern on the layout G1 uses ({said})"
+  if kind == "g2":
+    if status("decode_pallas", DECODE_LAYOUT) == "ok":
+      return "pallas"
+    return f"skip: the Pallas decode did not pass kern ({status('decode_pallas', DECODE_LAYOUT)})"
+  raise ValueError(f"--choose {kind!r}: one of g1, g2")
+
+
+def main() -> int:
+  """--case IMPL LAYOUT: one case, its record as a JSON line; --choose g1|g2 BENCH_JSONL:
+  the kernel scripts/gpu_check.sh may use for a step."""
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--case", nargs=2, metavar=("IMPL", "LAYOUT"))
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--tiny", action="store_true")
+  parser.add_argument("--compile-cache", default=None)
+  parser.add_argument("--choose", nargs=2, metavar=("KIND", "BENCH_JSONL"))
+  args = parser.parse_args()
+  if args.choose:
+    kind, path = args.choose
+    rows = []
+    for line in open(path, encoding="utf-8"):
+      try:
+        rows.append(json.loads(line))
+      except ValueError:
+        continue
+    print(choose(kind, [r for r in rows if isinstance(r, dict)]))
+    return 0
+  if not args.case:
+    parser.error("--case IMPL LAYOUT or --choose KIND BENCH_JSONL")
+  from gpu_common import dump_stacks_on_term, enable_compile_cache, jax_device_info, progress
+  dump_stacks_on_term()
+  impl, name = args.case
+  progress(f"kern case {impl}/{name}: starting the backend")
+  enable_compile_cache(args.compile_cache)
+  record = {**jax_device_info(), **run_case(impl, name, args.tiny, args.seed)}
+  progress(f"kern case {impl}/{name}: {record['status']}")
+  sys.stdout.write(json.dumps(record) + "\n")
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)  # no teardown: after a sticky CUDA error it only adds errors, or hangs
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from gpu_common import HBM_BW, PEAK_BF16, SHAPES, emit, error_record, jax_device_info, jax_peak_gib, memory_analysis_gib, model_shape, train_flops
+from gpu_common import HBM_BW, PEAK_BF16, SHAPES, emit, error_record, jax_device_info, jax_peak_gib, memory_analysis_gib, model_shape, progress, train_flops
 import gpu_profile
 
 
@@ -89,6 +89,7 @@ def train_ours(part: str, args) -> dict:
 
   batch_size, seq, prompt = SHAPES[args.tiny][part]
   chunk = logprob_chunk(args)
+  progress(f"{part}: starting the backend")
   record = {"part": part, "who": "ours", "tiny": args.tiny, "batch": batch_size, "seq": seq,
             "prompt": prompt, "tokens": batch_size * seq, "logprob_chunk": chunk,
             "remat": args.remat, "scan_layers": args.scan_layers, **jax_device_info(),
@@ -100,6 +101,8 @@ def train_ours(part: str, args) -> dict:
                               f"(backend {jax.default_backend()})")
   config = decoder_config(args, param_dtype="float32", dtype="bfloat16", logprob_chunk=chunk,
                           remat=args.remat, attention_impl=args.attention)
+  progress(f"{part}: backend {record['backend']} ({record['device']}); building the model, "
+           f"optimizer state and a {batch_size} x {seq} batch (attention {args.attention})")
   start = time.perf_counter()
   model, params = models.init_model(config, seed=0)
   params = jax.device_put(params)
@@ -108,19 +111,26 @@ def train_ours(part: str, args) -> dict:
   batch = batch_lib.as_device(host_batch(batch_size, seq, prompt, config.vocab_size))
   jax.block_until_ready((params, opt_state, batch))
   record["init_s"] = time.perf_counter() - start
+  progress(f"{part}: built in {record['init_s']:.1f} s; compiling the step")
   start = time.perf_counter()
   compiled = step.lower(params, opt_state, batch).compile()
   record["compile_s"] = time.perf_counter() - start
+  progress(f"{part}: compiled in {record['compile_s']:.1f} s; running the first step")
   record["memory_analysis"] = memory_analysis_gib(compiled)
   params, opt_state, (loss, entropy) = compiled(params, opt_state, batch)
   record["loss_step0"] = float(loss)  # variants of one step compare equal here, not only fast
   record["first_step_s"] = time.perf_counter() - start  # compile + the first step
+  progress(f"{part}: first step done ({record['first_step_s']:.1f} s with the compile), "
+           f"loss {record['loss_step0']:.4f}")
   times = []
-  for _ in range(args.steps):
+  for index in range(args.steps):
     start = time.perf_counter()
     params, opt_state, (loss, entropy) = compiled(params, opt_state, batch)
     float(loss)  # the loss back on the host every step
     times.append(time.perf_counter() - start)
+    progress(f"{part}: timed step {index + 1}/{args.steps}: {times[-1]:.3f} s")
+  if args.profile:
+    progress(f"{part}: one more step under the profiler")
   with gpu_profile.profiled(args.profile, part, record):
     params, opt_state, (loss, entropy) = compiled(params, opt_state, batch)
     float(loss)
@@ -155,9 +165,11 @@ def memory_table(args) -> list[dict]:
         opt_state = jax.eval_shape(optimizer.init, params)
         spec = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
         batch = jax.tree.map(spec, host_batch(rows, seq, prompt, config.vocab_size))
+        progress(f"g4: compiling {rows} x {seq}, logprob_chunk {chunk} (abstract inputs)")
         start = time.perf_counter()
         compiled = step.lower(params, opt_state, batch).compile()
         record["compile_s"] = time.perf_counter() - start
+        progress(f"g4: compiled in {record['compile_s']:.1f} s")
         record["memory_analysis"] = memory_analysis_gib(compiled)
         record["logits_f32_gib"] = rows * (seq - prompt) * config.vocab_size * 4 / 2**30
         record["fits_80gib"] = (None if not record["memory_analysis"]
@@ -188,12 +200,15 @@ def gen_ours(part: str, args) -> dict:
 
   slots, prompt, new, sync = SHAPES[args.tiny][part]
   sync = args.sync or sync
+  progress(f"{part}: starting the backend")
   record = {"part": part, "who": "ours", "tiny": args.tiny, "slots": slots, "prompt": prompt,
             "new": new, "reps": args.reps, "steps_per_sync": sync, "decode_attention": args.decode_attention,
             **jax_device_info(), **args.cache_info}
   args.partial = record
   config = decoder_config(args, param_dtype="bfloat16", dtype="bfloat16",
                           decode_attention=args.decode_attention, attention_impl="xla")
+  progress(f"{part}: backend {record['backend']} ({record['device']}); building the engine, "
+           f"{slots} slots x {prompt + new} (decode attention {args.decode_attention})")
   model, params = models.init_model(config, seed=0)
   params = jax.device_put(params)
   engine = sampling.Engine(model, num_slots=slots, cache_length=prompt + new)
@@ -205,15 +220,19 @@ def gen_ours(part: str, args) -> dict:
                           max_prefill_batch=min(64, slots))
     requests = [sampling.SamplingParams(temperature=1.0, max_new_tokens=new,
                                         seed=rep * 10000 + i) for i in range(slots)]
+    progress(f"{part}: generate call {rep}/{args.reps} started"
+             + (" (the first: compiles, or loads from the cache)" if rep == 0 else ""))
     start = time.perf_counter()
     out = scheduler.generate(prompts, requests)
     elapsed = time.perf_counter() - start
     tokens = sum(len(o[0].token_ids) for o in out)
+    progress(f"{part}: generate call {rep}/{args.reps}: {elapsed:.2f} s, {tokens} tokens")
     if rep == 0:
       first = elapsed
     else:
       times.append(elapsed)
   if args.profile:  # one short call: prefill and two dispatches
+    progress(f"{part}: one short call under the profiler")
     scheduler = Scheduler(engine, params, prompt_buckets=(prompt,), steps_per_sync=sync,
                           max_prefill_batch=min(64, slots))
     requests = [sampling.SamplingParams(temperature=1.0, max_new_tokens=min(new, 2 * sync),

@@ -1,9 +1,9 @@
-"""The headline of `scripts/gpu_check.sh run env ab` (issue 35; shared/bench/GPU_PLAN.md §3):
+"""The headline of `scripts/gpu_check.sh run env ab` and `ab2` (shared/bench/GPU_PLAN.md §3):
 each of its records carries the step that wrote it (`step`), and this reads them into the
 figures the plan's decision rules need, with the targets met or not.
 
   g1    XLA attention vs the fused kernel at 16 × 1024: step time, MFU, the speed-up, the
-        step-0 losses equal within 1e-2 relative, against torch.compile's 0.165 s (issue 35);
+        step-0 losses equal within 1e-2 relative, against torch.compile's 0.165 s on the same H100;
   g1b   32 × 1024 with the fused kernel: runs, peak memory, or the error;
   g2    the Pallas decode with and without CUDA-graph command buffers, and the XLA decode:
         tokens/s and the fraction of the HBM roofline;
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 AB_STEPS = ("kern", "g1_xla", "g1_cudnn", "g2_pallas", "g2_pallas_cb", "g1b_cudnn", "g2_xla",
             "g1_cudnn_at0", "g1_cudnn_file")
-TORCH_COMPILE_G1_S = 0.165  # torch.compile on the same H100 (issue 35)
+TORCH_COMPILE_G1_S = 0.165  # torch.compile on the same H100: the step time to beat
 
 
 def _by_step(records: list[dict]) -> dict:
@@ -32,8 +32,11 @@ def _by_step(records: list[dict]) -> dict:
 def _pick(record, *keys):
   if record is None:
     return None
-  if "error" in record or "skipped" in record:
-    return {"error": str(record.get("error") or record.get("skipped"))[:300]}
+  if "skipped" in record:  # a kernel kern did not find ok, or not built
+    return {"skipped": str(record["skipped"])[:300]}
+  if "error" in record:  # a timeout's record says where the step's log stopped
+    return {"error": str(record["error"])[:300],
+            **({"last_log_line": record["last_log_line"]} if "last_log_line" in record else {})}
   return {k: record.get(k) for k in keys if k in record}
 
 
@@ -51,9 +54,10 @@ def ab_headline(records: list[dict]) -> tuple[dict, dict]:
   head, targets = {}, {}
   if "kern" in steps:
     head["kern"] = steps["kern"]["verdict"]
+    head["kern_cases"] = steps["kern"].get("cases")  # {impl: {layout: ok|wrong|crashed|skipped}}
     failed = [r for r in records if r.get("step") == "kern" and r.get("ok") is False]
-    head["kern_failed"] = [{k: r.get(k) for k in ("impl", "layout", "errors", "error")}
-                           for r in failed]
+    head["kern_failed"] = [{k: r.get(k) for k in ("impl", "layout", "status", "errors",
+                                                  "first_error")} for r in failed]
   train = ("attention_impl", "median_s", "mfu", "tokens_per_s", "compile_s", "first_step_s",
            "loss_step0", "peak_gib", "autotune_loaded", "profile")
   head["g1"] = {name: _pick(steps.get(name), *train) for name in ("g1_xla", "g1_cudnn")}

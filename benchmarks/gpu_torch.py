@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from gpu_common import PEAK_BF16, SHAPES, model_shape, train_flops
+from gpu_common import PEAK_BF16, SHAPES, model_shape, progress, train_flops
 from gpu_ours import roofline
 
 
@@ -82,16 +82,20 @@ def train_torch(part: str, who: str, args) -> dict:
     optimizer.zero_grad(set_to_none=True)
     return loss.item()
 
+  progress(f"{part} {who}: first step started"
+           + (" (torch.compile compiles in it)" if who == "torch_compile" else ""))
   start = time.perf_counter()
   one()
   torch_sync()
   record["first_step_s"] = time.perf_counter() - start
+  progress(f"{part} {who}: first step done in {record['first_step_s']:.1f} s")
   times = []
-  for _ in range(args.steps):
+  for index in range(args.steps):
     start = time.perf_counter()
     loss = one()
     torch_sync()
     times.append(time.perf_counter() - start)
+    progress(f"{part} {who}: timed step {index + 1}/{args.steps}: {times[-1]:.3f} s")
   median = statistics.median(times)
   flops = train_flops(shape, batch, seq, prompt)
   record.update(step_s=times, median_s=median, tokens_per_s=batch * seq / median,
@@ -121,6 +125,7 @@ def gen_torch(part: str, who: str, args) -> dict:
   ids = torch.randint(3, shape["vocab_size"], (slots, prompt), generator=generator).to(device)
   times, first, tokens = [], None, 0
   for rep in range(args.reps + 1):
+    progress(f"{part} {who}: generate call {rep}/{args.reps} started")
     torch_sync()
     start = time.perf_counter()
     with torch.no_grad():
@@ -131,6 +136,7 @@ def gen_torch(part: str, who: str, args) -> dict:
     torch_sync()
     elapsed = time.perf_counter() - start
     tokens = int((out.shape[1] - prompt) * slots)
+    progress(f"{part} {who}: generate call {rep}/{args.reps}: {elapsed:.2f} s, {tokens} tokens")
     if rep == 0:
       first = elapsed
     else:

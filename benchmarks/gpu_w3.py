@@ -10,7 +10,7 @@ import statistics
 import subprocess
 import sys
 
-from gpu_common import ROOT, jax_device_info, jax_peak_gib
+from gpu_common import ROOT, jax_device_info, jax_peak_gib, progress
 
 
 def bench_dir(args) -> pathlib.Path:
@@ -36,11 +36,13 @@ def peer_environment(args) -> dict:
 def ensure_w3_model(args) -> None:
   if os.path.exists(os.path.join(args.model_dir, "w3_prompts.jsonl")):
     return
+  progress("w3: making the checkpoint (make_model.py)")
   result = subprocess.run([args.peer_python, str(bench_dir(args) / "make_model.py"),
                            args.model_dir], capture_output=True, text=True,
                           env=peer_environment(args), timeout=900)
   if result.returncode:
     raise RuntimeError(f"make_model.py failed (rc {result.returncode}):\n{result.stderr[-3000:]}")
+  progress("w3: the checkpoint made")
 
 
 def w3_ours(args) -> dict:
@@ -48,6 +50,7 @@ def w3_ours(args) -> dict:
   sys.path.insert(0, str(ROOT / "benchmarks"))
   import grpo_step  # noqa: E402 (benchmarks/, W3's definition of our side)
   record = {"part": "w3", "who": "ours", "tiny": args.tiny, **jax_device_info()}
+  progress("w3 ours: the GRPO steps started (benchmarks/grpo_step.py)")
   steps = grpo_step.run_ours(args.model_dir)["steps"]
   timed = steps[1:]
   median = statistics.median(s["step_s"] for s in timed)
@@ -67,6 +70,7 @@ def w3_trl(args) -> dict:
   script = directory / "run_trl_gpu.py"
   if not script.exists():
     script = directory / "run_trl.py"  # the CPU original: TRL then trains on the CPU
+  progress(f"w3 trl: {script.name} started")
   result = subprocess.run([args.peer_python, str(script), "--model-dir", args.model_dir,
                            "--threads", str(os.cpu_count() or 2)], capture_output=True,
                           text=True, env=peer_environment(args), timeout=3600)

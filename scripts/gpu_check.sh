@@ -12,12 +12,15 @@
 #                                         (--dry-run: the plan, as if each step took its cap)
 #
 # Groups (default: all, in this order): env tests bench arith mismatch w3 slow. A step
-# name (g1_ours, g2_warm, ...: see PLAN below) selects one step. The group `ab` (issue 35,
-# docs/gpu.md "One call that answers everything"; only when named: `run env ab`) runs the
-# kernel checks and the A/B steps of the fused attention, the Pallas decode, command
-# buffers and autotuning, with one Perfetto profile per part and the autotune results. Each step gets at most
-# its cap, and never so much that the steps after it lose their reserved minimum; a step
-# whose floor does not fit is skipped (recorded). RLHF_JAX_GPU_BUDGET_S (default 560 s:
+# name (g1_ours, g2_warm, ...: see PLAN below) selects one step. The groups `ab` and `ab2`
+# (docs/gpu.md "The fused-attention A/B"; only when named: `run env ab`, then `run env ab2`)
+# run the kernel checks (kern, in both) and the A/B steps of the fused attention, the Pallas
+# decode, command buffers and autotuning, with one Perfetto profile per part and the autotune
+# results; a step runs only on a kernel kern found ok, else it is skipped with the reason.
+# Each step gets at most its cap, and never so much that the steps after it lose their
+# reserved minimum; a step whose floor does not fit is skipped (recorded). A step stopped at
+# its cap leaves its log's last line (benchmarks/gpu.py prints one per phase) in summary.json
+# and bench.jsonl. RLHF_JAX_GPU_BUDGET_S (default 560 s:
 # the device tool allows 600 s a command) sets the total; every cap, floor and reserve
 # scales with it. RLHF_JAX_GPU_CAPS="tests=330,arith=120" replaces steps' caps (seconds,
 # not scaled), for a call that runs a few steps; RLHF_JAX_GPU_PYTEST_WORKERS (default 4)
@@ -29,7 +32,7 @@
 #   bench.jsonl   benchmarks/gpu.py's JSON lines (+ the mismatch summary, timeouts)
 #   arith_metrics.jsonl, arith_bf16_metrics.jsonl   the two arith runs' metrics
 #   logs.tgz      every step's log
-# and, after `run env ab` (then pytest.txt, junit.xml and the arith files are not written):
+# and, after `run env ab` / `ab2` (then pytest.txt, junit.xml, the arith files are not written):
 #   profile_g1.json.gz, profile_g2.json.gz   one traced G1 step and G2 generate (Perfetto)
 #   autotune/<gpu>-jaxlib<v>.textproto   this call's autotune results: commit it into
 #                 benchmarks/autotune/, later calls load it (rlhf_jax.runtime.autotune_file)
@@ -200,27 +203,29 @@ prepare() {
   echo "device call (tool 'run', kind nvidia-h100-x1, timeout_s 600):"
   echo "  carry: $CARRY"
   echo "  command: $RUN_COMMAND"
-  echo "  (issue 35's one call: bash scripts/gpu_check.sh run env ab; after it, copy the returned"
-  echo "   autotune/*.textproto into benchmarks/autotune/ and jax_cache.tgz into .gpu/)"
+  echo "  (the fused-attention A/B: bash scripts/gpu_check.sh run env ab, then run env ab2; after"
+  echo "   the first, copy the returned autotune/*.textproto into benchmarks/autotune/ and"
+  echo "   jax_cache.tgz into .gpu/)"
   return "$failed"
 }
 
 # ---------------------------------------------------------------------------------- run
 
-# name reserve floor cap group [signal]: at B = 560 s, scaled by RLHF_JAX_GPU_BUDGET_S / 560.
-# reserve: what the steps before it must leave for it; floor: skipped when less is left;
-# cap: the most it may take.
+# name reserve floor cap group[,group] [signal]: at B = 560 s, scaled by
+# RLHF_JAX_GPU_BUDGET_S / 560. reserve: what the steps before it must leave for it; floor:
+# skipped when less is left; cap: the most it may take. The ab caps fit a bare machine: on
+# the H200 (2026-11-28) cold G1 and G2 steps had not finished in 130 s and 95 s.
 PLAN=(
-  "env 5 5 30 env"
-  "kern 30 30 45 ab"
-  "g1_xla 45 45 55 ab"
-  "g1_cudnn 45 45 60 ab"
-  "g2_pallas 45 45 70 ab"
-  "g2_pallas_cb 45 45 65 ab"
-  "g1b_cudnn 0 50 65 ab"
-  "g2_xla 0 60 75 ab"
-  "g1_cudnn_at0 0 35 45 ab"
-  "g1_cudnn_file 0 35 45 ab"
+  "env 5 5 20 env"
+  "kern 60 60 80 ab,ab2"
+  "g1_xla 140 140 160 ab"
+  "g1_cudnn 140 140 160 ab"
+  "g2_xla 120 120 140 ab"
+  "g2_pallas 120 120 150 ab2"
+  "g2_pallas_cb 0 120 150 ab2"
+  "g1b_cudnn 0 130 160 ab2"
+  "g1_cudnn_at0 0 130 160 ab2"
+  "g1_cudnn_file 0 100 130 ab2"
   "tests 40 40 100 tests INT"
   "g1_ours 45 45 90 bench"
   "g2_ours 50 50 100 bench"
@@ -238,7 +243,8 @@ PLAN=(
   "w3_trl 0 40 90 w3"
   "slow 0 30 100000 slow INT"
 )
-GROUPS_ALL="env tests bench arith mismatch w3 slow"  # `all`; ab only when named
+GROUPS_ALL="env tests bench arith mismatch w3 slow"  # `all`; ab and ab2 only when named
+SKIP_RC=3  # a step's exit status for "skipped, the reason is its log's last line"
 CB_FLAG="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
 MAX_OUT_FILES=8  # the device tool returns at most 8 files, each ≤ 16 MiB
 MAX_CACHE_BYTES=$((15 * 1024 * 1024))
@@ -284,19 +290,35 @@ bench() {  # bench PART WHO [gpu.py args]: JSON lines to bench.jsonl, stderr to 
     >> "$OUT/bench.jsonl"
 }
 
-fused_impl() {  # the G1 steps' fused kernel: cudnn unless kern found it wrong (then pallas)
-  "$PY" - "$OUT/bench.jsonl" <<'PY' 2>/dev/null || echo cudnn
+fused_impl() {  # fused_impl g1|g2: the kernel kern found ok for the step, or "skip: <reason>"
+  # (benchmarks/gpu_kern.py choose: cuDNN for G1 only if every layout G1 uses was ok, else
+  # Pallas if it was, else none; the Pallas decode only if its case was ok)
+  "$PY" "$ROOT/benchmarks/gpu_kern.py" --choose "$1" "$OUT/bench.jsonl" 2>> "$LOGS/choose.txt" \
+    || echo "skip: benchmarks/gpu_kern.py --choose $1 failed (logs/choose.txt)"
+}
+
+step_record() {  # step_record NAME KEY MESSAGE [LAST_LINE]: bench.jsonl's line for a step
+  # that measured nothing (KEY error: stopped at its cap; skipped: not run)
+  local name=$1 part=${1%%_*} who=${1#*_}
+  case "$name" in
+    g2_warm|kern|g1_xla|g1_cudnn*|g2_pallas*|g1b_cudnn|g2_xla) who=ours ;;
+  esac
+  "$PY" - "$part" "$who" "$name" "$2" "$3" "${4:-}" >> "$OUT/bench.jsonl" <<'PY'
 import json, sys
-verdict = {}
-for line in open(sys.argv[1], encoding="utf-8"):
-    try:
-        row = json.loads(line)
-    except ValueError:
-        continue
-    if isinstance(row, dict) and row.get("part") == "kern" and "verdict" in row:
-        verdict = row["verdict"]
-print("pallas" if verdict.get("cudnn") is False and verdict.get("pallas") is not False else "cudnn")
+part, who, step, key, message, last = sys.argv[1:7]
+record = {"part": part, "who": who, "step": step, key: message}
+if last:
+    record["last_log_line"] = last
+print(json.dumps(record))
 PY
+}
+
+last_log_line() {  # last_log_line NAME: the step log's last progress line of benchmarks/gpu.py
+  # (a stack dump may follow it), else its last line; one line, no tabs, ≤ 300 characters
+  local log="$LOGS/$1.log" line
+  line=$(grep -a '^\[gpu.py' "$log" 2>/dev/null | tail -n 1)
+  [ -n "$line" ] || line=$(grep -av '^[[:space:]]*$' "$log" 2>/dev/null | tail -n 1)
+  printf '%s' "$line" | tr '\t\r' '  ' | cut -c1-300
 }
 
 carried_autotune() {  # the carried autotune results for this GPU and XLA, or nothing
@@ -317,11 +339,19 @@ from rlhf_jax.runtime import compose_xla_flags
 print(compose_xla_flags(os.environ.get("XLA_FLAGS", ""), sys.argv[1:]))' "$@"
 }
 
-ab_step() {  # the steps of group ab; every one loads the carried autotune results, if any,
-  # except those that measure compiling without them
-  local name=$1 load=(--autotune-dir "$AUTOTUNE_DIR") fused
-  fused=$(fused_impl)
-  case "$name" in g1_cudnn*|g1b_cudnn) echo "fused attention: $fused (kern's verdict)" ;; esac
+ab_step() {  # the steps of groups ab, ab2; every one loads the carried autotune results, if
+  # any, except those that measure compiling without them
+  local name=$1 load=(--autotune-dir "$AUTOTUNE_DIR") fused=""
+  case "$name" in
+    g1_cudnn*|g1b_cudnn) fused=$(fused_impl g1); echo "fused attention: $fused (kern's cases)" ;;
+    g2_pallas*) fused=$(fused_impl g2); echo "decode attention: $fused (kern's cases)" ;;
+  esac
+  case "$fused" in
+    skip:*)  # never a kernel kern did not find ok: the step is skipped, the reason recorded
+      step_record "$name" skipped "${fused#skip: }"
+      echo "skipped: ${fused#skip: }"  # the log's last line: the status note
+      return "$SKIP_RC" ;;
+  esac
   export XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
   case "$name" in
     kern) bench kern ours ;;
@@ -413,8 +443,12 @@ do_step() {  # the body of one step (runs under `timeout`, in its own bash)
   esac
 }
 
-after_step() {  # copy what a step left (also after a timeout)
+after_step() {  # copy what a step left (also after a timeout); STEP_NOTE: the status note
   local name=$1 status=$2 cap=$3
+  STEP_NOTE=""
+  case "$status" in
+    timeout|skipped) STEP_NOTE=$(last_log_line "$name") ;;
+  esac
   case "$name" in
     tests|slow)
       {
@@ -436,15 +470,24 @@ after_step() {  # copy what a step left (also after a timeout)
   case "$name" in
     g*_*|w3_*|kern)
       if [ "$status" = timeout ]; then
-        local part=${name%%_*} who=${name#*_}
-        case "$name" in
-          g2_warm|kern|g1_xla|g1_cudnn*|g2_pallas*|g1b_cudnn|g2_xla) who=ours ;;
-        esac
-        printf '{"part": "%s", "who": "%s", "step": "%s", "error": "timed out after %s s (gpu_check.sh)"}\n' \
-          "$part" "$who" "$name" "$cap" >> "$OUT/bench.jsonl"
+        step_record "$name" error "timed out after $cap s (gpu_check.sh)" "$STEP_NOTE"
       fi ;;
   esac
   return 0
+}
+
+finish_step() {  # finish_step NAME RC SECONDS CAP: status from the exit code, the step's
+  # leftovers copied, one line of the status table, $OUT refreshed
+  local name=$1 rc=$2 status=ok
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=timeout
+  elif [ "$rc" = "$SKIP_RC" ] && grep -sF "\"step\": \"$name\"" "$OUT/bench.jsonl" \
+       | grep -q '"skipped"'; then
+    status=skipped  # its own skip record, not pytest's exit status 3
+  elif [ "$rc" != 0 ]; then status=failed; fi
+  after_step "$name" "$status" "$4"
+  record "$name" "$status" "$rc" "$3" "$4" "$STEP_NOTE"
+  FINISHED_STATUS=$status
+  refresh_out
 }
 
 restore_cache() {  # the compile cache a previous call brought back (.gpu/jax_cache.tgz, carried)
@@ -496,11 +539,14 @@ cap_override() {  # cap_override NAME: the cap RLHF_JAX_GPU_CAPS gives NAME, or 
   done
 }
 
-selected() {  # selected NAME GROUP: is the step asked for?
-  local want
+selected() {  # selected NAME GROUPS (comma-separated): is the step asked for?
+  local want group
   for want in "${WANT[@]}"; do
-    { [ "$want" = all ] && [ "$2" != ab ]; } || [ "$want" = "$1" ] || [ "$want" = "$2" ] \
-      && return 0
+    [ "$want" = "$1" ] && return 0
+    for group in ${2//,/ }; do
+      { [ "$want" = all ] && [ "$group" != ab ] && [ "$group" != ab2 ]; } \
+        || [ "$want" = "$group" ] && return 0
+    done
   done
   return 1
 }
@@ -513,7 +559,7 @@ run_check() {
       --dry-run) dry=1 ;;
       --test-autotune-level=[0-4]) export RLHF_JAX_GPU_TEST_AUTOTUNE_LEVEL="${arg#*=}" ;;
       --test-autotune-level=*) echo "gpu_check: $arg: the level is 0..4" >&2; return 2 ;;
-      -h|--help) sed -n '2,39p' "$SELF"; return 0 ;;
+      -h|--help) sed -n '2,42p' "$SELF"; return 0 ;;
       *) WANT+=("$arg") ;;
     esac
   done
@@ -556,13 +602,8 @@ run_check() {
     fi
     local t0=$SECONDS rc=0
     timeout -k 15 -s "${signal:-TERM}" "$c" bash "$SELF" _step "$name" >> "$LOGS/$name.log" 2>&1 || rc=$?
-    local status=ok
-    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=timeout
-    elif [ "$rc" != 0 ]; then status=failed; fi
-    after_step "$name" "$status" "$c"
-    record "$name" "$status" "$rc" $((SECONDS - t0)) "$c"
-    echo "[$(( $(date +%s) - start_epoch ))s] $name: $status (rc $rc, $((SECONDS - t0))s)"
-    refresh_out
+    finish_step "$name" "$rc" $((SECONDS - t0)) "$c"
+    echo "[$(( $(date +%s) - start_epoch ))s] $name: $FINISHED_STATUS (rc $rc, $((SECONDS - t0))s)${STEP_NOTE:+: $STEP_NOTE}"
   done
   [ "$dry" = 0 ] && pack_cache
   refresh_out
@@ -582,6 +623,8 @@ case "${1:-}" in
   prepare) shift; prepare "$@" ;;
   run) shift; run_check "$@" ;;
   _step) shift; setup_run_env; do_step "$@" ;;
-  _fused_impl) setup_run_env; fused_impl ;;  # for the tests: the G1 steps' kernel from kern
-  *) sed -n '2,39p' "$SELF"; exit 2 ;;
+  # for the tests: the kernel of a step from kern (g1|g2); a step's end as the run records it
+  _fused_impl) setup_run_env; fused_impl "${2:-g1}" ;;
+  _finish_step) shift; setup_run_env; finish_step "$@" ;;
+  *) sed -n '2,42p' "$SELF"; exit 2 ;;
 esac
