@@ -20,7 +20,6 @@ from rlhf_jax import parallel
 from rlhf_jax.algorithms import distillation
 from rlhf_jax.algorithms import registry
 from rlhf_jax.algorithms.learner import Learner
-from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import unfit
 from rlhf_jax.data import Example
@@ -267,8 +266,7 @@ def check_data(c, workdir: str, *, read_offline: bool = True,
       tokenizer = models.Tokenizer.from_directory(directory)
       prefix = models.load_prompt_prefix(directory, tokenizer)
     except (OSError, ValueError) as error:
-      raise ConfigError(f"{field}: {directory}: the tokenizer does not load: {error}"
-                        ) from None
+      unfit("model.checkpoint", f"{directory}: the tokenizer does not load: {error}")
     distillation.check_teacher(c, directory)  # its tokenizer is the policy's
   else:
     tokenizer = task_registry.get_task(c.data.task).tokenizer()
