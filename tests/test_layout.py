@@ -257,6 +257,15 @@ def test_no_attribute_probing_of_samplers_scorers_or_rollouts():
   assert not bad, bad
 
 
+def test_the_loop_asks_the_sampler_protocol_not_the_module_table():
+  """Whether a sampler is a fleet, and whether an error is the loss of every server, are
+  answered by sampling/protocol.py (`ServerFleet`, `SamplerUnavailable`), not by probing
+  `sys.modules` for an optional module from training/."""
+  bad = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "training").glob("*.py"))
+         if "sys.modules" in p.read_text(encoding="utf-8")]
+  assert not bad, bad
+
+
 # Test directories that are not rooms of the package: the launchers, the benchmarks' tools,
 # and the mesh suite (its own process, 8 emulated devices).
 TEST_DIRS_BESIDE_ROOMS = {"launch", "benchmarks", "multidevice"}

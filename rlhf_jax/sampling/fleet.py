@@ -44,13 +44,14 @@ from rlhf_jax.sampling.fleet_calls import before as _before
 from rlhf_jax.sampling.fleet_calls import describe as _describe
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
+from rlhf_jax.sampling.protocol import SamplerUnavailable
 from rlhf_jax.sampling.scheduler import Completion
 from rlhf_jax.sampling.security import ClientSecurity
 
 _MAX_REJECTIONS = 1200  # a prompt refused for a full queue this often (~1 min): give up
 
 
-class FleetUnavailableError(RuntimeError):
+class FleetUnavailableError(SamplerUnavailable):
   """No server of the fleet answers."""
 
 

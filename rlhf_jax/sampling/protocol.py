@@ -106,6 +106,26 @@ class ReportsMetrics(Protocol):
     ...
 
 
+class SamplerUnavailable(RuntimeError):
+  """No server of a sampler over servers answers (a fleet whose every server is gone).
+  The training loop saves the last complete step, says so in one line and stops."""
+
+
+@runtime_checkable
+class ServerFleet(Protocol):
+  """A sampler over servers that can come and go (`SamplerFleet`): the loop logs its
+  figures each step and, in a synchronous run, keeps the rollout's state at the start of
+  each step, so a fleet lost while sampling still leaves a checkpoint of the last step."""
+
+  def await_server(self, what: str) -> None:
+    """Blocks until a server answers, or raises `SamplerUnavailable` naming `what`."""
+    ...
+
+  def metrics(self) -> dict[str, float]:
+    """Live servers, deaths, joins, re-sent requests."""
+    ...
+
+
 @runtime_checkable
 class ReferenceSampler(Protocol):
   """Sampling servers that also keep the frozen reference policy and score rows under it

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Any, Callable
 
@@ -26,7 +25,7 @@ import numpy as np
 
 from rlhf_jax import models
 from rlhf_jax import parallel
-from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.config_errors import unfit
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards.scorer import FailureStreak
@@ -98,12 +97,9 @@ class Trainer:
       self.scorer.check_tasks([e.task for e in self.train_examples + self.held_out])
     try:
       self.sampler = build.build_sampler(c, self.policy, self.mesh)
-    except Exception as error:  # pylint: disable=broad-except
-      if not is_fleet_loss(error):
-        raise
-      raise ConfigError(f"config.sampler.addresses: {one_line(error)}",
-                        field="sampler.addresses") from None
-    self.fleet = fleet_of(self.sampler)
+    except sampler_protocol.SamplerUnavailable as error:
+      unfit("sampler.addresses", one_line(error))
+    self.fleet = sampler_protocol.find_extra(self.sampler, sampler_protocol.ServerFleet)
     # The mode's rollout and its evaluator share the parts (generator, environment workers).
     parts = build.rollout_parts(c, self.policy, self.sampler, self.scorer, self.train_examples,
                                 workdir=workdir, log=self.log)
@@ -255,7 +251,7 @@ class Trainer:
     SIGINT / SIGTERM stop the run where a step's records are complete: it saves that
     step, says so in one line and raises `run_control.Stopped` (exit status 128 + the
     signal); a second SIGINT interrupts at once, saving nothing (the last checkpoint is
-    the resume point). A fleet whose every server is gone (`FleetUnavailableError`)
+    the resume point). A fleet whose every server is gone (`SamplerUnavailable`)
     saves the last complete step and raises `Stopped` (status 1). The loggers' runs
     (W&B, MLflow) finish either way, marked failed unless every step was done; the
     workdir's lock is released.
@@ -273,9 +269,7 @@ class Trainer:
       self.log(f"interrupted at once during step {self.recorded_step + 1}: nothing saved; "
                f"resume continues from {self._last_checkpoint()}")
       raise
-    except Exception as error:  # pylint: disable=broad-except
-      if not is_fleet_loss(error):
-        raise
+    except sampler_protocol.SamplerUnavailable as error:
       self._stop_on_fleet_loss(error)
     finally:
       progress.close()
@@ -376,20 +370,7 @@ class Trainer:
     return f"checkpoint at step {step} in {os.path.join(self.checkpointer.directory, str(step))}"
 
 
-def fleet_of(sampler) -> Any:
-  """The `SamplerFleet` a sampler is or wraps (`find_extra`: behind a VersionedSampler), or
-  None. Read from sys.modules: a run without a fleet never imports it (it needs grpc)."""
-  fleet = sys.modules.get("rlhf_jax.sampling.fleet")
-  return None if fleet is None else sampler_protocol.find_extra(sampler, fleet.SamplerFleet)
-
-
 def one_line(error: BaseException) -> str:
   """An error's message's first line (its type's name when it has none)."""
   lines = str(error).strip().splitlines()
   return lines[0] if lines else type(error).__name__
-
-
-def is_fleet_loss(error: BaseException) -> bool:
-  """Whether `error` is the fleet's `FleetUnavailableError` (every server gone)."""
-  fleet = sys.modules.get("rlhf_jax.sampling.fleet")
-  return fleet is not None and isinstance(error, fleet.FleetUnavailableError)
