@@ -23,7 +23,7 @@
 # and bench.jsonl. RLHF_JAX_GPU_BUDGET_S (default 560 s:
 # the device tool allows 600 s a command) sets the total; every cap, floor and reserve
 # scales with it. RLHF_JAX_GPU_CAPS="tests=330,arith=120" replaces steps' caps (seconds,
-# not scaled), for a call that runs a few steps; RLHF_JAX_GPU_PYTEST_WORKERS (default 4)
+# not scaled; floors above them too), for a call of a few steps; RLHF_JAX_GPU_PYTEST_WORKERS (default 4)
 # sets pytest's -n, RLHF_JAX_GPU_TEST_PATHS (space-separated) narrows the test steps to
 # those files. $OUT gets at most 8 files (the device tool's limit):
 #   summary.json  every step's status, seconds, and the headline figures against targets
@@ -589,6 +589,8 @@ run_check() {
     [ -n "$override" ] && c=$override
     [ "$c" -gt "$avail" ] && c=$avail
     local f; f=$(scaled "$floor")
+    # a cap set by hand is what the caller wants run: the floor does not refuse it
+    [ -n "$override" ] && [ "$f" -gt "$override" ] && f=$override
     if [ "$c" -lt "$f" ] || [ "$c" -le 0 ]; then
       echo "[$((now - start_epoch))s] $name: skipped (${avail}s left after reserving ${later}s; needs ${f}s)"
       record "$name" skipped - 0 "$c" "budget: ${avail}s available, floor ${f}s"

@@ -143,3 +143,18 @@ def test_a_timeout_record_carries_the_logs_last_line(tmp_path):
   (step,) = summary["steps"]
   assert step["status"] == "timeout" and step["note"].endswith("compiling the step")
   assert summary["headline"]["ab"]["g1"]["g1_xla"]["last_log_line"] == record["last_log_line"]
+
+
+@pytest.mark.slow
+def test_a_real_step_stopped_at_its_cap_says_where_it_was(tmp_path):
+  """`run g1_xla` on CPU with a 20-s cap (the 0.5B model cannot even be built in it): the
+  step times out, its log holds gpu.py's progress lines and the stack SIGTERM printed, and
+  the timeout's record carries the last progress line."""
+  env = {**check_env(tmp_path), "JAX_PLATFORMS": "cpu", "RLHF_JAX_GPU_CAPS": "g1_xla=20"}
+  subprocess.run(["bash", str(SCRIPT), "run", "g1_xla"], env=env, check=True, timeout=300,
+                 capture_output=True)
+  (record,) = [json.loads(line) for line in (tmp_path / "out" / "bench.jsonl").open()]
+  assert record["error"] == "timed out after 20 s (gpu_check.sh)"
+  assert record["last_log_line"].startswith("[gpu.py +")
+  log = (tmp_path / "work" / "logs" / "g1_xla.log").read_text()
+  assert "(most recent call first)" in log and record["last_log_line"] in log
