@@ -199,10 +199,11 @@ def test_the_rollout_mode_is_read_in_one_module():
 
 
 def test_modules_are_imported_by_name_in_one_loader():
-  """Every `module:name` goes through rlhf_jax/registry.py's `load_object` (the working
-  directory on the path, errors saying where it looked): no `importlib.import_module` or
-  `__import__` elsewhere but the sandbox harness, which imports a submission's modules in
-  its own process."""
+  """Every `module:name` goes through a `Registry` (rlhf_jax/registry.py, whose
+  `load_object` puts the working directory on the path and says where it looked): no
+  `importlib.import_module` or `__import__` elsewhere but the sandbox harness, which
+  imports a submission's modules in its own process, and no other caller of
+  `load_object` or `import_user_module`."""
   allowed = {"registry.py", "sandbox/harness.py"}
   files = {str(p.relative_to(ROOT)): p for p in modules().values()}
   files.update({f"../launch/{p.name}": p for p in (ROOT.parent / "launch").glob("*.py")})
@@ -214,7 +215,10 @@ def test_modules_are_imported_by_name_in_one_loader():
       if ((isinstance(node, ast.Attribute) and node.attr == "import_module")
           or (isinstance(node, ast.Name) and node.id in ("import_module", "__import__"))
           or (isinstance(node, ast.ImportFrom) and node.module == "importlib"
-              and any(a.name == "import_module" for a in node.names))):
+              and any(a.name == "import_module" for a in node.names))
+          or (isinstance(node, ast.Name) and node.id in ("load_object", "import_user_module"))
+          or (isinstance(node, ast.Attribute)
+              and node.attr in ("load_object", "import_user_module"))):
         bad.append(f"{name}:{node.lineno}")
   assert not bad, bad
 
