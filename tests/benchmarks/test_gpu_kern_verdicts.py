@@ -158,3 +158,17 @@ def test_a_real_step_stopped_at_its_cap_says_where_it_was(tmp_path):
   assert record["last_log_line"].startswith("[gpu.py +")
   log = (tmp_path / "work" / "logs" / "g1_xla.log").read_text()
   assert "(most recent call first)" in log and record["last_log_line"] in log
+
+
+def test_the_second_ab_call_checks_the_kernels_again_before_its_steps(tmp_path):
+  """`run env ab2 --dry-run`: kern first (a new machine), then the Pallas decode and G1b
+  within the budget; the two compile variants only when time is left (their floors)."""
+  result = subprocess.run(["bash", str(SCRIPT), "run", "env", "ab2", "--dry-run"],
+                          capture_output=True, text=True, env=check_env(tmp_path), timeout=120)
+  assert result.returncode == 0, result.stderr
+  steps = json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]
+  status = {s["name"]: s["status"] for s in steps}
+  assert list(status) == ["env", "kern", "g2_pallas", "g2_pallas_cb", "g1b_cudnn",
+                          "g1_cudnn_at0", "g1_cudnn_file"]
+  assert [n for n, s in status.items() if s == "skipped"] == ["g1_cudnn_at0", "g1_cudnn_file"]
+  assert sum(int(s["cap_s"]) for s in steps if s["status"] == "dry-run") <= 560
