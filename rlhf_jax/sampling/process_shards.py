@@ -12,10 +12,22 @@ So the rest of the step (scoring, packing, metrics, checkpoints of the rollout s
 runs unchanged and identically on every process. The weights reach each process's
 sampler as whole host-local arrays (`update_params` replicates cross-process arrays
 first), so the sampler's own mesh is the process's local devices.
+
+One user of the process's devices at a time. With generation running ahead
+(`rollout.max_staleness` > 0) the local sampler dispatches from the worker thread while
+the trainer's thread gathers the next weights (`prepare_params`: a collective program
+and a copy per leaf). `devices_lock` keeps the two apart: a gather waits for the local
+generation in flight, a generation for the gather. So in every process the gather's
+collectives run with no other dispatch of that process beside them, whatever the
+threads' timing (two threads dispatching at once into one XLA:CPU client, gloo
+collectives in flight, is where the 2-process test crashed). The local generation has
+no collective and waits for no other process: holding the lock never waits on a peer
+that waits on this process.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 import jax
@@ -42,6 +54,8 @@ class ProcessShardedSampler:
     self.mesh = mesh
     self.to_local = to_local
     self.exchange = HostExchange("sampler")
+    # The gather of new weights and the local generation never dispatch at once.
+    self.devices_lock = threading.Lock()
 
   def generate(self, prompts: Sequence[Sequence[int]],
                sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams()
@@ -49,8 +63,11 @@ class ProcessShardedSampler:
     """Per prompt its completions, as one process sampling all of them would return."""
     samplings = per_prompt(prompts, sampling)
     share = process_share(len(prompts))
-    mine = self.local.generate(list(prompts[share]), samplings[share]) if (
-        share.stop > share.start) else []
+    mine = []
+    if share.stop > share.start:
+      with self.devices_lock:
+        mine = self.local.generate(list(prompts[share]), samplings[share])
+    # Outside the lock: a peer still generating never holds up this process's gather.
     return [group for part in self.exchange.all_gather(mine) for group in part]
 
   def update_params(self, params: Any, version: int) -> None:
@@ -60,8 +77,10 @@ class ProcessShardedSampler:
   def prepare_params(self, params: Any) -> Any:
     """The weights whole on this process's devices: the collective half of
     `update_params`, which a `VersionedSampler` runs on the trainer's thread (collectives
-    must come in the same order on every process)."""
-    return self.to_local(fully_replicated_host_value(params, self.mesh))
+    must come in the same order on every process), once the local generation in flight
+    has returned (`devices_lock`)."""
+    with self.devices_lock:
+      return self.to_local(fully_replicated_host_value(params, self.mesh))
 
   def load_prepared(self, prepared: Any, version: int) -> None:
     """The local half of `update_params`: this process's sampler takes `prepared`."""

@@ -85,9 +85,9 @@ def trainer_mesh(c) -> jax.sharding.Mesh:
 
 def check_job(c, sizes: dict[str, int]) -> None:
   """What a job of several processes needs (ConfigError naming the field otherwise): a mesh
-  over every device, tensor groups within a process, the in-process sampler, and with
-  `rollout.max_staleness` > 0 rule rewards (a reward model's program on the worker thread
-  would interleave its collectives with the learner's in a different order per process)."""
+  over every device, tensor groups within a process, the in-process sampler, no partial
+  rollouts, and with `rollout.max_staleness` > 0 rule rewards (a reward model's program on
+  the worker thread would order its collectives against the learner's per process)."""
   processes = jax.process_count()
   if processes == 1:
     return
@@ -105,6 +105,8 @@ def check_job(c, sizes: dict[str, int]) -> None:
   if not LookAhead.of(c).synchronous and reward_build.uses_models(c):
     invalid("rollout.max_staleness", c.rollout.max_staleness, "must be 0 with a reward "
             f"model in a job of {processes} processes")
+  if LookAhead.of(c).partial:  # process_shards: new weights land between generations only
+    invalid("rollout.partial_rollouts", True, f"must be False in a job of {processes} processes")
 
 
 def check_deterministic(c) -> None:
