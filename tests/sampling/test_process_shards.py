@@ -33,6 +33,8 @@ class BlockingLocal:
 
 
 def sampler_with(local, to_local) -> ProcessShardedSampler:
+  """A one-process sampler over `local`, its gather compiled already (so that a gather
+  not held by the lock ends well within WAIT_S)."""
   mesh = parallel.make_mesh(data=-1, devices=jax.devices()[:1])
   parallel.fully_replicated_host_value(PARAMS, mesh)  # compiled before the race
   return ProcessShardedSampler(local, mesh, to_local)

@@ -13,6 +13,7 @@ from tests.training.runs import shrink
 
 
 def one_process_mesh() -> dict[str, int]:
+  """Mesh sizes over every device of this process (what check_job gets)."""
   return {"data": jax.device_count(), "fsdp": 1, "tensor": 1}
 
 
