@@ -17,7 +17,7 @@ import collections
 import itertools
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -70,6 +70,9 @@ class Scheduler(WeightSwaps):
       (the device never waits for the host's bookkeeping); False: read each dispatch's
       results before the next (the same completions, one dispatch sooner).
   """
+
+  # Called first in every `step`: a test holds the loop in it until its event happened.
+  step_hook: Callable[[Scheduler], None] | None = None
 
   def __init__(self, engine: Engine, params: Params, *,
                prompt_buckets: Sequence[int] | None = None, steps_per_sync: int = 8,
@@ -251,6 +254,8 @@ class Scheduler(WeightSwaps):
     """Admits waiting samples into free slots, dispatches up to `steps_per_sync` decode
     steps, and returns the samples that finished in the dispatch before (`overlap_host`:
     read while the device runs this one), else in this one."""
+    if self.step_hook is not None:
+      self.step_hook(self)
     completions = self._reap_cancelled()
     if self._swap_reads_first():
       completions.extend(self._read(self._in_flight))

@@ -20,6 +20,8 @@ from rlhf_jax.sampling.protos import jetstream_pb2_grpc
 from rlhf_jax.sampling.protos import sampler_pb2
 from rlhf_jax.sampling.protos import sampler_pb2_grpc
 from rlhf_jax.sampling.scheduler import Scheduler
+from tests.sampling.holds import Hold
+from tests.sampling.holds import cancel_arrived
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                               num_kv_heads=2, head_dim=8, intermediate_size=48)
@@ -134,43 +136,39 @@ def test_malformed_requests_answer_invalid_argument_naming_the_field(served):
 @pytest.mark.parametrize("served", [{"max_queue": 1}], indirect=True)
 def test_overload_answers_resource_exhausted(served):
   client, service, _ = served
-  stream = client.stream(PROMPT, sampling.SamplingParams(max_new_tokens=40, seed=0))
-  next(stream)  # the first request is running and holds the only queue place
-  with pytest.raises(grpc.RpcError) as error:
-    client.generate_one(PROMPT, sampling.SamplingParams(max_new_tokens=3))
+  with Hold(service.scheduler, when=lambda metrics: True) as hold:  # before any decode
+    first = client.submit(PROMPT, sampling.SamplingParams(max_new_tokens=3, seed=0),
+                          request_id="first")
+    hold.wait()  # the first request holds the only queue place
+    with pytest.raises(grpc.RpcError) as error:
+      client.generate_one(PROMPT, sampling.SamplingParams(max_new_tokens=3))
   assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-  stream.close()
+  assert len(first.result(timeout=60)[0].token_ids) == 3
   assert service.metrics()["requests_rejected"] == 1
 
 
-def test_a_disconnecting_client_frees_its_slot(served):
+def test_a_disconnecting_client_frees_its_slot(served, monkeypatch):
   client, service, _ = served
-  stream = client.stream(PROMPT, sampling.SamplingParams(max_new_tokens=40, seed=0, n=2))
-  next(stream)
-  assert service.metrics()["slots_busy"] == 2
-  stream.close()  # cancels the RPC
-  assert wait_for(lambda: service.metrics()["slots_busy"] == 0)
+  cancelled = cancel_arrived(service.scheduler, monkeypatch)
+  params = sampling.SamplingParams(max_new_tokens=40, seed=0, n=2, stop_token_ids=())
+  with Hold(service.scheduler):  # the samples stay mid-way until the cancel is in
+    stream = client.stream(PROMPT, params)
+    next(stream)
+    assert service.metrics()["slots_busy"] == 2
+    stream.close()  # cancels the RPC
+    assert cancelled.wait(30)
   assert wait_for(lambda: not service.scheduler.has_work())
+  metrics = service.metrics()
+  assert metrics["slots_busy"] == 0 and metrics["generated_tokens"] < 2 * 40
 
 
-@pytest.fixture()
-def slow_engine(monkeypatch):
-  """Each decode dispatch takes 20 ms longer: room to act while samples run."""
-  original = ENGINE.generate_steps
-
-  def slow(*args):
-    time.sleep(0.02)
-    return original(*args)
-
-  monkeypatch.setattr(ENGINE, "generate_steps", slow)
-
-
-def test_cancel_over_grpc_ends_one_sample_and_the_rest_finish(served, slow_engine):
+def test_cancel_over_grpc_ends_one_sample_and_the_rest_finish(served):
   client, service, _ = served
   params = sampling.SamplingParams(max_new_tokens=40, seed=3, n=3, stop_token_ids=())
-  future = client.submit(PROMPT, params, request_id="r1")
-  assert wait_for(lambda: service.metrics()["slots_busy"] > 0)
-  client.cancel("r1", sample_index=1)
+  with Hold(service.scheduler) as hold:  # the cancel lands while the samples run
+    future = client.submit(PROMPT, params, request_id="r1")
+    hold.wait()
+    client.cancel("r1", sample_index=1)
   samples = future.result(timeout=60)
   assert [s.finish_reason for s in samples] == ["length", "cancelled", "length"]
   assert len(samples[1].token_ids) < 40
@@ -219,15 +217,16 @@ def test_weight_update_changes_the_served_model(served):
 
 
 @pytest.mark.parametrize("served", [{"update_policy": "swap_now"}], indirect=True)
-def test_a_swap_under_a_running_sample_reports_each_tokens_version(served, slow_engine):
+def test_a_swap_under_a_running_sample_reports_each_tokens_version(served):
   """Partial rollouts over gRPC: new weights reach a sample in flight, and the sample
   says which tokens each version drew."""
   client, service, _ = served
   params = sampling.SamplingParams(max_new_tokens=40, seed=3, stop_token_ids=())
-  future = client.submit(PROMPT, params, request_id="partial")
-  assert wait_for(lambda: service.metrics()["slots_busy"] > 0)
   _, new_params = models.init_model(CONFIG, seed=7)
-  assert client.update_params(new_params, version=1).update_policy == "swap_now"
+  with Hold(service.scheduler) as hold:  # the swap lands after the first tokens
+    future = client.submit(PROMPT, params, request_id="partial")
+    hold.wait()
+    assert client.update_params(new_params, version=1).update_policy == "swap_now"
   (sample,) = future.result(timeout=60)
   versions = sample.token_versions
   assert len(versions) == 40 and sample.weights_version == (0, 1)
