@@ -91,7 +91,7 @@ def train_case(impl: str, name: str, dims, dtype, rng) -> dict:
   import jax
   import jax.numpy as jnp
 
-  from rlhf_jax.models.attention import grouped_query_attention
+  from rlhf_jax.models.attention.xla import grouped_query_attention
   from rlhf_jax.models.blocks import attention_mask
 
   batch, time, heads, kv_heads, dim = dims
@@ -132,7 +132,7 @@ def decode_case(tiny: bool, dtype, rng) -> dict:
   import jax
   import jax.numpy as jnp
 
-  from rlhf_jax.models.cached_attention import cached_attention
+  from rlhf_jax.models.attention.cached import cached_attention
 
   _, _, heads, kv_heads, dim = shapes(tiny)["train"]
   batch, slots = shapes(tiny)["decode"]

@@ -87,7 +87,7 @@ def flash_stub(q, k, v, mask, **_):
 def measure(rows: int, chunk: int, layers: int, remat: bool, scan: bool = False,
             attention: str = "xla") -> dict:
   """Compiles the step for one configuration; its memory analysis as a dict.
-  `attention`: "xla" (models/attention.py) or "flash" (`flash_stub` in its place)."""
+  `attention`: "xla" (models/attention/xla.py) or "flash" (`flash_stub` in its place)."""
   import jax
   import jax.numpy as jnp
   import optax

@@ -58,9 +58,9 @@ def main(argv) -> None:
                       f"{','.join(_BON_N.value)}: must be integers") from None
   import jax
 
+  from rlhf_jax.models.hf.checks import check_checkpoint_dir
   from rlhf_jax.search.best_of_n import BestOfNOptions
   from rlhf_jax.search.best_of_n import run_best_of_n
-  from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
   from rlhf_jax.training.config import validate_config
   from rlhf_jax.training.run_control import check_workdir
 

@@ -179,7 +179,7 @@ def _held_out(c, checkpoint: str):
   from rlhf_jax import models
   from rlhf_jax.config_errors import ConfigError
   from rlhf_jax.config_errors import unfit
-  from rlhf_jax.models import checkpoint_checks
+  from rlhf_jax.models.hf import checks as checkpoint_checks
   from rlhf_jax.training import build
   checkpoint_checks.check_checkpoint_dir(checkpoint, f"--checkpoint={checkpoint}")
   build.check_checkpoint_family(checkpoint)

@@ -43,9 +43,9 @@ def main(argv) -> None:
   import numpy as np
 
   from rlhf_jax.data import write_examples
+  from rlhf_jax.models.hf import checks as checkpoint_checks
   from rlhf_jax.rewards.reward_model import RewardModelScorer
   from rlhf_jax.sampling import SamplingParams
-  from rlhf_jax.models import checkpoint_checks
   from rlhf_jax.training import build
   from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.training.config import validate_config

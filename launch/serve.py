@@ -58,18 +58,18 @@ def main(argv) -> None:
 
 def check_served_files(config) -> None:
   """The files a server loads, checked as train.py checks them, before anything loads:
-  the checkpoint (checkpoint_checks.check_checkpoint_dir: config.json's bounds, the safetensors
+  the checkpoint (checks.check_checkpoint_dir: config.json's bounds, the safetensors
   headers against it, a tokenizer.json there against the embedding), its model family,
   and the tokenizer; each error one line naming the field (cli.run: exit status 2)."""
   import os  # pylint: disable=import-outside-toplevel
   from rlhf_jax import models  # pylint: disable=import-outside-toplevel
-  from rlhf_jax.models import checkpoint_checks  # pylint: disable=import-outside-toplevel
   from rlhf_jax.config_errors import ConfigError  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.models.hf import checks  # pylint: disable=import-outside-toplevel
   tokenizer = config.tokenizer
   if config.model.kind == "hf":
     checkpoint, field = config.model.checkpoint, "config.model.checkpoint"
-    own = os.path.exists(os.path.join(checkpoint, checkpoint_checks.TOKENIZER))
-    checkpoint_checks.check_checkpoint_dir(checkpoint, field, tokenizer=own)
+    own = os.path.exists(os.path.join(checkpoint, checks.TOKENIZER))
+    checks.check_checkpoint_dir(checkpoint, field, tokenizer=own)
     try:
       models.read_hf_config(checkpoint)
     except (ValueError, KeyError) as error:

@@ -37,10 +37,10 @@ from rlhf_jax.batch import RolloutBatch
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
-from rlhf_jax.models import checkpoint_checks
+from rlhf_jax.models.config import model_layout
+from rlhf_jax.models.config import model_numerics
 from rlhf_jax.models.functional import RUNTIME_FIELDS
-from rlhf_jax.models.run_config import model_layout
-from rlhf_jax.models.run_config import model_numerics
+from rlhf_jax.models.hf import checks as checkpoint_checks
 
 NAME = "distill"
 SECTION = "distill"

@@ -15,10 +15,10 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models import kernel_choice
-from rlhf_jax.models.attention import grouped_query_attention
-from rlhf_jax.models.cached_attention import cached_attention
-from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.attention import choice as kernel_choice
+from rlhf_jax.models.attention.cached import cached_attention
+from rlhf_jax.models.attention.xla import grouped_query_attention
+from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.layer_scan import write_cache
 from rlhf_jax.models.rope import apply_rope
 from rlhf_jax.models.rope import layer_rope

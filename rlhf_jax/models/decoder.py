@@ -1,4 +1,5 @@
-"""A Flax NNX decoder-only LM for the HF families of `config.ARCHITECTURES`, with a KV cache.
+"""A Flax NNX decoder-only LM for the HF families of `decoder_config.ARCHITECTURES`, with a KV
+cache.
 
 The embedding, the blocks (`rlhf_jax.models.blocks`: RMSNorm, RoPE, grouped-query
 attention, SwiGLU MLP, and the family options of `DecoderConfig`), the final norm,
@@ -26,13 +27,13 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models.attention import soft_cap
+from rlhf_jax.models.attention.xla import soft_cap
 from rlhf_jax.models.blocks import Block
 from rlhf_jax.models.blocks import RMSNorm
 from rlhf_jax.models.blocks import layer_kinds
 from rlhf_jax.models.blocks import param
 from rlhf_jax.models.blocks import stacked_layer_kinds
-from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.layer_scan import scan_blocks
 from rlhf_jax.models.layer_scan import stack_blocks
 from rlhf_jax.models.layer_scan import write_rows

@@ -16,10 +16,10 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models.config import DecoderConfig
 from rlhf_jax.models.decoder import DecoderLM
 from rlhf_jax.models.decoder import HeadKind
-from rlhf_jax.models.hf_metadata import CheckpointSource
+from rlhf_jax.models.decoder_config import DecoderConfig
+from rlhf_jax.models.hf.metadata import CheckpointSource
 
 Params = dict[str, Any]
 
@@ -33,7 +33,7 @@ class FunctionalModel:
     head: "lm" or "scalar".
     graphdef: NNX graph definition.
     abstract_state: nnx.State of ShapeDtypeStructs (the parameter template).
-    source: the HF checkpoint it was loaded from (`hf_metadata.CheckpointSource`: the
+    source: the HF checkpoint it was loaded from (`hf.metadata.CheckpointSource`: the
       config.json keys, generation config and dtype an export writes back), or None.
   """
   config: DecoderConfig

@@ -23,7 +23,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.decoder_config import DecoderConfig
 
 
 def stack_blocks(blocks: list[nnx.Module]) -> nnx.Module:

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
 from rlhf_jax.models.functional import init_model
@@ -228,7 +228,7 @@ def merge(params: Params, adapters: Params, lora: LoraConfig) -> Params:
 
   Args:
     params: the base parameters.
-    adapters: from `init_adapters` (or training / `peft.load_peft_adapter`).
+    adapters: from `init_adapters` (or training / `hf.peft.load_peft_adapter`).
     lora: the LoraConfig (for the scale).
   Returns:
     params with each adapted kernel W → W + (alpha/r)·A@B (W's shape and dtype)

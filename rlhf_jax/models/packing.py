@@ -35,7 +35,7 @@ import numpy as np
 # (of min(block, C) tokens), and GEMMs run on aligned row counts.
 PACK_ALIGN = 128
 # Rows per buffer at most: the segments a fused kernel's packed description holds
-# (`cudnn_attention` describes a buffer with a static bound); a buffer of many short
+# (`attention.cudnn` describes a buffer with a static bound); a buffer of many short
 # rows opens another instead.
 MAX_ROWS_PER_BUFFER = 32
 

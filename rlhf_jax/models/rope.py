@@ -7,7 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.decoder_config import DecoderConfig
 
 
 def rope_inverse_frequencies(config: DecoderConfig, local: bool = False) -> jax.Array:

@@ -15,8 +15,8 @@ from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 from rlhf_jax.models import with_numerics
-from rlhf_jax.models.config import DTYPES
-from rlhf_jax.models.config import MATMUL_PRECISIONS
+from rlhf_jax.models.decoder_config import DTYPES
+from rlhf_jax.models.decoder_config import MATMUL_PRECISIONS
 from rlhf_jax.sampling import security
 from rlhf_jax.sampling.engine import Engine
 from rlhf_jax.sampling.params import SamplingParams

@@ -15,7 +15,7 @@ import numpy as np
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import unfit
-from rlhf_jax.models import checkpoint_checks
+from rlhf_jax.models.hf import checks as checkpoint_checks
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards.router import has_verifier
 from rlhf_jax.rollout import config as rollout_config_lib

@@ -29,9 +29,9 @@ from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.data.prompts import check_prompts
 from rlhf_jax.data.prompts import raw_prompts_note
 from rlhf_jax.data.sources import located_examples
-from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
-from rlhf_jax.models.run_config import model_layout
-from rlhf_jax.models.run_config import model_numerics
+from rlhf_jax.models.config import model_layout
+from rlhf_jax.models.config import model_numerics
+from rlhf_jax.models.hf.checks import check_checkpoint_dir
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards import config as reward_config_lib

@@ -36,8 +36,8 @@ from rlhf_jax.config_errors import one_of
 from rlhf_jax.data import config as data_config_lib
 from rlhf_jax.data.sources import parse_columns
 from rlhf_jax.envs import config as env_config_lib
-from rlhf_jax.models.run_config import model_config
-from rlhf_jax.models.run_config import validate_model_config
+from rlhf_jax.models.config import model_config
+from rlhf_jax.models.config import validate_model_config
 from rlhf_jax.optim.optimizer import optimizer_config
 from rlhf_jax.optim.optimizer import validate_optimizer
 from rlhf_jax.rewards import config as reward_config_lib

@@ -22,7 +22,7 @@ from rlhf_jax.data import Example
 from rlhf_jax.data import read_examples
 from rlhf_jax.data import read_pairs
 from rlhf_jax.data.jsonl import json_lines
-from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
+from rlhf_jax.models.hf.checks import check_checkpoint_dir
 from rlhf_jax.rewards import genrm
 from rlhf_jax.rewards import model_training as rt
 from rlhf_jax.rewards import pairwise

@@ -36,7 +36,7 @@ from rlhf_jax.data.conversations import supervised_row
 from rlhf_jax.data.sources import read_records
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import write_labelled
-from rlhf_jax.models import checkpoint_checks
+from rlhf_jax.models.hf import checks as checkpoint_checks
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rollout import GroupGenerator

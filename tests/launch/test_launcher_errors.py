@@ -18,8 +18,8 @@ import pytest
 
 from rlhf_jax.cli import check_config_file
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
-from rlhf_jax.models.checkpoint_checks import check_safetensors
+from rlhf_jax.models.hf.checks import check_checkpoint_dir
+from rlhf_jax.models.hf.checks import check_safetensors
 from rlhf_jax.training.run_control import check_workdir
 from tests.launch.malformed import run_case
 

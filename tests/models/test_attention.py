@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from rlhf_jax.models import kernel_choice
-from rlhf_jax.models.cached_attention import _block_lengths
-from rlhf_jax.models.cached_attention import cached_attention
-from rlhf_jax.models.attention import grouped_query_attention
+from rlhf_jax.models.attention import choice as kernel_choice
+from rlhf_jax.models.attention.cached import _block_lengths
+from rlhf_jax.models.attention.cached import cached_attention
+from rlhf_jax.models.attention.xla import grouped_query_attention
 
 
 def inputs(seed, batch=2, time=5, slots=7, heads=4, kv_heads=2, dim=8):

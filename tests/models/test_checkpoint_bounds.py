@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.models.checkpoint_checks import check_checkpoint_dir
-from rlhf_jax.models.checkpoint_checks import safetensors_shapes
+from rlhf_jax.models.hf.checks import check_checkpoint_dir
+from rlhf_jax.models.hf.checks import safetensors_shapes
 
 WHERE = "config.model.checkpoint"
 

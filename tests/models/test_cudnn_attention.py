@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from rlhf_jax.models import packing
+from rlhf_jax.models.attention.cudnn import MAX_SEGMENTS
+from rlhf_jax.models.attention.cudnn import cudnn_attention
+from rlhf_jax.models.attention.cudnn import describable
+from rlhf_jax.models.attention.cudnn import packed_description
 from rlhf_jax.models.blocks import attention_mask
-from rlhf_jax.models.cudnn_attention import cudnn_attention
-from rlhf_jax.models.cudnn_attention import describable
-from rlhf_jax.models.cudnn_attention import MAX_SEGMENTS
-from rlhf_jax.models.cudnn_attention import packed_description
 
 M = 4
 _describe = jax.jit(packed_description, static_argnums=2)
@@ -149,7 +149,7 @@ def test_what_cudnn_is_given(monkeypatch, layout, key_heads):
   """Plain causal rows go in as they are (cuDNN does GQA); padded and packed rows take
   the packed form, whose kv offsets jax scales by the query's heads (before
   github.com/jax-ml/jax/pull/39521), so K/V are repeated to N heads; padding queries come back 0."""
-  from rlhf_jax.models import cudnn_attention as module
+  from rlhf_jax.models.attention import cudnn as module
   seen = {}
 
   def spy(q, k, v, **kwargs):

@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlhf_jax.models.cached_attention import cached_attention
-from rlhf_jax.models.config import DecoderConfig
-from rlhf_jax.models.decode_attention import decode_attention
-from rlhf_jax.models.decode_attention import lengths_from_mask
+from rlhf_jax.models.attention.cached import cached_attention
+from rlhf_jax.models.attention.pallas_decode import decode_attention
+from rlhf_jax.models.attention.pallas_decode import lengths_from_mask
+from rlhf_jax.models.decoder_config import DecoderConfig
 
 SLOTS, DIM, BLOCK = 64, 16, 16
 

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlhf_jax.models import kernel_choice
-from rlhf_jax.models.attention import grouped_query_attention
+from rlhf_jax.models.attention import choice as kernel_choice
+from rlhf_jax.models.attention.pallas_flash import padded_length
+from rlhf_jax.models.attention.pallas_flash import pallas_attention
+from rlhf_jax.models.attention.xla import grouped_query_attention
 from rlhf_jax.models.blocks import attention_mask
-from rlhf_jax.models.flash_attention import padded_length
-from rlhf_jax.models.flash_attention import pallas_attention
 
 # Odd and not a block multiple: the kernel pads to 64 and slices back. G = 2.
 B, T, N, K, D = 4, 37, 4, 2, 16

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rlhf_jax import models
-from rlhf_jax.models import hf_metadata
+from rlhf_jax.models.hf import metadata as hf_metadata
 from tests.models.chat_fixtures import write_checkpoint
 from tests.models.hf_fixtures import hf_logits
 

@@ -11,7 +11,7 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax.models import layer_scan
-from rlhf_jax.models import peft
+from rlhf_jax.models.hf import peft
 from tests.models.hf_fixtures import FAMILIES
 from tests.models.hf_fixtures import FAMILY_VOCAB
 from tests.models.hf_fixtures import assert_cached_decode_matches

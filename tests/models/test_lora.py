@@ -1,4 +1,4 @@
-"""LoRA adapters (rlhf_jax/models/lora.py) and their PEFT files (rlhf_jax/models/peft.py).
+"""LoRA adapters (rlhf_jax/models/lora.py) and their PEFT files (rlhf_jax/models/hf/peft.py).
 
 Expected values come from NumPy written here from the definitions
 (W_eff = W + (alpha/r)·A@B on the 2-D view of W; dL/dA = scale·G·Bᵀ,
@@ -16,7 +16,7 @@ import pytest
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.models import lora as lora_lib
-from rlhf_jax.models import peft as peft_lib
+from rlhf_jax.models.hf import peft as peft_lib
 from rlhf_jax.optim import TrainedRole
 
 E, H, K, D, F, V, LAYERS = 32, 4, 2, 8, 48, 96, 2

@@ -12,7 +12,7 @@ from rlhf_jax.models import KVCache
 from rlhf_jax.models import config_from_hf
 from rlhf_jax.models import config_to_hf
 from rlhf_jax.models import init_model
-from rlhf_jax.models.attention import grouped_query_attention
+from rlhf_jax.models.attention.xla import grouped_query_attention
 
 HIGHEST = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 BACKEND_DEFAULT = (None, (jax.lax.Precision.DEFAULT, jax.lax.Precision.DEFAULT))

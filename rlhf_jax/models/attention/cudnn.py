@@ -23,7 +23,7 @@ loudly, rather than attention under another mask (`describable`).
 
 cuDNN takes bf16/fp16, even T, head_dim ≤ 256 (Hopper; 128 before) and a multiple
 of 8, and the packed form needs Hopper: `refusal` says which condition fails, and
-`kernel_choice.training_attention` uses it so "auto" never asks for what cuDNN cannot do.
+`choice.training_attention` uses it so "auto" never asks for what cuDNN cannot do.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import jax
 from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
 import jax.numpy as jnp
 
-from rlhf_jax.models.flash_attention import check_options
-from rlhf_jax.models.flash_attention import kernel_segments
-from rlhf_jax.models.flash_attention import valid_tokens
+from rlhf_jax.models.attention.pallas_flash import check_options
+from rlhf_jax.models.attention.pallas_flash import kernel_segments
+from rlhf_jax.models.attention.pallas_flash import valid_tokens
 from rlhf_jax.models.packing import MAX_ROWS_PER_BUFFER
 
 # Segments per packed buffer the cuDNN call describes (a static bound: its softmax

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 
-from rlhf_jax.models.hf import save_hf_checkpoint
-from rlhf_jax.models.hf_metadata import tokenizer_ids
+from rlhf_jax.models.hf.checkpoint import save_hf_checkpoint
+from rlhf_jax.models.hf.metadata import tokenizer_ids
 
 PROMPT_FORMAT_FILE = "prompt_format.json"
 

@@ -3,11 +3,11 @@ a one-line `ConfigError` naming the flag or config field, the file and what is w
 it, which `rlhf_jax.cli.run` prints as `error: ...` with exit status 2.
 
 `check_checkpoint_dir`: an HF checkpoint directory whose config.json is a JSON object
-within sane bounds (`models.hf_config.check_hf_bounds`: finite numbers, sizes no published
+within sane bounds (`models.hf.config.check_hf_bounds`: finite numbers, sizes no published
 model exceeds), whose safetensors files have a readable header of known dtypes and
 non-negative shapes whose byte ranges tile the file exactly (a truncated download, a forged
 header), whose shard index names existing shards, whose tensors' shapes fit config.json
-(`models.hf_tensors.check_header_shapes`), and, for a policy, whose tokenizer.json is
+(`models.hf.tensors.check_header_shapes`), and, for a policy, whose tokenizer.json is
 there, is JSON and has no more token ids than the embedding has rows. Only config.json, the
 index, tokenizer.json and each file's 8-byte length and JSON header are read: nothing is
 built or allocated.
@@ -158,8 +158,8 @@ def _check_model(directory: str, config: dict, shapes: dict[str, tuple[int, ...]
                  where: str) -> None:
   """config.json within bounds and, with `shapes` (the safetensors headers'), the tensors
   fitting it; a family we do not load is left to the family check, which names it."""
-  from rlhf_jax.models import hf_config  # pylint: disable=import-outside-toplevel
-  from rlhf_jax.models import hf_tensors  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.models.hf import config as hf_config  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.models.hf import tensors as hf_tensors  # pylint: disable=import-outside-toplevel
   try:
     hf_config.architecture_from_hf(config)
   except ValueError:

@@ -1,6 +1,6 @@
 """Hugging Face checkpoints: `config.json` + `model.safetensors` (single or sharded).
 
-One table (`hf_tensors`) maps each of our parameters to its HF tensor name and layout. Loading
+One table (`hf.tensors`) maps each of our parameters to its HF tensor name and layout. Loading
 streams one tensor at a time from the memory-mapped safetensors file, converts
 it, and places it on its device (and sharding, when given), so the host never
 holds a second full copy of the model. Saving writes a directory that
@@ -21,14 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.models import config as config_lib
-from rlhf_jax.models import hf_config
-from rlhf_jax.models import hf_metadata
+from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
 from rlhf_jax.models.functional import init_model
-from rlhf_jax.models.hf_tensors import TensorMapping
-from rlhf_jax.models.hf_tensors import tensor_mappings
+from rlhf_jax.models.hf import config as hf_config
+from rlhf_jax.models.hf import metadata as hf_metadata
+from rlhf_jax.models.hf.tensors import TensorMapping
+from rlhf_jax.models.hf.tensors import tensor_mappings
 from rlhf_jax.models.layer_scan import is_stacked
 
 SINGLE_FILE = "model.safetensors"
@@ -139,7 +139,7 @@ def _read_config_json(directory: str) -> dict[str, Any]:
   return _read_json(path)
 
 
-def read_hf_config(directory: str, **overrides) -> config_lib.DecoderConfig:
+def read_hf_config(directory: str, **overrides) -> DecoderConfig:
   """DecoderConfig from `directory/config.json`; overrides set fields (dtype, remat...)."""
   return hf_config.config_from_hf(_read_config_json(directory), **overrides)
 
@@ -187,7 +187,7 @@ def _check_unexpected(directory: str, available: set[str], mappings: list[Tensor
 def load_hf_checkpoint(directory: str, *, head: str = "lm", shardings: Params | None = None,
                        missing_head: str = "error", **config_overrides
                        ) -> tuple[FunctionalModel, Params]:
-  """Loads an HF checkpoint of one of `config.ARCHITECTURES` into our parameters.
+  """Loads an HF checkpoint of one of `decoder_config.ARCHITECTURES` into our parameters.
 
   Args:
     directory: holds config.json and model.safetensors (or a sharded

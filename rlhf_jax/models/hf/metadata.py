@@ -11,8 +11,10 @@ import json
 import os
 from typing import Any, Mapping
 
-from rlhf_jax.models import config as config_lib
-from rlhf_jax.models import hf_config
+from rlhf_jax.models.decoder_config import ARCHITECTURES
+from rlhf_jax.models.decoder_config import DTYPES
+from rlhf_jax.models.decoder_config import DecoderConfig
+from rlhf_jax.models.hf import config as hf_config
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -28,7 +30,7 @@ class CheckpointSource:
     config: the parsed config.json, as read.
     generation_config: the parsed generation_config.json, or None (the checkpoint has none).
     dtype: the dtype its tensors are stored in ("bfloat16", ...), or None when not one of
-      `config.DTYPES`.
+      `decoder_config.DTYPES`.
   """
   config: Mapping[str, Any]
   generation_config: Mapping[str, Any] | None
@@ -66,9 +68,9 @@ def export_dtype(model, dtype: str | None) -> str:
   """The dtype an export stores tensors in: `dtype` when given, else the source
   checkpoint's, else the model's param_dtype."""
   if dtype is not None:
-    if dtype not in config_lib.DTYPES:
+    if dtype not in DTYPES:
       raise ValueError(f"save_hf_checkpoint: dtype={dtype!r}; allowed: "
-                       f"{', '.join(config_lib.DTYPES)}.")
+                       f"{', '.join(DTYPES)}.")
     return dtype
   source = _same_family_source(model)
   if source is not None and source.dtype is not None:
@@ -115,13 +117,13 @@ def export_config(model, dtype: str, token_ids: Mapping[str, Any] | None = None
   if model.head == "scalar":  # transformers rebuilds the labels from num_labels
     written.pop("id2label", None)
     written.pop("label2id", None)
-    base = config_lib.ARCHITECTURES[model.config.architecture].replace("ForCausalLM", "")
+    base = ARCHITECTURES[model.config.architecture].replace("ForCausalLM", "")
     written["architectures"] = [base + "ForSequenceClassification"]
     written["num_labels"] = 1
   return written
 
 
-def describes(source: CheckpointSource, config: config_lib.DecoderConfig) -> bool:
+def describes(source: CheckpointSource, config: DecoderConfig) -> bool:
   """Whether the source's config.json describes the model of `config`: both written as
   `config_to_hf` writes a model (every key that shapes the parameters or the forward), the
   parameter dtype aside (an export names its own)."""

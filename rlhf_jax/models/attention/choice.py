@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models import cudnn_attention
-from rlhf_jax.models import flash_attention
+from rlhf_jax.models.attention import cudnn as cudnn_attention
+from rlhf_jax.models.attention import pallas_flash as flash_attention
 
 
 def on_gpu() -> bool:

@@ -9,7 +9,7 @@ The files `peft.PeftModel.from_pretrained(base, directory)` loads and
     base_model.model.score.weight                (a `modules_to_save` value head)
 
 torch `Linear` layout: lora_A = our Aᵀ, lora_B = our Bᵀ, so PEFT's
-ΔW = scale·B_peft@A_peft is our (scale·A@B)ᵀ, exactly as `hf.py` stores W.
+ΔW = scale·B_peft@A_peft is our (scale·A@B)ᵀ, exactly as `hf.checkpoint` stores W.
 Only plain LoRA is read: rsLoRA, DoRA, rank / alpha patterns, bias training,
 fan_in_fan_out and layers_to_transform are refused with an error naming the key.
 Needs the `hf` extra (safetensors).
@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.models import hf_tensors
 from rlhf_jax.models import lora as lora_lib
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
+from rlhf_jax.models.hf import tensors as hf_tensors
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -46,7 +46,7 @@ _TASK = {"lm": "CAUSAL_LM", "scalar": "SEQ_CLS"}
 
 
 def _module_names(model: FunctionalModel) -> dict[tuple, tuple[str, Any, Any]]:
-  """Our parameter path → (HF tensor name, to_ours, to_hf), from the `hf_tensors` table."""
+  """Our parameter path → (HF tensor name, to_ours, to_hf), from the `hf.tensors` table."""
   mappings = hf_tensors.tensor_mappings(model.config, model.head)
   if any(m.rows is not None for m in mappings):
     # A LoRA of HF's fused qkv_proj / gate_up_proj is not one per split projection.

@@ -1,5 +1,5 @@
 """The parameter ↔ HF tensor table: for each of our parameters, its tensor name in an HF
-checkpoint and the layout conversions both ways (`hf` loads and saves with it, `peft`
+checkpoint and the layout conversions both ways (`hf.checkpoint` loads and saves with it, `hf.peft`
 names adapters by it)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlhf_jax.models import config as config_lib
+from rlhf_jax.models.decoder_config import DecoderConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,7 @@ def _same(x):
   return x
 
 
-def tensor_mappings(config: config_lib.DecoderConfig, head: str) -> list[TensorMapping]:
+def tensor_mappings(config: DecoderConfig, head: str) -> list[TensorMapping]:
   """The full parameter ↔ HF tensor table for a model."""
   e = config.hidden_size
   mappings = [TensorMapping(("embed",), "model.embed_tokens.weight", _same, _same),
@@ -52,7 +52,7 @@ def tensor_mappings(config: config_lib.DecoderConfig, head: str) -> list[TensorM
   return mappings
 
 
-def _layer_mappings(config: config_lib.DecoderConfig, hf: str, ours: tuple
+def _layer_mappings(config: DecoderConfig, hf: str, ours: tuple
                     ) -> list[TensorMapping]:
   """The tensors of one layer: HF names under `hf`, our paths under `ours`."""
   e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
@@ -115,7 +115,7 @@ def _layer_of(name: str) -> int | None:
   return None
 
 
-def check_header_shapes(config: config_lib.DecoderConfig, shapes: dict[str, tuple[int, ...]]
+def check_header_shapes(config: DecoderConfig, shapes: dict[str, tuple[int, ...]]
                         ) -> None:
   """ValueError in one line when a checkpoint's tensors (HF name → shape, as its
   safetensors headers give them) do not fit `config`: a layer past `config.num_layers`

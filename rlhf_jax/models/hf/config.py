@@ -1,6 +1,6 @@
 """HF `config.json` ↔ DecoderConfig, one family at a time.
 
-A family is its HF class (`config.ARCHITECTURES`) plus the DecoderConfig options its
+A family is its HF class (`decoder_config.ARCHITECTURES`) plus the DecoderConfig options its
 modelling code fixes (`FAMILY_OPTIONS`: biases, q/k norms, norm placement); what
 config.json carries (shapes, RoPE, sliding windows) is read here. What we cannot
 compute the way transformers does is refused with a one-line ValueError, and so is a
@@ -14,12 +14,12 @@ import dataclasses
 import math
 from typing import Any
 
-from rlhf_jax.models.config import ARCHITECTURES
-from rlhf_jax.models.config import DecoderConfig
-from rlhf_jax.models.config import RopeScaling
-from rlhf_jax.models.hf_gemma import GEMMA
-from rlhf_jax.models.hf_gemma import gemma_fields_from_hf
-from rlhf_jax.models.hf_gemma import gemma_to_hf
+from rlhf_jax.models.decoder_config import ARCHITECTURES
+from rlhf_jax.models.decoder_config import DecoderConfig
+from rlhf_jax.models.decoder_config import RopeScaling
+from rlhf_jax.models.hf.gemma import GEMMA
+from rlhf_jax.models.hf.gemma import gemma_fields_from_hf
+from rlhf_jax.models.hf.gemma import gemma_to_hf
 
 # What each family fixes that config.json does not spell out (DecoderConfig fields).
 FAMILY_OPTIONS = {
@@ -241,7 +241,7 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
 
   Runtime numerics that are not part of the checkpoint (compute dtype, remat,
   matmul_precision, logprob_chunk) are not written, nor token ids (an export takes them
-  from its source checkpoint or tokenizer: `hf_metadata.export_config`).
+  from its source checkpoint or tokenizer: `hf.metadata.export_config`).
   Raises:
     ValueError when the config is not one its architecture's HF class can hold
     (e.g. Qwen2 without q/k/v bias).

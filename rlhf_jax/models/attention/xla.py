@@ -29,9 +29,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models import kernel_choice
-from rlhf_jax.models.cudnn_attention import cudnn_attention
-from rlhf_jax.models.flash_attention import pallas_attention
+from rlhf_jax.models.attention import choice as kernel_choice
+from rlhf_jax.models.attention.cudnn import cudnn_attention
+from rlhf_jax.models.attention.pallas_flash import pallas_attention
 
 
 def _group_queries(x: jax.Array, num_kv_heads: int) -> jax.Array:
@@ -90,7 +90,7 @@ def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
     scale: a, the factor of the scores (None: 1/√D).
     softcap: c, scores become c·tanh(s/c) before the mask (None: uncapped).
     impl: the kernel: "xla" (this module), a fused flash kernel ("cudnn":
-      `cudnn_attention`; "pallas": `flash_attention.pallas_attention`; FlashAttention,
+      `cudnn.cudnn_attention`; "pallas": `pallas_flash.pallas_attention`; FlashAttention,
       Dao et al. 2022/2023), or "auto" (`kernel_choice.training_attention` decides from
       the backend, dtype, head size, length, softcap and window). The fused kernels
       take the layout (token_mask, segment_ids, window), never the dense mask, give 0

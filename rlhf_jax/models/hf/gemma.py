@@ -1,4 +1,4 @@
-"""Gemma 2 and Gemma 3 (text) `config.json` keys ↔ DecoderConfig fields (`hf_config` reads
+"""Gemma 2 and Gemma 3 (text) `config.json` keys ↔ DecoderConfig fields (`hf.config` reads
 and writes the keys every family shares).
 
 What transformers' Gemma2Config / Gemma3TextConfig default when a key is absent is the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlhf_jax.models.config import DecoderConfig
+from rlhf_jax.models.decoder_config import DecoderConfig
 
 GEMMA = ("gemma2", "gemma3_text")
 # Sliding-window layer pattern when config.json has no layer_types (every n-th is global).
@@ -60,7 +60,7 @@ def _rope_from_hf(hf: dict[str, Any], shared_rope: Callable) -> tuple[float, Any
 
 def gemma_fields_from_hf(hf: dict[str, Any], architecture: str, shared_rope: Callable
                          ) -> dict[str, Any]:
-  """The DecoderConfig fields of a Gemma config.json that `hf_config` does not read
+  """The DecoderConfig fields of a Gemma config.json that `hf.config` does not read
   (`shared_rope`: its reader of one rope_parameters dict)."""
   if hf.get("use_bidirectional_attention"):
     raise ValueError("config.json: use_bidirectional_attention=true is not supported.")

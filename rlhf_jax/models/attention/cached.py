@@ -11,11 +11,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models import kernel_choice
-from rlhf_jax.models.attention import _group_queries
-from rlhf_jax.models.attention import _ungroup_queries
-from rlhf_jax.models.attention import soft_cap
-from rlhf_jax.models.decode_attention import decode_attention
+from rlhf_jax.models.attention import choice as kernel_choice
+from rlhf_jax.models.attention.pallas_decode import decode_attention
+from rlhf_jax.models.attention.xla import _group_queries
+from rlhf_jax.models.attention.xla import _ungroup_queries
+from rlhf_jax.models.attention.xla import soft_cap
 
 
 def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
