@@ -1,5 +1,9 @@
-"""rlhf_jax.models: Flax NNX decoder LMs (the HF families of `decoder_config.ARCHITECTURES`) with
-KV cache, value and reward heads, HF safetensors import/export, and a tokenizer wrapper."""
+"""rlhf_jax.models: Flax NNX decoder LMs (the HF families of `decoder_config.ARCHITECTURES`)
+with KV cache, value and reward heads, HF safetensors import/export, and a tokenizer wrapper.
+
+`attention/` holds the attention kernels and the choice between them, `hf/` the Hugging Face
+side (checkpoints in and out, PEFT adapters, the policy directory); `decoder_config` is the
+model's own configuration, `config` the run config's `model` section."""
 
 from rlhf_jax.models.decoder import DecoderLM
 from rlhf_jax.models.decoder import KVCache
