@@ -270,6 +270,32 @@ def test_the_loop_asks_the_sampler_protocol_not_the_module_table():
   assert not bad, bad
 
 
+# A third-party library → the one room of models/ that may import it.
+MODEL_ROOMS = {"safetensors": "models/hf/", "jax.experimental.pallas": "models/attention/",
+               "jax._src.cudnn": "models/attention/"}
+
+
+def test_the_rooms_of_models_hold_their_libraries():
+  """The Hugging Face files are read and written in models/hf (the only importer of
+  safetensors), and the fused attention kernels live in models/attention (the only
+  importer of Pallas and of cuDNN's fused attention)."""
+  bad = []
+  for path in sorted(modules().values()):
+    name = str(path.relative_to(ROOT))
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.Import):
+        imported = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and node.module:
+        imported = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+      else:
+        continue
+      for library, room in MODEL_ROOMS.items():
+        if (any(i == library or i.startswith(library + ".") for i in imported)
+            and not name.startswith(room)):
+          bad.append(f"{name}:{node.lineno} imports {library} (belongs in {room})")
+  assert not bad, bad
+
+
 # Test directories that are not rooms of the package: the launchers, the benchmarks' tools,
 # and the mesh suite (its own process, 8 emulated devices).
 TEST_DIRS_BESIDE_ROOMS = {"launch", "benchmarks", "multidevice"}
