@@ -69,8 +69,8 @@ def main(argv) -> None:
   if _WORKDIR.value:
     check_workdir(_WORKDIR.value)
   if _VALIDATE_ONLY.value:  # the workdir, checkpoints and data files too
-    from rlhf_jax.training import build
-    build.check_data(c, _WORKDIR.value)
+    from rlhf_jax.training import inputs
+    inputs.check_data(c, _WORKDIR.value)
     if _PRM.value:
       check_checkpoint_dir(_PRM.value, f"--prm={_PRM.value}")
     print("config ok", flush=True)

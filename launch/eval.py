@@ -128,7 +128,7 @@ def _flag_config():
     if _ARITH_SEED.value < 2:
       raise ConfigError(f"--arith_seed={_ARITH_SEED.value}: must be >= 2 (the held-out "
                         "problems of a run with config.seed = S are seed S + 2's)")
-    c.seed = _ARITH_SEED.value - 2  # build.load_examples generates seed + 2's problems
+    c.seed = _ARITH_SEED.value - 2  # inputs.load_examples generates seed + 2's problems
     c.data.num_eval, c.data.levels = _ARITH_COUNT.value, levels
     c.data.level_weights = (1.0,) * len(levels)
   return c
@@ -173,7 +173,7 @@ def _run_config(checkpoint: str):
 
 def _held_out(c, checkpoint: str):
   """(the held-out examples, the PromptFormat) of `checkpoint` under config `c`, read and
-  checked as train.py reads them (training/build.load_examples: every row's JSON,
+  checked as train.py reads them (training/inputs.load_examples: every row's JSON,
   schema, task and prompt length with the checkpoint's tokenizer), before any model
   loads; the checkpoint's files and the reward's checkpoints are checked first."""
   from rlhf_jax import models
@@ -181,19 +181,20 @@ def _held_out(c, checkpoint: str):
   from rlhf_jax.config_errors import unfit
   from rlhf_jax.models.hf import checks as checkpoint_checks
   from rlhf_jax.training import build
+  from rlhf_jax.training import inputs
   checkpoint_checks.check_checkpoint_dir(checkpoint, f"--checkpoint={checkpoint}")
-  build.check_checkpoint_family(checkpoint)
+  inputs.check_checkpoint_family(checkpoint)
   try:
     tokenizer = models.Tokenizer.from_directory(checkpoint)
     prefix = models.load_prompt_prefix(checkpoint, tokenizer)
   except (OSError, ValueError) as error:
     raise ConfigError(f"--checkpoint={checkpoint}: the tokenizer does not load: {error}"
                       ) from None
-  build.check_reward_checkpoints(c)
+  inputs.check_reward_checkpoints(c)
   prompts = build.prompt_format(c, tokenizer, prefix)
   held_out_only = c.copy_and_resolve_references()
   held_out_only.data.train_file, held_out_only.data.num_train = "", 1
-  _, held_out = build.load_examples(held_out_only, prompts)
+  _, held_out = inputs.load_examples(held_out_only, prompts)
   if not held_out:
     unfit("data.eval_file", "no held-out rows to evaluate")
   return held_out

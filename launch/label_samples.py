@@ -43,6 +43,7 @@ def main(argv) -> None:
   from rlhf_jax.data import write_pairs
   from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.training import build
+  from rlhf_jax.training import inputs
   from rlhf_jax.training.config import validate_config
   from rlhf_jax.training.stages import label_samples
 
@@ -54,13 +55,13 @@ def main(argv) -> None:
     invalid("data.train_file", c.data.train_file, "the prompts to sample (a .jsonl/.parquet "
             "file) are required for the hf variant")
   # The workdir, checkpoint and data files before loading (offline_file is the output).
-  build.check_data(c, _WORKDIR.value, read_offline=False)
+  inputs.check_data(c, _WORKDIR.value, read_offline=False)
   if _VALIDATE_ONLY.value:
     print("config ok", flush=True)
     return
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
-  examples = build.load_examples(c)[0][:c.data.offline_prompts]
+  examples = inputs.load_examples(c)[0][:c.data.offline_prompts]
   scorer = reward_build.verifiers(c, sorted({e.task for e in examples}))
   sampler = build.build_sampler(c, policy, mesh)
   log = lambda line: print(line, flush=True)

@@ -47,19 +47,20 @@ def main(argv) -> None:
   from rlhf_jax.rewards.reward_model import RewardModelScorer
   from rlhf_jax.sampling import SamplingParams
   from rlhf_jax.training import build
+  from rlhf_jax.training import inputs
   from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.training.config import validate_config
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
-  build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
+  inputs.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
   checkpoint_checks.check_checkpoint_dir(_RM.value, f"--rm={_RM.value}")
   if _VALIDATE_ONLY.value:
     print("config ok", flush=True)
     return
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
-  examples = build.load_examples(c)[0]
+  examples = inputs.load_examples(c)[0]
   examples = examples[:_LIMIT.value] if _LIMIT.value else examples
   role, tokenizer, prefix = reward_build.load_frozen(_RM.value, mesh, head="scalar")
   rm = RewardModelScorer(role, reward_build.scoring_layout(c, tokenizer, prefix), mesh=mesh)

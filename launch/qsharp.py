@@ -67,12 +67,12 @@ def main(argv) -> None:
 
   from rlhf_jax.search.qsharp import QSharpOptions
   from rlhf_jax.search.qsharp import run_qsharp
-  from rlhf_jax.training import build
+  from rlhf_jax.training import inputs
   from rlhf_jax.training.config import validate_config
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
-  build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
+  inputs.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
   if _VALIDATE_ONLY.value:
     print("config ok", flush=True)
     return

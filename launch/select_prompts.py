@@ -53,11 +53,12 @@ def main(argv) -> None:
   from rlhf_jax.rewards import build as reward_build
   from rlhf_jax.rollout import config as rollout_config_lib
   from rlhf_jax.training import build
+  from rlhf_jax.training import inputs
   from rlhf_jax.training.config import validate_config
 
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
-  build.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
+  inputs.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
   if c.variant == "arith" and not (c.model.checkpoint or _WORKDIR.value):
     raise ConfigError("--workdir (with the warm start in <workdir>/sft) or "
                       "--config.model.checkpoint is required")
@@ -66,7 +67,7 @@ def main(argv) -> None:
     return
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, _WORKDIR.value, mesh)
-  examples, _ = build.load_examples(c)
+  examples, _ = inputs.load_examples(c)
   examples = examples[:_LIMIT.value] if _LIMIT.value else examples
   scorer = reward_build.training_scorer(c, sorted({e.task for e in examples}), mesh,
                                         policy.prompts)

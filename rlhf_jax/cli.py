@@ -14,7 +14,7 @@
     fails (`check_config_file`); any other flag error absl reports (an unknown
     or missing flag): one line with absl's message.
   * a data file, checkpoint or workdir the launcher's own checks refuse
-    (models/hf/checks.py, training/build.check_data): one line naming it.
+    (models/hf/checks.py, training/inputs.check_data): one line naming it.
 
 The classification reads the config tree and the flags' parsers, never the text of
 the exception absl or ml_collections raised.

@@ -185,7 +185,7 @@ def load_teacher(c, policy_model, mesh) -> tuple[object, dict]:
 
 def check_teacher(c, policy_dir: str) -> None:
   """The teacher's files against the policy checkpoint in `policy_dir`, before any weight
-  loads (`training/build.check_data`, so --validate_only sees them): a checkpoint that
+  loads (`training/inputs.check_data`, so --validate_only sees them): a checkpoint that
   loads (`checkpoint_checks.check_checkpoint_dir`), the policy's tokenizer
   (`check_same_tokenizer`), at least the policy's embedding rows (config.json vocab_size;
   more are cut: `shared_vocabulary`). ConfigError naming algorithm.distill.teacher."""

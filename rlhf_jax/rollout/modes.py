@@ -183,7 +183,7 @@ def rewarded_by_environment(c: ml_collections.ConfigDict) -> bool:
   """Whether the environment's rewards alone are the episode's reward: a mode that runs
   episodes (`needs_environment`) with `env.verifier=False`. No task scorer is then ever
   called, so a row of any task name needs none: the one rule the data check
-  (training/build.check_tasks), the trainer and the `env` section's checks follow."""
+  (training/inputs.check_tasks), the trainer and the `env` section's checks follow."""
   return rollout_mode(c).needs_environment and not c.env.verifier
 
 

@@ -21,6 +21,7 @@ from rlhf_jax.rewards.router import has_verifier
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.search.speculative_rejection import SpeculativeRejection
 from rlhf_jax.training import build
+from rlhf_jax.training import inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,12 +89,12 @@ def run_best_of_n(c, workdir: str, options: BestOfNOptions) -> Iterator[dict[str
   """Runs every method of `options` with the policy of config `c` (`model.checkpoint`,
   or <workdir>/sft) on the held-out prompts; yields one row per method."""
   options.check(c)
-  build.check_data(c, workdir)  # the checkpoint's files and the prompts, before loading
+  inputs.check_data(c, workdir)  # the checkpoint's files and the prompts, before loading
   if options.prm:
     checkpoint_checks.check_checkpoint_dir(options.prm, f"--prm={options.prm}", tokenizer=False)
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, workdir, mesh)
-  examples = build.load_examples(c)[1]
+  examples = inputs.load_examples(c)[1]
   examples = examples[:options.prompts] if options.prompts else examples
   if not examples:
     unfit("data.eval_file", "best-of-n needs held-out prompts")

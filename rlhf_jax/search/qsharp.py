@@ -29,6 +29,7 @@ from rlhf_jax.sampling import GuidedParams
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.training import build
+from rlhf_jax.training import inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,7 @@ def run_qsharp(c, workdir: str, options: QSharpOptions,
   options.check(c)
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, workdir, mesh)
-  train, held_out = build.load_examples(c)
+  train, held_out = inputs.load_examples(c)
   tasks = sorted({e.task for e in train + held_out})
   verifier = reward_build.verifiers(c, tasks)
   values = qsharp.bin_values(options.num_bins, c.reward.wrong_score, c.reward.correct_score)

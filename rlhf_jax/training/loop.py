@@ -33,6 +33,7 @@ from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.rollout.lookahead import LookAhead
 from rlhf_jax.sampling import protocol as sampler_protocol
 from rlhf_jax.training import build
+from rlhf_jax.training import inputs
 from rlhf_jax.training import metrics as metrics_lib
 from rlhf_jax.training import checkpoint as checkpoint_lib
 from rlhf_jax.training import loggers as loggers_lib
@@ -84,7 +85,7 @@ class Trainer:
     os.makedirs(workdir, exist_ok=True)
     self.mesh = build.trainer_mesh(c)
     self.policy = build.load_policy(c, workdir, self.mesh)
-    self.train_examples, self.held_out = build.load_examples(c, self.policy.prompts,
+    self.train_examples, self.held_out = inputs.load_examples(c, self.policy.prompts,
                                                                  scorer=scorer)
     tasks = sorted({e.task for e in self.train_examples + self.held_out})
     self.scorer = (scorer if scorer is not None else
@@ -98,14 +99,18 @@ class Trainer:
     try:
       self.sampler = build.build_sampler(c, self.policy, self.mesh)
     except sampler_protocol.SamplerUnavailable as error:
-      unfit("sampler.addresses", one_line(error))
+      unfit("sampler.addresses", run_control.one_line(error))
     self.fleet = sampler_protocol.find_extra(self.sampler, sampler_protocol.ServerFleet)
+    self.synchronous = LookAhead.of(c).synchronous  # each batch sampled by the newest weights
     # The mode's rollout and its evaluator share the parts (generator, environment workers).
     parts = build.rollout_parts(c, self.policy, self.sampler, self.scorer, self.train_examples,
                                 workdir=workdir, log=self.log)
     self.rollout = build.build_rollout(c, parts)
     self.evaluator = build.build_evaluator(c, parts, self.held_out, self.eval_scorer)
     self.learner = build.build_learner(c, self.policy, self.mesh)
+    # The policy's weights in the sampler's layout (decided once: build.sampler_layout).
+    self.to_sampler = build.sampler_layout(c, self.policy.model, self.learner.policy_params,
+                                           self.mesh)
     # The last step whose records are all written, the last one saved, and (fleet runs)
     # the rollout's state when the step in progress began: what a checkpoint needs.
     self.step = self.recorded_step = 0
@@ -140,7 +145,8 @@ class Trainer:
     rollouts = self.rollout.collect()
     stop = self.reward_failures.update(len(rollouts.correct), rollouts.failures)
     if stop:  # before this step trains on failure scores
-      self.log(f"stopped before step {self.step + 1}: {stop}; {self._last_checkpoint()}")
+      self.log(f"stopped before step {self.step + 1}: {stop}; "
+               f"{run_control.last_checkpoint(self.checkpointer)}")
       raise run_control.Stopped(1)
     generated = time.perf_counter()
     batch = jax.tree.map(
@@ -175,8 +181,7 @@ class Trainer:
     `rollback` (after a restore): a sampling server that kept running may hold a newer
     version than the checkpoint's step (the run went on past it); this run owns the
     server's version, so the older one is sent on purpose."""
-    params = build.generation_params(self.config, self.policy, self.learner.policy_params,
-                                     self.mesh)
+    params = self.to_sampler(self.learner.policy_params)
     # A VersionedSampler is no RollsBack: it stores the version itself (and rolls the
     # sampler it wraps back when a job needs the older one).
     if rollback and isinstance(self.sampler, sampler_protocol.RollsBack):
@@ -247,42 +252,13 @@ class Trainer:
 
   def run(self) -> dict[str, Any]:
     """Trains until `train.steps` with evaluation and checkpoints; returns the summary.
+    The lifecycle around the loop (signals, a lost fleet, the loggers' end, the exported
+    policy, the lock) is `run_control.run_to_end`'s."""
+    return run_control.run_to_end(self)
 
-    SIGINT / SIGTERM stop the run where a step's records are complete: it saves that
-    step, says so in one line and raises `run_control.Stopped` (exit status 128 + the
-    signal); a second SIGINT interrupts at once, saving nothing (the last checkpoint is
-    the resume point). A fleet whose every server is gone (`SamplerUnavailable`)
-    saves the last complete step and raises `Stopped` (status 1). The loggers' runs
-    (W&B, MLflow) finish either way, marked failed unless every step was done; the
-    workdir's lock is released.
-    """
-    start = time.perf_counter()
-    summary: dict[str, Any] = {}
-    progress = metrics_lib.Progress(self.config.train.steps, self.step,
-                                    disable=not self.show_progress)
-    failed = True  # until the last step is done: the loggers mark their runs failed
-    try:
-      with run_control.StopSignals() as signals:
-        self._train(summary, start, progress, signals)
-      failed = False
-    except KeyboardInterrupt:
-      self.log(f"interrupted at once during step {self.recorded_step + 1}: nothing saved; "
-               f"resume continues from {self._last_checkpoint()}")
-      raise
-    except sampler_protocol.SamplerUnavailable as error:
-      self._stop_on_fleet_loss(error)
-    finally:
-      progress.close()
-      try:
-        self.close(failed=failed, release_lock=False)
-        if not failed:  # written while the workdir is still this run's
-          policy = self._export_policy()
-      finally:
-        self.lock.release()
-    summary.update(steps=self.step, seconds=time.perf_counter() - start, policy=policy)
-    return summary
-
-  def _export_policy(self) -> str:
+  def export_policy(self) -> str:
+    """Writes the current policy to <workdir>/policy (the main process), in the
+    checkpoint layout `models.save_policy` writes; returns the directory."""
     policy = os.path.join(self.workdir, "policy")
     params = parallel.host_values(self.learner.policy_params)  # leaf by leaf
     if parallel.is_main_process():
@@ -300,7 +276,10 @@ class Trainer:
     if release_lock:
       self.lock.release()
 
-  def _train(self, summary: dict[str, Any], start: float, progress, signals) -> None:
+  def train(self, summary: dict[str, Any], start: float, progress,
+            signals: run_control.StopSignals) -> None:
+    """The loop: a step, its evaluation, its records and checkpoint, until `train.steps`
+    (or a stop asked for by a signal, after a step's records: `run_control`)."""
     c = self.config
     if self.held_out and c.train.eval_every and self.step == 0:  # 0: evaluation off
       first = self.evaluate()
@@ -309,8 +288,8 @@ class Trainer:
       self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
     first = True  # of this process: it compiles the step's programs
     while self.step < c.train.steps:
-      self._stop_if_asked(signals)  # here every record of `self.step` is written
-      if self.fleet is not None and LookAhead.of(c).synchronous:
+      run_control.stop_if_asked(self, signals)  # every record of `self.step` is written
+      if self.fleet is not None and self.synchronous:
         # what a checkpoint of this step holds if the fleet is lost while sampling
         self.step_start = (self.step, json.loads(json.dumps(self.rollout.state())))
       metrics = self._first_step_said() if first else self.train_step()
@@ -338,39 +317,3 @@ class Trainer:
     metrics = self.train_step()
     self.log(f"step {self.step}: compiled and ran in {time.perf_counter() - start:.1f} s")
     return metrics
-
-  def _stop_if_asked(self, signals: run_control.StopSignals) -> None:
-    """After a step's records (every process agrees): saves the step unless it is saved
-    or nothing was trained, says so, and raises `Stopped`."""
-    code = parallel.largest_across_processes(signals.code)  # a signal may reach one process
-    if not code:
-      return
-    if self.step > 0 and self.saved_step != self.step:
-      self.save()
-    name = signals.requested or f"signal {code - 128} in another process"
-    self.log(f"stopped by {name} after step {self.step}: {self._last_checkpoint()}; "
-             "resume with the same command")
-    raise run_control.Stopped(code)
-
-  def _stop_on_fleet_loss(self, error: Exception) -> None:
-    """Saves the last complete step if a checkpoint of it can be made (the fleet was lost
-    while sampling the next one, in a synchronous run) and is not there yet; one line;
-    `Stopped` (status 1)."""
-    if (self.step_start is not None and self.step_start[0] == self.step == self.recorded_step
-        and self.step > 0 and self.saved_step != self.step):
-      self.save(rollout_state=self.step_start[1])
-    self.log(f"every sampling server is gone ({one_line(error)}); "
-             f"{self._last_checkpoint()}; resume with the same command once a server is back")
-    raise run_control.Stopped(1) from None
-
-  def _last_checkpoint(self) -> str:
-    step = self.checkpointer.latest_step()
-    if step is None:
-      return "no checkpoint yet (a resumed run starts over)"
-    return f"checkpoint at step {step} in {os.path.join(self.checkpointer.directory, str(step))}"
-
-
-def one_line(error: BaseException) -> str:
-  """An error's message's first line (its type's name when it has none)."""
-  lines = str(error).strip().splitlines()
-  return lines[0] if lines else type(error).__name__

@@ -13,6 +13,8 @@
 - `Stopped`: how the loop ends a run early on purpose (a signal, every sampling server
   gone) after saying why in one line: a SystemExit with a non-zero status, so a
   launcher exits without a traceback.
+- `run_to_end`: the lifecycle around the trainer's loop (training/loop.py): the signals,
+  a lost fleet, the loggers' end, the exported policy, the lock's release.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ import shutil
 import signal
 import socket
 import threading
+import time
 from typing import Any
 
+from rlhf_jax import parallel
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import unfit
+from rlhf_jax.sampling.protocol import SamplerUnavailable
+from rlhf_jax.training import metrics as metrics_lib
 
 LOCK_FILE = "trainer.lock"
 
@@ -182,3 +188,84 @@ class StopSignals:
     for number, handler in self.previous.items():
       signal.signal(number, handler)
     self.previous = {}
+
+
+def run_to_end(trainer) -> dict[str, Any]:
+  """Runs `trainer.train` (training/loop.py) to `train.steps`; returns the summary.
+
+  SIGINT / SIGTERM stop the run where a step's records are complete: it saves that step,
+  says so in one line and raises `Stopped` (exit status 128 + the signal); a second
+  SIGINT interrupts at once, saving nothing (the last checkpoint is the resume point). A
+  fleet whose every server is gone (`SamplerUnavailable`) saves the last complete step
+  and raises `Stopped` (status 1). The loggers' runs (W&B, MLflow) finish either way,
+  marked failed unless every step was done; the policy is exported after the last step;
+  the workdir's lock is released.
+  """
+  start = time.perf_counter()
+  summary: dict[str, Any] = {}
+  progress = metrics_lib.Progress(trainer.config.train.steps, trainer.step,
+                                  disable=not trainer.show_progress)
+  failed = True  # until the last step is done: the loggers mark their runs failed
+  policy = None
+  try:
+    with StopSignals() as signals:
+      trainer.train(summary, start, progress, signals)
+    failed = False
+  except KeyboardInterrupt:
+    trainer.log(f"interrupted at once during step {trainer.recorded_step + 1}: nothing "
+                f"saved; resume continues from {last_checkpoint(trainer.checkpointer)}")
+    raise
+  except SamplerUnavailable as error:
+    stop_on_fleet_loss(trainer, error)
+  finally:
+    progress.close()
+    try:
+      trainer.close(failed=failed, release_lock=False)
+      if not failed:  # written while the workdir is still this run's
+        policy = trainer.export_policy()
+    finally:
+      trainer.lock.release()
+  summary.update(steps=trainer.step, seconds=time.perf_counter() - start, policy=policy)
+  return summary
+
+
+def stop_if_asked(trainer, signals: StopSignals) -> None:
+  """After a step's records (every process agrees): saves the step unless it is saved or
+  nothing was trained, says so, and raises `Stopped`."""
+  code = parallel.largest_across_processes(signals.code)  # a signal may reach one process
+  if not code:
+    return
+  if trainer.step > 0 and trainer.saved_step != trainer.step:
+    trainer.save()
+  name = signals.requested or f"signal {code - 128} in another process"
+  trainer.log(f"stopped by {name} after step {trainer.step}: "
+              f"{last_checkpoint(trainer.checkpointer)}; resume with the same command")
+  raise Stopped(code)
+
+
+def stop_on_fleet_loss(trainer, error: Exception) -> None:
+  """Saves the last complete step if a checkpoint of it can be made (the fleet was lost
+  while sampling the next one, in a synchronous run: `trainer.step_start`) and is not
+  there yet; one line; `Stopped` (status 1)."""
+  start = trainer.step_start
+  if (start is not None and start[0] == trainer.step == trainer.recorded_step
+      and trainer.step > 0 and trainer.saved_step != trainer.step):
+    trainer.save(rollout_state=start[1])
+  trainer.log(f"every sampling server is gone ({one_line(error)}); "
+              f"{last_checkpoint(trainer.checkpointer)}; resume with the same command once "
+              "a server is back")
+  raise Stopped(1) from None
+
+
+def last_checkpoint(checkpointer) -> str:
+  """Where a resumed run continues from, in words."""
+  step = checkpointer.latest_step()
+  if step is None:
+    return "no checkpoint yet (a resumed run starts over)"
+  return f"checkpoint at step {step} in {os.path.join(checkpointer.directory, str(step))}"
+
+
+def one_line(error: BaseException) -> str:
+  """An error's message's first line (its type's name when it has none)."""
+  lines = str(error).strip().splitlines()
+  return lines[0] if lines else type(error).__name__

@@ -48,6 +48,7 @@ from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import build
+from rlhf_jax.training import inputs
 from rlhf_jax.training import checkpoint as checkpoint_lib
 from rlhf_jax.training import loggers as loggers_lib
 from rlhf_jax.training import run_control
@@ -87,7 +88,7 @@ def run(config, workdir: str, *, validate_only: bool = False, progress: bool = T
   parallel.initialize(config.distributed)
   validate_mesh(config, jax.device_count(),
                 rows=config.rollout.prompts_per_step * config.rollout.group_size)
-  build.check_data(config, workdir, scorer=scorer)  # the data files, every row, first
+  inputs.check_data(config, workdir, scorer=scorer)  # the data files, every row, first
   main_process = parallel.is_main_process()
   emit = (log or (lambda line: print(line, flush=True))) if main_process else (lambda _: None)
   if not overwrite:  # the workdir's checkpoints were made with this config (but for
@@ -164,12 +165,12 @@ def warm_start(config, workdir: str, *, overwrite: bool = False,
       return None
     return {"checkpoint": supervised_warm_start(config, workdir, log=log)}
   if validate_only:
-    build.check_data(config, workdir)
+    inputs.check_data(config, workdir)
     return None
   directory = build.policy_checkpoint_dir(config, workdir)
   if overwrite and os.path.exists(directory):
     shutil.rmtree(directory)
-  build.check_data(config, workdir)  # the data files before the warm start trains
+  inputs.check_data(config, workdir)  # the data files before the warm start trains
   directory = ensure_arith_warm_start(config, workdir, log=log)
   return {"checkpoint": directory, **_greedy_accuracy(config, workdir, directory)}
 
@@ -177,7 +178,7 @@ def warm_start(config, workdir: str, *, overwrite: bool = False,
 def _greedy_accuracy(c, workdir: str, directory: str) -> dict[str, float]:
   """Held-out greedy accuracy of the warm start in `directory`: whole episodes with the
   run's environment when the rollout mode runs one, else one response per prompt."""
-  _, held_out = build.load_examples(c)
+  _, held_out = inputs.load_examples(c)
   scorer = reward_build.verifiers(c, sorted({e.task for e in held_out}))
   if rollout_modes.rollout_mode(c).needs_environment:
     mesh = build.trainer_mesh(c)
@@ -259,7 +260,7 @@ def supervised_inputs(c) -> list[tuple[str, dict[str, Any]]]:
     unfit("sft.train_file", str(error))
   if c.model.checkpoint:  # its files, before the records are tokenised or anything loads
     checkpoint_checks.check_checkpoint_dir(c.model.checkpoint, "config.model.checkpoint")
-    build.check_checkpoint_family(c.model.checkpoint)
+    inputs.check_checkpoint_family(c.model.checkpoint)
     try:  # as train.py's check: its tokenizer_config.json and templates read
       models.Tokenizer.from_directory(c.model.checkpoint)
     except (OSError, ValueError) as error:
@@ -385,7 +386,7 @@ def ensure_offline_data(c, workdir: str, log: Callable[[str], None] = print) -> 
     return
   mesh = build.trainer_mesh(c)
   policy = build.load_policy(c, workdir, mesh)
-  examples = build.load_examples(c)[0][:c.data.offline_prompts]
+  examples = inputs.load_examples(c)[0][:c.data.offline_prompts]
   scorer = reward_build.verifiers(c, sorted({e.task for e in examples}))
   sampler = build.build_sampler(c, policy, mesh)
   log(f"no offline data: labelling {c.data.offline_samples} samples of each of "

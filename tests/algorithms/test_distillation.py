@@ -246,18 +246,18 @@ def test_a_teacher_with_fewer_rows_or_another_tokenizer_is_refused_in_one_line(t
                      r"tokenizer differs from the policy's"):
     ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
   # Both before any weight loads too (the launchers' pre-work check, --validate_only).
-  from rlhf_jax.training import build
+  from rlhf_jax.training import inputs
   with pytest.raises(ConfigError, match=r"^config\.algorithm\.distill\.teacher: .*other: its "
                      r"tokenizer differs from the policy's"):
-    build.check_data(c, str(tmp_path / "run"))
+    inputs.check_data(c, str(tmp_path / "run"))
   c.algorithm.distill.teacher = str(tmp_path / "small")
   with pytest.raises(ConfigError, match=r"^config\.algorithm\.distill\.teacher: .*small: its "
                      r"vocabulary has \d+ rows, fewer than the policy's"):
-    build.check_data(c, str(tmp_path / "run"))
+    inputs.check_data(c, str(tmp_path / "run"))
   save_arith_model(tmp_path / "padded", hidden_size=16, num_layers=1, num_heads=2, seed=1,
                    vocab_pad=8)
   c.algorithm.distill.teacher = str(tmp_path / "padded")
-  build.check_data(c, str(tmp_path / "run"))
+  inputs.check_data(c, str(tmp_path / "run"))
 
 
 def test_dynamic_sampling_with_pure_distillation_is_refused_in_one_line(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.data import config as data_config_lib
 from rlhf_jax.data import read_examples
-from rlhf_jax.training import build
+from rlhf_jax.training import inputs
 from rlhf_jax.training.config import base_config
 
 
@@ -97,7 +97,7 @@ def hf_config(train_file, **data):
                                           ("DigitalLearningGmbH/MATH-lighteval", "math"),
                                           ("codecontests", "code")])
 def test_verl_parquet_as_it_is_is_scored_by_the_matching_verifier(tmp_path, source, task):
-  train, _ = build.load_examples(hf_config(verl_file(tmp_path, source)))
+  train, _ = inputs.load_examples(hf_config(verl_file(tmp_path, source)))
   assert [(e.task, e.answer, e.metadata["data_source"]) for e in train] == [
       (task, "42", source)]
 
@@ -108,18 +108,18 @@ def test_an_unknown_source_names_itself_and_the_ways_out(tmp_path):
                                         r"row 0: no scorer for task 'my_org/puzzles' \(known: "
                                         r"arith, code, math, pycalc, toolcalc\); score it with "
                                         r"reward.function=.*task=ability for verl"):
-    build.load_examples(c)
+    inputs.load_examples(c)
   c.data.columns = "answer=reward_model.ground_truth,task=ability"
-  assert build.load_examples(c)[0][0].task == "math"
+  assert inputs.load_examples(c)[0][0].task == "math"
 
 
 def test_a_missing_task_column_names_file_row_and_the_default_task_field(tmp_path):
   c = hf_config(jsonl(tmp_path / "t.jsonl", {"prompt": "q", "answer": "1"}), columns="")
   with pytest.raises(ConfigError, match=r"config.data.train_file: .*t.jsonl:1: field 'task': "
                                         r"no column 'task'"):
-    build.load_examples(c)
+    inputs.load_examples(c)
   c.data.default_task = "math"
-  assert build.load_examples(c)[0][0].task == "math"
+  assert inputs.load_examples(c)[0][0].task == "math"
 
 
 def test_a_missing_answer_column_names_the_columns_there_and_the_way_out(tmp_path):

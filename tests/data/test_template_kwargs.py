@@ -16,6 +16,7 @@ from rlhf_jax.data import Example
 from rlhf_jax.data import config as data_config_lib
 from rlhf_jax.data.conversations import supervised_row
 from rlhf_jax.training import build
+from rlhf_jax.training import inputs
 from rlhf_jax.training.config import base_config
 from tests.models.chat_fixtures import write_checkpoint
 
@@ -96,8 +97,8 @@ def test_plain_prompts_sent_raw_to_a_chat_model_get_one_console_line(qwen3_dir, 
   c = hf_config_with(**fields)
   prompts = build.prompt_format(c, tokenizer, [])
   with caplog.at_level(logging.WARNING):
-    build.load_examples(c, prompts)
-    build.load_examples(c, prompts)  # the trainer reads the data again: said once
+    inputs.load_examples(c, prompts)
+    inputs.load_examples(c, prompts)  # the trainer reads the data again: said once
   notes = [r.getMessage() for r in caplog.records if "plain strings" in r.getMessage()]
   assert notes == [f"config.data.train_file={path}: 3 of 3 prompts are plain strings, sent "
                    "to the model raw although its checkpoint has a chat template "
@@ -106,7 +107,7 @@ def test_plain_prompts_sent_raw_to_a_chat_model_get_one_console_line(qwen3_dir, 
   caplog.clear()
   c = hf_config_with(chat_template="always", **fields)
   with caplog.at_level(logging.WARNING):
-    build.load_examples(c, build.prompt_format(c, tokenizer, []))
+    inputs.load_examples(c, build.prompt_format(c, tokenizer, []))
   assert not [r for r in caplog.records if "plain strings" in r.getMessage()]
 
 

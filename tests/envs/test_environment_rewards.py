@@ -10,7 +10,7 @@ import pytest
 from rlhf_jax.analysis.rollouts import read_rollouts
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.tasks import arith
-from rlhf_jax.training import build
+from rlhf_jax.training import inputs
 from rlhf_jax.training import loop
 from rlhf_jax.training import stages
 from rlhf_jax.training.config import validate_config
@@ -37,14 +37,14 @@ def rewarded_by_echo(tmp_path, *, verifier: bool):
 def test_a_task_no_scorer_knows_validates_when_the_environment_rewards(tmp_path):
   config = rewarded_by_echo(tmp_path, verifier=False)
   validate_config(config)
-  build.check_data(config, str(tmp_path / "run"))
+  inputs.check_data(config, str(tmp_path / "run"))
 
 
 def test_with_the_verifier_the_data_check_names_the_way_out(tmp_path):
   config = rewarded_by_echo(tmp_path, verifier=True)
   validate_config(config)
   with pytest.raises(ConfigError, match=r"no scorer for task 'chatter'.*env\.verifier=False"):
-    build.check_data(config, str(tmp_path / "run"))
+    inputs.check_data(config, str(tmp_path / "run"))
 
 
 @pytest.mark.slow

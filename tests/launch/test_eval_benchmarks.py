@@ -11,7 +11,7 @@ import pytest
 
 from rlhf_jax.rewards.router import router_for_tasks
 from rlhf_jax.rollout.evaluation import breakdown_labels
-from rlhf_jax.training import build
+from rlhf_jax.training import inputs
 from rlhf_jax.training.config import base_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_a_published_benchmark_file_reads_and_scores_with_its_documented_flags(
   for field, value in documented_flags(benchmark).items():
     config.data[field] = value
   config.data.eval_file = str(path)
-  _, examples = build.load_examples(config)
+  _, examples = inputs.load_examples(config)
   assert len(examples) == len(expected)
   for example, (prompt_start, reference, _) in zip(examples, expected):
     assert example.prompt.startswith(prompt_start) and example.answer == reference

@@ -40,11 +40,11 @@ def test_train_rejects_a_bad_field_in_one_line_before_loading_anything(tmp_path)
 
 def held_out_levels(num_eval: int) -> set[str]:
   """The levels of the held-out problems a generated arith run evaluates on."""
-  from rlhf_jax.training import build
+  from rlhf_jax.training import inputs
   from rlhf_jax.training.config import base_config
   config = base_config("arith")
   config.data.num_eval, config.data.num_train = num_eval, 1
-  return {f"L{e.metadata['level']}" for e in build.load_examples(config)[1]}
+  return {f"L{e.metadata['level']}" for e in inputs.load_examples(config)[1]}
 
 
 # Every logger; W&B offline (wandb_records.offline_env), MLflow in <workdir>/mlflow.db.

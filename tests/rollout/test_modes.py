@@ -189,6 +189,7 @@ def test_the_run_builds_a_registered_mode_and_takes_its_evaluator():
   tokenizer, no sampler) and evaluates with the record's evaluator."""
   from rlhf_jax.tasks import arith
   from rlhf_jax.training import build
+  from rlhf_jax.training import inputs
   c = config("replay")
   c.rollout.prompts_per_step, c.rollout.max_new_tokens = 2, 8
   c.data.num_train, c.data.num_eval = 4, 3
@@ -196,7 +197,7 @@ def test_the_run_builds_a_registered_mode_and_takes_its_evaluator():
   prefix = [tokenizer.backend.token_to_id(t) for t in arith.PROMPT_PREFIX]
   policy = types.SimpleNamespace(tokenizer=tokenizer,
                                  prompts=build.prompt_format(c, tokenizer, prefix))
-  train, held_out = build.load_examples(c)
+  train, held_out = inputs.load_examples(c)
   scorer = RewardRouter({"arith": never_right}, correct_score=1.0, wrong_score=0.0)
   parts = build.rollout_parts(c, policy, None, scorer, train)
   BUILT.clear()

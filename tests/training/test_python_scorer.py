@@ -8,7 +8,7 @@ import pytest
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.data import Example
 from rlhf_jax.rewards import RewardRouter
-from rlhf_jax.training import build
+from rlhf_jax.training import inputs
 from tests.training.runs import preset
 
 
@@ -23,14 +23,14 @@ ROWS = [("w3.jsonl:1", Example("1+1=", "2", "w3")), ("w3.jsonl:2", Example("2+2=
 def test_the_registry_alone_refuses_a_task_of_ones_own():
   with pytest.raises(ConfigError, match=r"config\.data\.train_file: w3\.jsonl:1: no scorer "
                      "for task 'w3'"):
-    build.check_tasks(preset("grpo", "hf"), "train_file", ROWS[:2])
+    inputs.check_tasks(preset("grpo", "hf"), "train_file", ROWS[:2])
 
 
 def test_a_python_scorer_counts_for_the_data_check():
   scorer = RewardRouter({"w3": contains_answer})
-  build.check_tasks(preset("grpo", "hf"), "train_file", ROWS[:2], scorer=scorer)
+  inputs.check_tasks(preset("grpo", "hf"), "train_file", ROWS[:2], scorer=scorer)
   with pytest.raises(ConfigError) as caught:
-    build.check_tasks(preset("grpo", "hf"), "train_file", ROWS, scorer=scorer)
+    inputs.check_tasks(preset("grpo", "hf"), "train_file", ROWS, scorer=scorer)
   message = str(caught.value)
   assert message.startswith("config.data.train_file: w3.jsonl:3: the scorer handed to the "
                             "trainer refuses task 'other'")

@@ -405,6 +405,6 @@ def test_the_policy_is_written_before_the_workdir_lock_is_released(tmp_path, mon
       checkpointer=held, metrics=held, lock=held, learner=types.SimpleNamespace(
           policy_params={"w": np.ones(2)}), policy=types.SimpleNamespace(
               model=None, tokenizer=None, prefix_tokens=()),
-      _train=lambda *args: None)
+      train=lambda *args: None)
   assert trainer.run()["policy"] == str(tmp_path / "policy")
   assert events == [f"policy written to {tmp_path / 'policy'}", "lock released"]
