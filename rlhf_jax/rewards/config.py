@@ -116,7 +116,7 @@ def add_reward_model_fields(r: ml_collections.ConfigDict, *, judge_prompt_bucket
   r.pairwise.template = pairwise.PAIR_TEMPLATE  # {prompt} {first} {second}
   r.pairwise.anchor_key = "solution"  # 'answer' or the metadata key of the anchor response.
   r.pairwise.centre = 0.5  # Reward = P(y beats the anchor) − centre.
-  r.pairwise.min_verdict_mass = 0.5
+  r.pairwise.min_verdict_mass = 0.5  # Less probability on A+B: an off-format answer (failure).
   # The judges' sampler (GenRM and pairwise): in-process engines over the judges'
   # weights, or `address` of a server that serves the judge (one judge per server; the
   # judge's checkpoint directory still gives its tokenizer and prompt format).
@@ -126,7 +126,7 @@ def add_reward_model_fields(r: ml_collections.ConfigDict, *, judge_prompt_bucket
   r.process = ml_collections.ConfigDict()  # process reward model (rewards/prm.py)
   r.process.checkpoint = ""  # HF directory with a scalar head (launch/train_prm.py); empty: off.
   r.process.step_delimiter = "\n"  # A step ends at a token containing this text.
-  r.process.batch_size = 64
+  r.process.batch_size = 64  # Rows per jitted scoring forward.
 
 
 def routes_needed(r) -> tuple[str, ...]:
