@@ -271,6 +271,22 @@ def test_the_loop_asks_the_sampler_protocol_not_the_module_table():
   assert not bad, bad
 
 
+# The one module of tasks/ that training/ and rewards/ may import: the table of records.
+TASK_TABLE = {"rlhf_jax.tasks", "rlhf_jax.tasks.registry"}
+
+
+def test_the_trainer_and_rewards_ask_the_task_table_not_the_tasks():
+  """training/ and rewards/ read a built-in task (its problems, prompt prefix, levels,
+  model, run rules, warm start, verifier) from its record in tasks/registry.py, never
+  from the task's own module."""
+  mods = modules()
+  bad = [f"{name} imports {dep}" for name, path in mods.items()
+         if name.split(".")[1:2] in (["training"], ["rewards"])
+         for dep in imports_of(path, set(mods))
+         if dep.startswith("rlhf_jax.tasks") and dep not in TASK_TABLE]
+  assert not bad, bad
+
+
 # A third-party library → the one room of models/ that may import it.
 MODEL_ROOMS = {"safetensors": "models/hf/", "jax.experimental.pallas": "models/attention/",
                "jax._src.cudnn": "models/attention/"}

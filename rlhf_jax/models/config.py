@@ -75,6 +75,17 @@ def validate_model_config(m: ml_collections.ConfigDict, variant: str) -> None:
               "an even head width (RoPE rotates pairs)")
 
 
+def scratch_decoder(m: ml_collections.ConfigDict, *, vocab_size: int, max_positions: int):
+  """The decoder of a model from scratch with the section's shape (`hidden_size`,
+  `num_layers`, `num_heads`): GQA with half the heads as KV heads, an MLP 3× wide."""
+  from rlhf_jax.models.decoder_config import DecoderConfig  # pylint: disable=import-outside-toplevel
+  return DecoderConfig(
+      vocab_size=vocab_size, hidden_size=m.hidden_size, num_layers=m.num_layers,
+      num_heads=m.num_heads, num_kv_heads=max(1, m.num_heads // 2),
+      head_dim=m.hidden_size // m.num_heads, intermediate_size=3 * m.hidden_size,
+      max_position_embeddings=max_positions)
+
+
 def model_layout(m: ml_collections.ConfigDict) -> dict:
   """The policy's parameter layout options (`load_hf_checkpoint` overrides)."""
   return dict(scan_layers=m.scan_layers)

@@ -66,3 +66,17 @@ def judged_with_references(seed: int, count: int, levels=(1, 2), weights=None,
     out.append((Example(example.prompt, example.answer, example.task, metadata), response,
                 correct))
   return out
+
+
+# The kinds of generated reward-model data (`reward_data`), by the function that makes them.
+REWARD_DATA = {"pairs": preference_pairs, "judged": judged_responses,
+               "judged_with_references": judged_with_references}
+
+
+def reward_data(kind: str, seed: int, count: int) -> list:
+  """`count` generated rows of `kind` (`REWARD_DATA`: preference pairs, judged responses,
+  judged responses with references) of levels 1-2: the reward-model fits' default data
+  (the task record's `reward_data`)."""
+  if kind not in REWARD_DATA:
+    raise ValueError(f"reward data kind {kind!r}; allowed: {', '.join(REWARD_DATA)}.")
+  return list(REWARD_DATA[kind](seed, count))

@@ -1,7 +1,7 @@
 """The tasks a run can score, in one table: each task's scoring rule and, for the built-in
 ones, its problem generator.
 
-    Task(name, scoring, verifier=None, generate=None, description="")
+    Task(name, scoring, verifier=None, generate=None, description="", ...)
     register_task(task)             a task of one's own, from Python (again: replaced)
     get_task(name) -> Task          KeyError naming the known tasks
     known_tasks() -> tuple[str]
@@ -10,8 +10,10 @@ ones, its problem generator.
 `fn(response, answer) -> Judgement | bool | float` run in killable workers), 'math'
 (rewards/math.py's equivalence, with `reward.math_extractor`) or 'sandbox' (the code
 sandbox, rewards/code.py). rewards/router.py builds the scorers from this table;
-training/build.py generates the arith variant's problems from it; `data.task` is checked
-against it. A task that is in no table is scored only by `reward.function`.
+training/ reads a built-in task's run from its record (the problems, the prompt prefix,
+the levels, the model from scratch, the run rules, the warm start) and imports no task
+module; `data.task` is checked against it. A task that is in no table is scored only by
+`reward.function`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Callable
 
 from rlhf_jax.registry import Registry
 from rlhf_jax.tasks import arith
+from rlhf_jax.tasks import arith_rewards
 from rlhf_jax.tasks import demonstrations
 from rlhf_jax.tasks import pycalc
 from rlhf_jax.tasks import toolcalc
@@ -47,6 +50,18 @@ class Task:
       prompt_length, response_length, direct_fraction, slip_rate) -> make_batch(step)`,
       the warm start's SFT batches (training/stages.py).
     description: one line for error messages and docs.
+    prompt_prefix: the special tokens before every prompt with the task's own tokenizer
+      (the warm start saves them with the checkpoint).
+    levels: the difficulty levels `generate` and `demonstrations` take (`data.levels`,
+      `sft.levels` are checked among them).
+    model_config: `fn(*, vocab_size, hidden_size, num_layers, num_heads, max_positions)
+      -> DecoderConfig`, the model from scratch its warm start trains (`model.*` sizes).
+    validate_run: `fn(c, mode)`, the run settings the task assumes (`mode`: the run's
+      RolloutMode); raises ConfigError naming the field.
+    check_warm_start: `fn(directory)`, raises ConfigError (naming model.checkpoint) when
+      a warm start found there cannot do the task.
+    reward_data: `fn(kind, seed, count) -> list`, generated reward-model data ('pairs',
+      'judged', 'judged_with_references'): the reward-model fits' default data.
   """
   name: str
   scoring: str
@@ -56,6 +71,18 @@ class Task:
   demonstrations: Callable | None = None
   description: str = ""
   extract: Callable | None = None
+  prompt_prefix: tuple[str, ...] = ()
+  levels: tuple[int, ...] = ()
+  model_config: Callable | None = None
+  validate_run: Callable | None = None
+  check_warm_start: Callable | None = None
+  reward_data: Callable | None = None
+
+  @property
+  def warm_start(self) -> bool:
+    """Whether the task trains its own warm start from scratch (<workdir>/sft): it has
+    a tokenizer, demonstrations and a model shape."""
+    return None not in (self.tokenizer, self.demonstrations, self.model_config)
 
   def __post_init__(self):
     if self.scoring not in SCORINGS:
@@ -115,22 +142,35 @@ def known_tasks() -> tuple[str, ...]:
 
 
 def generated_tasks() -> tuple[str, ...]:
-  """The tasks with a problem generator (the arith variant's `data.task` choices)."""
+  """The tasks with a problem generator (the built-in runs' `data.task` choices)."""
   return tuple(sorted(name for name, t in TASKS.items() if t.generate is not None))
+
+
+def task_levels(name: str) -> tuple[int, ...]:
+  """The difficulty levels of task `name` (its record's), or the arith task's when it is
+  not a registered task with levels (the `data.task` check names it first)."""
+  task = TASKS[name] if name in TASKS else None
+  return task.levels if task is not None and task.levels else TASKS[arith.TASK].levels
 
 
 for _task in (
     Task(arith.TASK, "verifier", verifier=arith.verify, generate=arith.examples,
          tokenizer=arith.tokenizer, demonstrations=demonstrations.arith_sft_batches,
          description="worked arithmetic; the last 'Answer: N' line, as an integer",
-         extract=arith.extract_answer),
+         extract=arith.extract_answer, prompt_prefix=arith.PROMPT_PREFIX,
+         levels=tuple(sorted(arith.LEVELS)), model_config=arith.model_config,
+         reward_data=arith_rewards.reward_data),
     Task(toolcalc.TASK, "verifier", verifier=toolcalc.verify, generate=toolcalc.examples,
          tokenizer=toolcalc.tokenizer, demonstrations=toolcalc.sft_batches,
          description="products with a calculator tool (multi-turn)",
-         extract=arith.extract_answer),
+         extract=arith.extract_answer, prompt_prefix=arith.PROMPT_PREFIX,
+         levels=tuple(sorted(toolcalc.LEVELS)), model_config=arith.model_config,
+         validate_run=toolcalc.validate_run, check_warm_start=toolcalc.check_warm_start),
     Task(pycalc.TASK, "sandbox", generate=pycalc.examples, tokenizer=arith.tokenizer,
          demonstrations=demonstrations.pycalc_sft_batches,
-         description="arithmetic as a Python program, run in the sandbox"),
+         description="arithmetic as a Python program, run in the sandbox",
+         prompt_prefix=arith.PROMPT_PREFIX, levels=tuple(sorted(arith.LEVELS)),
+         model_config=arith.model_config),
     Task("math", "math", description="math-verify equivalence of the final answer"),
     Task("code", "sandbox", description="a Python program against unit tests, sandboxed"),
 ):

@@ -120,6 +120,19 @@ def tokenizer():
   return models.build_character_tokenizer(ALPHABET)
 
 
+def check_warm_start(directory: str) -> None:
+  """Raises ConfigError (naming model.checkpoint) when the warm start in `directory` cannot
+  write a tool call: an arith warm start (no braces, quotes or tags) found where the
+  toolcalc one belongs."""
+  from rlhf_jax import models  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.config_errors import invalid  # pylint: disable=import-outside-toplevel
+  try:
+    models.Tokenizer.from_directory(directory).encode(ALPHABET)
+  except Exception:  # pylint: disable=broad-except
+    invalid("model.checkpoint", directory, "holds a warm start whose tokenizer cannot write "
+            "toolcalc's tool calls (an arith one?); delete it to train the toolcalc warm start")
+
+
 def validate_run(c, mode) -> None:
   """The settings the task's demonstrations assume: episodes with an environment (`mode`,
   the run's `rollout.modes.RolloutMode`, needs one) whose calling turn ends at

@@ -47,8 +47,6 @@ from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.rollout import windows as rollout_windows
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import registry as task_registry
-from rlhf_jax.tasks import toolcalc
-from rlhf_jax.tasks.arith import LEVELS as ARITH_LEVELS
 from rlhf_jax.training import loggers as loggers_lib
 
 __all__ = ["VARIANTS", "LEARNERS", "base_config", "sibling_preset", "validate_config",
@@ -165,9 +163,9 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   env_config_lib.validate_env_config(c, reads_token_rewards=ppo_config.reads_token_rewards(a),
                                     episodes=rollout_modes.rollout_mode(c).needs_environment)
   validate_model_config(c.model, c.variant)
-  data_config_lib.validate_data(c.data, tasks=task_registry.generated_tasks(),
-                                levels=ARITH_LEVELS)
-  sft_lib.validate_sft(c.sft, levels=ARITH_LEVELS)
+  levels = task_registry.task_levels(c.data.task)
+  data_config_lib.validate_data(c.data, tasks=task_registry.generated_tasks(), levels=levels)
+  sft_lib.validate_sft(c.sft, levels=levels)
   reward_config_lib.validate_rule_rewards(c.reward)
   reward_config_lib.validate_reward_functions(c.reward)
   reward_config_lib.validate_reward_models(c)
@@ -183,8 +181,9 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
 def _validate_across_sections(c, *, supervised: bool) -> None:
   r = c.rollout
   _validate_estimator_inputs(c)
-  if c.variant == "arith" and c.data.task == toolcalc.TASK:
-    toolcalc.validate_run(c, rollout_modes.rollout_mode(c))
+  run_rules = task_registry.get_task(c.data.task).validate_run
+  if c.variant == "arith" and run_rules is not None:
+    run_rules(c, rollout_modes.rollout_mode(c))
   remote = c.sampler.address or c.sampler.addresses
   reference_lib.check_config(c, uses_reference=ppo_config.uses_reference(c.algorithm),
                              remote=bool(remote),

@@ -28,7 +28,6 @@ from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import modes as rollout_modes
-from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.training import run_control
 from rlhf_jax.training.build import policy_checkpoint_dir
@@ -160,8 +159,9 @@ def check_data(c, workdir: str, *, read_offline: bool = True,
       unfit("model.checkpoint", f"{directory}: the tokenizer does not load: {error}")
     distillation.check_teacher(c, directory)  # its tokenizer is the policy's
   else:
-    tokenizer = task_registry.get_task(c.data.task).tokenizer()
-    prefix = [tokenizer.backend.token_to_id(t) for t in arith.PROMPT_PREFIX]
+    task = task_registry.get_task(c.data.task)
+    tokenizer = task.tokenizer()
+    prefix = [tokenizer.backend.token_to_id(t) for t in task.prompt_prefix]
   check_reward_checkpoints(c)
   prompts = prompt_format(c, tokenizer, prefix)
   load_examples(c, prompts, scorer=scorer)

@@ -31,12 +31,13 @@ from rlhf_jax.rewards.prm import step_end_token_ids
 from rlhf_jax.rewards.router import router_for_tasks
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling import config as sampler_config_lib
-from rlhf_jax.tasks import arith
-from rlhf_jax.tasks import arith_rewards
+from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.training.loggers import progress_bar
 from rlhf_jax.training.run_control import check_workdir
 
 JUDGE_KINDS = ("genrm", "genrm_reference", "pairwise")
+# The built-in task whose generated data the fits take when no data file is given.
+DEMO_TASK = "arith"
 T = TypeVar("T")
 
 
@@ -76,7 +77,7 @@ def train_reward_model(*, policy: str, output: str, train_pairs: str = "",
   `train_pairs` (default: generated arith pairs), held-out pair accuracy before and after."""
   check_policy_and_output(policy, output)
   pairs = (read_flag_file("train_pairs", read_pairs, train_pairs) if train_pairs
-           else arith_rewards.preference_pairs(seed, num_pairs))
+           else _generated("pairs", seed, num_pairs))
   held = read_flag_file("eval_pairs", read_pairs, eval_pairs) if eval_pairs else None
   train, held_out = split_held_out(pairs, held, eval_fraction)
   model, params = rt.scalar_model_from_policy(policy)
@@ -89,6 +90,12 @@ def train_reward_model(*, policy: str, output: str, train_pairs: str = "",
   return {"checkpoint": output, "train_pairs": len(train), "held_out_pairs": len(held_out),
           "pair_accuracy_before": result.before, "pair_accuracy": result.after,
           "final_loss": result.losses[-1], "seconds": round(result.seconds, 1)}
+
+
+def _generated(kind: str, seed: int, count: int) -> list:
+  """`count` generated rows of `kind` of the built-in task's reward-model data
+  (`DEMO_TASK`'s record: `reward_data`)."""
+  return task_registry.get_task(DEMO_TASK).reward_data(kind, seed, count)
 
 
 def read_judged(path: str) -> list[tuple[Example, str, bool]]:
@@ -112,15 +119,14 @@ def judge_questions(kind: str, *, judged: str = "", pairs: str = "",
     raise ConfigError(f"--kind={kind!r}: must be one of {', '.join(JUDGE_KINDS)}")
   if kind in ("genrm", "genrm_reference"):
     with_reference = kind == "genrm_reference"
-    generate = (arith_rewards.judged_with_references if with_reference
-                else arith_rewards.judged_responses)
     rows = (read_flag_file("judged", read_judged, judged) if judged
-            else generate(seed, num_examples))
+            else _generated("judged_with_references" if with_reference else "judged",
+                            seed, num_examples))
     template = genrm.REFERENCE_TEMPLATE if with_reference else genrm.GT_TEMPLATE
     return rt.genrm_sft_pairs(rows, template=template, yes="Y", no="N",
                               reference_key=reference_key), ("Y", "N")
   preference = (read_flag_file("pairs", read_pairs, pairs) if pairs
-                else arith_rewards.preference_pairs(seed, num_examples // 2))
+                else _generated("pairs", seed, num_examples // 2))
   return rt.pairwise_sft_pairs(preference, template=pairwise.PAIR_TEMPLATE, first="A",
                                second="B"), ("A", "B")
 
@@ -202,7 +208,8 @@ def train_prm(*, policy: str, output: str, prompts: str = "", num_prompts: int =
   and step-label accuracy."""
   check_policy_and_output(policy, output)
   examples = (read_flag_file("prompts", read_examples, prompts)[:num_prompts] if prompts
-              else arith.examples(seed + 5, num_prompts, (1, 2)))
+              else task_registry.get_task(DEMO_TASK).generate(seed + 5, num_prompts, (1, 2),
+                                                              None))
   train_prompts, held_prompts = split_held_out(examples, None, eval_fraction)
   layout = rt.policy_layout(policy, prompt_length, max_new_tokens + 1)
   step_ends = step_end_token_ids(layout.tokenizer, step_delimiter)

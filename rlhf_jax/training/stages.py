@@ -27,7 +27,6 @@ from rlhf_jax import parallel
 from rlhf_jax.algorithms.sft import run_sft
 from rlhf_jax.algorithms.sft import supervised_batches
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import unfit
 from rlhf_jax.data.conversations import check_characters
 from rlhf_jax.data.conversations import check_row
@@ -36,6 +35,7 @@ from rlhf_jax.data.conversations import supervised_row
 from rlhf_jax.data.sources import read_records
 from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import write_labelled
+from rlhf_jax.models.config import scratch_decoder
 from rlhf_jax.models.hf import checks as checkpoint_checks
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import build as reward_build
@@ -44,9 +44,7 @@ from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.rollout.evaluation import evaluate_policy
 from rlhf_jax.sampling import config as sampler_config_lib
-from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import registry as task_registry
-from rlhf_jax.tasks import toolcalc
 from rlhf_jax.training import build
 from rlhf_jax.training import inputs
 from rlhf_jax.training import checkpoint as checkpoint_lib
@@ -211,20 +209,20 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   """The arith warm start: trains and saves `policy_checkpoint_dir` unless it exists
   (a 3-layer decoder and the character tokenizer, created locally). Returns the directory."""
   directory = build.policy_checkpoint_dir(c, workdir)
+  task = task_registry.get_task(c.data.task)
   if os.path.exists(os.path.join(directory, "config.json")):
-    if c.data.task == toolcalc.TASK:
-      check_toolcalc_tokenizer(directory)
+    if task.check_warm_start is not None:
+      task.check_warm_start(directory)
     log(f"SFT warm start: {directory} (delete it to train a new one)")
     return directory
   log(f"no SFT checkpoint in {directory}: training the arith warm start from scratch "
       f"({c.sft.steps} steps)")
-  task = task_registry.get_task(c.data.task)
   tokenizer = task.tokenizer()
-  model, params = models.init_model(arith.model_config(
+  model, params = models.init_model(task.model_config(
       vocab_size=tokenizer.vocab_size, hidden_size=c.model.hidden_size,
       num_layers=c.model.num_layers, num_heads=c.model.num_heads,
       max_positions=sampler_positions(c)), seed=c.seed)
-  prefix = [tokenizer.backend.token_to_id(token) for token in arith.PROMPT_PREFIX]
+  prefix = [tokenizer.backend.token_to_id(token) for token in task.prompt_prefix]
   common = dict(seed=c.seed + 17, batch_size=c.sft.batch_size, levels=tuple(c.sft.levels),
                 weights=tuple(c.sft.level_weights), prompt_prefix=prefix,
                 prompt_length=c.data.prompt_length,
@@ -235,7 +233,7 @@ def ensure_arith_warm_start(c, workdir: str, log: Callable[[str], None] = print)
   # Written aside and renamed, so an interrupted save never looks like a checkpoint.
   partial = directory.rstrip("/") + ".partial"
   shutil.rmtree(partial, ignore_errors=True)
-  models.save_policy(partial, model, result.params, tokenizer, list(arith.PROMPT_PREFIX))
+  models.save_policy(partial, model, result.params, tokenizer, list(task.prompt_prefix))
   if os.path.exists(directory):  # a leftover without config.json
     shutil.rmtree(directory)
   os.replace(partial, directory)
@@ -320,10 +318,9 @@ def _supervised_start(c, records, log):
       f"{c.model.num_layers}-layer model from scratch")
   tokenizer = models.train_bpe_tokenizer(corpus, vocab_size=c.sft.vocab_size)
   tokenizer.chat_template = models.tokenizer.CHATML_JINJA
-  model, params = models.init_model(arith.model_config(
-      vocab_size=tokenizer.vocab_size, hidden_size=c.model.hidden_size,
-      num_layers=c.model.num_layers, num_heads=c.model.num_heads,
-      max_positions=sampler_positions(c)), seed=c.seed)
+  model, params = models.init_model(scratch_decoder(
+      c.model, vocab_size=tokenizer.vocab_size, max_positions=sampler_positions(c)),
+      seed=c.seed)
   return model, params, tokenizer, []
 
 
@@ -339,18 +336,6 @@ def _run_with_bar(model, params, make_batch, c, what: str):
   with loggers_lib.progress_bar(c.sft.steps, what) as progress:  # plain lines in a log
     return run_sft(model, params, make_batch, steps=c.sft.steps,
                    learning_rate=c.sft.learning_rate, progress=progress)
-
-
-def check_toolcalc_tokenizer(directory: str) -> None:
-  """Raises ConfigError (naming model.checkpoint) when the warm start in `directory` cannot
-  write a tool call: an arith warm start (no braces, quotes or tags) found where the
-  toolcalc one belongs."""
-  tokenizer = models.Tokenizer.from_directory(directory)
-  try:
-    tokenizer.encode(toolcalc.ALPHABET)
-  except Exception:  # pylint: disable=broad-except
-    invalid("model.checkpoint", directory, "holds a warm start whose tokenizer cannot write "
-            "toolcalc's tool calls (an arith one?); delete it to train the toolcalc warm start")
 
 
 def label_samples(c, policy, sampler, scorer, examples, *, chunk: int = 256,
