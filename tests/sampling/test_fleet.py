@@ -15,6 +15,7 @@ from rlhf_jax.sampling import server as server_lib
 from rlhf_jax.sampling.fleet import FleetUnavailableError
 from rlhf_jax.sampling.fleet import SamplerFleet
 from rlhf_jax.sampling.scheduler import Scheduler
+from tests.sampling.holds import Hold
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                               num_kv_heads=2, head_dim=8, intermediate_size=48)
@@ -89,12 +90,11 @@ def test_a_server_killed_mid_step_loses_nothing_and_a_returning_one_gets_the_wei
   victim = servers[1]
   result = {}
   worker = threading.Thread(target=lambda: result.update(out=fleet.generate(PROMPTS, SAMPLING)))
-  worker.start()
-  deadline = time.monotonic() + 30
-  while victim.service.metrics()["slots_busy"] == 0:  # wait until it is sampling
-    assert time.monotonic() < deadline
-    time.sleep(0.002)
-  victim.kill()
+  with Hold(victim.service.scheduler) as hold:
+    worker.start()
+    hold.wait()  # its samples drew tokens and wait in its held loop: none can finish
+    victim.server.stop(grace=None)  # killed mid-step, its calls dropped
+  victim.service.stop()
   worker.join(60)
   assert not worker.is_alive()
   assert tokens(result["out"]) == expected(NEW_PARAMS, 3)
@@ -140,12 +140,16 @@ def test_a_fleet_waits_for_a_server_to_come_back(fleet):
   for s in servers:
     s.kill()
   back = []
-  restart = threading.Timer(1.0, lambda: back.append(Server(port=servers[0].port)))
-  restart.start()
+
+  def log(line):
+    logs.append(line)
+    if "waiting up to" in line:  # the fleet knows every server is gone: one comes back
+      back.append(Server(port=servers[0].port))
+
+  fleet.log = log
   try:
     assert tokens(fleet.generate(PROMPTS[:2], SAMPLING)) == expected()[:2]
   finally:
-    restart.join()
     for s in back:
       s.kill()
   assert any("waiting up to 60 s" in line for line in logs), logs
