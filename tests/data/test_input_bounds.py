@@ -82,10 +82,10 @@ def test_a_row_longer_than_its_tokens_can_hold_is_refused_before_rendering(chat)
 def test_a_50_megabyte_row_is_refused_in_well_under_a_second():
   prompts = PromptFormat(UntouchableTokenizer(), chat_template="always", prompt_length=512,
                          system_prompt="Be brief.")
-  start = time.perf_counter()
+  start = time.thread_time()  # this thread's CPU seconds: other processes' load adds none
   with pytest.raises(PromptError, match="the prompt has 50000009 characters"):
     prompts.encode(Example(prompt="x" * 50_000_000, answer="", task="t"), "big.jsonl:1")
-  assert time.perf_counter() - start < 1.0
+  assert time.thread_time() - start < 1.0
 
 
 @pytest.mark.parametrize("record,characters", [

@@ -164,12 +164,15 @@ _HELD = []
 
 class Hog(Countdown):
   """Holds RLHF_JAX_HOG_MB more megabytes (touched) at each step, in a module list: a
-  leak that outlives the call."""
+  leak that outlives the call. A worker's first step returns; a later one, past the
+  test's limit, waits until the memory watchdog ends the worker (else the call's timeout
+  does, and the test sees a timeout, not a memory failure)."""
 
   def step(self, action):
     import os  # pylint: disable=import-outside-toplevel
     _HELD.append(bytearray(b"x" * (int(os.environ.get("RLHF_JAX_HOG_MB", "0")) << 20)))
-    time.sleep(0.5)  # the watchdog looks every 0.2 s
+    if len(_HELD) > 1:
+      time.sleep(600)
     return StepResult(observation=f" held {len(_HELD)}")
 
 
@@ -186,8 +189,9 @@ class Injecting(Countdown):
 
 
 class ChildHog(Countdown):
-  """Starts a process that holds 300 MB, reports its pid, and waits while it grows: the
-  memory of what an environment starts counts against its worker."""
+  """Starts a process that holds 300 MB, reports its pid, and waits until the memory
+  watchdog ends the worker (else the call's timeout does): the memory of what an
+  environment starts counts against its worker."""
 
   def step(self, action):
     import subprocess  # pylint: disable=import-outside-toplevel
@@ -195,5 +199,5 @@ class ChildHog(Countdown):
     child = subprocess.Popen([sys.executable, "-c", "import time; x = b'x' * (300 << 20); "
                               "time.sleep(600)"])
     print(child.pid, flush=True)
-    time.sleep(5)  # the watchdog scans the group once a second
+    time.sleep(600)
     return StepResult(observation=str(child.pid))
