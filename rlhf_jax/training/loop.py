@@ -276,37 +276,41 @@ class Trainer:
     if release_lock:
       self.lock.release()
 
-  def train(self, summary: dict[str, Any], start: float, progress,
+  def train(self, summary: dict[str, Any], start: float,
             signals: run_control.StopSignals) -> None:
     """The loop: a step, its evaluation, its records and checkpoint, until `train.steps`
     (or a stop asked for by a signal, after a step's records: `run_control`)."""
     c = self.config
-    if self.held_out and c.train.eval_every and self.step == 0:  # 0: evaluation off
-      first = self.evaluate()
-      summary["eval_accuracy_start"] = first["eval_accuracy"]
-      self.metrics.write({"step": self.step, **first})
-      self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
-    first = True  # of this process: it compiles the step's programs
-    while self.step < c.train.steps:
-      run_control.stop_if_asked(self, signals)  # every record of `self.step` is written
-      if self.fleet is not None and self.synchronous:
-        # what a checkpoint of this step holds if the fleet is lost while sampling
-        self.step_start = (self.step, json.loads(json.dumps(self.rollout.state())))
-      metrics = self._first_step_said() if first else self.train_step()
-      first = False
-      if self.held_out and c.train.eval_every and (self.step % c.train.eval_every == 0
-                                                   or self.step == c.train.steps):
-        metrics.update(self.evaluate())
-        summary["eval_accuracy_end"] = metrics["eval_accuracy"]
-        self.log(f"step {self.step}: held-out accuracy {metrics['eval_accuracy']:.3f}")
-      metrics["elapsed_s"] = time.perf_counter() - start
-      self.metrics.write(metrics)
-      self.recorded_step = self.step
-      progress.update(metrics)
-      if self.step % c.train.log_every == 0 and not self.show_progress:
-        self.log(f"step {self.step}/{c.train.steps}: {metrics_lib.summary_line(metrics)}")
-      if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
-        self.save()
+    progress = metrics_lib.Progress(c.train.steps, self.step, disable=not self.show_progress)
+    try:
+      if self.held_out and c.train.eval_every and self.step == 0:  # 0: evaluation off
+        first = self.evaluate()
+        summary["eval_accuracy_start"] = first["eval_accuracy"]
+        self.metrics.write({"step": self.step, **first})
+        self.log(f"step {self.step}: held-out accuracy {first['eval_accuracy']:.3f}")
+      first = True  # of this process: it compiles the step's programs
+      while self.step < c.train.steps:
+        run_control.stop_if_asked(self, signals)  # every record of `self.step` is written
+        if self.fleet is not None and self.synchronous:
+          # what a checkpoint of this step holds if the fleet is lost while sampling
+          self.step_start = (self.step, json.loads(json.dumps(self.rollout.state())))
+        metrics = self._first_step_said() if first else self.train_step()
+        first = False
+        if self.held_out and c.train.eval_every and (self.step % c.train.eval_every == 0
+                                                     or self.step == c.train.steps):
+          metrics.update(self.evaluate())
+          summary["eval_accuracy_end"] = metrics["eval_accuracy"]
+          self.log(f"step {self.step}: held-out accuracy {metrics['eval_accuracy']:.3f}")
+        metrics["elapsed_s"] = time.perf_counter() - start
+        self.metrics.write(metrics)
+        self.recorded_step = self.step
+        progress.update(metrics)
+        if self.step % c.train.log_every == 0 and not self.show_progress:
+          self.log(f"step {self.step}/{c.train.steps}: {metrics_lib.summary_line(metrics)}")
+        if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
+          self.save()
+    finally:
+      progress.close()
 
   def _first_step_said(self) -> dict[str, float]:
     """The process's first step, announced: it compiles the sampler's and the learner's

@@ -34,7 +34,6 @@ from rlhf_jax import parallel
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import unfit
 from rlhf_jax.sampling.protocol import SamplerUnavailable
-from rlhf_jax.training import metrics as metrics_lib
 
 LOCK_FILE = "trainer.lock"
 
@@ -203,13 +202,11 @@ def run_to_end(trainer) -> dict[str, Any]:
   """
   start = time.perf_counter()
   summary: dict[str, Any] = {}
-  progress = metrics_lib.Progress(trainer.config.train.steps, trainer.step,
-                                  disable=not trainer.show_progress)
   failed = True  # until the last step is done: the loggers mark their runs failed
   policy = None
   try:
     with StopSignals() as signals:
-      trainer.train(summary, start, progress, signals)
+      trainer.train(summary, start, signals)
     failed = False
   except KeyboardInterrupt:
     trainer.log(f"interrupted at once during step {trainer.recorded_step + 1}: nothing "
@@ -218,7 +215,6 @@ def run_to_end(trainer) -> dict[str, Any]:
   except SamplerUnavailable as error:
     stop_on_fleet_loss(trainer, error)
   finally:
-    progress.close()
     try:
       trainer.close(failed=failed, release_lock=False)
       if not failed:  # written while the workdir is still this run's
