@@ -7,6 +7,7 @@ its own episode."""
 
 import logging
 
+import jax
 import numpy as np
 import pytest
 
@@ -74,13 +75,24 @@ def collect_once(prompts, **options):
     mode.close()
 
 
-def full_forward_logprobs(tokens):
-  """log π(x_t | x_<t) of every token after the first, by a plain forward, float64."""
-  logits, _ = MODEL.apply(PARAMS, np.asarray([tokens], np.int32))
-  logits = np.asarray(logits[0], np.float64)
-  logits -= logits.max(axis=-1, keepdims=True)
-  log_softmax = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-  return np.array([log_softmax[t - 1, tokens[t]] for t in range(1, len(tokens))])
+# One compiled forward for every row: rows are right-padded to one length, and a causal
+# model's logits at a position never see the padding after it.
+_FORWARD = jax.jit(lambda tokens: MODEL.apply(PARAMS, tokens)[0])
+
+
+def full_forward_logprobs(rows):
+  """log π(x_t | x_<t) of every token after the first of each row (a list of token lists),
+  by a plain forward over the rows padded to PROMPT_LENGTH + MAX_TOKENS, float64."""
+  padded = np.zeros((len(rows), PROMPT_LENGTH + MAX_TOKENS), np.int32)
+  for row, tokens in enumerate(rows):
+    padded[row, :len(tokens)] = tokens
+  all_logits = np.asarray(_FORWARD(padded), np.float64)
+  out = []
+  for logits, tokens in zip(all_logits, rows):
+    logits = logits[:len(tokens)] - logits[:len(tokens)].max(axis=-1, keepdims=True)
+    log_softmax = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    out.append(np.array([log_softmax[t - 1, tokens[t]] for t in range(1, len(tokens))]))
+  return out
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +132,13 @@ def test_the_row_is_the_tokens_as_drawn_and_encoded_once(collected):
 def test_model_token_logprobs_equal_a_full_forward_over_the_row(collected):
   _, _, rollouts = collected
   batch = rollouts.batch
-  for row in range(batch.tokens.shape[0]):
-    n = int(batch.lengths[row])
+  lengths = [int(n) for n in batch.lengths]
+  rows = []
+  for row, n in enumerate(lengths):
     start = PROMPT_LENGTH - int(np.asarray(batch.attention_mask[row][:PROMPT_LENGTH]).sum())
-    tokens = np.asarray(batch.tokens[row])[start:PROMPT_LENGTH + n].tolist()
-    reference = full_forward_logprobs(tokens)[-n:]
+    rows.append(np.asarray(batch.tokens[row])[start:PROMPT_LENGTH + n].tolist())
+  for row, (n, row_logprobs) in enumerate(zip(lengths, full_forward_logprobs(rows))):
+    reference = row_logprobs[-n:]
     mask = np.asarray(batch.response_mask[row][:n]) > 0
     assert mask.any()
     np.testing.assert_allclose(np.asarray(batch.sampler_logprobs[row][:n])[mask],
