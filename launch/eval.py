@@ -15,15 +15,15 @@ data_source and level, and the paired difference of two checkpoints.
 
 With --config (a preset as train.py takes it, with the same --config.* overrides) the
 held-out rows are read, rendered and scored exactly as train.py reads, renders and
-scores them: `data.eval_file` (or the generated problems of the arith variant, the same
+scores them: `data.eval_file` (or the generated problems of the :arith preset, the same
 seeds) with `data.columns`, `default_task`, `answer_format`, `chat_template`,
 `system_prompt`; the run's reward section (`reward.function`, `reward.math_extractor`,
 ...) through rewards/build.py's evaluation scorer; the run's sampler, response cap
 (`rollout.max_new_tokens`) and rollout mode (whole episodes for multi-turn). The
 checkpoint replaces `model.checkpoint`; `--data=FILE` is `--config.data.eval_file=FILE`.
 Without --config, --data / --arith_* / --max_new_tokens / --prompt_length /
---num_slots build the config instead (the hf variant's defaults with --data, else the
-arith variant's generated problems: --arith_seed S are those of a run with seed S - 2)
+--num_slots build the config instead (the task-neutral defaults with --data, else the
+arith task's generated problems: --arith_seed S are those of a run with seed S - 2)
 and the same code runs.
 
 Greedy accuracy is one response per prompt at temperature 0 (train.py's
@@ -53,7 +53,7 @@ from ml_collections import config_flags
 
 FIRE_MODES = ("none", "first_token", "every_line")
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Preset file (configs/*.py:variant), as train.py takes it.",
+    "config", None, "Preset file (configs/*.py:arith or :hf[,cpu]), as train.py takes it.",
     lock_config=True)
 _CHECKPOINT = flags.DEFINE_list("checkpoint", None, "HF checkpoint directories of policies.")
 _COMPARE = flags.DEFINE_string("compare", "", "A checkpoint to compare with the first "
@@ -109,8 +109,8 @@ def _check_flags() -> None:
 
 
 def _flag_config():
-  """The config of the form without --config: the hf variant's defaults reading --data,
-  or the arith variant's generated problems (--arith_*), sized by the flags."""
+  """The config of the form without --config: the task-neutral defaults reading --data,
+  or the arith task's generated problems (--arith_*), sized by the flags."""
   from rlhf_jax.config_errors import ConfigError
   from rlhf_jax.training.config import base_config
   c = base_config("hf" if _DATA.value else "arith")
@@ -159,12 +159,12 @@ def _run_config(checkpoint: str):
   c.model.checkpoint = checkpoint
   if _DATA.value:
     c.data.eval_file = _DATA.value
-  if c.variant == "hf" and not c.data.eval_file:
+  if not c.data.task and not c.data.eval_file:
     unfit("data.eval_file", "empty: eval.py evaluates held-out rows "
           "(--config.data.eval_file=FILE or --data=FILE)")
   if c.data.eval_file and not os.path.isfile(c.data.eval_file):
     invalid("data.eval_file", c.data.eval_file, "must be an existing .jsonl/.parquet file")
-  if c.variant == "hf" and not c.data.train_file:
+  if not c.data.task and not c.data.train_file:
     # train.py's check asks for a prompt file; eval.py reads only data.eval_file.
     c.data.train_file = c.data.eval_file
   validate_config(c, num_devices=jax.device_count())

@@ -20,7 +20,7 @@ import json
 from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:variant).",
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:arith or :hf[,cpu]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (arith: the warm start in sft/).")
 _OUTPUT = flags.DEFINE_string("output", None, "Labelled samples (.jsonl/.parquet).")
@@ -51,9 +51,9 @@ def main(argv) -> None:
   c.data.offline_file = _OUTPUT.value  # the file this writes (the offline presets need one)
   # The whole config, first: before the policy loads or anything compiles.
   validate_config(c, num_devices=jax.device_count(), labelling=True)
-  if not c.data.train_file and c.variant != "arith":
+  if not c.data.train_file and not c.data.task:
     invalid("data.train_file", c.data.train_file, "the prompts to sample (a .jsonl/.parquet "
-            "file) are required for the hf variant")
+            "file) are required without data.task (a built-in task's generated problems)")
   # The workdir, checkpoint and data files before loading (offline_file is the output).
   inputs.check_data(c, _WORKDIR.value, read_offline=False)
   if _VALIDATE_ONLY.value:

@@ -25,7 +25,7 @@ import json
 from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:variant).",
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:arith or :hf[,cpu]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (arith: the warm start in sft/).")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Data-collection rounds (round 0: π_ref only).")

@@ -4,9 +4,9 @@ r"""Pre-PPO prompt selection: keep the prompts the current policy finds hardest.
       --config.model.checkpoint=DIR --config.data.train_file=prompts.parquet \
       --output=hard.jsonl --fraction=0.1 --samples=4
   python launch/select_prompts.py --config=configs/pycalc.py --workdir=/tmp/pycalc \
-      --output=/tmp/hard_pycalc.jsonl          # arith variant: generated problems
+      --output=/tmp/hard_pycalc.jsonl          # :arith preset: generated problems
 
-The policy (`model.checkpoint`, or <workdir>/sft for the arith variant) samples
+The policy (`model.checkpoint`, or <workdir>/sft for a built-in task's run) samples
 --samples responses per training prompt with the preset's rollout settings; the
 `reward` section's scorer scores them. Mean scores are normalised per task and the
 lowest --fraction is written (JSONL, or Parquet by extension) with `prepo_score` and
@@ -21,7 +21,7 @@ import json
 from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:variant).",
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:arith or :hf[,cpu]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (arith: the warm start in sft/).")
 _OUTPUT = flags.DEFINE_string("output", None, "Where to write the selection (.jsonl/.parquet).")
@@ -59,7 +59,7 @@ def main(argv) -> None:
   c = _CONFIG.value
   validate_config(c, num_devices=jax.device_count())
   inputs.check_data(c, _WORKDIR.value)  # workdir, checkpoint, data files: before loading
-  if c.variant == "arith" and not (c.model.checkpoint or _WORKDIR.value):
+  if c.data.task and not (c.model.checkpoint or _WORKDIR.value):
     raise ConfigError("--workdir (with the warm start in <workdir>/sft) or "
                       "--config.model.checkpoint is required")
   if _VALIDATE_ONLY.value:

@@ -6,9 +6,9 @@ r"""Trains a policy with an RL preset.
       --config.data.train_file=train.jsonl --config.data.eval_file=eval.jsonl --workdir=DIR
 
 The config is validated before anything loads or compiles; a bad field is reported
-in one line naming its full path (exit status 2). For the arith variant the SFT
-warm start runs first when <workdir>/sft (or --config.model.checkpoint) does not
-exist, and for rollout.mode 'offline' (DPO, DQO) the labelled samples of the warm
+in one line naming its full path (exit status 2). For a built-in task's run (the
+:arith presets) the SFT warm start runs first when <workdir>/sft (or
+--config.model.checkpoint) does not exist, and for rollout.mode 'offline' (DPO, DQO) the labelled samples of the warm
 start are written to <workdir>/offline.jsonl when data.offline_file is empty. Metrics go
 to <workdir>/metrics.jsonl; a progress bar goes to the console; the last line is a JSON
 summary. All of it is `rlhf_jax.training.run(config, workdir)`, callable from Python.
@@ -28,7 +28,7 @@ from __future__ import annotations
 from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:variant).",
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Preset file (configs/*.py:arith or :hf[,cpu]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
 _VALIDATE_ONLY = flags.DEFINE_bool("validate_only", False, "Check the config and exit "

@@ -61,6 +61,11 @@ def config_overrides(argv: list[str], flag: str = "config") -> list[Override]:
   return overrides
 
 
+# Fields that are gone, and what replaced them (the hint of their unknown-field error).
+RETIRED_FIELDS = {"variant": "the variant is now the preset's overlay: "
+                             "--config=configs/<preset>.py:arith (or :hf, :hf,cpu)"}
+
+
 def _lookup(config, path: str) -> tuple[Any, str]:
   """(the section holding the field at `path`, the field's name); ConfigError naming
   the path as an unknown field when a part of it is not in the tree."""
@@ -73,6 +78,8 @@ def _lookup(config, path: str) -> tuple[Any, str]:
                     f"({type(node).__name__}), not a section")
     if name not in node:  # a peer's name (TRL's num_generations) gets our field's
       hint = peer_hint(path, lambda field: _has_field(config, field))
+      if depth == 0 and name in RETIRED_FIELDS:
+        hint = RETIRED_FIELDS[name]
       if hint is None and not difflib.get_close_matches(name, list(node.keys()), cutoff=0.6):
         hint = _elsewhere(config, name)  # a field of another section: config.temperature
       unknown_field(".".join(parts[:depth + 1]), node.keys(), hint or "")
@@ -132,14 +139,14 @@ def _preset_spec(argv: list[str], name: str) -> str | None:
 
 
 def check_config_file(spec: str, flag: str = "config") -> None:
-  """`--<flag>=<spec>` (`file.py[:variant]`) names an existing Python file that compiles."""
+  """`--<flag>=<spec>` (`file.py[:base[,overlay]]`) names an existing Python file that compiles."""
   path = spec.split(":", 1)[0]
   where = f"--{flag}={spec}"
   if not path:
     raise ConfigError(f"{where}: no config file given (e.g. configs/grpo.py:arith)")
   if not os.path.isfile(path):
     missing = "is a directory" if os.path.isdir(path) else "no such file"
-    raise ConfigError(f"{where}: {path}: {missing} (a preset is configs/<name>.py[:variant])")
+    raise ConfigError(f"{where}: {path}: {missing} (a preset is configs/<name>.py[:arith|:hf])")
   if not path.endswith(".py"):
     raise ConfigError(f"{where}: {path} is not a Python config file (a .py file with "
                       "get_config(), e.g. configs/grpo.py:arith)")
@@ -153,7 +160,7 @@ def check_config_file(spec: str, flag: str = "config") -> None:
 
 
 def _load_preset(flag_values, argv: list[str], name: str):
-  """The config that `--<name>=<file>[:variant]` in `argv` names, loaded as the flag
+  """The config that `--<name>=<file>[:base[,overlay]]` in `argv` names, loaded as the flag
   loads it; None without one (or when the file does not load: absl reports that)."""
   from absl import flags  # pylint: disable=import-outside-toplevel
   spec = _preset_spec(argv, name)
@@ -162,7 +169,7 @@ def _load_preset(flag_values, argv: list[str], name: str):
   check_config_file(spec, name)  # exists, is .py, compiles: else one line naming it
   try:
     config = flag_values[name].parser.parse(spec)
-  except ValueError as error:  # get_config's own ValueError (e.g. the variant) is the cause
+  except ValueError as error:  # get_config's own ValueError (e.g. the base) is the cause
     cause = error.__context__ if isinstance(error.__context__, ValueError) else error
     raise ConfigError(f"--{name}={spec}: {cause}") from None
   except (TypeError, NameError, ImportError, AttributeError, KeyError) as error:
@@ -244,7 +251,7 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
   checked = []
   for name in [n for n in flag_values if config_flags.is_config_flag(flag_values[n])]:
     overrides = config_overrides(expanded, name)
-    config = _load_preset(flag_values, expanded, name)  # also a bad variant: one line
+    config = _load_preset(flag_values, expanded, name)  # also a bad base or overlay: one line
     if config is not None:
       check_overrides(config, overrides)
       expanded = last_wins(expanded, config, overrides)

@@ -4,7 +4,7 @@
     python scripts/config_reference.py --check   # exit 1 if the page is out of date
 
 The fields are read from the config as the library builds it (`base_config` of each
-variant), not from a list kept by hand: while the config is built, every assignment to a
+base: the task-neutral `hf` and `arith`, the same with the built-in task's overlay), not from a list kept by hand: while the config is built, every assignment to a
 ConfigDict is traced to the line that made it. That line's comment (at its end, or the
 comment lines just above it) is the field's help, and its module and function are the
 field's owner. The launchers' own flags are read from their `flags.DEFINE_*` calls.
@@ -24,7 +24,8 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "config_reference.md"
-VARIANTS = ("arith", "hf")
+# The task-neutral base, then the base with the built-in arith task's overlay.
+BASES = ("hf", "arith")
 
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -40,8 +41,8 @@ def _caller(depth: int = 2):
   return frame
 
 
-def traced_config(variant: str) -> tuple[ml_collections.ConfigDict, dict]:
-  """The base config of `variant`, and per (ConfigDict id, field) the (file, line,
+def traced_config(base: str) -> tuple[ml_collections.ConfigDict, dict]:
+  """The base config `base` ('hf' or 'arith'), and per (ConfigDict id, field) the (file, line,
   function) of each assignment, first one first."""
   from rlhf_jax.training.config import base_config  # pylint: disable=import-outside-toplevel
   sites: dict[tuple[int, str], list[tuple[str, int, str]]] = {}
@@ -65,7 +66,7 @@ def traced_config(variant: str) -> tuple[ml_collections.ConfigDict, dict]:
   ml_collections.ConfigDict.__setattr__ = traced_setattr
   ml_collections.ConfigDict.__setitem__ = traced_setitem
   try:
-    config = base_config(variant)
+    config = base_config(base)
   finally:
     ml_collections.ConfigDict.__setattr__ = set_attribute
     ml_collections.ConfigDict.__setitem__ = set_item
@@ -166,8 +167,8 @@ def launcher_flags() -> dict[str, list[tuple[str, str, str]]]:
 
 def render() -> str:
   """The page's text."""
-  per_variant = {v: fields(*traced_config(v)) for v in VARIANTS}
-  names = list(dict.fromkeys(n for v in VARIANTS for n in per_variant[v]))
+  per_base = {v: fields(*traced_config(v)) for v in BASES}
+  names = list(dict.fromkeys(n for v in BASES for n in per_base[v]))
   sections: dict[str, list[str]] = {}
   for name in names:
     sections.setdefault(name.split(".")[0] if "." in name else "(top level)", []).append(name)
@@ -178,8 +179,10 @@ def render() -> str:
       "builds it (`rlhf_jax.training.config.base_config`), so it lists every field of every",
       "preset's base; `tests/test_config_reference.py` fails when it falls behind the code.",
       "A preset (`configs/*.py`) changes some of these defaults; `--config.<field>=value`",
-      "sets any of them on the command line. *arith* and *hf* are the two variants",
-      "(`configs/<preset>.py:arith` or `:hf`); where their defaults differ both are shown.",
+      "sets any of them on the command line. *hf* is the task-neutral base",
+      "(`configs/<preset>.py:hf`: one's checkpoint and data files); *arith* is that base with",
+      "the built-in task's overlay (`:arith`: `ARITH_RUN` in training/overlays.py); where the",
+      "overlay changes a default both are shown.",
       "The help is the comment beside the line that sets the field; *set in* is that",
       "module and function.",
       "",
@@ -190,9 +193,9 @@ def render() -> str:
     lines += [f"## {section}", "", "| field | default | help | set in |",
               "| --- | --- | --- | --- |"]
     for name in members:
-      rows = [per_variant[v].get(name) for v in VARIANTS]
+      rows = [per_base[v].get(name) for v in BASES]
       known = [r for r in rows if r is not None]
-      values = {v: per_variant[v][name]["value"] for v in VARIANTS if name in per_variant[v]}
+      values = {v: per_base[v][name]["value"] for v in BASES if name in per_base[v]}
       if len({repr(x) for x in values.values()}) == 1:
         default = _code(next(iter(values.values())))
       else:

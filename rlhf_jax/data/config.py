@@ -1,6 +1,6 @@
 """The `data` config section: where prompts come from and how rows become prompts.
 
-`data_config(arith)` builds the section with its defaults and comments;
+`data_config()` builds the section with its defaults and comments;
 `validate_data_fields` checks the fields this package owns (files, the column mapping,
 the row layout, the chat template, the curriculum); `validate_data` those and the task and
 levels, from the tables training/config.py passes in (the toolcalc run is a rule across
@@ -28,11 +28,12 @@ from rlhf_jax.models.chat_template import check_template_kwargs
 RENDERER_VARIABLES = ("messages", "add_generation_prompt", "tools", "documents")
 
 
-def data_config(arith: bool) -> ml_collections.ConfigDict:
-  """The `data` section with its defaults (`arith`: the built-in task's sizes)."""
+def data_config() -> ml_collections.ConfigDict:
+  """The `data` section with its defaults (task-neutral; a built-in task's run sets
+  `task` and its sizes: training/overlays.py's arith overlay)."""
   d = ml_collections.ConfigDict()
-  d.train_file = ""  # .jsonl/.parquet of prompts (prompt, answer, task); arith: empty = generated.
-  d.eval_file = ""  # Held-out prompts, same formats; arith: empty = generated (other seeds).
+  d.train_file = ""  # .jsonl/.parquet of prompts (prompt, answer, task); empty with data.task: generated.
+  d.eval_file = ""  # Held-out prompts, same formats; empty with data.task: generated (other seeds).
   # Other schemas: our field = the file's dotted column, e.g. verl's Parquet layout
   # "answer=reward_model.ground_truth,task=data_source" (a chat-list prompt becomes
   # messages); "answer=" alone: rows without a reference (a reward function that needs none).
@@ -59,17 +60,19 @@ def data_config(arith: bool) -> ml_collections.ConfigDict:
   # Task schedule (data/curriculum.py), e.g. "math:1,code:1@50; math:1,code:1,arith:2":
   # per phase the tasks' shares of each step's prompts; empty: the file's mix, shuffled.
   d.curriculum = ""
-  # arith variant: the built-in task: 'arith' (worked solutions, verified by the answer
-  # line), 'pycalc' (a program run in the sandbox) or 'toolcalc' (products, a calculator).
-  d.task = "arith"
+  # The built-in task whose problems are generated and whose warm start is trained from
+  # scratch: 'arith' (worked solutions, verified by the answer line), 'pycalc' (a program
+  # run in the sandbox) or 'toolcalc' (products, a calculator); empty: one's own
+  # data files and model.checkpoint (the `:arith` preset sets 'arith').
+  d.task = ""
   d.levels = (1, 2)  # arith difficulty levels of generated problems.
   d.level_weights = (1.0, 1.0)  # arith: sampling weight of each level.
   d.num_train = 20000  # arith: generated training prompts.
   d.num_eval = 256  # arith: generated held-out prompts (eval every eval_every steps).
-  d.prompt_length = 64 if arith else 512  # P: prompt tokens (left-padded; longer = error).
+  d.prompt_length = 512  # P: prompt tokens (left-padded; longer = error).
   d.shuffle = True  # Shuffle the prompts each epoch (False: file order).
   # rollout.mode 'offline' (DPO, DQO): .jsonl/.parquet of labelled samples (prompt,
-  # responses, scores) or pairs (prompt, chosen, rejected); arith: empty = labelled
+  # responses, scores) or pairs (prompt, chosen, rejected); with data.task, empty = labelled
   # samples of the warm start written to <workdir>/offline.jsonl first (the same as
   # launch/label_samples.py).
   d.offline_file = ""
@@ -85,7 +88,7 @@ def validate_data_fields(d) -> None:
   for field in ("train_file", "eval_file"):
     if d[field] and not os.path.isfile(d[field]):
       invalid(f"data.{field}", d[field], "must be an existing .jsonl/.parquet file (or empty: "
-              "generated problems for arith)")
+              "generated problems of data.task)")
   parse_columns(d.columns)
   one_of("data.answer_format", d.answer_format, ANSWER_FORMATS)
   one_of("data.chat_template", d.chat_template, CHAT_TEMPLATE_MODES)
@@ -145,7 +148,8 @@ def validate_data(d, *, tasks, levels) -> None:
   (the task table's generated tasks) and `data.levels` among `levels` (the arith task's);
   the caller passes the tables: data/ sits below tasks/."""
   validate_data_fields(d)
-  one_of("data.task", d.task, tasks)
+  if d.task:  # empty: the run's own data files
+    one_of("data.task", d.task, tasks)
   check_levels("data", d.levels, d.level_weights, allowed=levels)
 
 

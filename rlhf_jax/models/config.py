@@ -1,5 +1,5 @@
 """The run config's `model` section: the policy checkpoint, its runtime numerics, and
-the tiny arith model's shape (ml_collections; validated here, read by training/build)."""
+the shape of a model from scratch (ml_collections; validated here, read by training/build)."""
 
 from __future__ import annotations
 
@@ -17,17 +17,18 @@ from rlhf_jax.models.decoder_config import MATMUL_PRECISIONS
 from rlhf_jax.models.lora import PROJECTIONS
 
 
-def model_config(arith: bool) -> ml_collections.ConfigDict:
-  """The `model` section with its defaults (`arith`: the built-in tiny model's variant)."""
+def model_config() -> ml_collections.ConfigDict:
+  """The `model` section with its defaults (a built-in task's run changes some:
+  training/overlays.py's arith overlay)."""
   m = ml_collections.ConfigDict()
-  m.checkpoint = ""  # HF directory of the initial policy; arith: empty = <workdir>/sft.
+  m.checkpoint = ""  # HF directory of the initial policy; empty with data.task: <workdir>/sft.
   m.dtype = "float32"  # Trainer compute dtype (float32, bfloat16); params stay float32.
   # Matmul precision of the trainer's model: 'auto' (highest for float32, the backend
   # default for bfloat16), 'default' (TF32 on NVIDIA GPUs), 'high', 'highest'.
   m.matmul_precision = "auto"
   # Log-probs from the hidden states this many tokens at a time (models/lm_head.py):
   # [chunk, V] logits at a time instead of [B, R, V], forward and backward; 0 = unchunked.
-  m.logprob_chunk = 0 if arith else 1024
+  m.logprob_chunk = 1024
   # Attention kernels (models/attention/choice.py): training and scoring forwards ('auto':
   # cuDNN flash on an NVIDIA GPU, XLA elsewhere; 'xla', 'cudnn', 'pallas'), and a sampler's
   # one-token decode step ('auto': the Pallas ragged kernel on a GPU; 'xla', 'pallas').
@@ -45,14 +46,15 @@ def model_config(arith: bool) -> ml_collections.ConfigDict:
   m.lora_rank = 0
   m.lora_alpha = 32.0
   m.lora_targets = tuple(PROJECTIONS)  # any of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
-  m.hidden_size = 128  # arith tiny model: width.
-  m.num_layers = 3  # arith tiny model: layers.
-  m.num_heads = 4  # arith tiny model: query heads.
+  m.hidden_size = 128  # A model from scratch (no model.checkpoint): width.
+  m.num_layers = 3  # A model from scratch: layers.
+  m.num_heads = 4  # A model from scratch: query heads.
   return m
 
 
-def validate_model_config(m: ml_collections.ConfigDict, variant: str) -> None:
-  """`model.*`: dtypes, precisions, numerics options, and the tiny arith model's shape."""
+def validate_model_config(m: ml_collections.ConfigDict) -> None:
+  """`model.*`: dtypes, precisions, numerics options, and the shape of a model from
+  scratch (no `checkpoint`)."""
   one_of("model.dtype", m.dtype, DTYPES)
   one_of("model.matmul_precision", m.matmul_precision, MATMUL_PRECISIONS)
   one_of("model.attention_impl", m.attention_impl, ATTENTION_IMPLS)
@@ -68,7 +70,7 @@ def validate_model_config(m: ml_collections.ConfigDict, variant: str) -> None:
     if name not in PROJECTIONS:
       invalid("model.lora_targets", m.lora_targets, f"{name!r} is not a projection; allowed: "
               f"{', '.join(PROJECTIONS)}")
-  if variant == "arith":
+  if not m.checkpoint:  # a model from scratch: its heads split the width evenly
     head_dim = m.hidden_size // m.num_heads
     if m.hidden_size % m.num_heads or head_dim % 2:
       invalid("model.hidden_size", m.hidden_size, f"must be model.num_heads={m.num_heads} × "

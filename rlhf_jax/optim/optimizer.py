@@ -54,18 +54,18 @@ def make_optimizer(schedule: optax.ScalarOrSchedule, *, weight_decay: float = 0.
   return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
 
 
-def optimizer_config(arith: bool) -> ml_collections.ConfigDict:
+def optimizer_config() -> ml_collections.ConfigDict:
   """The `optimizer` section of the RL roles (actor, critic) with its defaults (one
-  comment per field); `arith`: the built-in task's rates."""
+  comment per field)."""
   o = ml_collections.ConfigDict()
-  o.learning_rate = 2e-4 if arith else 1e-6  # Actor peak learning rate.
-  o.warmup_steps = 5 if arith else 20  # Linear warmup in updates (DAPO: 20), then:
+  o.learning_rate = 1e-6  # Actor peak learning rate.
+  o.warmup_steps = 20  # Linear warmup in updates (DAPO: 20), then:
   # 'constant' (DAPO §4.1) or 'cosine' (down to final_fraction × the rate at the end).
   o.schedule = "constant"
   o.final_fraction = 0.1
   o.weight_decay = 0.0  # AdamW weight decay (DAPO script: 0.1).
   o.max_grad_norm = 1.0  # Global-norm gradient clipping.
-  o.critic_learning_rate = 1e-3 if arith else 1e-5  # Critic peak learning rate.
+  o.critic_learning_rate = 1e-5  # Critic peak learning rate.
   return o
 
 

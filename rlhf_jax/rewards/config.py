@@ -35,10 +35,9 @@ from rlhf_jax.sampling import config as sampler_config_lib
 MATH_EXTRACTORS = ("auto", "boxed", "answer_line", "gsm8k", "last_number")
 
 
-def reward_config(arith: bool) -> ml_collections.ConfigDict:
+def reward_config() -> ml_collections.ConfigDict:
   """The `reward` section with its defaults (one comment per field): the rule verifiers,
-  reward functions, the code sandbox, and the model-based fields (`add_reward_model_fields`);
-  `arith`: the built-in task's judge prompt sizes."""
+  reward functions, the code sandbox, and the model-based fields (`add_reward_model_fields`)."""
   r = ml_collections.ConfigDict()
   r.correct_score = 1.0  # Reward of a verified answer (DAPO: +1).
   r.wrong_score = -1.0  # Reward of a wrong answer (DAPO: −1).
@@ -72,7 +71,7 @@ def reward_config(arith: bool) -> ml_collections.ConfigDict:
   # (machines without user namespaces; weaker, see docs/sandbox.md).
   r.sandbox.isolation = "namespaces"
   add_reward_model_fields(  # route, rm, genrm, pairwise, process
-      r, judge_prompt_buckets=(128, 256) if arith else (2048, 3072))
+      r, judge_prompt_buckets=(2048, 3072))
   return r
 
 

@@ -146,6 +146,13 @@ def generated_tasks() -> tuple[str, ...]:
   return tuple(sorted(name for name, t in TASKS.items() if t.generate is not None))
 
 
+def builtin_run(name: str) -> Task | None:
+  """The record of a run's `data.task` when the run is that built-in task's (its problems
+  generated, its warm start trained from scratch); None for an empty `data.task`: the
+  run's own data files and `model.checkpoint`."""
+  return TASKS[name] if name else None
+
+
 def task_levels(name: str) -> tuple[int, ...]:
   """The difficulty levels of task `name` (its record's), or the arith task's when it is
   not a registered task with levels (the `data.task` check names it first)."""

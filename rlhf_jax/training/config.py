@@ -1,7 +1,8 @@
 """The trainer's config: one schema for every preset, and its validation.
 
-configs/{ppo,grpo,dapo,vcppo,vapo,tppo}.py start from `base_config(variant)` and
-change fields of the `algorithm` sub-sections and `rollout`. Each section is defined and
+configs/{ppo,grpo,dapo,vcppo,vapo,tppo}.py start from `base_config(preset)` (task-neutral;
+`arith`: with the built-in task's overlay, training/overlays.py) and change fields of the
+`algorithm` sub-sections and `rollout`. Each section is defined and
 validated by the module that owns it (the section table in `base_config`): models/
 run_config.py `model`, data/config.py `data`, algorithms/sft.py `sft`, rollout/config.py
 and rollout/modes.py `rollout`, envs/config.py `env`, sampling/config.py `sampler`,
@@ -48,41 +49,43 @@ from rlhf_jax.rollout import windows as rollout_windows
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.training import loggers as loggers_lib
+from rlhf_jax.training.overlays import arith_overlay
 
-__all__ = ["VARIANTS", "LEARNERS", "base_config", "sibling_preset", "validate_config",
+__all__ = ["PRESET_BASES", "LEARNERS", "base_config", "sibling_preset", "validate_config",
            "parse_columns"]  # parse_columns: data/sources.py's, re-exported
 
-VARIANTS = ("arith", "hf")
+# What a preset is built on (`configs/<preset>.py:<base>`): 'hf', the task-neutral config
+# (one's checkpoint and data files), or 'arith', the same with the built-in task's overlay.
+PRESET_BASES = ("arith", "hf")
 
 
-def base_config(variant: str) -> ml_collections.ConfigDict:
-  """Every field with its default; presets override the `algorithm` and `rollout` sections."""
-  if variant not in VARIANTS:
-    raise ValueError(f"config variant {variant!r}; allowed: {', '.join(VARIANTS)}.")
-  arith = variant == "arith"
+def base_config(preset: str = "hf") -> ml_collections.ConfigDict:
+  """Every field with its default (task-neutral: one's own checkpoint and data); `preset`
+  'arith' applies the built-in task's overlay (overlays.arith_overlay). Presets override
+  the `algorithm` and `rollout` sections."""
+  if preset not in PRESET_BASES:
+    raise ValueError(f"config preset base {preset!r}; allowed: {', '.join(PRESET_BASES)}.")
   c = ml_collections.ConfigDict()
-  c.variant = variant  # 'arith' (built-in task, tiny model) or 'hf' (your checkpoint and JSONL).
-  c.seed = 0  # Seeds model init (arith), data order, sampling, mini-batch shuffles.
+  c.seed = 0  # Seeds model init (from scratch), data order, sampling, mini-batch shuffles.
   # Persistent XLA compilation cache: a second run loads its compiled programs instead
   # of compiling them again (runtime.enable_compile_cache); '' = off.
   c.compile_cache = "~/.cache/rlhf_jax/xla"
 
-  c.model = model_config(arith)
+  c.model = model_config()
 
-  c.data = data_config_lib.data_config(arith)
+  c.data = data_config_lib.data_config()
 
   c.sft = sft_lib.sft_config()  # the warm start (algorithms/sft.py)
 
-  c.rollout = rollout_config_lib.rollout_config(prompts_per_step=16 if arith else 128,
-                                                max_new_tokens=64 if arith else 1024)
+  c.rollout = rollout_config_lib.rollout_config(prompts_per_step=128, max_new_tokens=1024)
   c.env = env_config_lib.env_config()  # rollout.mode 'multi_turn': envs/config.py
   # The KV cache and prompt buckets are derived from data.prompt_length and the response
   # budget (0 and (): fit_sampler_sizes), so a longer prompt, response or episode grows
   # them and a shorter one shrinks them.
   c.sampler = sampler_config_lib.sampler_config(
-      num_slots=64 if arith else 256, cache_length=0, prompt_buckets=())
+      num_slots=256, cache_length=0, prompt_buckets=())
 
-  c.reward = reward_config_lib.reward_config(arith)  # rewards/config.py
+  c.reward = reward_config_lib.reward_config()  # rewards/config.py
 
   c.algorithm = ppo_config.algorithm_config()
   # The learner: 'ppo' (the PPO family, by the sections above), 'dpo' or 'dqo' (theirs),
@@ -93,24 +96,24 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
       c.algorithm[spec.section] = spec.default_section()
 
   c.critic = reward_config_lib.critic_config()  # a critic from a PRM: rewards/config.py
-  c.optimizer = optimizer_config(arith)  # optim/optimizer.py
+  c.optimizer = optimizer_config()  # optim/optimizer.py
 
   c.train = ml_collections.ConfigDict()
-  c.train.steps = 60 if arith else 1000  # Training steps (one rollout batch each).
+  c.train.steps = 1000  # Training steps (one rollout batch each).
   c.train.epochs = 1  # Passes over each rollout batch.
   c.train.minibatches = 2  # Optimizer steps per epoch (the batch split evenly).
   c.train.micro_batches = 1  # Gradient-accumulation slices per optimizer step (same update).
   # Pack the rows' real tokens into buffers for every forward of the PPO family's step
   # (models/packing.py): no compute on padding; micro-batches split rows by token count.
-  # The hf variant's SFT (launch/sft.py) packs its rows too.
-  c.train.packing = not arith
+  # One's own SFT (launch/sft.py) packs its rows too.
+  c.train.packing = True
   # XLA's deterministic GPU ops (--xla_gpu_deterministic_ops): exact resume on GPU, at the
   # cost of slower scatter / reduction kernels. CPU runs are deterministic either way.
   c.train.deterministic = False
   # Held-out greedy accuracy every N steps, at the start and the end; 0: no evaluation.
-  c.train.eval_every = 10 if arith else 50
+  c.train.eval_every = 50
   # Sampled held-out accuracy and pass@k at each evaluation: samples per prompt (0: off).
-  c.train.eval_samples = 4 if arith else 0
+  c.train.eval_samples = 0
   c.train.checkpoint_every = 20  # Save a checkpoint every N steps (and at the end).
   c.train.log_every = 1  # Console progress line every N steps.
   c.train.log_rollouts = 0  # Samples per step written to <workdir>/rollouts.jsonl (0: none).
@@ -120,6 +123,8 @@ def base_config(variant: str) -> ml_collections.ConfigDict:
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
   c.distributed = parallel.distributed_config()  # several processes / hosts (docs/scaling.md)
+  if preset == "arith":
+    arith_overlay(c)
   return c
 
 
@@ -143,11 +148,10 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   Each section's owner checks its values, then the checks that span sections run;
   with `num_devices` the mesh is checked against the devices too. `labelling`: the run
   writes `data.offline_file` (launch/label_samples.py) instead of reading it; `supervised`:
-  the hf variant's SFT (launch/sft.py), which needs `sft.train_file`, not an RL prompt
-  file or a checkpoint. Raises
+  SFT on one's own data (launch/sft.py without `data.task`), which needs
+  `sft.train_file`, not an RL prompt file or a checkpoint. Raises
   ConfigError: one line, `config.<full.path>: invalid value <v>: <allowed values or range>`.
   """
-  one_of("variant", c.variant, VARIANTS)
   check_finite(c)
   r, a = c.rollout, c.algorithm
   rows = r.prompts_per_step * r.group_size
@@ -162,7 +166,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   rollout_modes.validate_mode(c)
   env_config_lib.validate_env_config(c, reads_token_rewards=ppo_config.reads_token_rewards(a),
                                     episodes=rollout_modes.rollout_mode(c).needs_environment)
-  validate_model_config(c.model, c.variant)
+  validate_model_config(c.model)
   levels = task_registry.task_levels(c.data.task)
   data_config_lib.validate_data(c.data, tasks=task_registry.generated_tasks(), levels=levels)
   sft_lib.validate_sft(c.sft, levels=levels)
@@ -181,8 +185,9 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
 def _validate_across_sections(c, *, supervised: bool) -> None:
   r = c.rollout
   _validate_estimator_inputs(c)
-  run_rules = task_registry.get_task(c.data.task).validate_run
-  if c.variant == "arith" and run_rules is not None:
+  builtin = task_registry.builtin_run(c.data.task)
+  run_rules = builtin.validate_run if builtin is not None else None
+  if run_rules is not None:
     run_rules(c, rollout_modes.rollout_mode(c))
   remote = c.sampler.address or c.sampler.addresses
   reference_lib.check_config(c, uses_reference=ppo_config.uses_reference(c.algorithm),
@@ -201,17 +206,17 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
             "signal; use 'groups', or a task term (algorithm.distill.task_coef > 0)")
   if c.reward.function and c.reward.unscored == "drop" and not supervised:
     _check_dropping_unscored(c, mode)
-  if supervised and c.variant == "hf" and not c.sft.train_file:
+  if supervised and builtin is None and not c.sft.train_file:
     invalid("sft.train_file", c.sft.train_file, "a file of conversations or prompt/"
-            "completion pairs is required for the hf variant's SFT")
+            "completion pairs is required for SFT on one's own data (data.task empty)")
   if supervised:
     return
-  if c.variant == "hf" and not c.model.checkpoint:
+  if builtin is None and not c.model.checkpoint:
     invalid("model.checkpoint", c.model.checkpoint, "an HF checkpoint directory is required "
-            "for the hf variant")
-  if c.variant == "hf" and not c.data.train_file and not rollout_modes.rollout_mode(c).fixed_data:
+            "(or data.task: a built-in task's warm start, configs/<preset>.py:arith)")
+  if builtin is None and not c.data.train_file and not rollout_modes.rollout_mode(c).fixed_data:
     invalid("data.train_file", c.data.train_file, "a prompt file (JSONL: prompt, answer, "
-            "task) is required for the hf variant")
+            "task) is required (or data.task: a built-in task's generated problems)")
 
 
 def fit_sampler_sizes(c) -> None:
@@ -305,8 +310,8 @@ def _validate_offline(c, *, labelling: bool) -> None:
   path = c.data.offline_file
   if path and not labelling and not os.path.isfile(path):  # read after the warm start
     invalid("data.offline_file", path, "must be an existing .jsonl/.parquet file of labelled "
-            "samples or pairs (or empty for arith: the warm start's are written first)")
-  if not c.data.offline_file and c.variant != "arith":
+            "samples or pairs (or empty with data.task: the warm start's are written first)")
+  if not c.data.offline_file and task_registry.builtin_run(c.data.task) is None:
     invalid("data.offline_file", c.data.offline_file, "labelled samples or pairs are "
             "required for rollout.mode='offline' (launch/label_samples.py writes them)")
 

@@ -49,16 +49,16 @@ def load_examples(c, prompts: PromptFormat | None = None, *, scorer: Scorer | No
   prompts sent raw to a checkpoint with a chat template get one logged warning
   (`raw_prompts_note`), once per process."""
   levels, weights = tuple(c.data.levels), tuple(c.data.level_weights)
-  generate = task_registry.get_task(c.data.task).generate
+  builtin = task_registry.builtin_run(c.data.task)
   located = {}
   for field in ("train_file", "eval_file"):
     if c.data[field]:
       located[field] = _read_located(c, field)
-    elif c.variant == "arith":  # generated problems (other seeds for the held-out ones)
+    elif builtin is not None:  # generated problems (other seeds for the held-out ones)
       seed, count = (1, c.data.num_train) if field == "train_file" else (2, c.data.num_eval)
       located[field] = [(f"generated {c.data.task} problem {i}", e) for i, e in
-                        enumerate(generate(c.seed + seed, count, levels, weights))]
-    else:  # an hf run on offline data needs no prompts
+                        enumerate(builtin.generate(c.seed + seed, count, levels, weights))]
+    else:  # a run on one's own offline data needs no prompts
       located[field] = []
   for field, rows in located.items():
     check_tasks(c, field, rows, scorer=scorer)
@@ -140,16 +140,17 @@ def check_data(c, workdir: str, *, read_offline: bool = True,
   """Everything a run reads, before any work (`--validate_only` stops here): the workdir
   (no file in its place); the policy checkpoint's files (`check_checkpoint_dir`)
   and the reward models'; every row of the data files (`load_examples`: JSON, schema, task,
-  encodability, length) with the policy's tokenizer — for the arith variant before its
-  warm start, the task's own, which the warm start saves; with rollout.mode 'offline' the
+  encodability, length) with the policy's tokenizer — for a built-in task's run
+  (`data.task`) before its warm start, the task's own, which the warm start saves; with rollout.mode 'offline' the
   labelled groups of `data.offline_file`, unless `read_offline` is False (a labelling run's
   output; `scorer`: as in `load_examples`). Nothing loads; ConfigErrors name field, file, row."""
   if workdir:
     run_control.check_workdir(workdir)
   directory = policy_checkpoint_dir(c, workdir)
   field = "config.model.checkpoint"
-  # The arith warm start trains a missing one (a directory without config.json included).
-  if os.path.exists(os.path.join(directory, "config.json")) or c.variant != "arith":
+  # A built-in task's warm start trains a missing one (a directory without config.json too).
+  builtin = task_registry.builtin_run(c.data.task)
+  if os.path.exists(os.path.join(directory, "config.json")) or builtin is None:
     check_checkpoint_dir(directory, field if c.model.checkpoint else f"{field} (<workdir>/sft)")
     check_checkpoint_family(directory)
     try:
@@ -159,9 +160,8 @@ def check_data(c, workdir: str, *, read_offline: bool = True,
       unfit("model.checkpoint", f"{directory}: the tokenizer does not load: {error}")
     distillation.check_teacher(c, directory)  # its tokenizer is the policy's
   else:
-    task = task_registry.get_task(c.data.task)
-    tokenizer = task.tokenizer()
-    prefix = [tokenizer.backend.token_to_id(t) for t in task.prompt_prefix]
+    tokenizer = builtin.tokenizer()
+    prefix = [tokenizer.backend.token_to_id(t) for t in builtin.prompt_prefix]
   check_reward_checkpoints(c)
   prompts = prompt_format(c, tokenizer, prefix)
   load_examples(c, prompts, scorer=scorer)

@@ -131,10 +131,11 @@ def _config_paths(c) -> dict[str, str]:
 
 def _warm_start_outputs(c) -> tuple[str, ...]:
   """What train.py writes in the workdir before the loop, for `--overwrite` to remove: for
-  the arith variant, its warm start (<workdir>/sft, unless `model.checkpoint` names one)
-  and the labelled samples of DPO / DQO (<workdir>/offline.jsonl, unless
-  `data.offline_file` is given). An hf run's sft/ is launch/sft.py's: it stays."""
-  if c.variant != "arith":
+  a built-in task's run (`data.task`), its warm start (<workdir>/sft, unless
+  `model.checkpoint` names one) and the labelled samples of DPO / DQO
+  (<workdir>/offline.jsonl, unless `data.offline_file` is given). The sft/ of a run on
+  one's own data is launch/sft.py's: it stays."""
+  if task_registry.builtin_run(c.data.task) is None:
     return ()
   return ((() if c.model.checkpoint else ("sft",))
           + (() if c.data.offline_file else ("offline.jsonl",)))
@@ -143,19 +144,19 @@ def _warm_start_outputs(c) -> tuple[str, ...]:
 def warm_start(config, workdir: str, *, overwrite: bool = False,
                log: Callable[[str], None] = print, validate_only: bool = False
                ) -> dict[str, Any] | None:
-  """The warm start on its own (launch/sft.py). arith: the built-in task's warm start into
+  """The warm start on its own (launch/sft.py). With `data.task`: the built-in task's warm start into
   <workdir>/sft (or `model.checkpoint`), retrained with `overwrite`, and its held-out greedy
-  accuracy (of whole episodes when the rollout mode runs an environment). hf: supervised
+  accuracy (of whole episodes when the rollout mode runs an environment). Without: supervised
   fine-tuning on `sft.train_file` into <workdir>/sft (`supervised_warm_start`; an existing
   one is kept unless `overwrite`). Validates the config first; returns {"checkpoint": dir,
   ...figures}, or None with `validate_only`, which stops after the checks (the config, the
   workdir, the checkpoint's files and the data files; nothing is removed or trained).
   Raises ConfigError (one line naming the field or flag)."""
   # The whole config, first: before the warm start trains anything.
-  validate_config(config, num_devices=jax.device_count(),
-                  supervised=config.variant == "hf")
+  own_data = task_registry.builtin_run(config.data.task) is None
+  validate_config(config, num_devices=jax.device_count(), supervised=own_data)
   run_control.check_workdir(workdir)
-  if config.variant == "hf":  # one's own data: model.checkpoint (or from scratch) → sft/
+  if own_data:  # one's own data: model.checkpoint (or from scratch) → sft/
     if not overwrite and os.path.exists(os.path.join(workdir, "sft")):
       raise ConfigError(f"--workdir: {workdir}/sft exists; pass --overwrite to train it again")
     if validate_only:
@@ -197,10 +198,10 @@ def _greedy_accuracy(c, workdir: str, directory: str) -> dict[str, float]:
 
 
 def prepare_run(c, workdir: str, log: Callable[[str], None] = print) -> None:
-  """Runs the stages config `c` needs in `workdir` before training: the arith warm
-  start (arith variant: trained into `model.checkpoint`, or <workdir>/sft, when missing)
+  """Runs the stages config `c` needs in `workdir` before training: the built-in task's
+  warm start (`data.task`: trained into `model.checkpoint`, or <workdir>/sft, when missing)
   and the offline data (rollout.mode 'offline' without `data.offline_file`)."""
-  if c.variant == "arith":
+  if task_registry.builtin_run(c.data.task) is not None:
     ensure_arith_warm_start(c, workdir, log=log)
   ensure_offline_data(c, workdir, log=log)
 

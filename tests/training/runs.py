@@ -18,12 +18,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMING = ("elapsed_s", "tokens_per_second")  # and every time_* key: wall clock
 
 
-def preset(name, variant="arith"):
-  """configs/<name>.py's config for `variant`."""
+def preset(name, base="arith"):
+  """configs/<name>.py's config built on `base` ('arith', 'hf', or with overlays: 'hf,cpu')."""
   spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config(variant)
+  return module.get_config(base)
 
 
 def parse(spec: str, *overrides: str):

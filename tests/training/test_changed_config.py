@@ -43,6 +43,15 @@ def test_config_changes_ignore_the_resumable_fields_and_json_tuples():
     assert not checkpoint.resumable(field), field
 
 
+def test_a_checkpoint_saved_with_the_retired_variant_field_resumes():
+  # An older library saved `variant` (now the preset's overlay): a field this config
+  # lacks is reported and taken as given, not refused.
+  current = config().to_dict()
+  saved = dict(current, variant="arith")
+  assert "variant" not in current
+  assert checkpoint.config_changes(saved, current) == ([], ["variant"])
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
   """A 2-step run through `stages.run` (what launch/train.py runs), evaluation off."""

@@ -45,7 +45,7 @@ def preset_specs() -> list[str]:
   """Every `configs/<file>[:variant]` a user can name."""
   specs = []
   for path in sorted((ROOT / "configs").glob("*.py")):
-    variants = OTHER_PRESETS.get(path.name, trainer_config.VARIANTS)
+    variants = OTHER_PRESETS.get(path.name, trainer_config.PRESET_BASES)
     specs += [f"configs/{path.name}" + (f":{v}" if v else "") for v in variants]
   return specs
 
