@@ -17,6 +17,14 @@ from tests.kernels.batches import ragged_mask
 from tests.kernels.references import reward_to_go
 
 
+# Compiled once per shape: the property tests draw many shapes, and op-by-op dispatch
+# compiles every primitive anew for each of them.
+jitted_gae = jax.jit(kernels.gae, static_argnames=("gamma", "lam", "method"))
+jitted_group_advantages = jax.jit(kernels.group_advantages,
+                                  static_argnames=("group_size", "normalize_by_std"))
+jitted_rloo_advantages = jax.jit(kernels.rloo_advantages, static_argnames=("group_size",))
+
+
 # ---------------------------------------------------------------- references
 
 
@@ -138,8 +146,8 @@ class GaeTest(parameterized.TestCase):
     mask = ragged_mask(rng, 4, 2048)
     rewards = rng.standard_normal((4, 2048)).astype(np.float32)
     values = rng.standard_normal((4, 2048)).astype(np.float32)
-    a, _ = kernels.gae(rewards, values, mask, gamma=1.0, lam=0.99, method="scan")
-    b, _ = kernels.gae(rewards, values, mask, gamma=1.0, lam=0.99, method="associative")
+    a, _ = jitted_gae(rewards, values, mask, gamma=1.0, lam=0.99, method="scan")
+    b, _ = jitted_gae(rewards, values, mask, gamma=1.0, lam=0.99, method="associative")
     np.testing.assert_allclose(a, b, atol=2e-3, rtol=1e-4)
 
   def test_second_call_does_not_recompile(self):
@@ -184,7 +192,7 @@ class GaePropertiesTest(absltest.TestCase):
   @given(masked_batches())
   def test_gamma_lambda_one_is_reward_to_go_minus_value(self, batch):
     rewards, values, mask = batch
-    advantages, returns = kernels.gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    advantages, returns = jitted_gae(rewards, values, mask, gamma=1.0, lam=1.0)
     rtg = reward_to_go(rewards, mask)
     np.testing.assert_allclose(advantages, (rtg - values) * mask, atol=1e-4)
     np.testing.assert_allclose(returns, rtg, atol=1e-4)
@@ -192,7 +200,7 @@ class GaePropertiesTest(absltest.TestCase):
   @given(masked_batches())
   def test_lambda_zero_is_one_step_td(self, batch):
     rewards, values, mask = batch
-    advantages, _ = kernels.gae(rewards, values, mask, gamma=0.9, lam=0.0)
+    advantages, _ = jitted_gae(rewards, values, mask, gamma=0.9, lam=0.0)
     ref, _ = gae_reference(rewards, values, mask, 0.9, 0.0)
     np.testing.assert_allclose(advantages, ref, atol=1e-5)
 
@@ -302,11 +310,11 @@ class GroupEstimatorsTest(parameterized.TestCase):
   @given(st.integers(1, 5), st.integers(1, 6), st.integers(0, 1000), st.booleans())
   def test_zero_mean_per_group(self, groups, group_size, seed, normalize):
     scores = np.random.default_rng(seed).standard_normal(groups * group_size).astype(np.float32)
-    out = np.asarray(kernels.group_advantages(scores, group_size=group_size,
-                                              normalize_by_std=normalize))
+    out = np.asarray(jitted_group_advantages(scores, group_size=group_size,
+                                             normalize_by_std=normalize))
     if group_size > 1:
       np.testing.assert_allclose(out.reshape(groups, group_size).mean(axis=1), 0.0, atol=1e-5)
-      rloo = np.asarray(kernels.rloo_advantages(scores, group_size=group_size))
+      rloo = np.asarray(jitted_rloo_advantages(scores, group_size=group_size))
       np.testing.assert_allclose(rloo.reshape(groups, group_size).mean(axis=1), 0.0, atol=1e-5)
 
 
