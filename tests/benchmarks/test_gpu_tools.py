@@ -269,6 +269,7 @@ def test_tiny_run_goes_through_every_path_of_the_one_call(tmp_path):
     assert (tmp_path / f"profile_{part}.json.gz").stat().st_size > 0
 
 
+@pytest.mark.slow  # the whole check script with its env step (imports jax and torch)
 def test_compile_cache_comes_back_and_is_restored(tmp_path):
   """The cache a call packs into $OUT is what the next call (carrying it) starts from."""
   import tarfile
