@@ -66,15 +66,17 @@ class Hold:
     self.released.set()
 
 
-def cancel_arrived(scheduler: Scheduler, monkeypatch) -> threading.Event:
-  """An Event set once `scheduler.cancel` has run: a disconnecting client's cancel
-  reaches the scheduler on a gRPC thread, after the client's call has returned."""
+def cancel_arrived(scheduler: Scheduler, monkeypatch, request_id: str) -> threading.Event:
+  """An Event set once `scheduler.cancel(request_id, ...)` has run: a disconnecting
+  client's cancel reaches the scheduler on a gRPC thread, after the client's call has
+  returned (and a finished call's cancel may come late: hence one request's)."""
   arrived = threading.Event()
   original = scheduler.cancel
 
-  def cancel(*args, **kwargs):
-    original(*args, **kwargs)
-    arrived.set()
+  def cancel(cancelled_id, *args, **kwargs):
+    original(cancelled_id, *args, **kwargs)
+    if cancelled_id == request_id:
+      arrived.set()
 
   monkeypatch.setattr(scheduler, "cancel", cancel)
   return arrived

@@ -149,10 +149,10 @@ def test_overload_answers_resource_exhausted(served):
 
 def test_a_disconnecting_client_frees_its_slot(served, monkeypatch):
   client, service, _ = served
-  cancelled = cancel_arrived(service.scheduler, monkeypatch)
+  cancelled = cancel_arrived(service.scheduler, monkeypatch, "gone")
   params = sampling.SamplingParams(max_new_tokens=40, seed=0, n=2, stop_token_ids=())
   with Hold(service.scheduler):  # the samples stay mid-way until the cancel is in
-    stream = client.stream(PROMPT, params)
+    stream = client.stream(PROMPT, params, request_id="gone")
     next(stream)
     assert service.metrics()["slots_busy"] == 2
     stream.close()  # cancels the RPC

@@ -203,7 +203,7 @@ def test_a_small_client_waits_at_most_the_largest_request_beside_it(served, monk
                                     stop_token_ids=())
   small = sampling.SamplingParams(max_new_tokens=1, seed=0)
   steps = StepCount(service.scheduler)
-  cancelled = cancel_arrived(service.scheduler, monkeypatch)
+  cancelled = cancel_arrived(service.scheduler, monkeypatch, "big")
   with SamplerClient(address, timeout_s=30) as big, SamplerClient(address, timeout_s=30
                                                                   ) as client:
     client.generate_one(PROMPT, small)  # compiled
@@ -212,9 +212,8 @@ def test_a_small_client_waits_at_most_the_largest_request_beside_it(served, monk
     next(stream)
     beside = [steps.of(lambda: client.generate_one(PROMPT, small)) for _ in range(3)]
     stream.close()
-    cancelled.clear()
     with Hold(service.scheduler):  # the largest request runs until its cancel is in
-      stream = big.stream(PROMPT, largest)
+      stream = big.stream(PROMPT, largest, request_id="big")
       next(stream)
       stream.close()  # the big client goes away mid-request
       assert cancelled.wait(30)
