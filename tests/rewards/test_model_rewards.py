@@ -46,13 +46,21 @@ def judge_sampler():
   return sampler_config_lib.build_scheduler(config, LM, LM_PARAMS, tokenizer=TOKENIZER)
 
 
+# One compiled forward for every question: rows right-padded to the model's positions (a
+# causal model's logits at a position never see the padding after it).
+_FORWARD = jax.jit(lambda ids: LM.apply(LM_PARAMS, ids)[0])
+
+
 def full_forward_probabilities(questions, verdicts):
-  """Softmax of the LM's next-token logits after each question (one row at a time)."""
+  """Softmax of the LM's next-token logits after each question, by a plain forward."""
+  encoded = [TOKENIZER.encode(question) for question in questions]
+  ids = np.zeros((len(encoded), CONFIG.max_position_embeddings), np.int32)
+  for row, tokens in enumerate(encoded):
+    ids[row, :len(tokens)] = tokens
+  all_logits = np.asarray(_FORWARD(ids), np.float64)
   out = []
-  for question in questions:
-    ids = np.asarray([TOKENIZER.encode(question)], np.int32)
-    logits, _ = LM.apply(LM_PARAMS, ids)
-    logits = np.asarray(logits[0, -1], np.float64)
+  for logits, tokens in zip(all_logits, encoded):
+    logits = logits[len(tokens) - 1]
     p = np.exp(logits - logits.max())
     out.append((p / p.sum())[[TOKENIZER.encode(v)[0] for v in verdicts]])
   return np.asarray(out)
