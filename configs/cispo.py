@@ -14,13 +14,13 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """CISPO on the `arith` task or an `hf` checkpoint."""
-  c = base_config(variant)
+  c = base_config(base)
   a = c.algorithm
   a.name = "cispo"
   a.advantage.estimator = "grpo"  # Group-normalised advantages (Â in Eq. 4).
-  c.rollout.group_size = 8 if variant == "arith" else 16  # G (DAPO preset's).
+  c.rollout.group_size = 8 if base == "arith" else 16  # G (DAPO preset's).
   a.policy_loss.kind = "cispo"  # −sg(clip(r, 1 − ε_low, 1 + ε_high))·A·log π, no min().
   # No lower bound on the IS weight (§3.1: ε_low^IS "large"); r > 0, so 1 removes it.
   a.policy_loss.clip_low = 1.0

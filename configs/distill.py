@@ -20,18 +20,18 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """On-policy distillation on the `arith` task or an `hf` checkpoint."""
-  c = base_config(variant)
+  c = base_config(base)
   a = c.algorithm
   a.name = "distill"
   a.advantage.estimator = distillation.NAME  # A_t = log π_teacher(y_t) − log π_θ(y_t)
   a.kl.placement = "none"  # the advantage is the (negative) reverse KL to the teacher
   # Prompts × samples: 4 per prompt, so a GRPO task term (task_coef > 0) has its groups.
   c.rollout.group_size = 4
-  c.rollout.prompts_per_step = 16 if variant == "arith" else 64
+  c.rollout.prompts_per_step = 16 if base == "arith" else 64
   a.policy_loss.agg = "token-mean"  # the advantage is per token
   a.policy_loss.clip_low = a.policy_loss.clip_high = 0.2
   c.train.minibatches = 1  # one on-policy step per batch (π_old is the sampler's)
-  c.optimizer.learning_rate = 5e-4 if variant == "arith" else 1e-6
+  c.optimizer.learning_rate = 5e-4 if base == "arith" else 1e-6
   return c

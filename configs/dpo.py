@@ -16,9 +16,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """DPO on the `arith` task or an `hf` checkpoint."""
-  c = base_config(variant)
+  c = base_config(base)
   a = c.algorithm
   a.name = "dpo"
   c.train.packing = False  # the DPO / DQO learners run padded forwards
@@ -28,9 +28,9 @@ def get_config(variant: str = "arith"):
   a.dpo.reference = "cached"  # π_ref's log-probs computed once (TRL precompute_ref_log_probs).
   c.rollout.mode = "offline"  # Pairs from data.offline_file.
   c.rollout.group_size = 2  # Chosen, rejected.
-  c.rollout.prompts_per_step = 32 if variant == "arith" else 64  # Pairs per step.
+  c.rollout.prompts_per_step = 32 if base == "arith" else 64  # Pairs per step.
   c.train.minibatches = 1  # One optimizer step per batch of pairs.
-  if variant == "arith":
+  if base == "arith":
     c.optimizer.learning_rate = 3e-5  # 1e-4 peaks early, then collapses (docs/offline_methods.md).
   else:
     c.optimizer.learning_rate = 1e-6  # TRL default (5e-7 .. 1e-6 in the papers).

@@ -15,9 +15,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """DQO on the `arith` task or an `hf` checkpoint."""
-  c = base_config(variant)
+  c = base_config(base)
   a = c.algorithm
   a.name = "dqo"
   c.train.packing = False  # the DPO / DQO learners run padded forwards
@@ -28,12 +28,12 @@ def get_config(variant: str = "arith"):
   a.dqo.reference = "cached"  # π_ref = the SFT policy that sampled the data.
   c.rollout.mode = "offline"  # Labelled samples from data.offline_file.
   c.rollout.group_size = c.data.offline_samples = 8  # Responses per prompt.
-  c.rollout.prompts_per_step = 8 if variant == "arith" else 64
+  c.rollout.prompts_per_step = 8 if base == "arith" else 64
   c.reward.wrong_score = 0.0  # Labels: 1 right, 0 wrong.
-  if variant == "arith":  # The RL rate (2e-4) is unstable here (docs/offline_methods.md).
+  if base == "arith":  # The RL rate (2e-4) is unstable here (docs/offline_methods.md).
     c.optimizer.learning_rate = 3e-5
     c.optimizer.critic_learning_rate = 3e-4
-  if variant == "hf":
+  if base == "hf":
     c.optimizer.learning_rate = 5e-7  # The fork's policy lr ...
     c.optimizer.critic_learning_rate = 1e-5  # ... and value lr.
   return c

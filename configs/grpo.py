@@ -16,9 +16,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """GRPO on the `arith` task or an `hf` checkpoint."""
-  c = base_config(variant)
+  c = base_config(base)
   a = c.algorithm
   a.name = "grpo"
   a.advantage.estimator = "grpo"  # A_i = (R_i − mean_G R) / (std_G R + ε) (§4.1.2).

@@ -15,9 +15,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """GSPO on the `arith` task or an `hf` checkpoint (paper values, docs/formulas.md#gspo)."""
-  c = base_config(variant)
+  c = base_config(base)
   a = c.algorithm
   a.name = "gspo"
   a.advantage.estimator = "grpo"  # Group-normalised A_i, one per response (GRPO's).

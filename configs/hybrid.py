@@ -19,9 +19,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """GRPO with hybrid reward routing on the `arith` task or an `hf` checkpoint."""
-  c = sibling_preset(__file__, "grpo", variant)
+  c = sibling_preset(__file__, "grpo", base)
   c.algorithm.name = "grpo_hybrid"
   c.reward.route = "hybrid"
   c.reward.wrong_score = 0.0  # Rule verdicts 1/0, on the scale of GenRM's P(yes).

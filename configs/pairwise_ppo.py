@@ -16,9 +16,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """Pairwise-PPO on the `arith` task or an `hf` checkpoint."""
-  c = sibling_preset(__file__, "ppo", variant)
+  c = sibling_preset(__file__, "ppo", base)
   c.algorithm.name = "pairwise_ppo"
   c.reward.route = "pairwise"
   c.reward.pairwise.anchor_key = "solution"  # The ground-truth anchor (Pairwise-RL [S]).

@@ -8,9 +8,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """PPO on the `arith` task or an `hf` checkpoint."""
-  c = base_config(variant)
+  c = base_config(base)
   a = c.algorithm
   a.name = "ppo"
   a.advantage.estimator = "gae"  # GAE advantages from a value model.
@@ -29,7 +29,7 @@ def get_config(variant: str = "arith"):
   a.kl.horizon = 10000.0  # ... over a horizon of 10000 samples.
   a.value.clip = 0.5  # verl cliprange_value.
   c.reward.wrong_score = 0.0  # Binary 1/0 reward.
-  if variant == "hf":
+  if base == "hf":
     c.optimizer.learning_rate = 1e-6  # verl actor lr.
     c.optimizer.critic_learning_rate = 1e-5  # verl critic lr.
     c.optimizer.weight_decay = 0.01

@@ -15,9 +15,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
+def get_config(base: str = "arith"):
   """PPO + PRM dense rewards on the `arith` task or an `hf` checkpoint."""
-  c = sibling_preset(__file__, "ppo", variant)
+  c = sibling_preset(__file__, "ppo", base)
   c.algorithm.name = "prm_ppo"
   c.algorithm.process_reward.shaping = "delta"  # Gao et al.: bounded return.
   c.algorithm.process_reward.coef = 1.0

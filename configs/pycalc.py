@@ -14,9 +14,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
-  """GRPO (as configs/grpo.py) on pycalc (arith variant only: the task is generated)."""
-  c = base_config(variant)
+def get_config(base: str = "arith"):
+  """GRPO (as configs/grpo.py) on pycalc (the :arith preset only: the task is generated)."""
+  c = base_config(base)
   a = c.algorithm
   a.name = "grpo"
   a.advantage.estimator = "grpo"

@@ -8,7 +8,7 @@
 (TRL's SFT layouts); the loss is the token mean over the assistant's tokens (the chat
 template's assistant spans, or the completion). With `model.checkpoint` empty, a
 `model.*`-sized decoder and a byte-level BPE tokenizer of `sft.vocab_size` tokens are
-made from scratch. The arith variant is the built-in task's warm start (as in every preset).
+made from scratch. The :arith preset is the built-in task's warm start (as in every preset).
 """
 
 from rlhf_jax.training.config import base_config
@@ -16,10 +16,10 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "hf"):
+def get_config(base: str = "hf"):
   """SFT of an `hf` checkpoint on one's own data (or the `arith` warm start)."""
-  c = base_config(variant)
-  if variant == "hf":
+  c = base_config(base)
+  if base == "hf":
     c.sft.steps = 200
     c.sft.batch_size = 16
     c.sft.learning_rate = 1e-5  # a pretrained checkpoint; from scratch: ~1e-3

@@ -16,9 +16,9 @@ from rlhf_jax.training.overlays import with_overlays
 
 
 @with_overlays
-def get_config(variant: str = "arith"):
-  """configs/grpo.py on toolcalc (arith variant only: the task is generated)."""
-  c = sibling_preset(__file__, "grpo", variant)
+def get_config(base: str = "arith"):
+  """configs/grpo.py on toolcalc (the :arith preset only: the task is generated)."""
+  c = sibling_preset(__file__, "grpo", base)
   c.data.task = "toolcalc"
   c.data.levels = c.sft.levels = (1, 2)  # a of 3 or 4 digits, b of 2: 4–6 digit products
   c.data.level_weights = c.sft.level_weights = (1.0, 1.0)

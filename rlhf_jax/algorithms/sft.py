@@ -27,7 +27,7 @@ from rlhf_jax.optim import fit
 
 def sft_config() -> ml_collections.ConfigDict:
   """The `sft` section: the arith warm start (launch/sft.py, or train.py when missing) and
-  the hf variant's supervised fine-tuning (one comment per field)."""
+  supervised fine-tuning on one's own data (one comment per field)."""
   sft = ml_collections.ConfigDict()
   sft.steps = 450  # SFT steps.
   sft.batch_size = 64  # Problems per SFT step.
@@ -42,7 +42,7 @@ def sft_config() -> ml_collections.ConfigDict:
   # solutions drop every carry, a habit of reasoning the verifier's reward can correct
   # (the README's demo); 0 = a flawless teacher.
   sft.carry_slip = 0.6
-  # hf variant (launch/sft.py): .jsonl/.parquet of conversations ("messages") or prompt /
+  # One's own data (launch/sft.py, data.task empty): .jsonl/.parquet of conversations ("messages") or prompt /
   # completion pairs to fine-tune model.checkpoint on (loss on the assistant's tokens);
   # with model.checkpoint empty, a model.*-sized model and a BPE tokenizer from scratch.
   sft.train_file = ""
@@ -52,8 +52,8 @@ def sft_config() -> ml_collections.ConfigDict:
 
 
 def validate_sft(sft: ml_collections.ConfigDict, *, levels) -> None:
-  """`sft.*`: the arith warm start (its `levels` among the task's `levels`), and the hf
-  variant's supervised data; ConfigError naming the field."""
+  """`sft.*`: the built-in task's warm start (its `levels` among the task's `levels`),
+  and the supervised data of one's own; ConfigError naming the field."""
   at_least(sft, "sft", ("steps", "batch_size"))
   check_range("sft.response_length", sft.response_length, low=0,
               note="(0: rollout.max_new_tokens + 1)")

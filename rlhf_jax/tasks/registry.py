@@ -41,7 +41,7 @@ class Task:
     verifier: for 'verifier', the rule `fn(response_text, answer)`; module-level, so it
       can be sent to a worker process.
     generate: `fn(seed, count, levels, weights) -> list[Example]`, the problems of the
-      arith variant's `data.task`; None: the task needs a data file.
+      built-in runs' `data.task`; None: the task needs a data file.
     extract: for 'verifier', optionally `fn(response_text) -> str | None`, the final
       answer a response gives (module-level): the evaluation's majority vote (maj@k) and
       its no-answer count read it.

@@ -108,22 +108,22 @@ def check_deterministic(c) -> None:
 
 
 def policy_checkpoint_dir(c, workdir: str) -> str:
-  """Where a run's initial policy lives: `model.checkpoint`, or <workdir>/sft (arith)."""
+  """Where a run's initial policy lives: `model.checkpoint`, or <workdir>/sft."""
   return c.model.checkpoint or os.path.join(workdir, "sft")
 
 
 def offline_path(c, workdir: str) -> str:
-  """`data.offline_file`, or <workdir>/offline.jsonl (the arith variant's generated one)."""
+  """`data.offline_file`, or <workdir>/offline.jsonl (a built-in task's run's labelled one)."""
   return c.data.offline_file or os.path.join(workdir, "offline.jsonl")
 
 
 def load_policy(c, workdir: str, mesh) -> Policy:
-  """The initial policy from `model.checkpoint` (or the arith warm start in <workdir>/sft),
+  """The initial policy from `model.checkpoint` (or the warm start in <workdir>/sft),
   computing in `model.dtype` at `model.matmul_precision`, params in the training layout."""
   directory = policy_checkpoint_dir(c, workdir)
   if not os.path.exists(os.path.join(directory, "config.json")):
-    unfit("model.checkpoint", f"no policy checkpoint in {directory!r} (for the arith "
-          "variant run launch/sft.py, or launch/train.py, which trains the warm start first)")
+    unfit("model.checkpoint", f"no policy checkpoint in {directory!r} (run launch/sft.py, "
+          "or for a built-in task's run launch/train.py, which trains the warm start first)")
   model, params = models.load_hf_checkpoint(directory, **model_layout(c.model))
   model = models.with_numerics(model, **model_numerics(c.model))
   params = parallel.shard_params(params, parallel.param_shardings(

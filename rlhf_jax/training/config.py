@@ -128,8 +128,8 @@ def base_config(preset: str = "hf") -> ml_collections.ConfigDict:
   return c
 
 
-def sibling_preset(preset_file: str, name: str, variant: str) -> ml_collections.ConfigDict:
-  """`get_config(variant)` of configs/<name>.py beside `preset_file` (a preset built on
+def sibling_preset(preset_file: str, name: str, base: str) -> ml_collections.ConfigDict:
+  """`get_config(base)` of configs/<name>.py beside `preset_file` (a preset built on
   another, e.g. Pairwise-PPO on PPO), loaded by path: presets are files, not a package."""
   import importlib.util  # pylint: disable=import-outside-toplevel
   import os  # pylint: disable=import-outside-toplevel
@@ -137,7 +137,7 @@ def sibling_preset(preset_file: str, name: str, variant: str) -> ml_collections.
   spec = importlib.util.spec_from_file_location(f"rlhf_jax_preset_{name}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config(variant)
+  return module.get_config(base)
 
 
 def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None, *,

@@ -49,8 +49,8 @@ class Trainer:
     config: the trainer config (validated here; rlhf_jax.training.config).
     workdir: checkpoints, metrics.jsonl, the loggers' files (TensorBoard events, W&B's
       offline files, MLflow's store unless MLFLOW_TRACKING_URI) and the final policy.
-      The initial policy is `model.checkpoint`, or <workdir>/sft for the arith
-      variant (`stages.prepare_run` trains it; the launcher calls it).
+      The initial policy is `model.checkpoint`, or <workdir>/sft for a built-in
+      task's run (`stages.prepare_run` trains it; the launcher calls it).
     log: where status lines go.
     scorer: the reward (default: the rule-based router of the `reward` section).
     progress: show a tqdm bar (launchers; off in tests).

@@ -7,8 +7,8 @@ never leaves something that looks finished.
 `label_samples` samples `data.offline_samples` responses to each of the first
 `data.offline_prompts` training prompts with the starting policy at the rollout
 temperature and scores them with the run's verifier; launch/label_samples.py writes
-them, and for the arith variant train.py writes <workdir>/offline.jsonl first when
-`data.offline_file` is empty.
+them, and for a built-in task's run (`data.task`) train.py writes
+<workdir>/offline.jsonl first when `data.offline_file` is empty.
 """
 
 from __future__ import annotations
