@@ -42,9 +42,10 @@ def sft_config() -> ml_collections.ConfigDict:
   # solutions drop every carry, a habit of reasoning the verifier's reward can correct
   # (the README's demo); 0 = a flawless teacher.
   sft.carry_slip = 0.6
-  # One's own data (launch/sft.py, data.task empty): .jsonl/.parquet of conversations ("messages") or prompt /
-  # completion pairs to fine-tune model.checkpoint on (loss on the assistant's tokens);
-  # with model.checkpoint empty, a model.*-sized model and a BPE tokenizer from scratch.
+  # One's own data (launch/sft.py, data.task empty): .jsonl/.parquet of conversations
+  # ("messages") or prompt / completion pairs to fine-tune model.checkpoint on (loss on
+  # the assistant's tokens); with model.checkpoint empty, a model.*-sized model and a BPE
+  # tokenizer from scratch.
   sft.train_file = ""
   sft.response_length = 0  # Response tokens of a row (0: rollout.max_new_tokens + 1).
   sft.vocab_size = 1024  # From scratch: the byte-level BPE tokenizer's vocabulary.

@@ -13,6 +13,7 @@ from rlhf_jax.config_errors import one_of
 from rlhf_jax.models.decoder_config import ATTENTION_IMPLS
 from rlhf_jax.models.decoder_config import DECODE_ATTENTION
 from rlhf_jax.models.decoder_config import DTYPES
+from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.decoder_config import MATMUL_PRECISIONS
 from rlhf_jax.models.lora import PROJECTIONS
 
@@ -52,9 +53,9 @@ def model_config() -> ml_collections.ConfigDict:
   return m
 
 
-def validate_model_config(m: ml_collections.ConfigDict) -> None:
-  """`model.*`: dtypes, precisions, numerics options, and the shape of a model from
-  scratch (no `checkpoint`)."""
+def validate_model_config(m: ml_collections.ConfigDict, *, from_scratch: bool) -> None:
+  """`model.*`: dtypes, precisions, numerics options, and, `from_scratch` (no checkpoint,
+  or a built-in task's warm start to train), the shape of the model made."""
   one_of("model.dtype", m.dtype, DTYPES)
   one_of("model.matmul_precision", m.matmul_precision, MATMUL_PRECISIONS)
   one_of("model.attention_impl", m.attention_impl, ATTENTION_IMPLS)
@@ -70,7 +71,7 @@ def validate_model_config(m: ml_collections.ConfigDict) -> None:
     if name not in PROJECTIONS:
       invalid("model.lora_targets", m.lora_targets, f"{name!r} is not a projection; allowed: "
               f"{', '.join(PROJECTIONS)}")
-  if not m.checkpoint:  # a model from scratch: its heads split the width evenly
+  if from_scratch:  # its heads split the width evenly
     head_dim = m.hidden_size // m.num_heads
     if m.hidden_size % m.num_heads or head_dim % 2:
       invalid("model.hidden_size", m.hidden_size, f"must be model.num_heads={m.num_heads} × "
@@ -80,7 +81,6 @@ def validate_model_config(m: ml_collections.ConfigDict) -> None:
 def scratch_decoder(m: ml_collections.ConfigDict, *, vocab_size: int, max_positions: int):
   """The decoder of a model from scratch with the section's shape (`hidden_size`,
   `num_layers`, `num_heads`): GQA with half the heads as KV heads, an MLP 3× wide."""
-  from rlhf_jax.models.decoder_config import DecoderConfig  # pylint: disable=import-outside-toplevel
   return DecoderConfig(
       vocab_size=vocab_size, hidden_size=m.hidden_size, num_layers=m.num_layers,
       num_heads=m.num_heads, num_kv_heads=max(1, m.num_heads // 2),

@@ -166,7 +166,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   rollout_modes.validate_mode(c)
   env_config_lib.validate_env_config(c, reads_token_rewards=ppo_config.reads_token_rewards(a),
                                     episodes=rollout_modes.rollout_mode(c).needs_environment)
-  validate_model_config(c.model)
+  validate_model_config(c.model, from_scratch=not c.model.checkpoint or bool(c.data.task))
   levels = task_registry.task_levels(c.data.task)
   data_config_lib.validate_data(c.data, tasks=task_registry.generated_tasks(), levels=levels)
   sft_lib.validate_sft(c.sft, levels=levels)

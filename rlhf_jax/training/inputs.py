@@ -141,9 +141,10 @@ def check_data(c, workdir: str, *, read_offline: bool = True,
   (no file in its place); the policy checkpoint's files (`check_checkpoint_dir`)
   and the reward models'; every row of the data files (`load_examples`: JSON, schema, task,
   encodability, length) with the policy's tokenizer — for a built-in task's run
-  (`data.task`) before its warm start, the task's own, which the warm start saves; with rollout.mode 'offline' the
-  labelled groups of `data.offline_file`, unless `read_offline` is False (a labelling run's
-  output; `scorer`: as in `load_examples`). Nothing loads; ConfigErrors name field, file, row."""
+  (`data.task`) before its warm start, the task's own, which the warm start saves; with
+  rollout.mode 'offline' the labelled groups of `data.offline_file`, unless `read_offline`
+  is False (a labelling run's output; `scorer`: as in `load_examples`). Nothing loads;
+  ConfigErrors name field, file, row."""
   if workdir:
     run_control.check_workdir(workdir)
   directory = policy_checkpoint_dir(c, workdir)

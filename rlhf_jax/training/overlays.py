@@ -39,10 +39,11 @@ CPU_SIZES = {"data.prompt_length": 128, "rollout.prompts_per_step": 8,
 
 
 def cpu_overlay(c: ml_collections.ConfigDict) -> None:
-  """Shrinks a preset on one's own data (empty `data.task`) to what two CPU cores train in minutes with a small model
-  (`CPU_SIZES`: 128-token prompts, 8 prompts per step, 64 new tokens, 64 slots, 100
-  steps); lengths a preset derived from the response cap (DAPO's overlong buffer, T-PPO's
-  window) shrink with it in proportion. The group size stays the preset's."""
+  """Shrinks a preset on one's own data (empty `data.task`) to what two CPU cores train
+  in minutes with a small model (`CPU_SIZES`: 128-token prompts, 8 prompts per step, 64
+  new tokens, 64 slots, 100 steps); lengths a preset derived from the response cap
+  (DAPO's overlong buffer, T-PPO's window) shrink with it in proportion. The group size
+  stays the preset's."""
   if c.data.task:
     raise ValueError(f"config overlay 'cpu' applies to the hf base; data.task="
                      f"{c.data.task!r} (the built-in task's run) is sized for a CPU already.")

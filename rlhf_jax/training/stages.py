@@ -144,13 +144,14 @@ def _warm_start_outputs(c) -> tuple[str, ...]:
 def warm_start(config, workdir: str, *, overwrite: bool = False,
                log: Callable[[str], None] = print, validate_only: bool = False
                ) -> dict[str, Any] | None:
-  """The warm start on its own (launch/sft.py). With `data.task`: the built-in task's warm start into
-  <workdir>/sft (or `model.checkpoint`), retrained with `overwrite`, and its held-out greedy
-  accuracy (of whole episodes when the rollout mode runs an environment). Without: supervised
-  fine-tuning on `sft.train_file` into <workdir>/sft (`supervised_warm_start`; an existing
-  one is kept unless `overwrite`). Validates the config first; returns {"checkpoint": dir,
-  ...figures}, or None with `validate_only`, which stops after the checks (the config, the
-  workdir, the checkpoint's files and the data files; nothing is removed or trained).
+  """The warm start on its own (launch/sft.py). With `data.task`: the built-in task's
+  warm start into <workdir>/sft (or `model.checkpoint`), retrained with `overwrite`, and
+  its held-out greedy accuracy (of whole episodes when the rollout mode runs an
+  environment). Without: supervised fine-tuning on `sft.train_file` into <workdir>/sft
+  (`supervised_warm_start`; an existing one is kept unless `overwrite`). Validates the
+  config first; returns {"checkpoint": dir, ...figures}, or None with `validate_only`,
+  which stops after the checks (the config, the workdir, the checkpoint's files and the
+  data files; nothing is removed or trained).
   Raises ConfigError (one line naming the field or flag)."""
   # The whole config, first: before the warm start trains anything.
   own_data = task_registry.builtin_run(config.data.task) is None
