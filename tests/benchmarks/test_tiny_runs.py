@@ -30,7 +30,8 @@ TINY = {
     "sampling.py": ["--tiny"],
     "train_step.py": ["--tiny"],
 }
-ELSEWHERE = {"gpu.py": "test_gpu_tools.py: --tiny --parts g1,g2,g4 and kern,g1,g2"}
+ELSEWHERE = {"gpu.py": "test_gpu_tools.py: --tiny --parts g1,g2,g4 and kern,g1,g2",
+             "gpu_kern.py": "test_gpu_kern_verdicts.py: one case per process, --choose"}
 
 
 def test_every_benchmark_script_has_a_tiny_run():
