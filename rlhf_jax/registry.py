@@ -25,6 +25,7 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import types
@@ -159,6 +160,19 @@ class Registry(collections.abc.Mapping, Generic[R]):
 
   def _accepts(self, value: Any) -> bool:
     return isinstance(value, self.record_type) or (self._wrap is not None and callable(value))
+
+
+def check_call(fn: Callable, field: str, name: str, signature: str, *args: Any,
+               **kwargs: Any) -> None:
+  """ConfigError naming `field` and `name` unless `fn` accepts `args` and `kwargs` (a
+  registry's `check` of a record's function; `signature` says in words what it must take).
+  A callable whose signature cannot be inspected (a builtin) is taken on trust."""
+  try:
+    inspect.signature(fn).bind(*args, **kwargs)
+  except TypeError as error:
+    invalid(field, name, f"its function must take {signature}: {error}")
+  except ValueError:  # no signature to inspect
+    pass
 
 
 def load_object(path: Any, field: str, *, accept: Callable[[Any], bool] = callable,

@@ -34,15 +34,14 @@ signature above and no capabilities), imported and checked when the config is va
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Callable
 
 import jax
 
 from rlhf_jax import kernels
 from rlhf_jax.batch import RolloutBatch
-from rlhf_jax.config_errors import invalid
 from rlhf_jax.registry import Registry
+from rlhf_jax.registry import check_call
 
 FIELD = "algorithm.advantage.estimator"
 
@@ -121,15 +120,9 @@ def reinforce_pp_baseline(batch: RolloutBatch, token_rewards: jax.Array, algorit
 
 
 def _check_signature(record: Estimator, name: str, field: str) -> None:
-  """ConfigError unless the record's function takes (batch, token_rewards, algorithm, *,
-  group_size)."""
-  try:
-    inspect.signature(record.fn).bind(None, None, None, group_size=2)
-  except TypeError as error:
-    invalid(field, name, "its function must take (batch, token_rewards, algorithm, *, "
-            f"group_size): {error}")
-  except ValueError:  # no signature to inspect (a builtin): taken on trust
-    pass
+  """ConfigError unless the record's function takes the signature above."""
+  check_call(record.fn, field, name, "(batch, token_rewards, algorithm, *, group_size)",
+             None, None, None, group_size=2)
 
 
 # The table of `algorithm.advantage.estimator`; a plain function is an Estimator with no

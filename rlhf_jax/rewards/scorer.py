@@ -90,10 +90,6 @@ class Scores:
     """The final answer read from sample i (None if none, or the scorer reads none)."""
     return self.extracted[i] if self.extracted is not None else None
 
-  def counts(self, i: int) -> bool:
-    """Whether sample i counts in training (False: dropped, see `scored`)."""
-    return self.scored is None or self.scored[i]
-
   def append(self, score: float, correct: bool, failure: str, reason: str,
              extracted: str | None = None, *, scored: bool = True) -> None:
     """Adds one sample (scorers that build their result one sample at a time)."""

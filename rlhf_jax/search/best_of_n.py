@@ -13,7 +13,6 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import unfit
 from rlhf_jax.models.hf import checks as checkpoint_checks
 from rlhf_jax.rewards import build as reward_build
@@ -52,12 +51,7 @@ class BestOfNOptions:
     if not 0 <= self.rejection_rate < 1:
       raise ConfigError(f"--rejection_rate={self.rejection_rate} must be in [0, 1)")
     # The search steps and cancels samples in the scheduler itself.
-    if c.sampler.address:
-      invalid("sampler.address", c.sampler.address, "must be empty: best-of-n runs the "
-              "in-process scheduler")
-    if tuple(c.sampler.addresses):
-      invalid("sampler.addresses", tuple(c.sampler.addresses), "must be empty: best-of-n "
-              "runs the in-process scheduler")
+    build.require_in_process_sampler(c, "best-of-n")
 
   def methods(self) -> list[tuple[str, int, list[int]]]:
     """(name, N, decision lengths) of every method to run."""

@@ -62,12 +62,7 @@ class QSharpOptions:
       invalid("rollout.max_new_tokens", c.rollout.max_new_tokens, "must be >= 2 (a roll-in "
               "and a roll-out)")
     # The search steps and cancels samples in the scheduler itself.
-    if c.sampler.address:
-      invalid("sampler.address", c.sampler.address, "must be empty: Q♯ runs the in-process "
-              "scheduler")
-    if tuple(c.sampler.addresses):
-      invalid("sampler.addresses", tuple(c.sampler.addresses), "must be empty: Q♯ runs the "
-              "in-process scheduler")
+    build.require_in_process_sampler(c, "Q♯")
     longest = c.data.prompt_length + c.rollout.max_new_tokens - 1  # prompt + roll-in
     if max(c.sampler.prompt_buckets) < longest:
       invalid("sampler.prompt_buckets", tuple(c.sampler.prompt_buckets),

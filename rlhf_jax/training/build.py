@@ -172,6 +172,17 @@ def remote_sampler(c) -> bool:
   return bool(c.sampler.address or tuple(c.sampler.addresses))
 
 
+def require_in_process_sampler(c, method: str) -> None:
+  """ConfigError naming the sampler field that is set (`sampler.address` or
+  `.addresses`) when `method` steps and cancels samples in the in-process scheduler itself
+  (best-of-n, Q♯)."""
+  for field, value in (("address", c.sampler.address),
+                       ("addresses", tuple(c.sampler.addresses))):
+    if value:
+      invalid(f"sampler.{field}", value, f"must be empty: {method} runs the in-process "
+              "scheduler")
+
+
 def _sampler(c, policy: Policy, mesh):
   if jax.process_count() > 1 and not remote_sampler(c):
     return process_sharded_sampler(c, policy, mesh)

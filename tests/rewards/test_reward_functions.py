@@ -146,7 +146,6 @@ def test_unscored_samples_are_counted_on_the_console_and_can_be_failures(caplog)
     with caplog.at_level("WARNING", logger="rlhf_jax.rewards"):
       s.pop_metrics()
   assert out.scored == [True, False, False] and out.failures == ["", "", ""]
-  assert [out.counts(i) for i in range(3)] == [True, False, False]
   assert out.reason(2).startswith("no reward function scored it (dropped")
   assert any("they leave their groups' statistics and the loss (reward.unscored='drop')"
              in m for m in caplog.messages)
