@@ -50,6 +50,7 @@ def refused(directory: pathlib.Path, match: str) -> str:
   assert time.thread_time() - start < 5
   message = str(error.value)
   assert message.startswith(f"{WHERE}: ") and "\n" not in message
+  assert error.value.field == "model.checkpoint"  # the field it names, for callers to read
   return message
 
 
@@ -172,6 +173,22 @@ def test_a_pre_tokenizer_regex_that_backtracks_without_end_is_refused(copy, patt
   message = refused(copy, "tokenizer.json: (the pre-tokenizer regex .* fails on|a pre-"
                           "tokenizer regex .* did not finish)")
   assert "panicked" not in message and len(message) < 400
+
+
+@pytest.mark.parametrize("where, field", [
+    ("config.reward.rm.checkpoint", "reward.rm.checkpoint"),
+    ("config.model.checkpoint (<workdir>/sft)", "model.checkpoint"),
+    ("--checkpoint=DIR", None),  # a launcher's flag is no config field
+])
+def test_each_refusal_carries_the_field_its_where_names(tmp_path, where, field):
+  (tmp_path / "config.json").write_text("[1]")  # JSON, but not an object
+  with pytest.raises(ConfigError) as error:
+    check_checkpoint_dir(str(tmp_path), where)
+  assert str(error.value) == f"{where}: {tmp_path / 'config.json'} is not a JSON object"
+  assert error.value.field == field
+  with pytest.raises(ConfigError) as error:
+    check_checkpoint_dir(str(tmp_path / "absent"), where)
+  assert error.value.field == field
 
 
 def test_a_sound_regex_of_ones_own_passes_the_probe(copy):

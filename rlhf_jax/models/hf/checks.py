@@ -1,6 +1,7 @@
 """Checks of a checkpoint directory a launcher or config names, before any work: each raises
 a one-line `ConfigError` naming the flag or config field, the file and what is wrong with
-it, which `rlhf_jax.cli.run` prints as `error: ...` with exit status 2.
+it, which `rlhf_jax.cli.run` prints as `error: ...` with exit status 2. An error about a
+config field carries it in `.field` (`field_of`).
 
 `check_checkpoint_dir`: an HF checkpoint directory whose config.json is a JSON object
 within sane bounds (`models.hf.config.check_hf_bounds`: finite numbers, sizes no published
@@ -28,6 +29,7 @@ import subprocess
 import sys
 from typing import NoReturn
 
+from rlhf_jax.config_errors import INVALID_VALUE
 from rlhf_jax.config_errors import ConfigError
 
 SAFETENSORS = "model.safetensors"
@@ -41,18 +43,32 @@ SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8
                     "F6_E3M2": 6}
 
 
+def field_of(where: str) -> str | None:
+  """The config field that `where` names ("config.model.checkpoint", also with a note
+  after it: "config.model.checkpoint (<workdir>/sft)" → "model.checkpoint"); None for a
+  launcher flag ("--checkpoint=DIR"), which is no config field."""
+  if not where.startswith("config."):
+    return None
+  return where[len("config."):].split(" ", 1)[0]
+
+
+def _refusal(where: str, detail: str) -> ConfigError:
+  """The ConfigError `<where>: <detail>`, carrying the field `where` names (`field_of`)."""
+  return ConfigError(f"{where}: {detail}", field=field_of(where), kind=INVALID_VALUE)
+
+
 def _json_object(path: str, where: str) -> dict:
   try:
     with open(path, encoding="utf-8") as f:
       value = json.load(f)
   except (OSError, UnicodeDecodeError) as error:
-    raise ConfigError(f"{where}: {path} cannot be read ({error})") from None
+    raise _refusal(where, f"{path} cannot be read ({error})") from None
   except RecursionError:
-    raise ConfigError(f"{where}: {path}: JSON nested too deeply to read") from None
+    raise _refusal(where, f"{path}: JSON nested too deeply to read") from None
   except json.JSONDecodeError as error:
-    raise ConfigError(f"{where}: {path}:{error.lineno}: not JSON ({error.msg})") from None
+    raise _refusal(where, f"{path}:{error.lineno}: not JSON ({error.msg})") from None
   if not isinstance(value, dict):
-    raise ConfigError(f"{where}: {path} is not a JSON object")
+    raise _refusal(where, f"{path} is not a JSON object")
   return value
 
 
@@ -73,41 +89,41 @@ def safetensors_shapes(path: str, where: str) -> dict[str, tuple[int, ...]]:
     head = f.read(8)
     length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
     if not 0 < length <= min(_MAX_HEADER, size - 8):
-      raise ConfigError(f"{where}: {path}: not a safetensors file, or truncated (a "
-                        f"{size}-byte file whose header length reads {length})")
+      raise _refusal(where, f"{path}: not a safetensors file, or truncated (a "
+                            f"{size}-byte file whose header length reads {length})")
     try:
       header = json.loads(f.read(length))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
       header = None
   if not isinstance(header, dict):
-    raise ConfigError(f"{where}: {path}: the safetensors header is not a JSON object")
+    raise _refusal(where, f"{path}: the safetensors header is not a JSON object")
   tensors = {k: v for k, v in header.items() if k != "__metadata__"}
   spans, shapes = [], {}
   for name, entry in tensors.items():
     begin, end, shape = _tensor_span(entry)
     if begin is None:
-      raise ConfigError(f"{where}: {path}: tensor {name!r} of the safetensors header has no "
-                        "sound dtype, shape and data_offsets")
+      raise _refusal(where, f"{path}: tensor {name!r} of the safetensors header has no "
+                            "sound dtype, shape and data_offsets")
     if entry["dtype"] not in SAFETENSORS_BITS:
-      raise ConfigError(f"{where}: {path}: tensor {name!r} has dtype {entry['dtype']!r}; "
-                        f"known: {', '.join(SAFETENSORS_BITS)}")
+      raise _refusal(where, f"{path}: tensor {name!r} has dtype {entry['dtype']!r}; "
+                            f"known: {', '.join(SAFETENSORS_BITS)}")
     bits = math.prod(shape) * SAFETENSORS_BITS[entry["dtype"]]
     if bits != 8 * (end - begin):
-      raise ConfigError(f"{where}: {path}: tensor {name!r} of shape {list(shape)} "
-                        f"({entry['dtype']}) needs {bits // 8} bytes; its data_offsets "
-                        f"give {end - begin}")
+      raise _refusal(where, f"{path}: tensor {name!r} of shape {list(shape)} "
+                            f"({entry['dtype']}) needs {bits // 8} bytes; its data_offsets "
+                            f"give {end - begin}")
     spans.append((begin, end, name))
     shapes[name] = shape
   position = 0
   for begin, end, name in sorted(spans):
     if begin != position:
-      raise ConfigError(f"{where}: {path}: tensor {name!r} starts at byte {begin} of the "
-                        f"data, not {position} (its data_offsets overlap another's or leave "
-                        "a gap)")
+      raise _refusal(where, f"{path}: tensor {name!r} starts at byte {begin} of the "
+                            f"data, not {position} (its data_offsets overlap another's or leave "
+                            "a gap)")
     position = end
   if 8 + length + position != size:
-    raise ConfigError(f"{where}: {path}: truncated or padded: the header gives "
-                      f"{8 + length + position} bytes, the file has {size}")
+    raise _refusal(where, f"{path}: truncated or padded: the header gives "
+                          f"{8 + length + position} bytes, the file has {size}")
   return shapes
 
 
@@ -133,8 +149,8 @@ def check_checkpoint_dir(directory: str, where: str, *, tokenizer: bool = True,
   policy's directory also holds tokenizer.json; `weights`: and its safetensors (not for a
   model served elsewhere, whose config and tokenizer alone are read here)."""
   if not os.path.isdir(directory):
-    raise ConfigError(f"{where}: {directory}: "
-                      f"{'not a directory' if os.path.exists(directory) else 'no such directory'}")
+    what = "not a directory" if os.path.exists(directory) else "no such directory"
+    raise _refusal(where, f"{directory}: {what}")
   if not os.path.exists(os.path.join(directory, "config.json")):
     _missing(directory, "config.json", where)
   config = _json_object(os.path.join(directory, "config.json"), where)
@@ -148,9 +164,9 @@ def check_checkpoint_dir(directory: str, where: str, *, tokenizer: bool = True,
     tokenizer_json = _json_object(path, where)
     ids = _token_ids(tokenizer_json)
     if isinstance(rows, int) and ids > rows:
-      raise ConfigError(f"{where}: {path} has {ids} token ids, more than the {rows} rows of "
-                        "the model's embedding (config.json vocab_size): its tokens past "
-                        f"{rows - 1} have no embedding")
+      raise _refusal(where, f"{path} has {ids} token ids, more than the {rows} rows of "
+                            "the model's embedding (config.json vocab_size): its tokens past "
+                            f"{rows - 1} have no embedding")
     check_tokenizer_regexes(path, tokenizer_json, where)
 
 
@@ -169,9 +185,9 @@ def _check_model(directory: str, config: dict, shapes: dict[str, tuple[int, ...]
     if shapes:
       hf_tensors.check_header_shapes(model, shapes)
   except KeyError as error:
-    raise ConfigError(f"{where}: {directory}: config.json has no {error}") from None
+    raise _refusal(where, f"{directory}: config.json has no {error}") from None
   except (ValueError, TypeError) as error:
-    raise ConfigError(f"{where}: {directory}: {error}") from None
+    raise _refusal(where, f"{directory}: {error}") from None
 
 
 def _token_ids(tokenizer: dict) -> int:
@@ -252,16 +268,16 @@ def _probe_regexes(path: str, patterns: tuple[str, ...], where: str) -> None:
                             capture_output=True, text=True, timeout=REGEX_PROBE_S,
                             env={**os.environ, "RUST_BACKTRACE": "0"})
   except subprocess.TimeoutExpired:
-    raise ConfigError(f"{where}: {path}: a pre-tokenizer regex of {patterns!r}"[:300]
-                      + f" did not finish on 2000-character probes in {REGEX_PROBE_S:g} s "
-                      "(it backtracks without end)") from None
+    shown = f"{path}: a pre-tokenizer regex of {patterns!r}"[:300 - len(where) - 2]
+    raise _refusal(where, shown + f" did not finish on 2000-character probes in "
+                   f"{REGEX_PROBE_S:g} s (it backtracks without end)") from None
   if result.returncode == 3:
     pattern, text, error = json.loads(result.stdout.splitlines()[-1])
-    raise ConfigError(f"{where}: {path}: the pre-tokenizer regex {pattern!r} fails on "
-                      f"{text!r} ({error})")
+    raise _refusal(where, f"{path}: the pre-tokenizer regex {pattern!r} fails on "
+                          f"{text!r} ({error})")
   if result.returncode:
-    raise ConfigError(f"{where}: {path}: the pre-tokenizer regexes do not compile or run "
-                      f"({(result.stderr.strip().splitlines() or ['?'])[-1][:200]})")
+    raise _refusal(where, f"{path}: the pre-tokenizer regexes do not compile or run "
+                          f"({(result.stderr.strip().splitlines() or ['?'])[-1][:200]})")
 
 
 def _check_weights(directory: str, where: str) -> dict[str, tuple[int, ...]]:
@@ -272,11 +288,11 @@ def _check_weights(directory: str, where: str) -> dict[str, tuple[int, ...]]:
   if os.path.exists(index):
     weight_map = _json_object(index, where).get("weight_map")
     if not isinstance(weight_map, dict):
-      raise ConfigError(f"{where}: {index} has no weight_map object")
+      raise _refusal(where, f"{index} has no weight_map object")
     for shard in sorted(set(weight_map.values())):
       path = os.path.join(directory, str(shard))
       if not os.path.isfile(path):
-        raise ConfigError(f"{where}: shard {path}, named in {SAFETENSORS_INDEX}, is missing")
+        raise _refusal(where, f"shard {path}, named in {SAFETENSORS_INDEX}, is missing")
       shapes.update(safetensors_shapes(path, where))
   elif os.path.exists(os.path.join(directory, SAFETENSORS)):
     shapes = safetensors_shapes(os.path.join(directory, SAFETENSORS), where)
@@ -286,4 +302,4 @@ def _check_weights(directory: str, where: str) -> dict[str, tuple[int, ...]]:
 
 
 def _missing(directory: str, name: str, where: str) -> NoReturn:
-  raise ConfigError(f"{where}: {directory} has no {name}")
+  raise _refusal(where, f"{directory} has no {name}")
