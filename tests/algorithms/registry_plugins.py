@@ -1,5 +1,5 @@
 """Estimators and policy losses outside the library, named as "tests.algorithms.
-registry_plugins:<name>" by tests/algorithms/test_registries.py and
+registry_plugins:<name>" by tests/algorithms/test_estimators.py, test_losses.py and
 tests/launch/test_extending.py (what a user's own module looks like)."""
 
 import jax.numpy as jnp
