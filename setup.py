@@ -99,7 +99,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["rlhf_jax", "rlhf_jax.*"]),
-    package_data={"rlhf_jax.sampling.protos": ["*.proto", "*.pyi"]},
+    package_data={"rlhf_jax.sampling.serve.protos": ["*.proto", "*.pyi"]},
     install_requires=CORE,
     extras_require=EXTRAS,
     license="Apache-2.0",

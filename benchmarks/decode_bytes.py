@@ -228,7 +228,7 @@ def measure_sampling(name: str, truncate: bool, *, shapes=None) -> dict:
   bytes. `breakdown_mb`: "logits_pass" (fusions that reduce over the logits), "gather"
   (taking one vocabulary block and the drawn logit per row: the cost model charges a
   gather its whole operand, though it reads batch × block), "other" (block-sized work)."""
-  from rlhf_jax.sampling.token_sampling import sample_tokens  # noqa: PLC0415 (env first)
+  from rlhf_jax.sampling.engine.token_sampling import sample_tokens  # noqa: PLC0415 (env first)
   fields, batch, _, _ = (shapes or SHAPES)[name]
   vocab = fields["vocab_size"]
 

@@ -196,7 +196,7 @@ def gen_ours(part: str, args) -> dict:
 
   from rlhf_jax import models
   from rlhf_jax import sampling
-  from rlhf_jax.sampling.scheduler import Scheduler
+  from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 
   slots, prompt, new, sync = SHAPES[args.tiny][part]
   sync = args.sync or sync

@@ -87,7 +87,7 @@ def load(model_dir: str):
 def run_w1(model, params, prompts: np.ndarray, steps_per_sync: int) -> dict:
   """W1: a warm-up call, then three timed calls (seeds 1-3), host ids in → host ids out."""
   from rlhf_jax import sampling
-  from rlhf_jax.sampling.scheduler import Scheduler
+  from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 
   engine = sampling.Engine(model, num_slots=BATCH, cache_length=PROMPT_LEN + NEW_TOKENS)
 
@@ -115,7 +115,7 @@ def run_long_tail(model, params, continuous: bool, steps_per_sync: int) -> dict:
   """64 requests with log-normal max_new_tokens (median 96, capped at 512) on 32 slots,
   after warmup (`LONG_TAIL_*`, `BATCH` slots)."""
   from rlhf_jax import sampling
-  from rlhf_jax.sampling.scheduler import Scheduler
+  from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 
   rng = np.random.default_rng(7)
   requests = LONG_TAIL_REQUESTS

@@ -21,7 +21,7 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
   # Persistent XLA compilation cache directory (runtime.enable_compile_cache); '' = off.
   config.compile_cache = "~/.cache/rlhf_jax/xla"
   config.model = ml_collections.ConfigDict()
-  # 'tiny' (a random demo model: rlhf_jax.sampling.serve_config.tiny_model) or 'hf'
+  # 'tiny' (a random demo model: rlhf_jax.sampling.serve.config.tiny_model) or 'hf'
   # (model.checkpoint).
   config.model.kind = variant
   config.model.checkpoint = ""  # HF checkpoint directory (required for kind 'hf').

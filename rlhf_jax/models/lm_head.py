@@ -60,7 +60,7 @@ def rows_logprobs(model, params, tokens: jax.Array, attention_mask: jax.Array,
   right-padded in the last R = response_mask.shape[1] columns. The forward runs on all
   P + R tokens (even, aligned lengths for fused attention kernels) and reads the states
   at [P − 1, P + R − 1). With `packed`, from the rows packed into buffers. Used by the
-  trainer's forwards and by a sampling server's reference (sampling/reference.py).
+  trainer's forwards and by a sampling server's reference (sampling/serve/reference.py).
 
   Returns:
     logprobs [B, R] (and entropy [B, R] when `with_entropy`), float32, 0 where

@@ -78,7 +78,7 @@ def build_judge(c, section, verdicts: Mapping[str, str], mesh) -> VerdictJudge:
   ids = verdict_token_ids(tokenizer, verdicts)
   if s.address:
     # grpc is the `serve` extra's: imported only when a judge server is configured.
-    from rlhf_jax.sampling import remote  # pylint: disable=import-outside-toplevel
+    from rlhf_jax.sampling.remote import connect as remote  # pylint: disable=import-outside-toplevel
     sampler = remote.connect(s, "reward.judge_sampler")  # its token and TLS files
   else:
     role, _, _ = load_frozen(directory, mesh, head="lm", dtype=s.dtype,

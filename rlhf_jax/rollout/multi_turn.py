@@ -174,7 +174,7 @@ class MultiTurnRollout(StreamRollout):
     """Samples every live episode's next model turn with `base` (one request each, sent
     as the conversation so far) and appends its tokens as sampled."""
     # A turn that may be continued keeps its KV cache: the next turn prefills only the
-    # observation (sampling/prefix_cache.py); the tokens are the same either way.
+    # observation (sampling/engine/prefix_cache.py); the tokens are the same either way.
     params = [dataclasses.replace(
         base, n=1, stop_token_ids=self.stop_ids, keep_cache=turn < self.max_turns - 1,
         seed=(seed + 1_000_003 * e.index + 7919 * turn) % 2**31,

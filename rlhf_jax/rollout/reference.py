@@ -2,7 +2,7 @@
 
 The KL term's log π_ref of a batch does not depend on the weights being trained, so the
 servers that sampled the batch can compute it: each keeps the trainer's reference weights
-(sent once, `update_reference`; sampling/reference.py) and scores the batch's rows. Wrapped
+(sent once, `update_reference`; sampling/serve/reference.py) and scores the batch's rows. Wrapped
 around a rollout mode inside `PipelinedRollout`, the forward runs on the generation thread:
 with `rollout.max_staleness` > 0 it overlaps the learner's update, and the trainer holds
 no reference copy at all. The decision where log π_ref comes from is made here and in

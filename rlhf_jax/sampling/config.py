@@ -17,12 +17,12 @@ from rlhf_jax.config_errors import one_of
 from rlhf_jax.models import with_numerics
 from rlhf_jax.models.decoder_config import DTYPES
 from rlhf_jax.models.decoder_config import MATMUL_PRECISIONS
-from rlhf_jax.sampling import security
-from rlhf_jax.sampling.engine import Engine
+from rlhf_jax.sampling.engine.engine import Engine
+from rlhf_jax.sampling.engine.token_sampling import needs_truncation
 from rlhf_jax.sampling.params import SamplingParams
-from rlhf_jax.sampling.scheduler import Scheduler
-from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
-from rlhf_jax.sampling.token_sampling import needs_truncation
+from rlhf_jax.sampling.scheduler.options import validate_scheduler_options
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.serve import security
 
 
 def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
@@ -31,7 +31,7 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
   """The `sampler` config section with its defaults (one comment per field)."""
   config = ml_collections.ConfigDict()
   config.address = ""  # "host:port" of a sampling server; empty: the in-process engine.
-  # Several servers ("host:port", ...): a fleet with routing and failover (sampling/fleet.py).
+  # Several servers ("host:port", ...): a fleet with routing and failover (sampling/remote/fleet.py).
   config.addresses = ()
   # File with the servers' shared secret (their server.token_file), sent with every call.
   config.token_file = ""
@@ -56,7 +56,7 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
   config.update_policy = "finish_old"  # Weight updates: 'finish_old' or 'swap_now'.
   config.max_stop_tokens = 4  # Room for stop token ids per request.
   # Finished samples' KV cache rows kept for their next turn (multi-turn rollouts prefill
-  # only the new tokens: sampling/prefix_cache.py); each holds one slot's cache. -1:
+  # only the new tokens: sampling/engine/prefix_cache.py); each holds one slot's cache. -1:
   # num_slots; 0: off.
   config.parked_rows = -1
   # The sampler's compute dtype (float32, bfloat16): bf16 rollouts with a float32 trainer

@@ -37,7 +37,7 @@ from rlhf_jax.parallel.distributed import fully_replicated_host_value
 from rlhf_jax.parallel.distributed import process_share
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
-from rlhf_jax.sampling.scheduler import Completion
+from rlhf_jax.sampling.protocol import Completion
 
 
 class ProcessShardedSampler:

@@ -1,8 +1,9 @@
 """The `Sampler` seam: what the training loop and evaluation need from a sampler.
 
-Implemented by the in-process `Scheduler` (rlhf_jax.sampling.scheduler) and by the
-gRPC `SamplerClient` (rlhf_jax.sampling.client); a vLLM- or SGLang-backed sampler
-would be a third implementation, not a branch of the loop.
+Implemented by the in-process `Scheduler` (rlhf_jax.sampling.scheduler) and by the gRPC
+`SamplerClient` (rlhf_jax.sampling.remote); a vLLM- or SGLang-backed sampler would be a
+third implementation, not a branch of the loop. What every sampler returns, `Completion`,
+is here too, so the seam imports no sampler.
 
 The optional extras (preparing and loading weights, rolling back, keeping versions,
 figures, the reference RPCs) are small Protocols of their own, asked with isinstance;
@@ -11,6 +12,7 @@ figures, the reference RPCs) are small Protocols of their own, asked with isinst
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 from typing import ContextManager
 from typing import Protocol
@@ -18,7 +20,42 @@ from typing import Sequence
 from typing import runtime_checkable
 
 from rlhf_jax.sampling.params import SamplingParams
-from rlhf_jax.sampling.scheduler import Completion
+
+
+@dataclasses.dataclass
+class Completion:
+  """One finished sample.
+
+  Attributes:
+    request_id: the id `submit` returned.
+    sample_index: which of the request's `n` samples.
+    prompt_ids: the prompt tokens.
+    token_ids: the generated tokens (a stop token included).
+    sampled_logprobs: per token, log q under the distribution it was drawn from.
+    model_logprobs: per token, log π under the model at temperature 1 (PPO's π_old).
+    finish_reason: "stop" (a stop token), "length" (max_new_tokens),
+      "cancelled", or "error" (see `error`).
+    seed: the seed used (drawn by the scheduler when the request gave none).
+    weights_version: (first, last) weight versions the sample was generated with.
+    token_versions: per token, the weights version that sampled it (they differ only
+      when the weights were swapped mid-sample: update_policy "swap_now"); empty from
+      a sampler that records none.
+    error: the failure message when finish_reason == "error".
+    candidate_logprobs: log π (T=1) of `sampling.candidate_token_ids` at the first
+      generated position (empty when none were asked for).
+  """
+  request_id: str
+  sample_index: int
+  prompt_ids: list[int]
+  token_ids: list[int]
+  sampled_logprobs: list[float]
+  model_logprobs: list[float]
+  finish_reason: str
+  seed: int
+  weights_version: tuple[int, int]
+  error: str = ""
+  candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
+  token_versions: list[int] = dataclasses.field(default_factory=list)
 
 
 @runtime_checkable

@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.protocol import Completion
 from rlhf_jax.sampling.protocol import LoadsPrepared
 from rlhf_jax.sampling.protocol import PreparesParams
 from rlhf_jax.sampling.protocol import RollsBack
-from rlhf_jax.sampling.scheduler import Completion
 
 
 class _Pin(threading.local):

@@ -37,7 +37,7 @@ import numpy as np
 from rlhf_jax.data import Example
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.sampling import SamplingParams
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 
 
 @dataclasses.dataclass

@@ -188,7 +188,7 @@ def _sampler(c, policy: Policy, mesh):
     return process_sharded_sampler(c, policy, mesh)
   if remote_sampler(c):
     # grpc is the `serve` extra's: imported only when a sampler server is configured.
-    from rlhf_jax.sampling import remote  # pylint: disable=import-outside-toplevel
+    from rlhf_jax.sampling.remote import connect as remote  # pylint: disable=import-outside-toplevel
     sampler = remote.connect(c.sampler)  # a client, or a fleet of sampler.addresses
     remote.push_initial(sampler, policy.params)
     if reference_lib.from_sampler(c):  # the frozen reference: a teacher, or the policy

@@ -292,8 +292,8 @@ def student_server(tmp_path):
   architecture, started on other weights (the trainer pushes its own); yields
   (server address, student model, student params)."""
   from rlhf_jax import sampling
-  from rlhf_jax.sampling import server as server_lib
-  from rlhf_jax.sampling.scheduler import Scheduler
+  from rlhf_jax.sampling.serve import server as server_lib
+  from rlhf_jax.sampling.scheduler.scheduler import Scheduler
   model, params = save_arith_model(tmp_path / "student", hidden_size=16, num_layers=1,
                                    num_heads=2, seed=2)
   _, other = models.init_model(model.config, seed=99)

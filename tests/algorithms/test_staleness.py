@@ -26,7 +26,7 @@ from rlhf_jax.rollout import GroupGenerator
 from rlhf_jax.rollout import pack_groups
 from rlhf_jax.rollout import windows as windowed
 from rlhf_jax.sampling import SamplingParams
-from rlhf_jax.sampling.requests import Completion
+from rlhf_jax.sampling.protocol import Completion
 from tests.rollout.scripted_groups import MIXED
 from tests.rollout.scripted_groups import SOLVED
 from tests.rollout.scripted_groups import group
@@ -85,7 +85,7 @@ def reference_weights(trainer, sampler, versions, lengths, starts, *, correction
                       stale_mode, cap):
   """Per token, from docs/formulas.md#decoupled-ppo: (π_old, w, keep), 0 off the sampled
   tokens. A token of version CURRENT is fresh, also in a row that spans versions (the
-  sampler recomputes the KV cache of a sample in flight at a swap: sampling/swap.py)."""
+  sampler recomputes the KV cache of a sample in flight at a swap: sampling/scheduler/swaps.py)."""
   old, weight, keep = np.zeros_like(trainer), np.zeros_like(trainer), np.zeros_like(trainer)
   for b in range(trainer.shape[0]):
     for t in range(trainer.shape[1]):

@@ -20,7 +20,7 @@ from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.multi_turn import Episode
 from rlhf_jax.rollout.multi_turn import MultiTurnRollout
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 from rlhf_jax.rollout.evaluation import evaluate_episodes
 from tests.fakes import FakeScorer
 

@@ -83,7 +83,7 @@ def grad_jaxpr(config, head="lm"):
 
 
 def cached_jaxpr(config):
-  """A sampler-style prefill into a KVCache (as sampling/engine.py does), then a decode step."""
+  """A sampler-style prefill into a KVCache (as sampling/engine/engine.py does), then a decode step."""
   model, params = init_model(config)
   tokens, mask = tokens_and_mask()
   true_length = jnp.sum(mask, axis=1, dtype=jnp.int32)

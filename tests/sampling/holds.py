@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 
 
 class Hold:

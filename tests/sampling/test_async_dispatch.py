@@ -8,8 +8,8 @@ import collections
 import pytest
 
 from rlhf_jax import sampling
-from rlhf_jax.sampling import programs
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler import programs
 from tests.sampling.tiny_engine import BUCKETS
 from tests.sampling.tiny_engine import ENGINE
 from tests.sampling.tiny_engine import NEWLINE

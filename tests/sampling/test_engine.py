@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from rlhf_jax import sampling
-from rlhf_jax.sampling.scheduler import QueueFull
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import QueueFull
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 from tests.sampling.tiny_engine import VOCAB
 from tests.sampling.tiny_engine import CONFIG
 from tests.sampling.tiny_engine import NEWLINE

@@ -1,4 +1,4 @@
-"""A fleet of three sampling servers on localhost (sampling/fleet.py): the same samples as
+"""A fleet of three sampling servers on localhost (sampling/remote/fleet.py): the same samples as
 one in-process scheduler, routing by load, versioned weights on every server, a server
 killed mid-step whose requests are sent again, and a server that comes back."""
 
@@ -11,10 +11,10 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax import sampling
-from rlhf_jax.sampling import server as server_lib
-from rlhf_jax.sampling.fleet import FleetUnavailableError
-from rlhf_jax.sampling.fleet import SamplerFleet
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.remote.fleet import FleetUnavailableError
+from rlhf_jax.sampling.remote.fleet import SamplerFleet
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.serve import server as server_lib
 from tests.sampling.holds import Hold
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
@@ -210,7 +210,7 @@ def test_a_continuation_goes_to_the_server_that_kept_its_cache():
 
 
 def test_cache_affinity_finds_the_longest_kept_prefix_and_forgets_a_lost_server():
-  from rlhf_jax.sampling.affinity import CacheAffinity
+  from rlhf_jax.sampling.remote.affinity import CacheAffinity
   affinity = CacheAffinity(capacity=2)
   affinity.record([1, 2, 3], "a")
   affinity.record([1, 2, 3, 4, 5], "b")

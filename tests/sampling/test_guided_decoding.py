@@ -13,7 +13,7 @@ from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.algorithms import qsharp
 from rlhf_jax.sampling import GuidedParams
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 from tests.sampling.tiny_engine import BUCKETS
 from tests.sampling.tiny_engine import CONFIG
 from tests.sampling.tiny_engine import prompts

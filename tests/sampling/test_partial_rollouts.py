@@ -1,4 +1,4 @@
-"""Partial rollouts end to end, AReaL's semantics (sampling/swap.py): at a weight swap the
+"""Partial rollouts end to end, AReaL's semantics (sampling/scheduler/swaps.py): at a weight swap the
 samples in flight get their KV cache recomputed by the new weights, so every token they
 draw after the swap is the new policy's (its sampler log-prob is the trainer's under the
 new weights) and decoupled PPO treats it as fresh, the tokens before the swap as stale.
@@ -13,8 +13,8 @@ from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
-from rlhf_jax.sampling import swap
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler import swaps as swap
 
 CONFIG = models.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=2, num_heads=2,
                               num_kv_heads=1, head_dim=8, intermediate_size=24)

@@ -1,4 +1,4 @@
-"""KV reuse across turns (sampling/prefix_cache.py, Engine.park / resume): a continuation
+"""KV reuse across turns (sampling/engine/prefix_cache.py, Engine.park / resume): a continuation
 of a kept sample draws the same tokens with the same log-probs as re-prefilling the whole
 conversation, prefills only the new tokens, never uses rows of other weights, and keeps
 at most `parked_rows` rows."""
@@ -10,7 +10,7 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax import sampling
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                               num_kv_heads=2, head_dim=8, intermediate_size=48)
@@ -89,8 +89,8 @@ def test_without_keep_cache_nothing_is_parked():
 
 
 def test_through_the_server_the_continuations_reuse_the_servers_caches():
-  from rlhf_jax.sampling import server as server_lib  # pylint: disable=import-outside-toplevel
-  from rlhf_jax.sampling.client import SamplerClient  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.sampling.serve import server as server_lib  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.sampling.remote.client import SamplerClient  # pylint: disable=import-outside-toplevel
   served = scheduler(parked_rows=3)
   server, port, service = server_lib.start_server(served, port=0, max_workers=4)
   client = SamplerClient(f"localhost:{port}", timeout_s=60)

@@ -1,4 +1,4 @@
-"""The scheduler's program set (sampling/programs.py): few variants, all compiled by
+"""The scheduler's program set (sampling/scheduler/programs.py): few variants, all compiled by
 warmup, none after it, and the same completions as dispatching one step at a time."""
 
 import contextlib
@@ -13,9 +13,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from rlhf_jax import sampling
-from rlhf_jax.sampling import programs
-from rlhf_jax.sampling import swap
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler import programs
+from rlhf_jax.sampling.scheduler import swaps as swap
 from tests.sampling.tiny_engine import MODEL
 from tests.sampling.tiny_engine import PARAMS
 from tests.sampling.tiny_engine import peaked_params
@@ -134,7 +134,7 @@ def test_completions_equal_one_step_dispatches():
 
 
 def test_warmup_compiles_the_swap_refill_and_a_first_swap_compiles_nothing():
-  """Under 'swap_now' warmup compiles the refill (sampling/swap.py: one prefill and one
+  """Under 'swap_now' warmup compiles the refill (sampling/scheduler/swaps.py: one prefill and one
   row write per refill length), so the first swap with samples in flight, which runs
   under the scheduler's lock, compiles nothing (else submit and metrics wait for it)."""
   engine = sampling.Engine(MODEL, num_slots=3, cache_length=16)  # shapes of its own

@@ -1,4 +1,4 @@
-"""Reference log-probs on the sampling servers (sampling/reference.py, rollout/reference.py):
+"""Reference log-probs on the sampling servers (sampling/serve/reference.py, rollout/reference.py):
 a server scores padded rollout rows under the reference weights it was sent, as a NumPy
 log-softmax over each unpadded row says; the served weights never leak into them; errors
 name the field; a fleet answers through a killed server and re-sends the reference to one
@@ -11,16 +11,16 @@ import jax
 import numpy as np
 import pytest
 
+from rlhf_jax import batch as batch_lib
 from rlhf_jax import models
 from rlhf_jax import sampling
-from rlhf_jax import batch as batch_lib
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rollout import reference as reference_lib
 from rlhf_jax.rollout.generation import Rollouts
-from rlhf_jax.sampling import server as server_lib
-from rlhf_jax.sampling.client import SamplerClient
-from rlhf_jax.sampling.fleet import SamplerFleet
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.remote.client import SamplerClient
+from rlhf_jax.sampling.remote.fleet import SamplerFleet
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.serve import server as server_lib
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                               num_kv_heads=2, head_dim=8, intermediate_size=48)

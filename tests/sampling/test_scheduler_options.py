@@ -8,8 +8,8 @@ from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.sampling import config as sampler_config_lib
-from rlhf_jax.sampling.scheduler import Scheduler
-from rlhf_jax.sampling.scheduler import default_prompt_buckets
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import default_prompt_buckets
 
 CONFIG = models.DecoderConfig(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2,
                               num_kv_heads=1, head_dim=8, intermediate_size=32)

@@ -10,16 +10,16 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax import sampling
-from rlhf_jax.sampling import serve_config as serve_config_lib
-from rlhf_jax.sampling import server as server_lib
-from rlhf_jax.sampling import wire
-from rlhf_jax.sampling.client import SamplerClient
-from rlhf_jax.sampling.client import TokenEvent
-from rlhf_jax.sampling.protos import jetstream_pb2
-from rlhf_jax.sampling.protos import jetstream_pb2_grpc
-from rlhf_jax.sampling.protos import sampler_pb2
-from rlhf_jax.sampling.protos import sampler_pb2_grpc
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.remote.client import SamplerClient
+from rlhf_jax.sampling.remote.client import TokenEvent
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.serve import config as serve_config_lib
+from rlhf_jax.sampling.serve import server as server_lib
+from rlhf_jax.sampling.serve import wire
+from rlhf_jax.sampling.serve.protos import jetstream_pb2
+from rlhf_jax.sampling.serve.protos import jetstream_pb2_grpc
+from rlhf_jax.sampling.serve.protos import sampler_pb2
+from rlhf_jax.sampling.serve.protos import sampler_pb2_grpc
 from tests.sampling.holds import Hold
 from tests.sampling.holds import cancel_arrived
 
@@ -401,9 +401,11 @@ def test_the_sampling_core_imports_without_grpc():
   import subprocess
   import sys
   code = ("import sys; import rlhf_jax.sampling; "
-          "from rlhf_jax.sampling import config, serve_config, service, scheduler_options; "
+          "from rlhf_jax.sampling import config; "
+          "from rlhf_jax.sampling.scheduler import options; "
+          "from rlhf_jax.sampling.serve import config, loop, reference, security; "
           "assert 'grpc' not in sys.modules, 'grpc imported'; "
-          "from rlhf_jax.sampling import server; assert 'grpc' in sys.modules")
+          "from rlhf_jax.sampling.serve import server; assert 'grpc' in sys.modules")
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert result.returncode == 0, result.stderr[-2000:]

@@ -13,15 +13,15 @@ import pytest
 from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.sampling import reference as reference_lib
-from rlhf_jax.sampling import serve_config as serve_config_lib
-from rlhf_jax.sampling import server as server_lib
-from rlhf_jax.sampling.client import SamplerClient
-from rlhf_jax.sampling.protos import jetstream_pb2
-from rlhf_jax.sampling.protos import jetstream_pb2_grpc
-from rlhf_jax.sampling.protos import sampler_pb2
-from rlhf_jax.sampling.protos import sampler_pb2_grpc
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.remote.client import SamplerClient
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.serve import config as serve_config_lib
+from rlhf_jax.sampling.serve import reference as reference_lib
+from rlhf_jax.sampling.serve import server as server_lib
+from rlhf_jax.sampling.serve.protos import jetstream_pb2
+from rlhf_jax.sampling.serve.protos import jetstream_pb2_grpc
+from rlhf_jax.sampling.serve.protos import sampler_pb2
+from rlhf_jax.sampling.serve.protos import sampler_pb2_grpc
 from tests.sampling.holds import Hold
 from tests.sampling.holds import StepCount
 from tests.sampling.holds import cancel_arrived

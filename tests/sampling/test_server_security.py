@@ -14,16 +14,16 @@ import pytest
 from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.sampling import security as security_lib
-from rlhf_jax.sampling import server as server_lib
-from rlhf_jax.sampling import wire
-from rlhf_jax.sampling.client import SamplerClient
-from rlhf_jax.sampling.fleet import SamplerFleet
-from rlhf_jax.sampling.protos import jetstream_pb2
-from rlhf_jax.sampling.protos import jetstream_pb2_grpc
-from rlhf_jax.sampling.scheduler import Scheduler
-from rlhf_jax.sampling.security import ClientSecurity
-from rlhf_jax.sampling.security import ServerSecurity
+from rlhf_jax.sampling.remote.client import SamplerClient
+from rlhf_jax.sampling.remote.fleet import SamplerFleet
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.serve import security as security_lib
+from rlhf_jax.sampling.serve import server as server_lib
+from rlhf_jax.sampling.serve import wire
+from rlhf_jax.sampling.serve.protos import jetstream_pb2
+from rlhf_jax.sampling.serve.protos import jetstream_pb2_grpc
+from rlhf_jax.sampling.serve.security import ClientSecurity
+from rlhf_jax.sampling.serve.security import ServerSecurity
 from tests.sampling.serve_configs import serve_config
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
@@ -229,7 +229,7 @@ def test_the_takeover_is_refused_at_its_first_write(token_server, monkeypatch):
 
 
 def test_a_trainer_with_a_wrong_token_gets_one_line(token_server, tmp_path):
-  from rlhf_jax.sampling import remote
+  from rlhf_jax.sampling.remote import connect as remote
   from rlhf_jax.sampling.config import sampler_config
   address, service = token_server
   section = sampler_config()
@@ -293,7 +293,7 @@ def test_a_new_or_resumed_trainer_owns_a_running_servers_weights_version(token_s
   """A run stopped after its last checkpoint (step 3) leaves its server holding version 5.
   The next trainer's first weights (version 0) and its resume's (step 3) are taken,
   through one client and a fleet alike; a wrong token is still one line."""
-  from rlhf_jax.sampling import remote
+  from rlhf_jax.sampling.remote import connect as remote
   address, service = token_server
   security = ClientSecurity(token=TOKEN)
   lines = []

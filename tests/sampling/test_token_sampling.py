@@ -9,7 +9,7 @@ import pytest
 
 from rlhf_jax.sampling import sample_tokens
 from rlhf_jax.sampling import truncation_mask
-from rlhf_jax.sampling.token_sampling import needs_truncation
+from rlhf_jax.sampling.engine.token_sampling import needs_truncation
 
 
 def reference_keep(scaled, top_k, top_p, min_p):
@@ -240,7 +240,7 @@ def test_a_target_rounded_below_a_block_start_never_picks_a_zero_weight_token():
   """float32 (c + w) − w can exceed c: the residual inside the chosen block is then a hair
   below 0, and the first token of the block (here of zero weight, a −∞ logit) must not be
   taken; nor can a target at the total pick the zero-weight tail."""
-  from rlhf_jax.sampling.token_sampling import _first_above
+  from rlhf_jax.sampling.engine.token_sampling import _first_above
   cumulative = jnp.array([[0.0, 0.5, 1.0, 1.0]])
   positive = jnp.array([[False, True, True, False]])
   assert int(_first_above(cumulative, jnp.array([-1e-8]), positive)[0]) == 1

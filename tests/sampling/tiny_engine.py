@@ -6,7 +6,7 @@ import numpy as np
 
 from rlhf_jax import models
 from rlhf_jax import sampling
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 
 VOCAB = 64
 CONFIG = models.DecoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,

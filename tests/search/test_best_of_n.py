@@ -15,7 +15,7 @@ from rlhf_jax.data import Example
 from rlhf_jax.rewards import Scores
 from rlhf_jax.search.speculative_rejection import SpeculativeRejection
 from rlhf_jax.search.speculative_rejection import bottom_fraction
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 from tests.sampling.tiny_engine import BUCKETS
 from tests.sampling.tiny_engine import CONFIG
 from tests.sampling.tiny_engine import prompts

@@ -24,7 +24,7 @@ from rlhf_jax.config_errors import UNKNOWN_FIELD
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.sampling import SamplingParams
-from rlhf_jax.sampling.serve_config import validate_serve_config
+from rlhf_jax.sampling.serve.config import validate_serve_config
 from rlhf_jax.training import config as trainer_config
 from tests.training.runs import parse
 

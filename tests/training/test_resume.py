@@ -330,7 +330,7 @@ def test_an_interrupt_inside_evaluation_saves_no_step_without_its_records(straig
 @pytest.mark.slow
 def test_losing_every_server_saves_the_last_step_and_resumes_exactly(straight, tmp_path,
                                                                       monkeypatch):
-  fleet_lib = pytest.importorskip("rlhf_jax.sampling.fleet")
+  fleet_lib = pytest.importorskip("rlhf_jax.sampling.remote.fleet")
 
   class FleetThatDies(fleet_lib.SamplerFleet):
     """The in-process sampler behind the fleet's type; every server is gone once step 3's

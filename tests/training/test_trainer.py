@@ -255,7 +255,7 @@ def test_training_against_sampling_servers(tmp_path, name, servers, staleness):
   generation one version ahead (the servers get each job's pinned weights) and the
   servers scoring the reference log-probs of the KL term."""
   from rlhf_jax.sampling import config as sampler_config_lib
-  from rlhf_jax.sampling import server as server_lib
+  from rlhf_jax.sampling.serve import server as server_lib
 
   config = shrink(preset(name))
   from_sampler = staleness > 0  # the KL term's reference on the servers

@@ -22,22 +22,22 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlhf_jax.models.functional import Params
-from rlhf_jax.sampling import programs
-from rlhf_jax.sampling.engine import Engine
+from rlhf_jax.sampling.engine.engine import Engine
+from rlhf_jax.sampling.engine.prefix_cache import PrefixCache
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
-from rlhf_jax.sampling.prefix_cache import PrefixCache
-from rlhf_jax.sampling.requests import Completion
-from rlhf_jax.sampling.requests import RequestState
-from rlhf_jax.sampling.requests import SampleState
-from rlhf_jax.sampling.requests import TokenCallback
-from rlhf_jax.sampling.requests import cancelled_before_start
-from rlhf_jax.sampling.requests import drop_cancelled_waiting
-from rlhf_jax.sampling.scheduler_options import default_prompt_buckets
-from rlhf_jax.sampling.scheduler_options import validate_request
-from rlhf_jax.sampling.scheduler_options import validate_scheduler_options
-from rlhf_jax.sampling.swap import WeightSwaps
-from rlhf_jax.sampling.swap import cache_version
+from rlhf_jax.sampling.protocol import Completion
+from rlhf_jax.sampling.scheduler.options import default_prompt_buckets
+from rlhf_jax.sampling.scheduler.options import validate_request
+from rlhf_jax.sampling.scheduler.options import validate_scheduler_options
+from rlhf_jax.sampling.scheduler.requests import RequestState
+from rlhf_jax.sampling.scheduler.requests import SampleState
+from rlhf_jax.sampling.scheduler.requests import TokenCallback
+from rlhf_jax.sampling.scheduler.requests import cancelled_before_start
+from rlhf_jax.sampling.scheduler.requests import drop_cancelled_waiting
+from rlhf_jax.sampling.scheduler import programs
+from rlhf_jax.sampling.scheduler.swaps import WeightSwaps
+from rlhf_jax.sampling.scheduler.swaps import cache_version
 
 
 class QueueFull(RuntimeError):
@@ -59,13 +59,13 @@ class Scheduler(WeightSwaps):
     update_policy: "finish_old" (in-flight samples finish on the old weights;
       new samples wait for the swap) or "swap_now" (the next step uses the new
       weights, the samples in flight with their KV cache recomputed by them:
-      sampling/swap.py; each Completion records the versions it saw).
+      sampling/scheduler/swaps.py; each Completion records the versions it saw).
     seed: seeds the draws for requests that give no seed.
     weights_version: the version number of `params`.
     max_prefill_batch: most prompts per prefill call (a power of two); prefill
       batches are padded to a few sizes up to it (`programs.prefill_batch_sizes`).
     parked_rows: most finished samples' cache rows kept for continuations (requests
-      with `keep_cache`: sampling/prefix_cache.py); None: `num_slots`.
+      with `keep_cache`: sampling/engine/prefix_cache.py); None: `num_slots`.
     overlap_host: dispatch the next decode steps before reading the last ones' results
       (the device never waits for the host's bookkeeping); False: read each dispatch's
       results before the next (the same completions, one dispatch sooner).
@@ -199,7 +199,7 @@ class Scheduler(WeightSwaps):
         "tokens_per_second": stats.get("emitted_tokens", 0) / elapsed,
         "prefilled_tokens": float(stats.get("prefilled_tokens", 0)),
         "reused_tokens": float(self.prefix_cache.stats["reused_tokens"]),
-        "refilled_tokens": float(stats.get("refilled_tokens", 0)),  # at swaps (swap.py)
+        "refilled_tokens": float(stats.get("refilled_tokens", 0)),  # at swaps (swaps.py)
         "weights_version": float(self.weights_version),
     }
 
@@ -218,11 +218,11 @@ class Scheduler(WeightSwaps):
     return [done[rid] for rid in ids]
 
   def warmup(self, truncation: bool = True) -> dict[str, int]:
-    """Compiles every program the scheduler can dispatch (sampling/programs.py; without
-    the truncating generates if not `truncation`; under 'swap_now' the swap's refill), so
-    no request pays for compilation.
+    """Compiles every program the scheduler can dispatch (sampling/scheduler/programs.py;
+    without the truncating generates if not `truncation`; under 'swap_now' the swap's
+    refill), so no request pays for compilation.
     Returns `engine.compilations()`."""
-    return self._warmup_refill(programs.warmup(  # and the swap's refill (swap.py)
+    return self._warmup_refill(programs.warmup(  # and the swap's refill (swaps.py)
         self.engine, self.params, self.prompt_buckets, max_prefill_batch=self.max_prefill_batch,
         init_state=self._new_state, steps_per_sync=self.steps_per_sync, truncation=truncation))
 

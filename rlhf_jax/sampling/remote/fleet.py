@@ -7,7 +7,8 @@
 - **Routing.** A prompt's request goes to the live server with the fewest requests in
   flight from this fleet; a continuation (a prompt that starts with a sample drawn with
   `keep_cache`, the next turn of an episode) goes to the server that keeps that sample's
-  KV cache while it has room (`sampling/affinity.py`), so it prefills only the new tokens.
+  KV cache while it has room (`sampling/remote/affinity.py`), so it prefills only the new
+  tokens.
   Each prompt carries its own seed (`per_prompt`), so its samples are the same whichever
   server draws them.
 - **A server that fails** a call (unavailable, reset, deadline) is marked dead, logged,
@@ -36,17 +37,17 @@ from typing import Any, Callable, Sequence
 import grpc
 import jax
 
-from rlhf_jax.sampling.affinity import CacheAffinity
-from rlhf_jax.sampling.client import SamplerClient
-from rlhf_jax.sampling.fleet_calls import HEALTH_TIMEOUT_S
-from rlhf_jax.sampling.fleet_calls import SERVER_LOST as _SERVER_LOST
-from rlhf_jax.sampling.fleet_calls import before as _before
-from rlhf_jax.sampling.fleet_calls import describe as _describe
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
+from rlhf_jax.sampling.protocol import Completion
 from rlhf_jax.sampling.protocol import SamplerUnavailable
-from rlhf_jax.sampling.scheduler import Completion
-from rlhf_jax.sampling.security import ClientSecurity
+from rlhf_jax.sampling.remote.affinity import CacheAffinity
+from rlhf_jax.sampling.remote.client import SamplerClient
+from rlhf_jax.sampling.remote.fleet_calls import HEALTH_TIMEOUT_S
+from rlhf_jax.sampling.remote.fleet_calls import SERVER_LOST as _SERVER_LOST
+from rlhf_jax.sampling.remote.fleet_calls import before as _before
+from rlhf_jax.sampling.remote.fleet_calls import describe as _describe
+from rlhf_jax.sampling.serve.security import ClientSecurity
 
 _MAX_REJECTIONS = 1200  # a prompt refused for a full queue this often (~1 min): give up
 

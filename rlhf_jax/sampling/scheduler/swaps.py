@@ -1,5 +1,6 @@
-"""Weight swaps in the Scheduler (sampling/scheduler.py), AReaL's semantics: the samples in
-flight at a swap continue on the new weights with their KV cache recomputed by them.
+"""Weight swaps in the Scheduler (sampling/scheduler/scheduler.py), AReaL's semantics: the
+samples in flight at a swap continue on the new weights with their KV cache recomputed by
+them.
 
 A swap that kept the cache the old weights computed would let the new weights draw every
 later token over the old weights' keys and values: tokens of neither policy, though
@@ -37,10 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.sampling.engine import Engine
-from rlhf_jax.sampling.engine_state import DecodeState
-from rlhf_jax.sampling.engine_state import Prefix
-from rlhf_jax.sampling.requests import SampleState
+from rlhf_jax.sampling.engine.engine import Engine
+from rlhf_jax.sampling.engine.state import DecodeState
+from rlhf_jax.sampling.engine.state import Prefix
+from rlhf_jax.sampling.scheduler.requests import SampleState
 
 MIN_POSITIONS = 8
 

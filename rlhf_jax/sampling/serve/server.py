@@ -1,10 +1,10 @@
 """The sampler in its own process, behind gRPC (needs the `serve` extra: grpcio, protobuf).
 
-This module wires the pieces together:
-  service.py     SamplerService: the scheduler loop thread and per-request queues;
-  servicers.py   the Sampler and JetStream Orchestrator services, on one port;
-  wire.py        SamplingParams / samples / weights ⇄ protos (shared with client.py);
-  serve_config.py  configs/serve.py's validation and the model it names.
+This module wires the pieces of sampling/serve/ together:
+  loop.py      SamplerService: the scheduler loop thread and per-request queues;
+  handlers.py  the Sampler and JetStream Orchestrator services, on one port;
+  wire.py      SamplingParams / samples / weights ⇄ protos (shared with the client);
+  config.py    configs/serve.py's validation and the model it names.
 
 Weight updates follow the scheduler's `update_policy`: "finish_old" (default)
 lets in-flight samples finish on the old weights while new ones wait for the
@@ -23,19 +23,19 @@ import ml_collections
 
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.sampling import config as config_lib
-from rlhf_jax.sampling import security as security_lib
-from rlhf_jax.sampling import serve_config
-from rlhf_jax.sampling.auth import Gate
-from rlhf_jax.sampling.auth import add_port
 from rlhf_jax.sampling.params import SamplingParams
-from rlhf_jax.sampling.protos import jetstream_pb2_grpc
-from rlhf_jax.sampling.protos import sampler_pb2_grpc
-from rlhf_jax.sampling.scheduler import Scheduler
-from rlhf_jax.sampling.security import ServerSecurity
-from rlhf_jax.sampling.service import SamplerService
-from rlhf_jax.sampling.servicers import OrchestratorServicer
-from rlhf_jax.sampling.servicers import SamplerServicer
-from rlhf_jax.sampling.wire import MAX_MESSAGE_BYTES
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.serve import config as serve_config
+from rlhf_jax.sampling.serve import security as security_lib
+from rlhf_jax.sampling.serve.auth import Gate
+from rlhf_jax.sampling.serve.auth import add_port
+from rlhf_jax.sampling.serve.handlers import OrchestratorServicer
+from rlhf_jax.sampling.serve.handlers import SamplerServicer
+from rlhf_jax.sampling.serve.loop import SamplerService
+from rlhf_jax.sampling.serve.protos import jetstream_pb2_grpc
+from rlhf_jax.sampling.serve.protos import sampler_pb2_grpc
+from rlhf_jax.sampling.serve.security import ServerSecurity
+from rlhf_jax.sampling.serve.wire import MAX_MESSAGE_BYTES
 
 
 def listen(host: str = "localhost", port: int = 0, *, max_workers: int = 16,
@@ -47,7 +47,7 @@ def listen(host: str = "localhost", port: int = 0, *, max_workers: int = 16,
   are counted there. The port is not shared (`so_reuseport` off): a second server on
   it fails instead of splitting the calls.
   Raises:
-    ValueError: a host beyond loopback without a credential (security.py).
+    ValueError: a host beyond loopback without a credential (serve/security.py).
     OSError: nothing can listen on host:port.
   """
   security = security or ServerSecurity()

@@ -5,11 +5,12 @@ autotuned, and a lent machine starts bare): per prompt bucket × padded prefill 
 size (`prefill_batch_sizes`, a few) one prefill; one insert in all (every prefill row is
 padded to the longest bucket); one generate for 1 and one for `steps_per_sync` decode
 steps (`step_counts`), each with and without top-k / top-p / min-p truncation (the
-engine compiles the truncating one only while a running sample asks for it). A continuation of a parked cache row (`keep_cache`) compiles one
-resume per padded length of new tokens (powers of two) when it first runs. Under
-update_policy 'swap_now', the refill of the samples in flight at a weight swap
-(sampling/swap.py): per padded length of `swap.refill_plan` (powers of two, and the cache
-length) one prefill and one `_refill_rows` write; `Scheduler.warmup` compiles them too.
+engine compiles the truncating one only while a running sample asks for it). A
+continuation of a parked cache row (`keep_cache`) compiles one resume per padded length of
+new tokens (powers of two) when it first runs. Under update_policy 'swap_now', the refill
+of the samples in flight at a weight swap (sampling/scheduler/swaps.py): per padded length
+of `swaps.refill_plan` (powers of two, and the cache length) one prefill and one
+`_refill_rows` write; `Scheduler.warmup` compiles them too.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from rlhf_jax.models.functional import Params
-from rlhf_jax.sampling.engine import Engine
-from rlhf_jax.sampling.engine_state import DecodeState
+from rlhf_jax.sampling.engine.engine import Engine
+from rlhf_jax.sampling.engine.state import DecodeState
 from rlhf_jax.sampling.params import SamplingParams
-from rlhf_jax.sampling.requests import InFlight
-from rlhf_jax.sampling.requests import RequestState
-from rlhf_jax.sampling.requests import candidate_logprobs
+from rlhf_jax.sampling.scheduler.requests import InFlight
+from rlhf_jax.sampling.scheduler.requests import RequestState
+from rlhf_jax.sampling.scheduler.requests import candidate_logprobs
 
 
 def step_counts(steps_per_sync: int) -> list[int]:

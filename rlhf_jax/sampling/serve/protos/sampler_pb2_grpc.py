@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from rlhf_jax.sampling.protos import sampler_pb2 as rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2
+from rlhf_jax.sampling.serve.protos import sampler_pb2 as rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in rlhf_jax/sampling/protos/sampler_pb2_grpc.py depends on'
+        + ' but the generated code in rlhf_jax/sampling/serve/protos/sampler_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,43 +36,43 @@ class SamplerStub:
         """
         self.Generate = channel.unary_unary(
                 '/rlhf_jax.sampling.Sampler/Generate',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.GenerateStream = channel.unary_stream(
                 '/rlhf_jax.sampling.Sampler/GenerateStream',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateStreamResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateStreamResponse.FromString,
                 _registered_method=True)
         self.UpdateWeights = channel.stream_unary(
                 '/rlhf_jax.sampling.Sampler/UpdateWeights',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/rlhf_jax.sampling.Sampler/Cancel',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelRequest.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.CancelRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.CancelResponse.FromString,
                 _registered_method=True)
         self.UpdateReference = channel.stream_unary(
                 '/rlhf_jax.sampling.Sampler/UpdateReference',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
         self.ReferenceLogprobs = channel.unary_unary(
                 '/rlhf_jax.sampling.Sampler/ReferenceLogprobs',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsRequest.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.ReferenceLogprobsRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.ReferenceLogprobsResponse.FromString,
                 _registered_method=True)
         self.Health = channel.unary_unary(
                 '/rlhf_jax.sampling.Sampler/Health',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.HealthRequest.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.HealthResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.HealthRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.HealthResponse.FromString,
                 _registered_method=True)
         self.Metrics = channel.unary_unary(
                 '/rlhf_jax.sampling.Sampler/Metrics',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.MetricsRequest.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.MetricsResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.MetricsRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.MetricsResponse.FromString,
                 _registered_method=True)
 
 
@@ -142,43 +142,43 @@ def add_SamplerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_unary_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateRequest.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateResponse.SerializeToString,
             ),
             'GenerateStream': grpc.unary_stream_rpc_method_handler(
                     servicer.GenerateStream,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateRequest.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateStreamResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateStreamResponse.SerializeToString,
             ),
             'UpdateWeights': grpc.stream_unary_rpc_method_handler(
                     servicer.UpdateWeights,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.WeightChunk.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelRequest.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.CancelRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.CancelResponse.SerializeToString,
             ),
             'UpdateReference': grpc.stream_unary_rpc_method_handler(
                     servicer.UpdateReference,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.WeightChunk.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.SerializeToString,
             ),
             'ReferenceLogprobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ReferenceLogprobs,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsRequest.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.ReferenceLogprobsRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.ReferenceLogprobsResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.HealthRequest.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.HealthResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.HealthRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.HealthResponse.SerializeToString,
             ),
             'Metrics': grpc.unary_unary_rpc_method_handler(
                     servicer.Metrics,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.MetricsRequest.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.MetricsResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.MetricsRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.MetricsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -206,8 +206,8 @@ class Sampler:
             request,
             target,
             '/rlhf_jax.sampling.Sampler/Generate',
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateRequest.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -233,8 +233,8 @@ class Sampler:
             request,
             target,
             '/rlhf_jax.sampling.Sampler/GenerateStream',
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateRequest.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.GenerateStreamResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.GenerateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -260,8 +260,8 @@ class Sampler:
             request_iterator,
             target,
             '/rlhf_jax.sampling.Sampler/UpdateWeights',
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -287,8 +287,8 @@ class Sampler:
             request,
             target,
             '/rlhf_jax.sampling.Sampler/Cancel',
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelRequest.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.CancelResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.CancelRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.CancelResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -314,8 +314,8 @@ class Sampler:
             request_iterator,
             target,
             '/rlhf_jax.sampling.Sampler/UpdateReference',
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.WeightChunk.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.UpdateWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -341,8 +341,8 @@ class Sampler:
             request,
             target,
             '/rlhf_jax.sampling.Sampler/ReferenceLogprobs',
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsRequest.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.ReferenceLogprobsResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.ReferenceLogprobsRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.ReferenceLogprobsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -368,8 +368,8 @@ class Sampler:
             request,
             target,
             '/rlhf_jax.sampling.Sampler/Health',
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.HealthRequest.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.HealthResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.HealthRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.HealthResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -395,8 +395,8 @@ class Sampler:
             request,
             target,
             '/rlhf_jax.sampling.Sampler/Metrics',
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.MetricsRequest.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_sampler__pb2.MetricsResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.MetricsRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_sampler__pb2.MetricsResponse.FromString,
             options,
             channel_credentials,
             insecure,

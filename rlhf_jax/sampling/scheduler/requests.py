@@ -1,5 +1,4 @@
-"""What the scheduler keeps per request and per running sample, and what it hands back
-(`Completion`)."""
+"""What the scheduler keeps per request and per running sample."""
 
 from __future__ import annotations
 
@@ -9,47 +8,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlhf_jax.sampling.engine_state import Prefix
+from rlhf_jax.sampling.engine.state import Prefix
 from rlhf_jax.sampling.params import SamplingParams
+from rlhf_jax.sampling.protocol import Completion
 
-__all__ = ["Completion", "InFlight", "RequestState", "SampleState", "TokenCallback",
+__all__ = ["InFlight", "RequestState", "SampleState", "TokenCallback",
            "cancelled_before_start", "candidate_logprobs", "drop_cancelled_waiting"]
-
-
-@dataclasses.dataclass
-class Completion:
-  """One finished sample.
-
-  Attributes:
-    request_id: the id `submit` returned.
-    sample_index: which of the request's `n` samples.
-    prompt_ids: the prompt tokens.
-    token_ids: the generated tokens (a stop token included).
-    sampled_logprobs: per token, log q under the distribution it was drawn from.
-    model_logprobs: per token, log π under the model at temperature 1 (PPO's π_old).
-    finish_reason: "stop" (a stop token), "length" (max_new_tokens),
-      "cancelled", or "error" (see `error`).
-    seed: the seed used (drawn by the scheduler when the request gave none).
-    weights_version: (first, last) weight versions the sample was generated with.
-    token_versions: per token, the weights version that sampled it (they differ only
-      when the weights were swapped mid-sample: update_policy "swap_now"); empty from
-      a sampler that records none.
-    error: the failure message when finish_reason == "error".
-    candidate_logprobs: log π (T=1) of `sampling.candidate_token_ids` at the first
-      generated position (empty when none were asked for).
-  """
-  request_id: str
-  sample_index: int
-  prompt_ids: list[int]
-  token_ids: list[int]
-  sampled_logprobs: list[float]
-  model_logprobs: list[float]
-  finish_reason: str
-  seed: int
-  weights_version: tuple[int, int]
-  error: str = ""
-  candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
-  token_versions: list[int] = dataclasses.field(default_factory=list)
 
 
 TokenCallback = Callable[[str, int, int, float, float], None]

@@ -37,14 +37,14 @@ import numpy as np
 from rlhf_jax.models.decoder import KVCache
 from rlhf_jax.models.functional import FunctionalModel
 from rlhf_jax.models.functional import Params
-from rlhf_jax.sampling.engine_state import DecodeState
-from rlhf_jax.sampling.engine_state import ParkedRow
-from rlhf_jax.sampling.engine_state import Prefix
-from rlhf_jax.sampling.engine_state import SlotSampling
-from rlhf_jax.sampling.engine_state import StepResult
+from rlhf_jax.sampling.engine.state import DecodeState
+from rlhf_jax.sampling.engine.state import ParkedRow
+from rlhf_jax.sampling.engine.state import Prefix
+from rlhf_jax.sampling.engine.state import SlotSampling
+from rlhf_jax.sampling.engine.state import StepResult
+from rlhf_jax.sampling.engine.token_sampling import draw_for_slots
+from rlhf_jax.sampling.engine.token_sampling import needs_truncation
 from rlhf_jax.sampling.params import SamplingParams
-from rlhf_jax.sampling.token_sampling import draw_for_slots
-from rlhf_jax.sampling.token_sampling import needs_truncation
 
 
 @dataclasses.dataclass

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from rlhf_jax.sampling.protos import jetstream_pb2 as rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2
+from rlhf_jax.sampling.serve.protos import jetstream_pb2 as rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in rlhf_jax/sampling/protos/jetstream_pb2_grpc.py depends on'
+        + ' but the generated code in rlhf_jax/sampling/serve/protos/jetstream_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class OrchestratorStub:
         """
         self.Decode = channel.unary_stream(
                 '/jetstream_proto.Orchestrator/Decode',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.DecodeRequest.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.DecodeResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.DecodeResponse.FromString,
                 _registered_method=True)
         self.HealthCheck = channel.unary_unary(
                 '/jetstream_proto.Orchestrator/HealthCheck',
-                request_serializer=rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.HealthCheckResponse.FromString,
+                request_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.HealthCheckResponse.FromString,
                 _registered_method=True)
 
 
@@ -68,13 +68,13 @@ def add_OrchestratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Decode': grpc.unary_stream_rpc_method_handler(
                     servicer.Decode,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.DecodeRequest.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.DecodeResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.DecodeRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.DecodeResponse.SerializeToString,
             ),
             'HealthCheck': grpc.unary_unary_rpc_method_handler(
                     servicer.HealthCheck,
-                    request_deserializer=rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.HealthCheckRequest.FromString,
-                    response_serializer=rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.HealthCheckResponse.SerializeToString,
+                    request_deserializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.HealthCheckRequest.FromString,
+                    response_serializer=rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.HealthCheckResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -102,8 +102,8 @@ class Orchestrator:
             request,
             target,
             '/jetstream_proto.Orchestrator/Decode',
-            rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.DecodeRequest.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.DecodeResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.DecodeRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.DecodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -129,8 +129,8 @@ class Orchestrator:
             request,
             target,
             '/jetstream_proto.Orchestrator/HealthCheck',
-            rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.HealthCheckRequest.SerializeToString,
-            rlhf__jax_dot_sampling_dot_protos_dot_jetstream__pb2.HealthCheckResponse.FromString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.HealthCheckRequest.SerializeToString,
+            rlhf__jax_dot_sampling_dot_serve_dot_protos_dot_jetstream__pb2.HealthCheckResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,6 +1,6 @@
-"""The engine's device state and results (sampling/engine.py): a prefill's `Prefix`, a
-slot's `SlotSampling`, the `DecodeState` the decode loop carries, a step's `StepResult`,
-and a finished sample's cache row, `ParkedRow` (kept for a continuation)."""
+"""The engine's device state and results (sampling/engine/engine.py): a prefill's
+`Prefix`, a slot's `SlotSampling`, the `DecodeState` the decode loop carries, a step's
+`StepResult`, and a finished sample's cache row, `ParkedRow` (kept for a continuation)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ A server holds a shared secret (`server.token_file`) and, optionally, a TLS key 
 (`server.tls_cert`, `server.tls_key`) and a CA whose client certificates it requires
 (`server.tls_ca`: mutual TLS). Clients send the secret as gRPC metadata
 `authorization: Bearer <token>` (`sampler.token_file`) and trust the server's certificate
-through `sampler.tls_ca`. `auth.py` turns these into interceptors and channel credentials.
+through `sampler.tls_ca`. `serve/auth.py` turns these into interceptors and channel
+credentials.
 
 Without a credential (no token, no mutual TLS) a server only binds loopback: anyone who
 reaches the port could otherwise replace the served weights.

@@ -1,6 +1,6 @@
 """The scheduler loop behind the sampling server, independent of gRPC.
 
-One thread runs the scheduler loop; callers (the RPC handlers in `servicers.py`)
+One thread runs the scheduler loop; callers (the RPC handlers in `handlers.py`)
 submit requests and read a per-request event queue that the loop fills with tokens
 and finished samples. An exception inside a decode step ends the requests then
 running (their queues get a "failed" event) and the loop carries on with a fresh
@@ -16,9 +16,9 @@ import uuid
 
 from rlhf_jax.models.functional import Params
 from rlhf_jax.sampling.params import SamplingParams
-from rlhf_jax.sampling.reference import ReferencePolicy
-from rlhf_jax.sampling.requests import Completion
-from rlhf_jax.sampling.scheduler import Scheduler
+from rlhf_jax.sampling.protocol import Completion
+from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.serve.reference import ReferencePolicy
 
 # How long the idle loop and the RPC handlers wait before looking again (a client's
 # disconnect or `stop` is noticed within this).

@@ -18,7 +18,7 @@ from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 from rlhf_jax.sampling import config as config_lib
-from rlhf_jax.sampling import security
+from rlhf_jax.sampling.serve import security
 
 MODEL_KINDS = ("tiny", "hf")
 _TINY_HEADS = 4

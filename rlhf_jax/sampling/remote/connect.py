@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.sampling.client import SamplerClient
-from rlhf_jax.sampling.fleet import SamplerFleet
-from rlhf_jax.sampling.security import client_security
+from rlhf_jax.sampling.remote.client import SamplerClient
+from rlhf_jax.sampling.remote.fleet import SamplerFleet
+from rlhf_jax.sampling.serve.security import client_security
 
 
 def connect(section, prefix: str = "sampler") -> SamplerClient | SamplerFleet:

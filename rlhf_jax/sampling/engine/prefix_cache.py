@@ -19,10 +19,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rlhf_jax.sampling.engine import Engine
-from rlhf_jax.sampling.engine_state import DecodeState
-from rlhf_jax.sampling.engine_state import ParkedRow
-from rlhf_jax.sampling.engine_state import SlotSampling
+from rlhf_jax.sampling.engine.engine import Engine
+from rlhf_jax.sampling.engine.state import DecodeState
+from rlhf_jax.sampling.engine.state import ParkedRow
+from rlhf_jax.sampling.engine.state import SlotSampling
 
 
 @dataclasses.dataclass

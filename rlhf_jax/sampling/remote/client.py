@@ -19,19 +19,19 @@ import grpc
 import jax
 import numpy as np
 
-from rlhf_jax.sampling import auth
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
-from rlhf_jax.sampling.protos import sampler_pb2
-from rlhf_jax.sampling.protos import sampler_pb2_grpc
-from rlhf_jax.sampling.scheduler import Completion
-from rlhf_jax.sampling.security import ROLLBACK_HEADER
-from rlhf_jax.sampling.security import ClientSecurity
-from rlhf_jax.sampling.wire import MAX_MESSAGE_BYTES
-from rlhf_jax.sampling.wire import array_from_proto
-from rlhf_jax.sampling.wire import array_to_proto
-from rlhf_jax.sampling.wire import param_names
-from rlhf_jax.sampling.wire import sampling_to_proto
+from rlhf_jax.sampling.protocol import Completion
+from rlhf_jax.sampling.serve import auth
+from rlhf_jax.sampling.serve.protos import sampler_pb2
+from rlhf_jax.sampling.serve.protos import sampler_pb2_grpc
+from rlhf_jax.sampling.serve.security import ClientSecurity
+from rlhf_jax.sampling.serve.security import ROLLBACK_HEADER
+from rlhf_jax.sampling.serve.wire import MAX_MESSAGE_BYTES
+from rlhf_jax.sampling.serve.wire import array_from_proto
+from rlhf_jax.sampling.serve.wire import array_to_proto
+from rlhf_jax.sampling.serve.wire import param_names
+from rlhf_jax.sampling.serve.wire import sampling_to_proto
 
 WEIGHT_CHUNK_BYTES = 4 * 1024 * 1024
 

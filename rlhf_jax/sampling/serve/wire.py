@@ -2,7 +2,7 @@
 as named tensors sent in chunks (UpdateWeights).
 
 Needs protobuf (the `serve` extra) but not grpcio: the conversions are plain message
-building, shared by the server (`servicers.py`) and the client (`client.py`).
+building, shared by the server (`serve/handlers.py`) and the client (`remote/client.py`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 
 from rlhf_jax.sampling.params import FireSchedule
 from rlhf_jax.sampling.params import SamplingParams
-from rlhf_jax.sampling.protos import sampler_pb2
-from rlhf_jax.sampling.requests import Completion
+from rlhf_jax.sampling.protocol import Completion
+from rlhf_jax.sampling.serve.protos import sampler_pb2
 
 # Both ends raise gRPC's 4 MiB default: a batch of long samples with log-probs exceeds it.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

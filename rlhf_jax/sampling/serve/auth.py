@@ -1,4 +1,4 @@
-"""The server's gate and the client's credentials over gRPC (security.py holds the data).
+"""The server's gate and the client's credentials over gRPC (serve/security.py: the data).
 
 `Gate` is a server interceptor that runs before any handler: a call without the token
 (where `ServerSecurity.auth` requires one) answers UNAUTHENTICATED, a call beyond
@@ -14,9 +14,9 @@ import threading
 
 import grpc
 
-from rlhf_jax.sampling.security import WRITE_METHODS
-from rlhf_jax.sampling.security import ClientSecurity
-from rlhf_jax.sampling.security import ServerSecurity
+from rlhf_jax.sampling.serve.security import ClientSecurity
+from rlhf_jax.sampling.serve.security import ServerSecurity
+from rlhf_jax.sampling.serve.security import WRITE_METHODS
 
 _HEADER = "authorization"
 

@@ -24,18 +24,18 @@ from typing import Iterator
 
 import grpc
 
-from rlhf_jax.sampling import wire
 from rlhf_jax.sampling.params import SamplingParams
-from rlhf_jax.sampling.protos import jetstream_pb2
-from rlhf_jax.sampling.protos import jetstream_pb2_grpc
-from rlhf_jax.sampling.protos import sampler_pb2
-from rlhf_jax.sampling.protos import sampler_pb2_grpc
-from rlhf_jax.sampling.reference import NoReferenceError
-from rlhf_jax.sampling.scheduler import QueueFull
-from rlhf_jax.sampling.security import ROLLBACK_HEADER
-from rlhf_jax.sampling.service import POLL_S
-from rlhf_jax.sampling.service import RequestTooLarge
-from rlhf_jax.sampling.service import SamplerService
+from rlhf_jax.sampling.scheduler.scheduler import QueueFull
+from rlhf_jax.sampling.serve import wire
+from rlhf_jax.sampling.serve.loop import POLL_S
+from rlhf_jax.sampling.serve.loop import RequestTooLarge
+from rlhf_jax.sampling.serve.loop import SamplerService
+from rlhf_jax.sampling.serve.protos import jetstream_pb2
+from rlhf_jax.sampling.serve.protos import jetstream_pb2_grpc
+from rlhf_jax.sampling.serve.protos import sampler_pb2
+from rlhf_jax.sampling.serve.protos import sampler_pb2_grpc
+from rlhf_jax.sampling.serve.reference import NoReferenceError
+from rlhf_jax.sampling.serve.security import ROLLBACK_HEADER
 
 
 def _abort_for(context, error: Exception, service: SamplerService):

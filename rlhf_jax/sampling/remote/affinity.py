@@ -1,8 +1,8 @@
 """Which server of a fleet holds the KV cache a continuation can reuse.
 
 A request with `SamplingParams.keep_cache` leaves each finished sample's cache row parked
-on the server that drew it (sampling/prefix_cache.py), keyed by its tokens: the prompt
-and the sample. The next turn of that conversation is a prompt that starts with those
+on the server that drew it (sampling/engine/prefix_cache.py), keyed by its tokens: the
+prompt and the sample. The next turn of that conversation is a prompt that starts with those
 tokens; sent to the same server, it prefills only the new ones. `CacheAffinity` records
 (tokens → server) and finds the server of the longest recorded prefix of a prompt, by a
 chain of prefix hashes (one pass over the prompt). It is a routing hint: a server that no
