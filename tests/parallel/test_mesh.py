@@ -1,7 +1,6 @@
-"""Mesh-size resolution and rule lookups (single device: no emulation needed)."""
+"""Mesh-size resolution and the single-device mesh (parallel/mesh.py; no emulation needed)."""
 
 import pytest
-from jax.sharding import PartitionSpec
 
 from rlhf_jax import parallel
 
@@ -22,15 +21,6 @@ def test_minus_one_takes_the_rest():
 def test_bad_sizes_are_named(sizes, devices, message):
   with pytest.raises(ValueError, match=message):
     parallel.resolve_axis_sizes(sizes, devices)
-
-
-def test_rules():
-  assert parallel.logical_to_spec(("embed", "mlp"), parallel.TRAIN_RULES) == PartitionSpec(
-      "fsdp", "tensor")
-  assert parallel.logical_to_spec(("embed", "mlp"), parallel.GENERATE_RULES) == PartitionSpec(
-      None, "tensor")
-  with pytest.raises(ValueError, match="logical axis 'experts' has no rule"):
-    parallel.logical_to_spec(("experts",), parallel.TRAIN_RULES)
 
 
 def test_single_device_mesh():
