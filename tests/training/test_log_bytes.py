@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from rlhf_jax.analysis.rollouts import read_rollouts
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training.metrics import truncate_jsonl
 
@@ -35,15 +34,3 @@ def test_bad_bytes_before_the_last_line_name_the_file_and_line(tmp_path):
                                         r"\('utf-8' codec can't decode byte 0xff"):
     truncate_jsonl(str(path), 5, print)
   assert path.read_bytes() == before  # nothing rewritten
-
-
-def test_read_rollouts_names_a_bad_line_and_leaves_out_a_torn_last_one(tmp_path):
-  path = tmp_path / "rollouts.jsonl"
-  path.write_bytes(record(1) + b"\n" + record(2) + b"\n" + record(3)[:-9])
-  assert [r["step"] for r in read_rollouts(str(path))] == [1, 2]
-  assert [r["note"] for r in read_rollouts(str(path), step=2)] == ["caf\u00e9 \u2713"]
-  path.write_bytes(record(1) + b"\n\xc3\n" + record(2) + b"\n")
-  with pytest.raises(ConfigError, match=f"^{path}:2: not a rollout record"):
-    read_rollouts(str(path))
-  with pytest.raises(ConfigError, match="no such file"):
-    read_rollouts(str(tmp_path / "nope.jsonl"))
