@@ -1,4 +1,5 @@
-"""One table type for every kind of plug-in, and the one loader of every `module:name`.
+"""The component table's two kinds of entry: a `Registry` of plug-ins (and the one loader of
+every `module:name`), and a config `Section`.
 
     ESTIMATORS = Registry("estimator", "algorithm.advantage.estimator", Estimator,
                           what="Estimator or function", wrap=Estimator, check=...)
@@ -21,6 +22,7 @@ Every error is one line naming the config field (`ConfigError`).
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import difflib
 import hashlib
 import importlib
@@ -160,6 +162,106 @@ class Registry(collections.abc.Mapping, Generic[R]):
 
   def _accepts(self, value: Any) -> bool:
     return isinstance(value, self.record_type) or (self._wrap is not None and callable(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Checking:
+  """What a run's config is checked for (every section's `check` takes it).
+
+  num_devices: the devices the mesh must fit (None: not known yet, mesh sizes alone).
+  labelling: the run writes `data.offline_file` (launch/label_samples.py) instead of
+    reading it.
+  supervised: SFT on one's own data (launch/sft.py without `data.task`).
+  """
+  num_devices: int | None = None
+  labelling: bool = False
+  supervised: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+  """One config section as the room that owns it declares it: its fields with their
+  defaults and help, and its check. A trainer config is a tuple of these (the section
+  table, training/config.py `SECTIONS`): `build_config` makes the default config from it,
+  `check_config` checks it in dependency order, and scripts/config_reference.py writes
+  docs/config_reference.md from it.
+
+  Attributes:
+    name: what other sections' `after` names ("sampler", "loggers").
+    at: the dotted path of the ConfigDict the fields go in ("" the root, "train"). Two
+      sections may fill one ConfigDict (the loggers' fields beside `train`'s own); a field
+      both declare is an error.
+    fields: `() -> ConfigDict` with every field and its default; the comment on (or just
+      above) a field's line is its help. None: a rule over other sections' fields.
+    check: `(config, checking) -> None`, raises ConfigError naming the field. None: the
+      fields need no check of their own.
+    after: the sections whose fields `check` reads; they are checked first, so an error
+      names the field that is wrong where it is set, not one that reads it.
+  """
+  name: str
+  at: str | None = None
+  fields: Callable[[], Any] | None = None
+  check: Callable[[Any, Checking], None] | None = None
+  after: tuple[str, ...] = ()
+
+  @property
+  def owner(self) -> str:
+    """The module that declares the section (its fields' builder, else its check)."""
+    return (self.fields or self.check).__module__
+
+
+def build_config(sections: tuple[Section, ...]):
+  """The default ConfigDict of a section table: each section's fields at its `at`."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict()
+  for section in sections:
+    if section.fields is None:
+      continue
+    fields = section.fields()
+    parent, _, leaf = section.at.rpartition(".")
+    target = config
+    for key in filter(None, parent.split(".")):
+      target = target[key]
+    if section.at and leaf not in target:
+      target[leaf] = fields
+      continue
+    target = target[leaf] if section.at else target
+    for key, value in fields.items():
+      if key in target:
+        raise ValueError(f"config section {section.name!r} ({section.owner}) declares "
+                         f"{section.at + '.' if section.at else ''}{key}, which another "
+                         "section declares already")
+      target[key] = value
+  return config
+
+
+def check_order(sections: tuple[Section, ...]) -> list[Section]:
+  """The sections in dependency order: each after every section its `after` names, else in
+  table order (the first section whose dependencies are checked goes next)."""
+  names = {s.name for s in sections}
+  for section in sections:
+    if unknown := [n for n in section.after if n not in names]:
+      raise ValueError(f"config section {section.name!r} ({section.owner}) comes after "
+                       f"unknown sections {unknown}; known: {', '.join(sorted(names))}")
+  done: set[str] = set()
+  order: list[Section] = []
+  while len(order) < len(sections):
+    ready = next((s for s in sections
+                  if s.name not in done and all(n in done for n in s.after)), None)
+    if ready is None:
+      left = [s.name for s in sections if s.name not in done]
+      raise ValueError(f"config sections {left} wait on each other (a cycle in `after`)")
+    order.append(ready)
+    done.add(ready.name)
+  return order
+
+
+def check_config(config, sections: tuple[Section, ...], checking: Checking) -> None:
+  """Runs every section's check on `config`, in `check_order`; the first ConfigError
+  raised names the field."""
+  for section in check_order(sections):
+    if section.check is not None:
+      section.check(config, checking)
 
 
 def check_call(fn: Callable, field: str, name: str, signature: str, *args: Any,

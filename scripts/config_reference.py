@@ -51,7 +51,12 @@ def traced_config(base: str) -> tuple[ml_collections.ConfigDict, dict]:
 
   def record(config, name):
     frame = _caller(3)
-    if frame is not None:
+    if frame is not None and frame.f_code.co_name == "build_config":
+      # A section's field copied beside another section's (registry.build_config): the
+      # line that set it in the section's own ConfigDict.
+      source = frame.f_locals.get("fields")
+      sites.setdefault((id(config), name), []).extend(sites.get((id(source), name), []))
+    elif frame is not None:
       sites.setdefault((id(config), name), []).append(
           (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
 
@@ -165,6 +170,32 @@ def launcher_flags() -> dict[str, list[tuple[str, str, str]]]:
   return out
 
 
+def section_table() -> list[str]:
+  """The table the config is built and checked from (`training.config.SECTIONS`), in the
+  order the checks run."""
+  from rlhf_jax.registry import check_order  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.training.config import SECTIONS  # pylint: disable=import-outside-toplevel
+  lines = [
+      "## The section table",
+      "",
+      "Each section is declared once, by the module that owns it (a `registry.Section`:",
+      "its fields' builder, its check, the sections its check reads); `base_config` builds",
+      "the config from the table and `validate_config` runs the checks in this order, each",
+      "after the sections it reads. A section without fields is a rule over other",
+      "sections' fields.",
+      "",
+      "| section | fields at | declared in | check | checked after |",
+      "| --- | --- | --- | --- | --- |",
+  ]
+  for section in check_order(SECTIONS):
+    at = "—" if section.at is None else f"`{section.at or '(root)'}`"
+    check = f"`{section.check.__name__}`" if section.check is not None else "—"
+    after = ", ".join(section.after) if len(section.after) < 8 else "every other section"
+    lines.append(f"| {section.name} | {at} | `{section.owner.replace('.', '/')}.py` | "
+                 f"{check} | {after or '—'} |")
+  return lines + [""]
+
+
 def render() -> str:
   """The page's text."""
   per_base = {v: fields(*traced_config(v)) for v in BASES}
@@ -189,6 +220,7 @@ def render() -> str:
       f"{len(names)} fields in {len(sections)} sections.",
       "",
   ]
+  lines += section_table()
   for section, members in sections.items():
     lines += [f"## {section}", "", "| field | default | help | set in |",
               "| --- | --- | --- | --- |"]

@@ -199,3 +199,49 @@ def test_every_kind_of_plug_in_is_one_registry():
   assert [t.field for t in tables] == [
       "algorithm.advantage.estimator", "algorithm.policy_loss.kind", "algorithm.learner",
       "rollout.mode", "data.task", "env.factory", "reward.function"]
+
+
+# ------------------------------------------------------------------ config sections
+
+def _fields(**values):
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  def build():
+    return ml_collections.ConfigDict(values)
+  return build
+
+
+def test_build_config_puts_each_sections_fields_at_its_path_and_merges_a_shared_one():
+  from rlhf_jax.registry import Section, build_config  # pylint: disable=import-outside-toplevel
+  config = build_config((Section("root", at="", fields=_fields(seed=3)),
+                         Section("train", at="train", fields=_fields(steps=5)),
+                         Section("loggers", at="train", fields=_fields(loggers="x")),
+                         Section("rule", check=lambda c, checking: None)))
+  assert config.seed == 3 and config.train.steps == 5 and config.train.loggers == "x"
+  assert sorted(config.keys()) == ["seed", "train"]
+
+
+def test_a_field_two_sections_declare_is_refused_naming_both():
+  from rlhf_jax.registry import Section, build_config  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match=r"'loggers' .*declares train.steps"):
+    build_config((Section("train", at="train", fields=_fields(steps=5)),
+                  Section("loggers", at="train", fields=_fields(steps=1))))
+
+
+def test_checks_run_after_the_sections_they_read_else_in_table_order():
+  from rlhf_jax.registry import Checking, Section, check_config  # pylint: disable=import-outside-toplevel
+  ran = []
+  def check(name):
+    return lambda c, checking: ran.append(name)
+  table = (Section("a", check=check("a"), after=("c",)), Section("b", check=check("b")),
+           Section("c", check=check("c"), after=("b",)), Section("d", check=check("d")))
+  check_config(None, table, Checking())
+  assert ran == ["b", "c", "a", "d"]
+
+
+def test_an_unknown_or_circular_after_is_refused():
+  from rlhf_jax.registry import Section, check_order  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="unknown sections .'nope'"):
+    check_order((Section("a", check=print, after=("nope",)),))
+  with pytest.raises(ValueError, match="cycle"):
+    check_order((Section("a", check=print, after=("b",)), Section("b", check=print,
+                                                                   after=("a",))))

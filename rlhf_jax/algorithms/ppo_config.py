@@ -25,6 +25,7 @@ from rlhf_jax.algorithms import losses
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
+from rlhf_jax.registry import Section
 
 LAMBDA_SCHEDULES = ("fixed", "length_adaptive")
 KL_PLACEMENTS = ("none", "loss", "reward")
@@ -117,6 +118,12 @@ def algorithm_config() -> ml_collections.ConfigDict:
   a.process_reward.eta = 0.5  # Clip's threshold η.
   a.process_reward.coef = 1.0  # Weight of the step rewards beside the outcome score.
   return a
+
+
+# Checked against the rollout's group size and response budget, which algorithms/ cannot
+# read (rollout/ sits above it): training/config.py's rule "algorithm fit" runs
+# `validate_algorithm_config`.
+SECTION = Section("algorithm", at="algorithm", fields=algorithm_config)
 
 
 def uses_critic(algorithm) -> bool:

@@ -18,11 +18,12 @@ from rlhf_jax import batch as batch_lib
 from rlhf_jax.config_errors import at_least
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
-from rlhf_jax.data.config import check_levels
 from rlhf_jax.models import packing as packing_lib
 from rlhf_jax.models.packing import PackedRows
 from rlhf_jax.optim import FitResult
 from rlhf_jax.optim import fit
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 
 
 def sft_config() -> ml_collections.ConfigDict:
@@ -52,9 +53,10 @@ def sft_config() -> ml_collections.ConfigDict:
   return sft
 
 
-def validate_sft(sft: ml_collections.ConfigDict, *, levels) -> None:
-  """`sft.*`: the built-in task's warm start (its `levels` among the task's `levels`),
-  and the supervised data of one's own; ConfigError naming the field."""
+def validate_sft(sft: ml_collections.ConfigDict) -> None:
+  """`sft.*`: the built-in task's warm start and the supervised data of one's own
+  (`sft.levels` is the task table's check: tasks/registry.py); ConfigError naming the
+  field."""
   at_least(sft, "sft", ("steps", "batch_size"))
   check_range("sft.response_length", sft.response_length, low=0,
               note="(0: rollout.max_new_tokens + 1)")
@@ -63,7 +65,6 @@ def validate_sft(sft: ml_collections.ConfigDict, *, levels) -> None:
     invalid("sft.train_file", sft.train_file, "must be an existing .jsonl/.parquet file of "
             "conversations or prompt/completion pairs")
   check_range("sft.learning_rate", sft.learning_rate, low=0, low_open=True)
-  check_levels("sft", sft.levels, sft.level_weights, allowed=levels)
   for field in ("direct_fraction", "carry_slip"):
     check_range(f"sft.{field}", sft[field], low=0, high=1)
 
@@ -126,3 +127,12 @@ def supervised_batches(rows, *, batch_size: int, seed: int, prompt_length: int,
         response_width=response_length)
 
   return make_batch
+
+
+def check_sft_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The trainer's `sft` section (the warm start)."""
+  del checking
+  validate_sft(c.sft)
+
+
+SECTION = Section("sft", at="sft", fields=sft_config, check=check_sft_section)

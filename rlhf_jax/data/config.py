@@ -2,9 +2,9 @@
 
 `data_config()` builds the section with its defaults and comments;
 `validate_data_fields` checks the fields this package owns (files, the column mapping,
-the row layout, the chat template, the curriculum); `validate_data` those and the task and
-levels, from the tables training/config.py passes in (the toolcalc run is a rule across
-sections there).
+the row layout, the chat template, the curriculum); `SECTION` declares both for the
+trainer's config. `data.task` and the levels are checked by the task table
+(tasks/registry.py's section), which knows the tasks.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from rlhf_jax.data.example import ANSWER_FORMATS
 from rlhf_jax.data.prompts import CHAT_TEMPLATE_MODES
 from rlhf_jax.data.sources import parse_columns
 from rlhf_jax.models.chat_template import check_template_kwargs
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 
 # Template variables render_chat passes itself (a data.chat_template_kwargs entry would clash).
 RENDERER_VARIABLES = ("messages", "add_generation_prompt", "tools", "documents")
@@ -143,16 +145,6 @@ def read_options(d) -> dict:
           "answer_format": d.answer_format}
 
 
-def validate_data(d, *, tasks, levels) -> None:
-  """`data.*`: the package's fields (`validate_data_fields`), `data.task` one of `tasks`
-  (the task table's generated tasks) and `data.levels` among `levels` (the arith task's);
-  the caller passes the tables: data/ sits below tasks/."""
-  validate_data_fields(d)
-  if d.task:  # empty: the run's own data files
-    one_of("data.task", d.task, tasks)
-  check_levels("data", d.levels, d.level_weights, allowed=levels)
-
-
 def check_levels(prefix: str, levels, weights, *, allowed) -> None:
   """`<prefix>.levels` is a non-empty tuple of `allowed` difficulty levels and
   `<prefix>.level_weights` one number > 0 per level (the data's and the SFT warm start's)."""
@@ -165,3 +157,13 @@ def check_levels(prefix: str, levels, weights, *, allowed) -> None:
   if any(isinstance(w, (bool, str)) or not isinstance(w, (int, float)) or not w > 0
          for w in weights):
     invalid(f"{prefix}.level_weights", weights, "must all be numbers > 0")
+
+
+def check_data_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The trainer's `data` section, its own fields (the task names and levels are the task
+  table's check: tasks/registry.py)."""
+  del checking
+  validate_data_fields(c.data)
+
+
+SECTION = Section("data", at="data", fields=data_config, check=check_data_section)

@@ -16,6 +16,8 @@ from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
 from rlhf_jax.envs.base import load_factory
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 
 # 'sum': the episode's score is the sum of its step rewards (plus the verifier's); 'turn':
 # each step's reward sits on the last token of the model turn it answers (needs an advantage
@@ -50,14 +52,12 @@ def env_config() -> ml_collections.ConfigDict:
   return e
 
 
-def validate_env_config(c: ml_collections.ConfigDict, *, reads_token_rewards: bool,
-                        episodes: bool) -> None:
-  """Raises ConfigError naming the `env.*` field of an impossible setting; the factory is
-  imported (named by `env.factory`) and the episodes' limits checked only when the rollout
-  mode runs `episodes` (its record's `needs_environment`: rollout/modes.py).
-  `reads_token_rewards`: the advantage estimator's capability (`ppo_config.
-  reads_token_rewards`; envs/ sits below algorithms/ and does not read the table)."""
-  e, r = c.env, c.rollout
+def check_env_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The trainer's `env` section, every field whatever the mode (a value set for another
+  mode is still a typo); ConfigError naming the field. What episodes need of the other
+  sections is `validate_episodes`."""
+  del checking
+  e = c.env
   for name in ("max_turns", "max_tokens", "workers", "max_chars_per_token"):
     value = e[name]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -67,8 +67,17 @@ def validate_env_config(c: ml_collections.ConfigDict, *, reads_token_rewards: bo
     invalid("env.worker_memory_mb", memory, "must be an int >= 0 (0: no limit)")
   check_range("env.timeout_s", e.timeout_s, low=0, low_open=True)
   one_of("env.reward_placement", e.reward_placement, REWARD_PLACEMENTS)
-  if not episodes:
-    return
+
+
+SECTION = Section("env", at="env", fields=env_config, check=check_env_section)
+
+
+def validate_episodes(c: ml_collections.ConfigDict, *, reads_token_rewards: bool) -> None:
+  """A run of episodes (a rollout mode that `needs_environment`: rollout/modes.py): the
+  factory imports, and the other sections fit it. `reads_token_rewards`: the advantage
+  estimator's capability (`ppo_config.reads_token_rewards`; envs/ sits below algorithms/
+  and does not read the table, so the trainer's config passes it)."""
+  e, r = c.env, c.rollout
   if not e.factory:
     invalid("env.factory", e.factory, "rollout.mode='multi_turn' needs an environment: "
             "'package.module:callable'")

@@ -16,6 +16,8 @@ from rlhf_jax.models.decoder_config import DTYPES
 from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.decoder_config import MATMUL_PRECISIONS
 from rlhf_jax.models.lora import PROJECTIONS
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 
 
 def model_config() -> ml_collections.ConfigDict:
@@ -98,3 +100,14 @@ def model_numerics(m: ml_collections.ConfigDict) -> dict:
   return dict(dtype=m.dtype, matmul_precision=m.matmul_precision,
               logprob_chunk=m.logprob_chunk, remat=m.remat, remat_policy=m.remat_policy,
               attention_impl=m.attention_impl, decode_attention=m.decode_attention)
+
+
+def check_model_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The trainer's `model` section: a model is made from scratch without a checkpoint, or
+  when a built-in task's warm start trains one (`data.task`)."""
+  del checking
+  validate_model_config(c.model, from_scratch=not c.model.checkpoint or bool(c.data.task))
+
+
+SECTION = Section("model", at="model", fields=model_config, check=check_model_section,
+                  after=("task",))

@@ -15,6 +15,8 @@ import optax
 
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import one_of
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 
 SCHEDULES = ("constant", "cosine")  # optimizer.schedule: `rl_schedule` without / with decay
 
@@ -77,3 +79,13 @@ def validate_optimizer(o) -> None:
   check_range("optimizer.weight_decay", o.weight_decay, low=0)
   one_of("optimizer.schedule", o.schedule, SCHEDULES)
   check_range("optimizer.final_fraction", o.final_fraction, low=0, high=1)
+
+
+def check_optimizer_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The trainer's `optimizer` section."""
+  del checking
+  validate_optimizer(c.optimizer)
+
+
+SECTION = Section("optimizer", at="optimizer", fields=optimizer_config,
+                  check=check_optimizer_section)

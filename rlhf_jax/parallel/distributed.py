@@ -27,6 +27,8 @@ import ml_collections
 import numpy as np
 
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 
 _EXCHANGE_TIMEOUT_MS = 30 * 60 * 1000  # a peer's share of a long rollout may take a while
 
@@ -69,6 +71,16 @@ def validate_distributed_config(config: ml_collections.ConfigDict,
   if config.initialization_timeout_s < 1:
     invalid(f"{prefix}.initialization_timeout_s", config.initialization_timeout_s,
             "must be >= 1")
+
+
+def check_distributed_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The trainer's `distributed` section (several processes or hosts: docs/scaling.md)."""
+  del checking
+  validate_distributed_config(c.distributed)
+
+
+SECTION = Section("distributed", at="distributed", fields=distributed_config,
+                  check=check_distributed_section)
 
 
 def cluster_detected() -> bool:

@@ -30,6 +30,8 @@ from rlhf_jax.rewards.judge import check_template
 from rlhf_jax.sandbox.jobs import ISOLATIONS
 from rlhf_jax.sandbox.jobs import Limits
 from rlhf_jax.sandbox.jobs import memory_scope
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 from rlhf_jax.sampling import config as sampler_config_lib
 
 MATH_EXTRACTORS = ("auto", "boxed", "answer_line", "gsm8k", "last_number")
@@ -82,6 +84,23 @@ def critic_config() -> ml_collections.ConfigDict:
   # the critic (Dai et al.); empty: the policy's backbone with a zero value head.
   critic.init_from = ""
   return critic
+
+
+def check_reward_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The trainer's `reward` section: the rule rewards, the reward functions (imported and
+  their signatures checked), the reward models and judges (their checkpoints exist), and
+  the PRM and critic files (`critic.init_from`)."""
+  del checking
+  validate_rule_rewards(c.reward)
+  validate_reward_functions(c.reward)
+  validate_reward_models(c)
+
+
+SECTION = Section("reward", at="reward", fields=reward_config, check=check_reward_section,
+                  after=("critic", "data", "rollout"))
+# Its one field is checked with the PRM's (`check_reward_section`); how a critic fits the
+# estimator is a rule across sections (training/config.py).
+CRITIC_SECTION = Section("critic", at="critic", fields=critic_config)
 
 
 def add_reward_model_fields(r: ml_collections.ConfigDict, *, judge_prompt_buckets=(128, 256)

@@ -12,11 +12,14 @@ from rlhf_jax.config_errors import at_least
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
 from rlhf_jax.config_errors import one_of
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 from rlhf_jax.sampling import FireSchedule
 from rlhf_jax.sampling import SamplingParams
 
 
-def rollout_config(*, prompts_per_step: int, max_new_tokens: int) -> ml_collections.ConfigDict:
+def rollout_config(*, prompts_per_step: int = 128, max_new_tokens: int = 1024
+                   ) -> ml_collections.ConfigDict:
   """The `rollout` section with its defaults (one comment per field)."""
   r = ml_collections.ConfigDict()
   # 'groups', 'dynamic' (DAPO dynamic sampling), 'windows' (T-PPO), 'multi_turn' (episodes
@@ -102,3 +105,13 @@ def sampling_params(r: ml_collections.ConfigDict, stop_token_ids: tuple[int, ...
   return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                         max_new_tokens=r.max_new_tokens, stop_token_ids=stop_token_ids,
                         n=r.group_size, fire=fire)
+
+
+def check_rollout_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The trainer's `rollout` section, every field (the mode's own rules: rollout/modes.py's
+  section)."""
+  del checking
+  validate_rollout_config(c.rollout)
+
+
+SECTION = Section("rollout", at="rollout", fields=rollout_config, check=check_rollout_section)

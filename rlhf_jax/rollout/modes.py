@@ -30,7 +30,9 @@ from rlhf_jax.data import parse_curriculum
 from rlhf_jax.data import read_labelled
 from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.envs.config import turn_end_id
+from rlhf_jax.registry import Checking
 from rlhf_jax.registry import Registry
+from rlhf_jax.registry import Section
 from rlhf_jax.rollout.base import Rollout
 from rlhf_jax.rollout.config import sampling_params
 from rlhf_jax.rollout.evaluation import evaluate_episodes
@@ -190,6 +192,16 @@ def rewarded_by_environment(c: ml_collections.ConfigDict) -> bool:
 def response_length(c: ml_collections.ConfigDict) -> int:
   """R, the batch's response columns of the run's mode."""
   return rollout_mode(c).response_length(c)
+
+
+def check_mode_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The rollout mode's rules in the trainer's config (`validate_mode`)."""
+  del checking
+  validate_mode(c)
+
+
+# A rule, after the sections a built-in mode's `validate` reads.
+SECTION = Section("rollout mode", check=check_mode_section, after=("rollout", "reward"))
 
 
 def validate_mode(c: ml_collections.ConfigDict) -> None:

@@ -17,6 +17,8 @@ from rlhf_jax.config_errors import one_of
 from rlhf_jax.models import with_numerics
 from rlhf_jax.models.decoder_config import DTYPES
 from rlhf_jax.models.decoder_config import MATMUL_PRECISIONS
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 from rlhf_jax.sampling.engine.engine import Engine
 from rlhf_jax.sampling.engine.token_sampling import needs_truncation
 from rlhf_jax.sampling.params import SamplingParams
@@ -198,3 +200,21 @@ def check_directory(field: str, path: str, required: tuple[str, ...] = ()) -> No
   for name in required:
     if not os.path.exists(os.path.join(path, name)):
       invalid(field, path, f"must be a directory holding {name}")
+
+
+def trainer_sampler_config() -> ml_collections.ConfigDict:
+  """The trainer's `sampler` section: 256 slots, and the KV cache and prompt buckets
+  derived from the run's prompt and response budget (0 and (): `fit_sizes`), so a longer
+  prompt, response or episode grows them and a shorter one shrinks them."""
+  return sampler_config(num_slots=256, cache_length=0, prompt_buckets=())
+
+
+def check_sampler_section(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The trainer's `sampler` section (its sizes are fitted to the run later, with every
+  bound at once: training/config.py's `fit_sampler_sizes`)."""
+  del checking
+  validate_sampler_config(c.sampler, derivable=True)
+
+
+SECTION = Section("sampler", at="sampler", fields=trainer_sampler_config,
+                  check=check_sampler_section)

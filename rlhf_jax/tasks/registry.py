@@ -21,7 +21,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from rlhf_jax.config_errors import one_of
+from rlhf_jax.data.config import check_levels
+from rlhf_jax.registry import Checking
 from rlhf_jax.registry import Registry
+from rlhf_jax.registry import Section
 from rlhf_jax.tasks import arith
 from rlhf_jax.tasks import arith_rewards
 from rlhf_jax.tasks import demonstrations
@@ -158,6 +162,21 @@ def task_levels(name: str) -> tuple[int, ...]:
   not a registered task with levels (the `data.task` check names it first)."""
   task = TASKS[name] if name in TASKS else None
   return task.levels if task is not None and task.levels else TASKS[arith.TASK].levels
+
+
+def check_task_fields(c, checking: Checking) -> None:
+  """The fields that name a task of this table: `data.task` a generated task (empty: the
+  run's own data), and `data.levels` / `sft.levels` among its levels (with their weights)."""
+  del checking
+  if c.data.task:
+    one_of("data.task", c.data.task, generated_tasks())
+  levels = task_levels(c.data.task)
+  check_levels("data", c.data.levels, c.data.level_weights, allowed=levels)
+  check_levels("sft", c.sft.levels, c.sft.level_weights, allowed=levels)
+
+
+# A rule over the data and sft sections' fields, declared by the table that knows the tasks.
+SECTION = Section("task", check=check_task_fields, after=("data", "sft"))
 
 
 for _task in (

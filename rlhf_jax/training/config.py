@@ -1,54 +1,47 @@
-"""The trainer's config: one schema for every preset, and its validation.
+"""The trainer's config: one schema for every preset, built and checked from a table of
+sections.
+
+Each section is declared once, by the module that owns it, as a `registry.Section`: its
+fields with their defaults and help, its check, and the sections its check reads. The
+table `SECTIONS` (at the end of this module) lists them: models/config.py `model`,
+data/config.py `data`, algorithms/sft.py `sft`, tasks/registry.py the task fields,
+rollout/config.py `rollout` and rollout/modes.py the mode's rules, envs/config.py `env`,
+sampling/config.py `sampler`, rewards/config.py `reward` and `critic`,
+algorithms/ppo_config.py `algorithm`, optim/optimizer.py `optimizer`,
+parallel/distributed.py `distributed`, training/loggers.py the loggers' `train` fields.
+This module owns the root's fields, `train`, `mesh`, the learners' fields, and the rules
+that span rooms which cannot import each other.
 
 configs/{ppo,grpo,dapo,vcppo,vapo,tppo}.py start from `base_config(preset)` (task-neutral;
-`arith`: with the built-in task's overlay, training/overlays.py) and change fields of the
-`algorithm` sub-sections and `rollout`. Each section is defined and
-validated by the module that owns it (the section table in `base_config`): models/
-run_config.py `model`, data/config.py `data`, algorithms/sft.py `sft`, rollout/config.py
-and rollout/modes.py `rollout`, envs/config.py `env`, sampling/config.py `sampler`,
-rewards/config.py `reward` and `critic`, algorithms/ppo_config.py `algorithm`, each
-registered learner (algorithms/registry.py) its `algorithm.<section>`, optim/optimizer.py
-`optimizer`, parallel `distributed`, loggers `train.loggers`; this module owns `train` and
-`mesh`, and the rules that span sections. `validate_config`, which every launcher (and
-`training.run`) calls first, runs them all before anything loads, trains or compiles.
-Every error is a one-line `ConfigError`,
-`config.<full.path>: invalid value <v>: <allowed values or range>`.
+`arith`: with the built-in task's overlay, training/overlays.py) and change fields.
+`validate_config`, which every launcher (and `training.run`) calls first, runs every check
+in dependency order before anything loads, trains or compiles. Every error is a one-line
+`ConfigError`, `config.<full.path>: invalid value <v>: <allowed values or range>`.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import os
-
 import ml_collections
 
 from rlhf_jax import parallel
-from rlhf_jax.algorithms import distillation
-from rlhf_jax.algorithms import estimators
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import sft as sft_lib
 from rlhf_jax.algorithms.registry import LEARNERS
-from rlhf_jax.algorithms.registry import learner_spec
-from rlhf_jax.config_errors import at_least
-from rlhf_jax.config_errors import check_range
-from rlhf_jax.config_errors import invalid
-from rlhf_jax.config_errors import one_of
 from rlhf_jax.data import config as data_config_lib
 from rlhf_jax.data.sources import parse_columns
 from rlhf_jax.envs import config as env_config_lib
-from rlhf_jax.models.config import model_config
-from rlhf_jax.models.config import validate_model_config
-from rlhf_jax.optim.optimizer import optimizer_config
-from rlhf_jax.optim.optimizer import validate_optimizer
+from rlhf_jax.models import config as model_section
+from rlhf_jax.optim import optimizer as optimizer_lib
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import build_config
+from rlhf_jax.registry import check_config
 from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import config as rollout_config_lib
 from rlhf_jax.rollout import modes as rollout_modes
-from rlhf_jax.rollout import reference as reference_lib
-from rlhf_jax.rollout import windows as rollout_windows
 from rlhf_jax.sampling import config as sampler_config_lib
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.training import loggers as loggers_lib
+from rlhf_jax.training import sections
 from rlhf_jax.training.overlays import arith_overlay
 
 __all__ = ["PRESET_BASES", "LEARNERS", "base_config", "sibling_preset", "validate_config",
@@ -60,69 +53,12 @@ PRESET_BASES = ("arith", "hf")
 
 
 def base_config(preset: str = "hf") -> ml_collections.ConfigDict:
-  """Every field with its default (task-neutral: one's own checkpoint and data); `preset`
-  'arith' applies the built-in task's overlay (overlays.arith_overlay). Presets override
-  the `algorithm` and `rollout` sections."""
+  """Every field with its default, built from the section table (`SECTIONS`): task-neutral,
+  one's own checkpoint and data; `preset` 'arith' applies the built-in task's overlay
+  (overlays.arith_overlay). Presets override the `algorithm` and `rollout` sections."""
   if preset not in PRESET_BASES:
     raise ValueError(f"config preset base {preset!r}; allowed: {', '.join(PRESET_BASES)}.")
-  c = ml_collections.ConfigDict()
-  c.seed = 0  # Seeds model init (from scratch), data order, sampling, mini-batch shuffles.
-  # Persistent XLA compilation cache: a second run loads its compiled programs instead
-  # of compiling them again (runtime.enable_compile_cache); '' = off.
-  c.compile_cache = "~/.cache/rlhf_jax/xla"
-
-  c.model = model_config()
-
-  c.data = data_config_lib.data_config()
-
-  c.sft = sft_lib.sft_config()  # the warm start (algorithms/sft.py)
-
-  c.rollout = rollout_config_lib.rollout_config(prompts_per_step=128, max_new_tokens=1024)
-  c.env = env_config_lib.env_config()  # rollout.mode 'multi_turn': envs/config.py
-  # The KV cache and prompt buckets are derived from data.prompt_length and the response
-  # budget (0 and (): fit_sampler_sizes), so a longer prompt, response or episode grows
-  # them and a shorter one shrinks them.
-  c.sampler = sampler_config_lib.sampler_config(
-      num_slots=256, cache_length=0, prompt_buckets=())
-
-  c.reward = reward_config_lib.reward_config()  # rewards/config.py
-
-  c.algorithm = ppo_config.algorithm_config()
-  # The learner: 'ppo' (the PPO family, by the sections above), 'dpo' or 'dqo' (theirs),
-  # or one registered with algorithms/registry.py's `register_learner`.
-  c.algorithm.learner = "ppo"
-  for spec in LEARNERS.values():  # algorithm.<section> of every registered learner
-    if spec.section is not None:
-      c.algorithm[spec.section] = spec.default_section()
-
-  c.critic = reward_config_lib.critic_config()  # a critic from a PRM: rewards/config.py
-  c.optimizer = optimizer_config()  # optim/optimizer.py
-
-  c.train = ml_collections.ConfigDict()
-  c.train.steps = 1000  # Training steps (one rollout batch each).
-  c.train.epochs = 1  # Passes over each rollout batch.
-  c.train.minibatches = 2  # Optimizer steps per epoch (the batch split evenly).
-  c.train.micro_batches = 1  # Gradient-accumulation slices per optimizer step (same update).
-  # Pack the rows' real tokens into buffers for every forward of the PPO family's step
-  # (models/packing.py): no compute on padding; micro-batches split rows by token count.
-  # One's own SFT (launch/sft.py) packs its rows too.
-  c.train.packing = True
-  # XLA's deterministic GPU ops (--xla_gpu_deterministic_ops): exact resume on GPU, at the
-  # cost of slower scatter / reduction kernels. CPU runs are deterministic either way.
-  c.train.deterministic = False
-  # Held-out greedy accuracy every N steps, at the start and the end; 0: no evaluation.
-  c.train.eval_every = 50
-  # Sampled held-out accuracy and pass@k at each evaluation: samples per prompt (0: off).
-  c.train.eval_samples = 0
-  c.train.checkpoint_every = 20  # Save a checkpoint every N steps (and at the end).
-  c.train.log_every = 1  # Console progress line every N steps.
-  c.train.log_rollouts = 0  # Samples per step written to <workdir>/rollouts.jsonl (0: none).
-  loggers_lib.add_logger_fields(c.train)  # train.loggers, run_name, wandb_*, mlflow_*
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = 1  # Mesh axis sizes (product ≤ devices; -1 takes the rest).
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
-  c.distributed = parallel.distributed_config()  # several processes / hosts (docs/scaling.md)
+  c = build_config(SECTIONS)
   if preset == "arith":
     arith_overlay(c)
   return c
@@ -145,244 +81,41 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
   """Checks every field of a trainer config; launchers call this first, before the
   warm start, labelling, loading or compiling (the Trainer checks again, cheaply).
 
-  Each section's owner checks its values, then the checks that span sections run;
-  with `num_devices` the mesh is checked against the devices too. `labelling`: the run
-  writes `data.offline_file` (launch/label_samples.py) instead of reading it; `supervised`:
-  SFT on one's own data (launch/sft.py without `data.task`), which needs
-  `sft.train_file`, not an RL prompt file or a checkpoint. Raises
-  ConfigError: one line, `config.<full.path>: invalid value <v>: <allowed values or range>`.
+  Every section of the table (`SECTIONS`) runs its check, in dependency order
+  (`registry.check_order`): a section's check runs after those of the sections it reads.
+  With `num_devices` the mesh is checked against the devices too. `labelling`: the run
+  writes `data.offline_file` (launch/label_samples.py) instead of reading it;
+  `supervised`: SFT on one's own data (launch/sft.py without `data.task`), which needs
+  `sft.train_file`, not an RL prompt file or a checkpoint. Raises ConfigError: one line,
+  `config.<full.path>: invalid value <v>: <allowed values or range>`.
   """
-  check_finite(c)
-  r, a = c.rollout, c.algorithm
-  rows = r.prompts_per_step * r.group_size
-  sampler_config_lib.validate_sampler_config(c.sampler, derivable=True)
-  ppo_config.validate_algorithm_config(a, group_size=r.group_size,
-                                       response_length=rollout_modes.response_length(c))
-  if (mode := rollout_modes.rollout_mode(c)).needs_critic and not ppo_config.uses_critic(a):
-    invalid("rollout.mode", mode.name, "T-PPO's windows need a critic for Extended GAE "
-            "(algorithm.advantage.estimator 'gae')")
-  _validate_learner_sections(c)
-  rollout_config_lib.validate_rollout_config(r)
-  rollout_modes.validate_mode(c)
-  env_config_lib.validate_env_config(c, reads_token_rewards=ppo_config.reads_token_rewards(a),
-                                    episodes=rollout_modes.rollout_mode(c).needs_environment)
-  validate_model_config(c.model, from_scratch=not c.model.checkpoint or bool(c.data.task))
-  levels = task_registry.task_levels(c.data.task)
-  data_config_lib.validate_data(c.data, tasks=task_registry.generated_tasks(), levels=levels)
-  sft_lib.validate_sft(c.sft, levels=levels)
-  reward_config_lib.validate_rule_rewards(c.reward)
-  reward_config_lib.validate_reward_functions(c.reward)
-  reward_config_lib.validate_reward_models(c)
-  validate_optimizer(c.optimizer)
-  validate_train(c, rows=rows)
-  _validate_learner(c, labelling=labelling)
-  _validate_across_sections(c, supervised=supervised)
-  validate_mesh(c, num_devices, rows=rows)
-  parallel.validate_distributed_config(c.distributed)
-  loggers_lib.validate_loggers(c.train)
+  check_config(c, SECTIONS, Checking(num_devices=num_devices, labelling=labelling,
+                                     supervised=supervised))
 
 
-def _validate_across_sections(c, *, supervised: bool) -> None:
-  r = c.rollout
-  _validate_estimator_inputs(c)
-  builtin = task_registry.builtin_run(c.data.task)
-  run_rules = builtin.validate_run if builtin is not None else None
-  if run_rules is not None:
-    run_rules(c, rollout_modes.rollout_mode(c))
-  remote = c.sampler.address or c.sampler.addresses
-  reference_lib.check_config(c, uses_reference=ppo_config.uses_reference(c.algorithm),
-                             remote=bool(remote),
-                             sampler_reference=learner_spec(c).sampler_reference)
-  if r.partial_rollouts and not remote and c.sampler.update_policy != "swap_now":
-    invalid("sampler.update_policy", c.sampler.update_policy, "must be 'swap_now' with "
-            "rollout.partial_rollouts=True (samples in flight take the new weights)")
-  fit_sampler_sizes(c)
-  mode = rollout_modes.rollout_mode(c)
-  if not supervised and mode.filters_groups and distillation.is_pure_distillation(c.algorithm):
-    # The teacher's per-token term is nonzero in every group: "keep the groups whose
-    # reward varies" filters on a reward that trains nothing.
-    invalid("rollout.mode", mode.name, "must not filter groups (dynamic sampling) with pure "
-            "distillation (algorithm.distill.task_coef=0): every group carries the teacher's "
-            "signal; use 'groups', or a task term (algorithm.distill.task_coef > 0)")
-  if c.reward.function and c.reward.unscored == "drop" and not supervised:
-    _check_dropping_unscored(c, mode)
-  if supervised and builtin is None and not c.sft.train_file:
-    invalid("sft.train_file", c.sft.train_file, "a file of conversations or prompt/"
-            "completion pairs is required for SFT on one's own data (data.task empty)")
-  if supervised:
-    return
-  if builtin is None and not c.model.checkpoint:
-    invalid("model.checkpoint", c.model.checkpoint, "an HF checkpoint directory is required "
-            "(or data.task: a built-in task's warm start, configs/<preset>.py:arith)")
-  if builtin is None and not c.data.train_file and not rollout_modes.rollout_mode(c).fixed_data:
-    invalid("data.train_file", c.data.train_file, "a prompt file (JSONL: prompt, answer, "
-            "task) is required (or data.task: a built-in task's generated problems)")
-
-
-def fit_sampler_sizes(c) -> None:
-  """`sampler.cache_length` and `sampler.prompt_buckets` against every bound the run puts
-  on them at once (`sampling.config.fit_sizes`: derived when 0 / (), else one error with
-  the sizes that fit): a row holds data.prompt_length + the response budget (the
-  mode's response columns: rollout.max_new_tokens, or env.max_tokens for episodes); the
-  longest request is the prompt, a multi-turn conversation so far (data.prompt_length +
-  env.max_tokens - 1) or a continued T-PPO response (prompt + whole windows)."""
-  r, p = c.rollout, c.data.prompt_length
-  mode = rollout_modes.rollout_mode(c)
-  response = max(rollout_modes.response_length(c), r.max_new_tokens)
-  budget = (f"env.max_tokens {c.env.max_tokens}" if mode.needs_environment else
-            f"rollout.max_new_tokens {r.max_new_tokens}")
-  longest = (p, f"data.prompt_length {p}")
-  if mode.needs_environment:  # a later turn's prompt is the conversation so far
-    longest = (p + c.env.max_tokens - 1, f"data.prompt_length {p} + env.max_tokens "
-               f"{c.env.max_tokens} - 1 (a later turn's prompt is the conversation so far)")
-  elif mode.name == "windows":  # a continued response is sent as prompt + tokens so far
-    w = r.windows.window_tokens
-    longest = (rollout_windows.longest_request_prompt(p, r.max_new_tokens, w),
-               f"data.prompt_length {p} + the whole windows of rollout.windows.window_tokens "
-               f"{w} below rollout.max_new_tokens {r.max_new_tokens} (a continued response "
-               "is sent as prompt + the tokens so far)")
-  sampler_config_lib.fit_sizes(c.sampler, prompt_length=p,
-                               row=(p + response, f"data.prompt_length {p} + {budget}"),
-                               longest_prompt=longest)
-
-
-def _validate_estimator_inputs(c) -> None:
-  """A PRM's step rewards reach only an estimator that reads per-token rewards; a critic
-  started from a checkpoint needs an estimator with a critic."""
-  a = c.algorithm
-  if c.reward.process.checkpoint and not ppo_config.reads_token_rewards(a):
-    readers = [n for n in estimators.names() if estimators.estimator(n).reads_token_rewards]
-    invalid("reward.process.checkpoint", c.reward.process.checkpoint, "gives per-step "
-            f"rewards, which algorithm.advantage.estimator={a.advantage.estimator!r} ignores; "
-            f"use one of {', '.join(readers)} (or leave it empty)")
-  if c.critic.init_from and not ppo_config.uses_critic(a):
-    invalid("critic.init_from", c.critic.init_from, "must be empty without a critic "
-            "(algorithm.advantage.estimator 'gae')")
-
-
-def _validate_learner_sections(c) -> None:
-  """`algorithm.learner` is registered and trains from `rollout.mode`; every registered
-  learner's section in the config is checked alone (the picked one's must be there)."""
-  spec = learner_spec(c)
-  mode = rollout_modes.rollout_mode(c)
-  fixed_data = mode.fixed_data
-  if mode.name not in spec.rollout_modes and spec.name not in mode.learners:
-    others = " or ".join(repr(s.name) for s in LEARNERS.values()
-                         if mode.name in s.rollout_modes or s.name in mode.learners)
-    invalid("rollout.mode", mode.name, f"trains on fixed data: it needs algorithm.learner {others}"
-            if fixed_data else f"must be one of {', '.join(spec.rollout_modes)} for "
-            f"algorithm.learner={spec.name!r}")
-  for other in LEARNERS.values():
-    if other.section is None or other.check_section is None:
-      continue
-    if other.section in c.algorithm:
-      other.check_section(c.algorithm[other.section])
-    elif other is spec:
-      invalid(f"algorithm.{spec.section}", None, "missing: register the learner before "
-              "base_config() builds the config")
-
-
-# (spec feature, field, value that turns it off, what it is): a learner without the feature
-# refuses a config that turns it on.
-_FEATURES = (
-    ("value_pretraining", "algorithm.value.pretrain_steps", 0, "value pretraining"),
-    ("packing", "train.packing", False, "packed forwards"),
-    ("lora", "model.lora_rank", 0, "LoRA adapters"),
-    ("staleness", "rollout.max_staleness", 0, "stale samples (decoupled PPO corrects them)"),
-)
-
-
-def _validate_learner(c, *, labelling: bool) -> None:
-  spec = learner_spec(c)
-  fixed_data = rollout_modes.rollout_mode(c).fixed_data
-  for feature, field, off, what in _FEATURES:
-    value = functools.reduce(lambda section, key: section[key], field.split("."), c)
-    if not getattr(spec, feature) and value != off:
-      invalid(field, value, f"must be {off} for algorithm.learner={spec.name!r} "
-              f"(it does not support {what})")
-  if fixed_data:
-    _validate_offline(c, labelling=labelling)
-  if spec.validate is not None:
-    spec.validate(c, fixed_data=fixed_data)
-
-
-def _validate_offline(c, *, labelling: bool) -> None:
-  path = c.data.offline_file
-  if path and not labelling and not os.path.isfile(path):  # read after the warm start
-    invalid("data.offline_file", path, "must be an existing .jsonl/.parquet file of labelled "
-            "samples or pairs (or empty with data.task: the warm start's are written first)")
-  if not c.data.offline_file and task_registry.builtin_run(c.data.task) is None:
-    invalid("data.offline_file", c.data.offline_file, "labelled samples or pairs are "
-            "required for rollout.mode='offline' (launch/label_samples.py writes them)")
-
-
-# ------------------------------------------------------------------ the trainer's sections
-
-_SEED_MAX = 2**32 - 1  # numpy and the sampler take 32-bit seeds
-
-
-def check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
-  """Every float field of `config` is finite, and so is every float in a tuple or list
-  field, nested ones included (a NaN learning rate or weight poisons every step)."""
-  def finite(value) -> bool:
-    if isinstance(value, float):
-      return math.isfinite(value)
-    return not isinstance(value, (tuple, list)) or all(map(finite, value))
-  for name, value in config.items():
-    path = f"{prefix}{name}"
-    if isinstance(value, ml_collections.ConfigDict):
-      check_finite(value, f"{path}.")
-    elif not finite(value):
-      invalid(path, value, "must be finite")
-
-
-def validate_train(c, *, rows: int) -> None:
-  """`train.*` and `seed`; `rows` = rollouts per step, split into mini- and micro-batches."""
-  check_range("seed", c.seed, low=0, high=_SEED_MAX)
-  at_least(c.train, "train", ("steps", "epochs", "minibatches", "micro_batches",
-                              "checkpoint_every", "log_every"))
-  check_range("train.eval_every", c.train.eval_every, low=0,
-              note="(0: no held-out evaluation)")
-  check_range("train.eval_samples", c.train.eval_samples, low=0, note="(0: no sampled eval)")
-  check_range("train.log_rollouts", c.train.log_rollouts, low=0, note="(0: none)")
-  if rows % c.train.minibatches:
-    invalid("train.minibatches", c.train.minibatches, f"must divide the {rows} rollouts per "
-            "step (rollout.prompts_per_step × rollout.group_size)")
-  if (rows // c.train.minibatches) % c.train.micro_batches:
-    invalid("train.micro_batches", c.train.micro_batches, "must divide the "
-            f"{rows // c.train.minibatches} rows of a mini-batch")
-
-
-def validate_mesh(c, num_devices: int | None, *, rows: int) -> None:
-  """`mesh.*`: axis sizes; with `num_devices`, that they fit and split the batch evenly."""
-  sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "tensor": c.mesh.tensor}
-  for axis, size in sizes.items():
-    if size < 1 and size != -1:
-      invalid(f"mesh.{axis}", size, "must be >= 1, or -1 (the devices left)")
-  if list(sizes.values()).count(-1) > 1:
-    invalid("mesh", sizes, "at most one axis may be -1")
-  if num_devices is None:
-    return
-  product = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
-  if -1 not in sizes.values() and product > num_devices:
-    invalid("mesh", sizes, f"data×fsdp×tensor = {product} must be <= the {num_devices} "
-            "available devices")
-  try:
-    resolved = parallel.resolve_axis_sizes(sizes, num_devices if -1 in sizes.values()
-                                           else product)
-  except ValueError as error:
-    invalid("mesh", sizes, str(error).rstrip("."))
-  batch_shards = resolved["data"] * resolved["fsdp"]
-  if rows % batch_shards:
-    invalid("rollout.prompts_per_step", c.rollout.prompts_per_step, f"the {rows} rollouts "
-            f"per step (× rollout.group_size={c.rollout.group_size}) must split evenly over "
-            f"mesh data×fsdp = {batch_shards}")
-
-
-def _check_dropping_unscored(c, mode) -> None:
-  """`reward.unscored = "drop"` needs rows that carry the reward functions' verdicts
-  straight to the batch: a rollout mode of whole-response groups (the route is the reward
-  section's own rule: rewards/config.py)."""
-  if not mode.drops_unscored:
-    invalid("reward.unscored", "drop", f"works with rollout.mode 'groups' or 'dynamic', not "
-            f"{mode.name!r} (use 'zero' or 'failure')")
+# The section table: every section of the trainer's config, declared by the module that owns
+# it, in the order the config shows them; the rules that span rooms which cannot import each
+# other come last. `base_config` builds the config from it, `validate_config` checks it in
+# dependency order, scripts/config_reference.py writes docs/config_reference.md from it.
+SECTIONS = (
+    sections.FINITE,
+    sections.RUN,
+    model_section.SECTION,
+    data_config_lib.SECTION,
+    sft_lib.SECTION,
+    task_registry.SECTION,
+    rollout_config_lib.SECTION,
+    env_config_lib.SECTION,
+    sampler_config_lib.SECTION,
+    reward_config_lib.SECTION,
+    rollout_modes.SECTION,
+    ppo_config.SECTION,
+    sections.LEARNER,
+    reward_config_lib.CRITIC_SECTION,
+    optimizer_lib.SECTION,
+    sections.TRAIN,
+    loggers_lib.SECTION,
+    sections.MESH,
+    parallel.distributed.SECTION,
+) + sections.RULES
+SECTIONS += (sections.across_sections(tuple(s.name for s in SECTIONS)),)

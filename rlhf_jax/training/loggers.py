@@ -26,7 +26,11 @@ import time
 import uuid
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
+import ml_collections
+
 from rlhf_jax.config_errors import invalid
+from rlhf_jax.registry import Checking
+from rlhf_jax.registry import Section
 
 # name → (the modules it imports, the pip extra that installs them)
 LOGGERS = {"tensorboard": (("tensorboardX",), "tensorboard"),
@@ -69,8 +73,9 @@ def progress_bar(total: int, description: str) -> Iterator[Callable[[int, float]
     bar.close()
 
 
-def add_logger_fields(train) -> None:
-  """The `train` section's fields of the loggers."""
+def logger_fields() -> ml_collections.ConfigDict:
+  """The loggers' fields, beside the `train` section's own."""
+  train = ml_collections.ConfigDict()
   # Where metrics go besides metrics.jsonl (always written): a comma-separated list of
   # tensorboard (<workdir>/tensorboard), wandb, mlflow; empty: metrics.jsonl only. Each
   # needs its extra, e.g. pip install 'rlhf-jax[wandb]'.
@@ -81,6 +86,17 @@ def add_logger_fields(train) -> None:
   # MLflow experiment; the tracking server is MLFLOW_TRACKING_URI, else the SQLite file
   # <workdir>/mlflow.db with artifacts in <workdir>/mlartifacts.
   train.mlflow_experiment = "rlhf_jax"
+  return train
+
+
+def check_logger_fields(c: ml_collections.ConfigDict, checking: Checking) -> None:
+  """The loggers' fields of the trainer's `train` section."""
+  del checking
+  validate_loggers(c.train)
+
+
+SECTION = Section("loggers", at="train", fields=logger_fields, check=check_logger_fields,
+                  after=("train",))
 
 
 def parse_loggers(text: str) -> tuple[str, ...]:

@@ -50,10 +50,10 @@ from rlhf_jax.training import inputs
 from rlhf_jax.training import checkpoint as checkpoint_lib
 from rlhf_jax.training import loggers as loggers_lib
 from rlhf_jax.training import run_control
-from rlhf_jax.training.config import fit_sampler_sizes
 from rlhf_jax.training.config import validate_config
-from rlhf_jax.training.config import validate_mesh
 from rlhf_jax.training.loop import Trainer
+from rlhf_jax.training.sections import fit_sampler_sizes
+from rlhf_jax.training.sections import validate_mesh
 
 
 def run(config, workdir: str, *, validate_only: bool = False, progress: bool = True,

@@ -9,7 +9,7 @@ import ml_collections
 import pytest
 
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.training.config import check_finite
+from rlhf_jax.training.sections import check_finite
 
 
 def reference_non_finite(value) -> bool:

@@ -270,7 +270,7 @@ def test_training_against_sampling_servers(tmp_path, name, servers, staleness):
   # The servers start from other weights: the trainer must push its own before sampling.
   _, other = models.init_model(model.config, seed=99)
   # The servers get the sizes the trainer's run derives (a server's own config gives them).
-  from rlhf_jax.training.config import fit_sampler_sizes  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.training.sections import fit_sampler_sizes  # pylint: disable=import-outside-toplevel
   fit_sampler_sizes(config)
   started = [server_lib.start_server(sampler_config_lib.build_scheduler(
       config.sampler, model, other), port=0, max_workers=4) for _ in range(servers)]
