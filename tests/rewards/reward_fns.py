@@ -1,4 +1,4 @@
-"""Reward functions in other libraries' signatures, for tests/rewards/test_reward_functions.py
+"""Reward functions in other libraries' signatures, for tests/rewards/test_function_scorer.py
 (module-level: they run in worker processes)."""
 
 import asyncio

@@ -1,6 +1,6 @@
-"""reward.function: TRL's and verl's signatures, called as those libraries call them, in
-killable workers; failures cost their samples, never the run; loading errors name the
-field before any work."""
+"""The scorer of `reward.function` (rewards/function_scorer.py): TRL's and verl's signatures,
+called as those libraries call them, in killable workers; failures cost their samples, never
+the run."""
 
 import dataclasses
 
@@ -30,13 +30,6 @@ def scorer(*names, weights="", timeout_s=5.0, monitor=None, monitor_tasks=()):
 def rows(*completions, **metadata):
   return [Example(f"q{i}", str(i), "mytask", {k: v[i] for k, v in metadata.items()})
           for i in range(len(completions))], list(completions)
-
-
-def test_conventions_are_told_apart_by_parameter_names():
-  assert [f.convention for f in functions.parse_functions(
-      f"{FNS}:solution_match,{FNS}:compute_score,{FNS}:async_length")] == ["trl", "verl", "trl"]
-  parsed = functions.parse_functions(f"{FNS}:only_short,{FNS}:only_short", "1,0.5")
-  assert [(f.name, f.weight) for f in parsed] == [("only_short", 1.0), ("only_short_2", 0.5)]
 
 
 def test_trl_function_gets_the_files_own_columns_and_prompts_as_rendered():
@@ -202,28 +195,6 @@ def test_the_rule_verifier_decides_correctness_where_the_task_has_one():
     assert s.pop_metrics()["reward/math/accuracy"] == 0.5
 
 
-@pytest.mark.parametrize("spec, weights, message", [
-    ("nocolon", "", r"config.reward.function: invalid value 'nocolon': must be "
-                    r"'package.module:function'"),
-    ("no_such_module_xyz:f", "", r"its module does not import: ModuleNotFoundError: no "
-                                 r"module named 'no_such_module_xyz' \(searched the working "
-                                 r"directory /.* and sys.path: "),
-    (f"{FNS}:missing", "", r"module 'tests.rewards.reward_fns' has no function 'missing'"),
-    (f"{FNS}:NOT_CALLABLE", "", r"has no function 'NOT_CALLABLE' \(it is a int\)"),
-    (f"{FNS}:no_convention", "", r"takes \(text\): neither TRL's"),
-    ("/nonexistent/r.py:f", "", r"no file '/nonexistent/r.py'"),
-    (f"{FNS}:raises", "1,2", r"config.reward.function_weights: invalid value '1,2': 2 weights "
-                             r"for 1 functions"),
-    (f"{FNS}:raises", "x", r"config.reward.function_weights: invalid value 'x': weights 'x' "
-                           r"must be numbers"),
-])
-def test_loading_errors_name_the_field_before_any_work(spec, weights, message):
-  c = base_config("arith")
-  c.reward.function, c.reward.function_weights = spec, weights
-  with pytest.raises(ConfigError, match=message):
-    validate_config(c)
-
-
 def test_a_function_by_file_path(tmp_path):
   path = tmp_path / "my_reward.py"
   path.write_text("def reward(prompts, completions, **kw):\n"
@@ -231,18 +202,6 @@ def test_a_function_by_file_path(tmp_path):
   with FunctionScorer(functions.parse_functions(f"{path}:reward"), render_prompt=str,
                       encode=list, workers=1) as s:
     assert s.score(rows("yes", "no")[0], ["yes", "no"]).scores == [1.0, 0.0]
-
-
-def test_weights_without_a_function_and_a_function_with_a_model_route_are_refused():
-  c = base_config("arith")
-  c.reward.function_weights = "1"
-  with pytest.raises(ConfigError, match="config.reward.function_weights: .* must be empty"):
-    validate_config(c)
-  c = base_config("arith")
-  c.reward.function, c.reward.route = f"{FNS}:raises", "rm"
-  c.reward.rm.checkpoint = ""
-  with pytest.raises(ConfigError, match="config.reward"):
-    validate_config(c)
 
 
 def test_rewards_that_are_inf_in_float32_fail_their_samples(tmp_path):
@@ -318,19 +277,6 @@ def test_a_run_whose_every_reward_fails_stops_after_max_failed_steps():
       "the first reason: x: boom")
   never = FailureStreak(0)
   assert all(never.update(2, ["x"] * 2) is None for _ in range(10))
-
-
-@pytest.mark.parametrize("field, value, message", [
-    ("unscored", "drop_it", "must be one of zero, failure, drop"),
-    ("function_timeout_s", 0.0, "must be > 0"),
-    ("worker_memory_mb", -1, "must be an int >= 0"),
-    ("max_failed_steps", -1, "must be >= 0"),
-])
-def test_the_new_reward_fields_are_checked(field, value, message):
-  c = base_config("arith")
-  c.reward[field] = value
-  with pytest.raises(ConfigError, match=f"config.reward.{field}: invalid value .*{message}"):
-    validate_config(c)
 
 
 def test_what_a_function_printed_before_it_raised_is_shown(caplog):
