@@ -25,10 +25,12 @@ from jax.sharding import PartitionSpec
 
 from rlhf_jax.models.functional import Params
 from rlhf_jax.sampling.engine.engine import Engine
+from rlhf_jax.sampling.engine.prefix_cache import PrefixCache
 from rlhf_jax.sampling.engine.state import DecodeState
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.scheduler.requests import InFlight
 from rlhf_jax.sampling.scheduler.requests import RequestState
+from rlhf_jax.sampling.scheduler.requests import SampleState
 from rlhf_jax.sampling.scheduler.requests import candidate_logprobs
 
 
@@ -121,6 +123,43 @@ def prefill_requests(engine: Engine, params: Params, requests: Sequence[RequestS
           request.candidate_logprobs = candidate_logprobs(
               prefix.logits[0], request.sampling.candidate_token_ids)
   return prefilled
+
+
+def start_samples(engine: Engine, params: Params, state: DecodeState,
+                  admitted: Sequence[tuple[RequestState, int]], slots: Sequence[int],
+                  prefix_cache: PrefixCache, *, max_prefill_batch: int, pad_to: int,
+                  version: int) -> tuple[DecodeState, dict[int, SampleState], int]:
+  """Puts the `admitted` samples ((request, sample index) pairs) into `slots`, in order.
+  A request seen for the first time takes the parked cache row its prompt continues
+  (`prefix_cache`, weights `version`; not when the prefill's logits are asked for:
+  `candidate_token_ids`), else is prefilled with the others (`prefill_requests`); each
+  sample is inserted from its request's prefix, or resumed from the parked row with only
+  the tokens after it prefilled. Returns the state (`state` donated), {slot: its new
+  SampleState} and the prompt tokens prefilled."""
+  starting = [r for r in dict.fromkeys(r for r, _ in admitted)
+              if r.prefix is None and r.parked is None]
+  for request in starting:
+    if not request.sampling.candidate_token_ids:  # those read the prefill's logits
+      request.parked = prefix_cache.take(request.prompt_ids, version)
+      request.prefix_version = version
+  prefilled = prefill_requests(engine, params, [r for r in starting if r.parked is None],
+                               max_prefill_batch=max_prefill_batch, pad_to=pad_to,
+                               version=version)
+  started = {}
+  for (request, index), slot in zip(admitted, slots):
+    sampling = engine.slot_sampling(request.sampling, index, seed=request.seed)
+    if request.parked is not None:  # prefill only the tokens after the parked ones
+      state, resumed = prefix_cache.resume(params, state, slot, request.parked,
+                                           request.prompt_ids, sampling)
+      prefilled += resumed
+    else:
+      state = engine.insert(request.prefix, state, slot, row=request.prefix_row,
+                            sampling=sampling)
+    started[slot] = SampleState(request=request, index=index, version=request.prefix_version)
+  for request, _ in admitted:
+    if not request.waiting:
+      request.prefix = request.parked = None  # every sample is in a slot: free them
+  return state, started, prefilled
 
 
 def dispatch(engine: Engine, params: Params, state: DecodeState, samples, steps: int,

@@ -1,4 +1,5 @@
-"""What the scheduler keeps per request and per running sample."""
+"""What the scheduler keeps per request and per running sample, and the `Completion` each
+sample ends as."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.protocol import Completion
 
 __all__ = ["InFlight", "RequestState", "SampleState", "TokenCallback",
-           "cancelled_before_start", "candidate_logprobs", "drop_cancelled_waiting"]
+           "cancelled_before_start", "candidate_logprobs", "completion_of",
+           "drop_cancelled_waiting"]
 
 
 TokenCallback = Callable[[str, int, int, float, float], None]
@@ -114,6 +116,20 @@ def cancelled_before_start(request: RequestState, index: int, version: int) -> C
                     model_logprobs=[], finish_reason="cancelled", seed=request.seed,
                     weights_version=(version, version),
                     candidate_logprobs=request.candidate_logprobs)
+
+
+def completion_of(sample: SampleState, reason: str, last_version: int, error: str = ""
+                  ) -> Completion:
+  """The completion of `sample`, ended for `reason` (its finish_reason) after a dispatch
+  that ran weights `last_version`; `error`: why, when the reason is "error"."""
+  request = sample.request
+  return Completion(request_id=request.request_id, sample_index=sample.index,
+                    prompt_ids=request.prompt_ids, token_ids=sample.tokens,
+                    sampled_logprobs=sample.sampled, model_logprobs=sample.model,
+                    finish_reason=reason, seed=request.seed,
+                    weights_version=(sample.version, last_version), error=error,
+                    candidate_logprobs=request.candidate_logprobs,
+                    token_versions=sample.versions)
 
 
 def candidate_logprobs(logits, token_ids) -> list[float]:

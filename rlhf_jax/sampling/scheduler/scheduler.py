@@ -27,6 +27,8 @@ from rlhf_jax.sampling.engine.prefix_cache import PrefixCache
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.params import per_prompt
 from rlhf_jax.sampling.protocol import Completion
+from rlhf_jax.sampling.scheduler import programs
+from rlhf_jax.sampling.scheduler import swaps
 from rlhf_jax.sampling.scheduler.options import default_prompt_buckets
 from rlhf_jax.sampling.scheduler.options import validate_request
 from rlhf_jax.sampling.scheduler.options import validate_scheduler_options
@@ -34,17 +36,15 @@ from rlhf_jax.sampling.scheduler.requests import RequestState
 from rlhf_jax.sampling.scheduler.requests import SampleState
 from rlhf_jax.sampling.scheduler.requests import TokenCallback
 from rlhf_jax.sampling.scheduler.requests import cancelled_before_start
+from rlhf_jax.sampling.scheduler.requests import completion_of
 from rlhf_jax.sampling.scheduler.requests import drop_cancelled_waiting
-from rlhf_jax.sampling.scheduler import programs
-from rlhf_jax.sampling.scheduler.swaps import WeightSwaps
-from rlhf_jax.sampling.scheduler.swaps import cache_version
 
 
 class QueueFull(RuntimeError):
   """The scheduler's queue already holds `max_queue` requests."""
 
 
-class Scheduler(WeightSwaps):
+class Scheduler:
   """Feeds requests through an Engine with continuous batching.
 
   Args:
@@ -107,6 +107,7 @@ class Scheduler(WeightSwaps):
     self._pending_params: tuple[Params, int] | None = None
     self._to_reap: list[RequestState] = []  # requests with a cancel since the last step
     self._new_state = programs.state_program(engine, params)  # one program, not ~13
+    self._refill_plan = swaps.refill_plan(engine, max_prefill_batch, buckets[-1])
     self._state = self._new_state()
     self.prefix_cache = PrefixCache(engine, engine.num_slots if parked_rows is None
                                     else parked_rows)
@@ -222,9 +223,13 @@ class Scheduler(WeightSwaps):
     without the truncating generates if not `truncation`; under 'swap_now' the swap's
     refill), so no request pays for compilation.
     Returns `engine.compilations()`."""
-    return self._warmup_refill(programs.warmup(  # and the swap's refill (swaps.py)
+    compiled = programs.warmup(
         self.engine, self.params, self.prompt_buckets, max_prefill_batch=self.max_prefill_batch,
-        init_state=self._new_state, steps_per_sync=self.steps_per_sync, truncation=truncation))
+        init_state=self._new_state, steps_per_sync=self.steps_per_sync, truncation=truncation)
+    if self.update_policy != "swap_now":
+      return compiled
+    self._state = swaps.warmup_refill(self.engine, self.params, self._state, self._refill_plan)
+    return self.engine.compilations()
 
   def fail_all(self, reason: str) -> list[Completion]:
     """Ends every queued and running request with finish_reason "error" and starts
@@ -257,7 +262,8 @@ class Scheduler(WeightSwaps):
     if self.step_hook is not None:
       self.step_hook(self)
     completions = self._reap_cancelled()
-    if self._swap_reads_first():
+    if swaps.reads_first(self.update_policy, self._pending_params is not None,
+                         self._in_flight is not None):
       completions.extend(self._read(self._in_flight))
       self._in_flight = None
     self._admit()  # swaps the weights first when due
@@ -324,14 +330,8 @@ class Scheduler(WeightSwaps):
     self._stats["samples_completed"] += 1
     if request.sampling.keep_cache and reason in ("stop", "length"):
       self._state = self.prefix_cache.park(self._state, slot, request.prompt_ids
-                                           + sample.tokens, cache_version(sample))
-    return Completion(request_id=request.request_id, sample_index=sample.index,
-                      prompt_ids=request.prompt_ids, token_ids=sample.tokens,
-                      sampled_logprobs=sample.sampled, model_logprobs=sample.model,
-                      finish_reason=reason, seed=request.seed,
-                      weights_version=(sample.version, last), error=error,
-                      candidate_logprobs=request.candidate_logprobs,
-                      token_versions=sample.versions)
+                                           + sample.tokens, swaps.cache_version(sample))
+    return completion_of(sample, reason, last, error)
 
   def _reap_cancelled(self) -> list[Completion]:
     """Completes the samples cancelled since the last step, waiting and running ones.
@@ -359,7 +359,7 @@ class Scheduler(WeightSwaps):
   def _admit(self) -> None:
     with self._lock:
       # with the queue's lock: a request sent after update_params gets the new weights
-      self._swap_params_if_due()
+      self._swap_if_due()
       if self._pending_params is not None and self.update_policy == "finish_old":
         return  # new samples start on the new weights
       free = [i for i, s in enumerate(self._slots) if s is None]
@@ -373,28 +373,23 @@ class Scheduler(WeightSwaps):
           break
     if not admitted:
       return
-    starting = [r for r in dict.fromkeys(r for r, _ in admitted)
-                if r.prefix is None and r.parked is None]
-    for request in starting:
-      if not request.sampling.candidate_token_ids:  # those read the prefill's logits
-        request.parked = self.prefix_cache.take(request.prompt_ids, self.weights_version)
-        request.prefix_version = self.weights_version
-    self._prefill([r for r in starting if r.parked is None])
-    for (request, index), slot in zip(admitted, free):
-      sampling = self.engine.slot_sampling(request.sampling, index, seed=request.seed)
-      if request.parked is not None:  # prefill only the tokens after the parked ones
-        self._state, prefilled = self.prefix_cache.resume(
-            self.params, self._state, slot, request.parked, request.prompt_ids, sampling)
-        self._stats["prefilled_tokens"] += prefilled
-      else:
-        self._state = self.engine.insert(request.prefix, self._state, slot,
-                                         row=request.prefix_row, sampling=sampling)
-      self._slots[slot] = SampleState(request=request, index=index, version=request.prefix_version)
-    for request, _ in admitted:
-      if not request.waiting:
-        request.prefix = request.parked = None  # every sample is in a slot: free them
+    self._state, started, prefilled = programs.start_samples(
+        self.engine, self.params, self._state, admitted, free, self.prefix_cache,
+        max_prefill_batch=self.max_prefill_batch, pad_to=self.prompt_buckets[-1],
+        version=self.weights_version)
+    self._stats["prefilled_tokens"] += prefilled
+    for slot, sample in started.items():
+      self._slots[slot] = sample
 
-  def _prefill(self, requests: list[RequestState]) -> None:
-    self._stats["prefilled_tokens"] += programs.prefill_requests(
-        self.engine, self.params, requests, max_prefill_batch=self.max_prefill_batch,
-        pad_to=self.prompt_buckets[-1], version=self.weights_version)
+  def _swap_if_due(self) -> None:  # under self._lock
+    running = {i: s for i, s in enumerate(self._slots) if s is not None}
+    if not swaps.swap_due(self.update_policy, self._pending_params is not None,
+                          bool(running), self._in_flight is not None):
+      return
+    (self.params, self.weights_version), self._pending_params = self._pending_params, None
+    self._state, refilled = swaps.swap_weights(
+        self.engine, self.params, self.weights_version, self._state, running,
+        self._requests.values(), self.prefix_cache, self._refill_plan)
+    self._stats["refilled_tokens"] += refilled
+    self._stats["weight_updates"] += 1
+

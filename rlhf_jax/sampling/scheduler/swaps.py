@@ -27,20 +27,25 @@ time; and a refill that does not fit the device fails there, not mid-run).
 Costs: a prefill of every running sample's tokens at a swap with samples in flight, and
 with `overlap_host` the dispatch in flight is read first (the host must know every emitted
 token).
+
+These are plain functions of what they are handed: the Scheduler asks `reads_first` and
+`swap_due` at each step and hands its state to `swap_weights` when one is due.
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rlhf_jax.sampling.engine.engine import Engine
+from rlhf_jax.sampling.engine.prefix_cache import PrefixCache
 from rlhf_jax.sampling.engine.state import DecodeState
 from rlhf_jax.sampling.engine.state import Prefix
+from rlhf_jax.sampling.scheduler.requests import RequestState
 from rlhf_jax.sampling.scheduler.requests import SampleState
 
 MIN_POSITIONS = 8
@@ -127,12 +132,12 @@ def refill_slots(engine: Engine, params: Any, state: DecodeState,
 def warmup_refill(engine: Engine, params: Any, state: DecodeState, plan: dict[int, int]
                   ) -> DecodeState:
   """Compiles and runs every refill program of `plan` (`refill_plan`) on dummy rows that
-  write nothing (`state` donated, returned unchanged)."""
+  write nothing, and waits for them (`state` donated, returned unchanged)."""
   for length, rows in plan.items():
     prefix = engine.prefill(params, np.zeros((rows, length), np.int32),
                             np.ones((rows,), np.int32))
     state = REFILL_ROWS(prefix, state, np.zeros((rows,), np.int32), np.int32(0))
-  return state
+  return jax.block_until_ready(state)
 
 
 def cache_version(sample: SampleState) -> int:
@@ -142,43 +147,35 @@ def cache_version(sample: SampleState) -> int:
   return sample.logits_version
 
 
-class WeightSwaps:
-  """The Scheduler's weight swaps (a mixin: it reads the Scheduler's own state)."""
+def reads_first(update_policy: str, pending: bool, in_flight: bool) -> bool:
+  """Whether `step` reads the dispatch in flight before it admits: a swap is due under
+  'swap_now' (`pending` weights) while a dispatch's tokens are unread, and the refill
+  needs every emitted token."""
+  return update_policy == "swap_now" and pending and in_flight
 
-  def _warmup_refill(self, compiled: dict[str, int]) -> dict[str, int]:
-    """Compiles the refill programs when a swap may find samples in flight ('swap_now'),
-    on the scheduler's own state (no second cache); returns `engine.compilations()`."""
-    if self.update_policy != "swap_now":
-      return compiled
-    self._state = warmup_refill(self.engine, self.params, self._state, self._refill_plan())
-    jax.block_until_ready(self._state)
-    return self.engine.compilations()
 
-  def _refill_plan(self) -> dict[int, int]:
-    return refill_plan(self.engine, self.max_prefill_batch, self.prompt_buckets[-1])
+def swap_due(update_policy: str, pending: bool, running: bool, in_flight: bool) -> bool:
+  """Whether `pending` weights replace the served ones at this step: under 'finish_old'
+  once no sample runs; under 'swap_now' at once, but with samples running only once the
+  dispatch in flight has been read (weights sent after this step's read wait a step)."""
+  if not pending or (update_policy == "finish_old" and running):
+    return False
+  return not (running and in_flight)
 
-  def _swap_reads_first(self) -> bool:
-    """A swap is due under 'swap_now' while a dispatch's tokens are unread: `step` reads
-    them first (the refill needs every emitted token)."""
-    return (self._in_flight is not None and self._pending_params is not None
-            and self.update_policy == "swap_now")
 
-  def _swap_params_if_due(self) -> None:  # under self._lock
-    pending = self._pending_params
-    running = {i: s for i, s in enumerate(self._slots) if s is not None}
-    if pending is None or (self.update_policy == "finish_old" and running):
-      return
-    if running and self._in_flight is not None:
-      return  # sent after this step's read: the next step reads, then swaps
-    self.params, self.weights_version = pending
-    self._pending_params = None
-    self.prefix_cache.drop_stale(self.weights_version)
-    for request in self._requests.values():  # samples not started: prefill them anew
-      if request.prefix_version != self.weights_version:
-        request.prefix = request.parked = None
-    if running:
-      self._state = refill_slots(self.engine, self.params, self._state, running,
-                                 self._refill_plan())
-      self._stats["refilled_tokens"] += sum(
-          len(s.request.prompt_ids) + len(s.tokens) for s in running.values())
-    self._stats["weight_updates"] += 1
+def swap_weights(engine: Engine, params: Any, version: int, state: DecodeState,
+                 running: dict[int, SampleState], requests: Iterable[RequestState],
+                 prefix_cache: PrefixCache, plan: dict[int, int]) -> tuple[DecodeState, int]:
+  """Puts weights `params` (`version`) under everything a scheduler holds: the parked
+  rows of other weights dropped, the prefills of `requests`' samples not started yet
+  dropped (they start from a prefill by the new weights), and the cache rows of
+  `running` ({slot: SampleState}) recomputed (`refill_slots`, chunked as `plan` says).
+  Returns the new state (`state` donated) and the tokens prefilled again."""
+  prefix_cache.drop_stale(version)
+  for request in requests:
+    if request.prefix_version != version:
+      request.prefix = request.parked = None
+  if not running:
+    return state, 0
+  state = refill_slots(engine, params, state, running, plan)
+  return state, sum(len(s.request.prompt_ids) + len(s.tokens) for s in running.values())
