@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import time
 import uuid
 from typing import Iterator, Sequence
 
@@ -34,6 +35,28 @@ from rlhf_jax.sampling.serve.wire import param_names
 from rlhf_jax.sampling.serve.wire import sampling_to_proto
 
 WEIGHT_CHUNK_BYTES = 4 * 1024 * 1024
+
+# A call failing with one of these means the server (or the way to it) is gone.
+SERVER_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+               grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
+MIN_CALL_S = 0.5  # a call made at a deadline still gets this long
+
+
+def call_timeout(deadline: float | None, cap: float | None) -> float | None:
+  """A call's timeout in seconds: at most `cap` (None: the client's own) and the time
+  left before `deadline` (time.monotonic(); None: no deadline), never under MIN_CALL_S,
+  so a wait for a server is bounded by the caller's deadline, not the client's."""
+  if deadline is None:
+    return cap
+  left = max(deadline - time.monotonic(), MIN_CALL_S)
+  return left if cap is None else min(cap, left)
+
+
+def describe_error(error: Exception) -> str:
+  """An error in one line: a gRPC status's code and details, else its repr."""
+  if isinstance(error, grpc.RpcError):
+    return f"{error.code().name}: {error.details()}"
+  return repr(error)
 
 
 @dataclasses.dataclass

@@ -42,14 +42,14 @@ from rlhf_jax.sampling.params import per_prompt
 from rlhf_jax.sampling.protocol import Completion
 from rlhf_jax.sampling.protocol import SamplerUnavailable
 from rlhf_jax.sampling.remote.affinity import CacheAffinity
+from rlhf_jax.sampling.remote.client import SERVER_LOST
 from rlhf_jax.sampling.remote.client import SamplerClient
-from rlhf_jax.sampling.remote.fleet_calls import HEALTH_TIMEOUT_S
-from rlhf_jax.sampling.remote.fleet_calls import SERVER_LOST as _SERVER_LOST
-from rlhf_jax.sampling.remote.fleet_calls import before as _before
-from rlhf_jax.sampling.remote.fleet_calls import describe as _describe
+from rlhf_jax.sampling.remote.client import call_timeout
+from rlhf_jax.sampling.remote.client import describe_error
 from rlhf_jax.sampling.serve.security import ClientSecurity
 
 _MAX_REJECTIONS = 1200  # a prompt refused for a full queue this often (~1 min): give up
+HEALTH_TIMEOUT_S = 5.0  # a probe's Health deadline: a live server answers in far less
 
 
 class FleetUnavailableError(SamplerUnavailable):
@@ -116,16 +116,16 @@ class SamplerFleet:
       self.last_probe[address] = now
       client = self.clients[address]
       try:
-        client.health(timeout_s=_before(deadline, HEALTH_TIMEOUT_S))
+        client.health(timeout_s=call_timeout(deadline, HEALTH_TIMEOUT_S))
         if self.weights is not None:
-          self._give_weights(address, _before(deadline, None))
+          self._give_weights(address, call_timeout(deadline, None))
         if self.reference is not None:
           client.update_reference(self.reference)
       except grpc.RpcError as error:
         if error.code() == grpc.StatusCode.UNAUTHENTICATED:
           raise  # our token is wrong: no wait fixes that
-        if error.code() not in _SERVER_LOST:  # it answers, but refuses: say why
-          self.log(f"sampler fleet: {address} refused to join: {_describe(error)}")
+        if error.code() not in SERVER_LOST:  # it answers, but refuses: say why
+          self.log(f"sampler fleet: {address} refused to join: {describe_error(error)}")
         continue
       with self.lock:
         self.live.add(address)
@@ -183,7 +183,7 @@ class SamplerFleet:
       self.last_probe[address] = time.monotonic()
       self.counters["server_deaths"] += 1
       self.affinity.forget(address)
-    self.log(f"sampler fleet: {address} lost ({_describe(error)}); its requests go to "
+    self.log(f"sampler fleet: {address} lost ({describe_error(error)}); its requests go to "
              f"{', '.join(sorted(self.live)) or 'no server'}")
 
   # ------------------------------------------------------------------ the Sampler interface
@@ -205,7 +205,7 @@ class SamplerFleet:
         replies.append(future.result())
         self.acked[address] = version  # a pinned job may load an older one: exactly this
       except grpc.RpcError as error:
-        if error.code() not in _SERVER_LOST:
+        if error.code() not in SERVER_LOST:
           raise
         self._lost(address, error)
     return replies
@@ -249,7 +249,7 @@ class SamplerFleet:
             self.clients[address].update_reference(self.reference)
           except grpc.RpcError as again:
             self._lost(address, again)
-        elif error.code() in _SERVER_LOST:
+        elif error.code() in SERVER_LOST:
           self._lost(address, error)
         else:
           raise
@@ -342,11 +342,11 @@ class SamplerFleet:
       completions = future.result()
     except grpc.RpcError as error:
       if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return _describe(error)  # a full queue: try again, elsewhere if possible
-      if error.code() not in _SERVER_LOST:
+        return describe_error(error)  # a full queue: try again, elsewhere if possible
+      if error.code() not in SERVER_LOST:
         raise
       self._lost(address, error)
-      return _describe(error)
+      return describe_error(error)
     if sent_version is not None and any(c.weights_version[0] < sent_version
                                         for c in completions):
       # It restarted between two calls (the channel reconnected): weights first, again.
