@@ -288,15 +288,17 @@ def test_the_trainer_and_rewards_ask_the_task_table_not_the_tasks():
   assert not bad, bad
 
 
-# A third-party library → the one room of models/ that may import it.
-MODEL_ROOMS = {"safetensors": "models/hf/", "jax.experimental.pallas": "models/attention/",
-               "jax._src.cudnn": "models/attention/"}
+# A third-party library → the rooms that may import it.
+LIBRARY_ROOMS = {"safetensors": "models/hf/", "jax.experimental.pallas": "models/attention/",
+                 "jax._src.cudnn": "models/attention/",
+                 "grpc": ("sampling/serve/", "sampling/remote/")}
 
 
-def test_the_rooms_of_models_hold_their_libraries():
+def test_the_rooms_hold_their_libraries():
   """The Hugging Face files are read and written in models/hf (the only importer of
-  safetensors), and the fused attention kernels live in models/attention (the only
-  importer of Pallas and of cuDNN's fused attention)."""
+  safetensors), the fused attention kernels live in models/attention (the only importer
+  of Pallas and of cuDNN's fused attention), and gRPC (the `serve` extra) is imported
+  only by the sampling server (sampling/serve/) and its clients (sampling/remote/)."""
   bad = []
   for path in sorted(modules().values()):
     name = str(path.relative_to(ROOT))
@@ -307,7 +309,7 @@ def test_the_rooms_of_models_hold_their_libraries():
         imported = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
       else:
         continue
-      for library, room in MODEL_ROOMS.items():
+      for library, room in LIBRARY_ROOMS.items():
         if (any(i == library or i.startswith(library + ".") for i in imported)
             and not name.startswith(room)):
           bad.append(f"{name}:{node.lineno} imports {library} (belongs in {room})")
@@ -366,3 +368,33 @@ def test_the_house_has_at_most_eight_floors():
 
   highest = max(packages, key=floor)
   assert floor(highest) <= MAX_FLOORS, (highest, floors)
+
+
+def test_no_class_works_on_another_classs_private_state():
+  """A class reads only the private attributes (`self._x`) that it, a class of its own
+  module or one of its bases sets or defines: no mixin that works on the private state of
+  a class that inherits it (the scheduler's weight swaps are functions of what they are
+  handed: sampling/scheduler/swaps.py)."""
+  trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(modules().values())}
+  classes = {p: [n for n in ast.walk(t) if isinstance(n, ast.ClassDef)] for p, t in trees.items()}
+
+  def owns(cls):
+    defined = {t.id for n in cls.body for t in (
+        [n] if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) else n.targets
+        if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else [])
+        if isinstance(t, ast.Name)} | {n.name for n in cls.body if hasattr(n, "name")}
+    return defined | {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute)
+                      and isinstance(n.ctx, ast.Store) and ast.unparse(n.value) == "self"}
+
+  owned = {c.name: owns(c) for cs in classes.values() for c in cs}
+  bad = []
+  for path, cs in classes.items():
+    mine = set().union(*(owned[c.name] for c in cs)) if cs else set()
+    for cls in cs:
+      allowed = mine.union(*(owned.get(ast.unparse(b).rsplit(".", 1)[-1], set())
+                             for b in cls.bases))
+      bad += [f"{path.relative_to(ROOT)}:{n.lineno} {cls.name} reads self.{n.attr}"
+              for n in ast.walk(cls) if isinstance(n, ast.Attribute)
+              and ast.unparse(n.value) == "self" and n.attr.startswith("_")
+              and not n.attr.startswith("__") and n.attr not in allowed]
+  assert not bad, bad
