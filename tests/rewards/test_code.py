@@ -33,3 +33,9 @@ def test_modes_are_checked_and_the_unsafe_mode_is_explicit():
     code.CodeScorer(mode="in_process")
   assert code.run_tests("x = 1", "assert x == 1", mode="unsafe_in_process").passed
   assert code.CodeScorer().test_kind == "tests"  # the harness by default
+
+
+def test_extract_program_takes_the_last_fenced_block():
+  response = "First try:\n```python\nx = 1\n```\nBetter:\n```python\nx = 2\n```\nDone."
+  assert code.extract_program(response) == "x = 2\n"
+  assert code.extract_program("x=3+4") == "x=3+4"

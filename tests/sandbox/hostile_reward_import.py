@@ -1,5 +1,5 @@
 """A reward module whose import sends the trainer a crafted pickle through the worker's
-pipe (tests/sandbox/test_reward_workers_adversarial.py). Imported anywhere else (pytest's
+pipe (tests/sandbox/test_workers.py). Imported anywhere else (pytest's
 doctest collection) it finds no pipe and sends nothing."""
 
 import os

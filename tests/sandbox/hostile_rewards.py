@@ -1,4 +1,4 @@
-"""Hostile reward functions in TRL's signature, for tests/sandbox/test_reward_workers_adversarial.py
+"""Hostile reward functions in TRL's signature, for tests/sandbox/test_workers.py
 (module-level: they run in the reward-function worker processes)."""
 
 import os

@@ -1,4 +1,6 @@
-"""The code verifier on ordinary programs (hostile ones: test_sandbox_adversarial.py)."""
+"""Running untrusted Python in a contained child process (sandbox/jobs.py) on ordinary
+programs through the code verifier: verdicts, reasons, order, stdin/stdout cases, limits and
+the rlimits isolation (hostile programs: test_sandbox_adversarial.py)."""
 
 import os
 
@@ -7,8 +9,6 @@ import pytest
 from rlhf_jax.data import Example
 from rlhf_jax.rewards import code
 from rlhf_jax.sandbox import jobs as sandbox
-from rlhf_jax.tasks import pycalc
-from rlhf_jax.tasks import arith
 
 HUMANEVAL_TESTS = """
 def check(candidate):
@@ -85,30 +85,6 @@ def test_rlimits_isolation_still_refuses_sockets_and_subprocesses(monkeypatch):
   assert not refused.passed and "PermissionError" in refused.reason
   refused = code.run_tests("import subprocess\nsubprocess.run(['true'])", "assert True")
   assert not refused.passed and "PermissionError" in refused.reason
-
-
-def test_extract_program_takes_the_last_fenced_block():
-  response = "First try:\n```python\nx = 1\n```\nBetter:\n```python\nx = 2\n```\nDone."
-  assert code.extract_program(response) == "x = 2\n"
-  assert code.extract_program("x=3+4") == "x=3+4"
-
-
-def test_pycalc_examples_are_scored_by_the_sandbox():
-  examples = pycalc.examples(seed=3, count=4, levels=(1, 2))
-  problems = list(arith.generate(3, 4, (1, 2)))
-  for example, problem in zip(examples, problems):
-    assert example.task == "pycalc" and example.answer == f"assert x == {problem.answer}"
-  scorer = code.CodeScorer(("pycalc",), correct_score=1.0, wrong_score=-1.0, timeout_s=5.0)
-  responses = [pycalc.program(problems[0]), f"x={problems[1].answer + 1}",
-               "import os\nos._exit(0)", "x=("]
-  scored = scorer.score(examples, responses)
-  assert scored.scores == [1.0, -1.0, -1.0, -1.0]
-  assert scored.correct == [True, False, False, False]
-  assert scored.failures == ["", "", "", ""]
-  assert scored.reason(1).startswith("test failed") and scored.reason(3).startswith("syntax")
-  with pytest.raises(ValueError, match="not \\['code'\\]"):
-    scorer.check_tasks(["code"])
-  assert Example  # the scorer takes data.Example rows
 
 
 def test_verl_code_contest_answers_run_as_stdin_stdout_or_call_cases():
