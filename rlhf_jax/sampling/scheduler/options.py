@@ -1,10 +1,10 @@
-"""The Scheduler's options and their one validation.
+"""The Scheduler's options and requests: their defaults and their one validation.
 
-Both paths call `validate_scheduler_options`: `Scheduler.__init__` (a ValueError naming
-the argument) and `config.validate_sampler_config` (a ConfigError naming
-config.<section>.<field>), so a launcher refuses a bad sampler section before it loads a
-model, by the same rule a directly built Scheduler applies. A module of its own
-because `config.py` imports the Scheduler (no cycle) and needs no model to check.
+`validate_scheduler_options` checks the constructor's options without an engine or a
+model: `Scheduler.__init__` raises a ValueError naming the argument, and the `sampler`
+config section (sampling/config.py) a ConfigError naming config.<section>.<field>, so a
+launcher refuses a bad section before it loads a model, by the rule a Scheduler applies.
+`validate_request` checks one request against the engine (`Scheduler.submit`).
 """
 
 from __future__ import annotations
