@@ -1,0 +1,92 @@
+"""The router of a mixture-of-experts layer: which experts each token goes to, and with
+what weights.
+
+Qwen3-MoE (transformers' `Qwen3MoeTopKRouter`): p = softmax(logits) in float32, the top-k
+experts by p, their p renormalised to sum to one when `norm_topk_prob`, then cast to the
+logits' dtype. gpt-oss takes the top-k logits and a softmax over them, which is the same
+renormalised top-k of p (softmax is monotone; its normaliser cancels).
+
+Routing replay (the R3 paper, arXiv 2510.11370): with `replay`, the experts are given (the
+ones the sampler or the old policy chose) and only their weights come from the live logits,
+renormalised over the replayed experts, so the router still gets a gradient.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Routes(NamedTuple):
+  """Each token's experts and gate weights.
+
+  Attributes:
+    experts: [N, k] int32 expert indices, in descending router probability (a replayed
+      choice keeps its recorded order).
+    weights: [N, k] gate weights, in the router logits' dtype.
+  """
+  experts: jax.Array
+  weights: jax.Array
+
+
+def route(logits: jax.Array, top_k: int, *, normalize: bool,
+          replay: jax.Array | None = None) -> Routes:
+  """Routes tokens from router logits [N, X] (X experts) to `top_k` experts each.
+
+  Args:
+    logits: [N, X] router logits.
+    top_k: experts per token (k ≤ X).
+    normalize: renormalise the k probabilities to sum to one (Qwen3-MoE
+      `norm_topk_prob`; gpt-oss always).
+    replay: [N, k] integer experts to use instead of the top-k (routing replay); the
+      weights are the live probabilities of those experts.
+  Returns:
+    Routes with experts [N, k] int32 and weights [N, k] in `logits.dtype`.
+  """
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  if replay is None:
+    weights, experts = jax.lax.top_k(probs, top_k)
+  else:
+    experts = replay.astype(jnp.int32)
+    weights = jnp.take_along_axis(probs, experts, axis=-1)
+  if normalize:
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return Routes(experts.astype(jnp.int32), weights.astype(logits.dtype))
+
+
+def expert_load(experts: jax.Array, num_experts: int, valid: jax.Array | None = None
+                ) -> jax.Array:
+  """Tokens routed to each expert: [X] float32 counts from experts [N, k] (`valid` [N]:
+  1 on tokens that count, e.g. not padding). max/mean of it is the load imbalance."""
+  one_hot = jax.nn.one_hot(experts, num_experts, dtype=jnp.float32)  # [N, k, X]
+  if valid is not None:
+    one_hot = one_hot * valid.astype(jnp.float32)[:, None, None]
+  return one_hot.sum(axis=(0, 1))
+
+
+def load_balancing_loss(logits: jax.Array, experts: jax.Array,
+                        valid: jax.Array | None = None) -> jax.Array:
+  """The Switch Transformer's auxiliary loss (Fedus et al. 2021, eq. 4, as transformers'
+  `load_balancing_loss_func` computes it for top-k): X · Σ_x f_x · P_x, where f_x is the
+  fraction of routed (token, slot) pairs sent to expert x and P_x the mean router
+  probability of x, over the `valid` [N] tokens. 1 when the load is uniform."""
+  num_experts = logits.shape[-1]
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  mask = jnp.ones(logits.shape[:1], jnp.float32) if valid is None else valid.astype(
+      jnp.float32)
+  tokens = jnp.maximum(mask.sum(), 1.0)
+  fraction = expert_load(experts, num_experts, mask) / (tokens * experts.shape[-1])
+  mean_prob = (probs * mask[:, None]).sum(axis=0) / tokens
+  return num_experts * jnp.sum(fraction * mean_prob)
+
+
+def router_z_loss(logits: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+  """ST-MoE's router z-loss (Zoph et al. 2022, eq. 5): the mean over the `valid` [N]
+  tokens of logsumexp(logits)², which keeps router logits small."""
+  z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1) ** 2
+  if valid is None:
+    return z.mean()
+  mask = valid.astype(jnp.float32)
+  return (z * mask).sum() / jnp.maximum(mask.sum(), 1.0)

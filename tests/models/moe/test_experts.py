@@ -1,0 +1,121 @@
+"""models/moe/experts.py: both kernels against a reference written from the formula (a
+loop over tokens and their experts), values and gradients; experts left empty and one
+expert taking every token; and transformers' own Qwen3-MoE experts."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax.models.moe import Routes
+from rlhf_jax.models.moe import expert_mlp
+from rlhf_jax.models.moe import route
+
+N, E, F, X, K = 7, 8, 6, 4, 2
+KERNELS = ("ragged_dot", "dense")
+
+
+def _weights(seed=0):
+  rng = np.random.default_rng(seed)
+  return tuple(jnp.asarray(rng.normal(size=s) / np.sqrt(s[1]), jnp.float32)
+               for s in ((N, E), (X, E, F), (X, E, F), (X, F, E)))
+
+
+def _silu(z):
+  return z / (1 + np.exp(-z))
+
+
+def _reference(x, experts, weights, gate, up, down):
+  """out[n] = Σ_j w[n, j] · down_e(silu(x[n] gate_e) * (x[n] up_e)), e = experts[n, j]."""
+  x, gate, up, down = (np.asarray(a, np.float64) for a in (x, gate, up, down))
+  out = np.zeros_like(x)
+  for n in range(x.shape[0]):
+    for j in range(experts.shape[1]):
+      e = int(experts[n, j])
+      out[n] += float(weights[n, j]) * ((_silu(x[n] @ gate[e]) * (x[n] @ up[e])) @ down[e])
+  return out
+
+
+def _loop_in_jax(x, routes, gate, up, down):
+  """The same loop in jnp (for gradients), independent of the kernels' sorting and einsums."""
+  rows = []
+  for n in range(x.shape[0]):
+    row = 0.0
+    for j in range(routes.experts.shape[1]):
+      e = routes.experts[n, j]
+      row = row + routes.weights[n, j] * ((jax.nn.silu(x[n] @ gate[e]) * (x[n] @ up[e]))
+                                          @ down[e])
+    rows.append(row)
+  return jnp.stack(rows)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("case", ["top_k", "an_empty_expert", "one_expert_takes_all"])
+def test_values_match_the_formula(kernel, case):
+  x, gate, up, down = _weights()
+  rng = np.random.default_rng(1)
+  if case == "top_k":
+    routes = route(jnp.asarray(rng.normal(size=(N, X)), jnp.float32), K, normalize=True)
+  else:
+    experts = (np.array([[0, 1], [3, 0], [1, 3]] * 3)[:N] if case == "an_empty_expert"
+               else np.full((N, 1), 2))
+    weights = rng.uniform(0.1, 1.0, size=experts.shape)
+    routes = Routes(jnp.asarray(experts, jnp.int32), jnp.asarray(weights, jnp.float32))
+  got = jax.jit(functools.partial(expert_mlp, kernel=kernel))(x, routes, gate, up, down)
+  want = _reference(x, np.asarray(routes.experts), np.asarray(routes.weights), gate, up, down)
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gradients_match_the_loop_for_every_input_and_the_router(kernel):
+  x, gate, up, down = _weights(2)
+  logits = jnp.asarray(np.random.default_rng(3).normal(size=(N, X)), jnp.float32)
+  cotangent = jnp.asarray(np.random.default_rng(4).normal(size=(N, E)), jnp.float32)
+
+  def loss(fn, x, logits, gate, up, down):
+    routes = route(logits, K, normalize=True)
+    return jnp.sum(fn(x, routes, gate, up, down) * cotangent)
+
+  ours = jax.jit(jax.grad(functools.partial(loss, functools.partial(expert_mlp, kernel=kernel)),
+                          argnums=(0, 1, 2, 3, 4)))(x, logits, gate, up, down)
+  want = jax.jit(jax.grad(functools.partial(loss, _loop_in_jax), argnums=(0, 1, 2, 3, 4)))(
+      x, logits, gate, up, down)
+  for name, a, b in zip(("x", "logits", "gate", "up", "down"), ours, want):
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6, err_msg=name)
+  assert np.abs(np.asarray(ours[1])).sum() > 0  # the router learns through the weights
+
+
+def test_an_unknown_kernel_is_refused_naming_the_allowed_ones():
+  x, gate, up, down = _weights()
+  routes = Routes(jnp.zeros((N, 1), jnp.int32), jnp.ones((N, 1)))
+  with pytest.raises(ValueError, match="ragged_dot, dense"):
+    expert_mlp(x, routes, gate, up, down, kernel="megablox")
+
+
+def test_equal_to_transformers_qwen3_moe_experts():
+  torch = pytest.importorskip("torch")
+  qwen3_moe = pytest.importorskip("transformers.models.qwen3_moe.modeling_qwen3_moe")
+  from transformers import Qwen3MoeConfig  # pylint: disable=import-outside-toplevel
+  config = Qwen3MoeConfig(hidden_size=E, moe_intermediate_size=F, num_experts=X,
+                          num_experts_per_tok=K, norm_topk_prob=False)
+  torch.manual_seed(0)
+  block = qwen3_moe.Qwen3MoeSparseMoeBlock(config)
+  for parameter in block.parameters():
+    torch.nn.init.normal_(parameter, std=0.5)
+  x = torch.randn(1, N, E)
+  with torch.no_grad():
+    want = block(x)[0].numpy()
+  gate_up = block.experts.gate_up_proj.detach().numpy()  # [X, 2F, E]: gate rows, then up
+  gate = np.transpose(gate_up[:, :F], (0, 2, 1))
+  up = np.transpose(gate_up[:, F:], (0, 2, 1))
+  down = np.transpose(block.experts.down_proj.detach().numpy(), (0, 2, 1))  # [X, F, E]
+  tokens = x[0].numpy()
+  routes = route(jnp.asarray(tokens @ block.gate.weight.detach().numpy().T), K, normalize=False)
+  for kernel in KERNELS:
+    got = expert_mlp(jnp.asarray(tokens), routes, jnp.asarray(gate), jnp.asarray(up),
+                     jnp.asarray(down), kernel=kernel)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=kernel)
