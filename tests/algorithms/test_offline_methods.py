@@ -1,26 +1,16 @@
 """DPO, iterative DPO and DQO from their presets and launch/train.py (fresh processes,
-a tiny policy), launch/label_samples.py, the offline data and rollout, and their config
-errors."""
+a tiny policy), launch/label_samples.py, and their config errors (the offline data and
+rollout: tests/data/test_labelled.py, tests/rollout/test_offline.py)."""
 
 import json
 
-import jax
 import numpy as np
 import pytest
 
-from rlhf_jax import models
-from rlhf_jax.batch import response_logprobs
 from rlhf_jax.config_errors import ConfigError
-from rlhf_jax.data import LabelledGroup
 from rlhf_jax.data import PreferencePair
 from rlhf_jax.data import read_labelled
-from rlhf_jax.data import write_labelled
 from rlhf_jax.data import write_pairs
-from rlhf_jax.data.example import Example
-from rlhf_jax.rollout.offline import OfflineRollout
-from rlhf_jax.rollout.offline import cache_reference_logprobs
-from rlhf_jax.data.prompts import PromptFormat
-from rlhf_jax.rollout.offline import encode_groups
 from rlhf_jax.tasks import arith
 from rlhf_jax.training.config import sibling_preset
 from rlhf_jax.training.config import validate_config
@@ -143,70 +133,6 @@ def test_offline_config_errors_name_the_field(tmp_path):
   with pytest.raises(ConfigError,
                      match="algorithm.learner: invalid value 'kto': must be one of ppo, dpo, dqo"):
     validate_config(dpo)
-
-
-def group(prompt, responses, scores):
-  return LabelledGroup(Example(prompt, "", "arith"), tuple(responses), tuple(scores),
-                       tuple(s > 0 for s in scores))
-
-
-def test_labelled_files_pairs_and_groups_round_trip(tmp_path):
-  groups = [group("1+1?\n", ["2", "3", "4"], [1.0, 0.0, 0.0])]
-  write_labelled(str(tmp_path / "g.jsonl"), groups)
-  assert read_labelled(str(tmp_path / "g.jsonl"))[0].responses == ("2", "3", "4")
-  # A chat prompt survives the file (parquet too), so the groups encode as they were drawn.
-  chat = LabelledGroup(Example("q", "1", "math", {"k": 1}, [{"role": "system", "content": "s"},
-                                                           {"role": "user", "content": "q"}]),
-                       ("1",), (1.0,), (True,))
-  for name in ("c.jsonl", "c.parquet"):
-    write_labelled(str(tmp_path / name), [chat])
-    assert read_labelled(str(tmp_path / name)) == [chat]
-  write_pairs(str(tmp_path / "p.jsonl"), [PreferencePair("q", "good", "bad")])
-  pair = read_labelled(str(tmp_path / "p.jsonl"))[0]
-  assert pair.responses == ("good", "bad") and pair.scores == (1.0, 0.0)
-  (tmp_path / "bad.jsonl").write_text('{"prompt": "q", "responses": ["a"], "scores": [1, 2]}\n')
-  with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'scores' must be a list of 1"):
-    read_labelled(str(tmp_path / "bad.jsonl"))
-
-
-def test_encode_groups_reduces_to_pairs_drops_ties_and_cuts_long_responses():
-  labelled = [group("1+1?\n", ["7", "2", "2", "9"], [0.0, 1.0, 1.0, 0.0]),
-              group("2+2?\n", ["4", "4"], [1.0, 1.0]),
-              group("3+3?\n", ["6" * 20, "5"], [1.0, 0.0])]
-  groups, counts = encode_groups(labelled, PromptFormat(TOKENIZER, prompt_length=8),
-                                 response_length=6, group_size=2, pairs=True)
-  assert counts == {"dropped": 1, "truncated": 1}
-  assert [TOKENIZER.decode(r) for r in groups[0].responses] == ["2", "7"]  # best, worst
-  assert groups[1].responses[0] == TOKENIZER.encode("6" * 6) and groups[1].truncated == [
-      True, False]
-  with pytest.raises(ValueError, match="offline group 0 has 4 responses; set rollout.group_size=4"):
-    encode_groups(labelled, PromptFormat(TOKENIZER, prompt_length=8), response_length=6,
-                  group_size=2)  # DQO keeps whole groups
-  with pytest.raises(ValueError, match="offline group 0: the prompt has 5 tokens"):
-    encode_groups(labelled, PromptFormat(TOKENIZER, prompt_length=4), response_length=6,
-                  group_size=2, pairs=True)
-
-
-def test_cached_reference_logprobs_are_the_reference_forward_and_the_stream_resumes():
-  model, params = models.init_model(arith.model_config(
-      vocab_size=TOKENIZER.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
-      max_positions=32), seed=3)
-  labelled = [group(f"{i}+1?\n", [str(i + 1), str(i)], [1.0, 0.0]) for i in range(5)]
-  shapes = dict(prompt_length=8, response_length=6, pad_id=TOKENIZER.pad_id)
-  groups, _ = encode_groups(labelled, PromptFormat(TOKENIZER, prompt_length=8),
-                            response_length=6, group_size=2)
-  forward = jax.jit(lambda rows: response_logprobs(model, params, rows))
-  cache_reference_logprobs(groups, forward, chunk=2, **shapes)
-  rollout = OfflineRollout(groups, prompts_per_step=5, seed=0, shuffle=False, **shapes)
-  batch = rollout.collect().batch
-  np.testing.assert_allclose(batch.sampler_logprobs, forward(batch), rtol=1e-5, atol=1e-6)
-  first = OfflineRollout(groups, prompts_per_step=2, seed=1, **shapes)
-  first.collect()
-  state = first.state()
-  expected = first.collect().batch.tokens
-  second = OfflineRollout(groups, prompts_per_step=2, seed=1, **shapes)
-  second.restore(json.loads(json.dumps(state)))
-  np.testing.assert_array_equal(second.collect().batch.tokens, expected)
 
 
 @pytest.mark.slow
