@@ -398,3 +398,103 @@ def test_no_class_works_on_another_classs_private_state():
               and ast.unparse(n.value) == "self" and n.attr.startswith("_")
               and not n.attr.startswith("__") and n.attr not in allowed]
   assert not bad, bad
+
+
+# Modules without logic of their own, so without a test file of their own: seams (a Protocol
+# and the record it passes) and state records; what uses them is tested.
+WITHOUT_LOGIC = {
+    "envs/base.py",  # the Environment Protocol, its StepResult and registry
+    "rollout/base.py",  # the Rollout Protocol and the stream rollouts' shared no-ops
+    "sampling/engine/state.py",  # the engine's state records
+}
+# Modules still without a test file named after them (their tests sit in other files, or
+# run end to end). The list may only shrink: a module that gets its file leaves it, and a
+# new module comes with its file.
+STILL_WITHOUT_A_TEST_FILE = {
+    "algorithms/dqo.py",
+    "algorithms/dqo_learner.py",
+    "algorithms/learner.py",
+    "algorithms/qsharp.py",
+    "algorithms/qsharp_fit.py",
+    "batch/forwards.py",
+    "batch/rollout_batch.py",
+    "cli.py",
+    "data/config.py",
+    "models/attention/cached.py",
+    "models/attention/choice.py",
+    "models/attention/cudnn.py",
+    "models/attention/pallas_decode.py",
+    "models/attention/pallas_flash.py",
+    "models/attention/xla.py",
+    "models/blocks.py",
+    "models/config.py",
+    "models/decoder_config.py",
+    "models/functional.py",
+    "models/hf/checkpoint.py",
+    "models/hf/checks.py",
+    "models/hf/config.py",
+    "models/hf/gemma.py",
+    "models/hf/metadata.py",
+    "models/hf/peft.py",
+    "models/hf/policy_dir.py",
+    "models/hf/tensors.py",
+    "models/rope.py",
+    "rewards/build.py",
+    "rewards/scorer.py",
+    "rollout/config.py",
+    "rollout/generation.py",
+    "rollout/multi_turn.py",
+    "rollout/reference.py",
+    "sampling/config.py",
+    "sampling/engine/engine.py",
+    "sampling/engine/prefix_cache.py",
+    "sampling/engine/token_sampling.py",
+    "sampling/params.py",
+    "sampling/protocol.py",
+    "sampling/remote/affinity.py",
+    "sampling/remote/client.py",
+    "sampling/remote/connect.py",
+    "sampling/remote/fleet.py",
+    "sampling/scheduler/options.py",
+    "sampling/scheduler/programs.py",
+    "sampling/scheduler/requests.py",
+    "sampling/scheduler/scheduler.py",
+    "sampling/scheduler/swaps.py",
+    "sampling/serve/auth.py",
+    "sampling/serve/config.py",
+    "sampling/serve/handlers.py",
+    "sampling/serve/loop.py",
+    "sampling/serve/reference.py",
+    "sampling/serve/security.py",
+    "sampling/serve/server.py",
+    "sampling/serve/wire.py",
+    "sampling/versioned.py",
+    "sandbox/launch.py",
+    "sandbox/runner.py",
+    "search/qsharp.py",
+    "search/speculative_rejection.py",
+    "training/inputs.py",
+    "training/loop.py",
+    "training/reward_fits.py",
+    "training/sections.py",
+    "training/stages.py",
+}
+
+
+def test_every_module_has_a_test_file_named_after_it():
+  """A maintainer looking for the tests of rlhf_jax/<room>/<module>.py finds
+  tests/<room>/test_<module>.py (a private module's without its leading underscore)."""
+  tests = ROOT.parent / "tests"
+  missing = set()
+  for path in modules().values():
+    if path.name == "__init__.py":
+      continue
+    parts = path.relative_to(ROOT).parts
+    if not tests.joinpath(*parts[:-1], f"test_{path.stem.lstrip('_')}.py").is_file():
+      missing.add("/".join(parts))
+  unlisted = sorted(missing - WITHOUT_LOGIC - STILL_WITHOUT_A_TEST_FILE)
+  assert not unlisted, f"give each its tests/<room>/test_<module>.py: {unlisted}"
+  done = sorted(STILL_WITHOUT_A_TEST_FILE - missing)
+  assert not done, f"these have their test file (or are gone): take them off the list: {done}"
+  gone = sorted(m for m in WITHOUT_LOGIC if not (ROOT / m).is_file())
+  assert not gone, f"no such modules: {gone}"
