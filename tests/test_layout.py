@@ -443,7 +443,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "rewards/scorer.py",
     "rollout/config.py",
     "rollout/generation.py",
-    "rollout/multi_turn.py",
     "rollout/reference.py",
     "sampling/config.py",
     "sampling/engine/engine.py",

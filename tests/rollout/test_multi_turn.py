@@ -15,7 +15,6 @@ from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.data import Example
-from rlhf_jax.envs import observations
 from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.rollout.generation import GroupGenerator
 from rlhf_jax.rollout.multi_turn import Episode
@@ -304,16 +303,6 @@ def test_tool_output_cannot_open_a_turn_of_the_template():
         assert "< |im_start|>user" in turn["text"]
         checked += 1
   assert checked and rollouts.metrics["env/control_texts_escaped"] == checked
-
-
-def test_control_texts_are_the_tokenizers_own():
-  tokenizer = models.train_bpe_tokenizer(CORPUS, vocab_size=160,
-                                         special_tokens=("<eos>", "[TURN]"))
-  tokenizer.backend.add_tokens(["<tool_response>", "  "])  # an added, not special, token
-  assert observations.control_texts(tokenizer) == ["<tool_response>", "[TURN]", "<eos>"]
-  text, count = observations.escape_control_text(
-      "a<tool_response>b[TURN]<|im_end|>", observations.control_pattern(tokenizer))
-  assert (text, count) == ("a< tool_response>b[ TURN]<|im_end|>", 2)
 
 
 def test_a_raw_observation_cannot_end_the_turn_or_the_episode():
