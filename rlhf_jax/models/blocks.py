@@ -1,7 +1,7 @@
 """The layers of a decoder LM (`DecoderLM`): RMSNorm, grouped-query attention with RoPE,
-optional q/k norms and a KV cache, the gated MLP (SwiGLU, or GeGLU for Gemma), and the
-block that joins them with its norms placed before (Llama), after (OLMo 2) or around
-(Gemma) each sub-layer. A layer's own window and RoPE tables come in a `LayerKind`
+optional q/k norms and a KV cache, the gated MLP (SwiGLU, or GeGLU for Gemma) or a mixture
+of such MLPs (`SparseMoE`, models/moe/), and the block that joins them with its norms
+placed before (Llama), after (OLMo 2) or around (Gemma) each sub-layer. A layer's own window and RoPE tables come in a `LayerKind`
 (Gemma interleaves sliding-window and global layers).
 
 Every parameter carries `logical_axes` metadata for `rlhf_jax.parallel`.
@@ -20,6 +20,8 @@ from rlhf_jax.models.attention.cached import cached_attention
 from rlhf_jax.models.attention.xla import grouped_query_attention
 from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.layer_scan import write_cache
+from rlhf_jax.models.moe import expert_mlp
+from rlhf_jax.models.moe import route
 from rlhf_jax.models.rope import apply_rope
 from rlhf_jax.models.rope import layer_rope
 
@@ -276,12 +278,37 @@ class MLP(nnx.Module):
     return _dense(gate * up, self.down_proj[...].astype(dtype), precision)
 
 
+class SparseMoE(nnx.Module):
+  """A mixture-of-experts MLP (Qwen3-MoE's sparse block): each token goes to its k experts
+  by the router (`moe.route`: softmax, top-k, optionally renormalised), and their gated
+  MLPs are summed with the gate weights (`moe.expert_mlp`, dropless)."""
+
+  def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
+    e, f, x = config.hidden_size, config.expert_intermediate_size, config.num_experts
+    self.config = config
+    self.router = param(rngs, (e, x), ("embed", "expert"), config)
+    self.gate_proj = param(rngs, (x, e, f), ("expert", "embed", "mlp"), config)
+    self.up_proj = param(rngs, (x, e, f), ("expert", "embed", "mlp"), config)
+    self.down_proj = param(rngs, (x, f, e), ("expert", "mlp", "embed"), config)
+
+  def __call__(self, x):
+    """x [..., E] → [..., E]."""
+    c = self.config
+    dtype, tokens = c.jnp_dtype, x.reshape(-1, x.shape[-1])
+    routes = route(_dense(tokens, self.router[...].astype(dtype), c.precision),
+                   c.experts_per_token, normalize=c.normalize_expert_weights)
+    out = expert_mlp(tokens, routes, self.gate_proj[...].astype(dtype),
+                     self.up_proj[...].astype(dtype), self.down_proj[...].astype(dtype),
+                     kernel=c.expert_kernel, activation=c.activation, precision=c.precision)
+    return out.reshape(x.shape)
+
+
 class Block(nnx.Module):
   """A transformer block. Pre-norm (`norm_placement="pre"`): x + attn(norm(x)), then
   x + mlp(norm(x)). Post-norm ("post", OLMo 2): x + norm(attn(x)), then x + norm(mlp(x)).
   Sandwich ("sandwich", Gemma): x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))."""
 
-  def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
+  def __init__(self, config: DecoderConfig, rngs: nnx.Rngs, layer: int = 0):
     self.placement = config.norm_placement
     if self.placement != "post":
       self.input_norm = RMSNorm(config)
@@ -292,7 +319,7 @@ class Block(nnx.Module):
       self.attention_out_norm = RMSNorm(config)
     if self.placement == "sandwich":
       self.mlp_in_norm = RMSNorm(config)
-    self.mlp = MLP(config, rngs)
+    self.mlp = SparseMoE(config, rngs) if config.sparse_layer(layer) else MLP(config, rngs)
     if self.placement != "pre":
       self.mlp_out_norm = RMSNorm(config)
 

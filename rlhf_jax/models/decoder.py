@@ -113,7 +113,7 @@ class DecoderLM(nnx.Module):
     self.head = head
     self.embed = param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"),
                         config)
-    blocks = [Block(config, rngs) for _ in range(config.num_layers)]
+    blocks = [Block(config, rngs, layer) for layer in range(config.num_layers)]
     # scan_layers: one Block with [L, ...] parameters (`layer_scan`).
     self.layers = stack_blocks(blocks) if config.scan_layers else nnx.List(blocks)
     self.final_norm = RMSNorm(config)

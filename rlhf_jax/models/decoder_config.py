@@ -12,7 +12,8 @@ import jax.numpy as jnp
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "mistral": "MistralForCausalLM",
-                 "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+                 "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")
@@ -21,6 +22,7 @@ QK_NORMS = ("none", "head", "projection")
 NORM_PLACEMENTS = ("pre", "post", "sandwich")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+EXPERT_KERNELS = ("auto", "ragged_dot", "dense")  # models/moe/experts.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +44,8 @@ class DecoderConfig:
       norms over the projection), "phi3" (fused qkv / gate_up tensors in the
       checkpoint, split here), "mistral" (sliding window), "gemma2" (sandwich norms,
       soft-capping, alternating sliding layers), "gemma3_text" (Gemma 3's text model:
-      q/k norms, a RoPE base per layer type); see ARCHITECTURES.
+      q/k norms, a RoPE base per layer type), "qwen3_moe" (Qwen3 with mixture-of-experts
+      MLPs); see ARCHITECTURES.
     vocab_size: tokens in the vocabulary.
     hidden_size: the residual width.
     num_layers: decoder layers.
@@ -141,6 +144,17 @@ class DecoderConfig:
       (`rlhf_jax.models.attention.pallas_decode`; Triton on GPU, interpret mode
       elsewhere: slow, for tests), each row reads only its own used slots.
       Not part of HF `config.json`.
+    num_experts: experts of a mixture-of-experts MLP (X); 0: every MLP dense.
+    experts_per_token: k, the experts each token is routed to.
+    expert_intermediate_size: an expert's gated-MLP hidden width (HF
+      `moe_intermediate_size`).
+    normalize_expert_weights: the k router probabilities are renormalised to sum to one
+      (HF `norm_topk_prob`).
+    dense_layers: the layers whose MLP is dense among sparse ones (HF `mlp_only_layers`,
+      and the layers `decoder_sparse_step` skips); every other layer's MLP is sparse.
+    expert_kernel: how the experts run (`models.moe.experts`): "auto" (= "ragged_dot"),
+      "ragged_dot" (dropless grouped GEMMs over tokens sorted by expert), "dense" (every
+      expert on every token; the reference). Not part of HF `config.json`.
   """
   vocab_size: int
   hidden_size: int
@@ -150,7 +164,7 @@ class DecoderConfig:
   head_dim: int
   intermediate_size: int
   architecture: Literal["qwen2", "llama", "qwen3", "olmo2", "phi3", "mistral", "gemma2",
-                        "gemma3_text"] = "qwen2"
+                        "gemma3_text", "qwen3_moe"] = "qwen2"
   activation: str = "silu"
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
@@ -178,6 +192,12 @@ class DecoderConfig:
   logprob_chunk: int = 0
   attention_impl: str = "auto"
   decode_attention: str = "auto"
+  num_experts: int = 0
+  experts_per_token: int = 0
+  expert_intermediate_size: int = 0
+  normalize_expert_weights: bool = False
+  dense_layers: tuple[int, ...] = ()
+  expert_kernel: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -203,6 +223,7 @@ class DecoderConfig:
       raise ValueError(f"DecoderConfig.sliding_window={self.sliding_window!r} must be a "
                        "positive int or None.")
     self._check_gemma_fields()
+    self._check_expert_fields()
     if self.qk_norm not in QK_NORMS:
       raise ValueError(f"DecoderConfig.qk_norm={self.qk_norm!r}; allowed: {', '.join(QK_NORMS)}.")
     if self.norm_placement not in NORM_PLACEMENTS:
@@ -230,6 +251,36 @@ class DecoderConfig:
     if self.decode_attention not in DECODE_ATTENTION:
       raise ValueError(f"DecoderConfig.decode_attention={self.decode_attention!r}; allowed: "
                        f"{', '.join(DECODE_ATTENTION)}.")
+
+  def _check_expert_fields(self) -> None:
+    """The experts' sizes, the dense layers, and a scan over alike layers only."""
+    for name in ("num_experts", "experts_per_token", "expert_intermediate_size"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"DecoderConfig.{name}={value!r} must be an int ≥ 0.")
+    if self.expert_kernel not in EXPERT_KERNELS:
+      raise ValueError(f"DecoderConfig.expert_kernel={self.expert_kernel!r}; allowed: "
+                       f"{', '.join(EXPERT_KERNELS)}.")
+    if not self.num_experts:
+      return
+    if not 1 <= self.experts_per_token <= self.num_experts:
+      raise ValueError(f"DecoderConfig.experts_per_token={self.experts_per_token!r} must be "
+                       f"in [1, num_experts={self.num_experts}].")
+    if self.expert_intermediate_size < 1:
+      raise ValueError(f"DecoderConfig.expert_intermediate_size="
+                       f"{self.expert_intermediate_size!r} must be ≥ 1 with experts.")
+    if (not isinstance(self.dense_layers, tuple)
+        or any(not isinstance(i, int) or not 0 <= i < self.num_layers
+               for i in self.dense_layers)):
+      raise ValueError(f"DecoderConfig.dense_layers={self.dense_layers!r} must be a tuple of "
+                       f"layer indices in [0, {self.num_layers}).")
+    if self.scan_layers and 0 < len(set(self.dense_layers)) < self.num_layers:
+      raise ValueError(f"DecoderConfig.scan_layers=True needs every layer alike; "
+                       f"dense_layers={self.dense_layers} mixes dense and sparse MLPs.")
+
+  def sparse_layer(self, layer: int) -> bool:
+    """Whether layer `layer`'s MLP is a mixture of experts."""
+    return self.num_experts > 0 and layer not in self.dense_layers
 
   def _check_gemma_fields(self) -> None:
     """The activation, per-layer types and the scalars of Gemma's options."""
@@ -308,6 +359,7 @@ class DecoderConfig:
     elif self.qk_norm == "projection":
       attention += self.head_dim * (self.num_heads + self.num_kv_heads)
     norms = 4 if self.norm_placement == "sandwich" else 2
-    per_layer = attention + 3 * e * f + norms * e
+    experts = self.num_experts * 3 * e * self.expert_intermediate_size + e * self.num_experts
+    mlps = sum(experts if self.sparse_layer(i) else 3 * e * f for i in range(self.num_layers))
     head = 0 if self.tie_embeddings else e * v
-    return v * e + self.num_layers * per_layer + e + head
+    return v * e + self.num_layers * (attention + norms * e) + mlps + e + head

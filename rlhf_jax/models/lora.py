@@ -181,6 +181,9 @@ def init_adapters(config: DecoderConfig, params: Params, lora: LoraConfig,
     ValueError naming the kernel or parameter when it is missing or its shape
     does not fit `config`.
   """
+  if config.num_experts:
+    raise ValueError(f"LoRA adapters of a mixture-of-experts model "
+                     f"(architecture={config.architecture!r}) are not supported yet.")
   kernels = target_kernels(params, lora)
   if not kernels:
     raise ValueError(f"no kernel named {', '.join(lora.targets)} in the parameters.")

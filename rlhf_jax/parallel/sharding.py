@@ -27,12 +27,12 @@ Rules = Mapping[str, Any]
 TRAIN_RULES: Rules = {
     "vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor",
     "head_dim": None, "mlp": "tensor", "norm": None, "layers": None,
-    "lora_rank": None,
+    "lora_rank": None, "expert": None,
 }
 GENERATE_RULES: Rules = {
     "vocab": "tensor", "embed": None, "heads": "tensor", "kv_heads": "tensor",
     "head_dim": None, "mlp": "tensor", "norm": None, "layers": None,
-    "lora_rank": None,
+    "lora_rank": None, "expert": None,
 }
 BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
 

@@ -83,6 +83,13 @@ FAMILIES = {
                              "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "sliding_attention": {"rope_type": "default",
                                                    "rope_theta": 50.0}})),
+    # Every layer sparse: 4 experts of width 24, 2 per token, renormalised; the router's
+    # weights are random like every tensor, so routes differ per token.
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(tie_word_embeddings=False, attention_bias=False,
+                       use_sliding_window=False, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=24, norm_topk_prob=True,
+                       decoder_sparse_step=1, mlp_only_layers=[])),
 }
 
 

@@ -42,6 +42,9 @@ EXPECTED = {
                         query_pre_attn_scalar=24.0, attn_logit_softcapping=None,
                         final_logit_softcapping=None, rope_theta=10000.0,
                         rope_local_theta=50.0, tie_embeddings=True),
+    "qwen3_moe": dict(architecture="qwen3_moe", qk_norm="head", qkv_bias=False,
+                      num_experts=4, experts_per_token=2, expert_intermediate_size=24,
+                      normalize_expert_weights=True, dense_layers=(), tie_embeddings=False),
 }
 
 
@@ -97,12 +100,55 @@ def test_qwen3_with_a_window_in_every_layer(tmp_path):
       expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"])
-def test_moe_is_refused_in_one_line(architecture):
+def test_qwen3_moe_with_dense_layers_among_sparse_ones(tmp_path):
+  """Three layers, `mlp_only_layers=[0, 2]`: layer 1 alone is sparse."""
+  import transformers
+
+  hf_model = save_family_model(tmp_path / "in", "qwen3_moe", num_hidden_layers=3,
+                               mlp_only_layers=[0, 2])
+  model, params = models.load_hf_checkpoint(str(tmp_path / "in"))
+  assert model.config.dense_layers == (0, 2)
+  assert set(params["layers"][1]["mlp"]) == {"router", "gate_proj", "up_proj", "down_proj"}
+  tokens, mask, positions = left_padded(5, [11, 6], 11)
+  valid = mask == 1
+  expected = hf_logits(hf_model, tokens, attention_mask=mask, position_ids=positions)[valid]
+  ours = np.asarray(model.apply(params, tokens, attention_mask=mask)[0])[valid]
+  np.testing.assert_allclose(ours, expected, atol=TOLERANCE)
+  assert sum(x.size for x in jax.tree.leaves(params)) == model.config.num_params()
+  models.save_hf_checkpoint(str(tmp_path / "out"), model, params)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+  np.testing.assert_allclose(
+      hf_logits(reloaded, tokens, attention_mask=mask, position_ids=positions)[valid],
+      expected, atol=1e-6)
+  with pytest.raises(ValueError, match=r"scan_layers=True needs every layer alike; "
+                     r"dense_layers=\(0, 2\) mixes dense and sparse MLPs"):
+    models.load_hf_checkpoint(str(tmp_path / "in"), scan_layers=True)
+
+
+def test_qwen3_moe_decoder_sparse_step_and_experts_are_read_as_transformers_reads_them():
+  import transformers
+
+  hf = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=100,
+            hidden_size=48, num_hidden_layers=6, num_attention_heads=4, intermediate_size=80,
+            num_experts=8, num_experts_per_tok=3, moe_intermediate_size=16,
+            decoder_sparse_step=3, mlp_only_layers=[5])
+  config = models.config_from_hf(hf)
+  reference = transformers.Qwen3MoeConfig(**{k: v for k, v in hf.items()
+                                            if k not in ("architectures", "model_type")})
+  layers = transformers.Qwen3MoeForCausalLM(reference).model.layers
+  sparse = [i for i, layer in enumerate(layers) if hasattr(layer.mlp, "experts")]
+  assert [i for i in range(6) if config.sparse_layer(i)] == sparse == [2]
+  assert (config.num_experts, config.experts_per_token, config.expert_intermediate_size,
+          config.normalize_expert_weights) == (8, 3, 16, reference.norm_topk_prob)
+
+
+@pytest.mark.parametrize("architecture", ["MixtralForCausalLM", "DeepseekV3ForCausalLM"])
+def test_moe_we_do_not_have_is_refused_in_one_line(architecture):
   hf = dict(architectures=[architecture], vocab_size=100, hidden_size=48,
             num_hidden_layers=2, num_attention_heads=4, intermediate_size=80)
   with pytest.raises(ValueError, match=f"^config.json: {architecture} is a "
-                     "mixture-of-experts model; MoE is not supported yet.$"):
+                     "mixture-of-experts model we do not have; supported: "
+                     "Qwen3MoeForCausalLM.$"):
     models.config_from_hf(hf)
 
 

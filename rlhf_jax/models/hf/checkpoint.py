@@ -49,12 +49,16 @@ def _set(tree, path, value):
   tree[path[-1]] = value
 
 
-def _locate(path: tuple, stacked: bool) -> tuple[tuple, int | None]:
-  """(key path of the array holding a mapping's tensor, its layer index in that array or
-  None): ("layers", i, *rest) is ("layers", *rest)[i] when the layers are stacked."""
+def _locate(mapping: TensorMapping, stacked: bool) -> tuple[tuple, tuple[int, ...]]:
+  """(key path of the array holding a mapping's tensor, the tensor's index in that array):
+  () for the whole array; ("layers", i, *rest) is ("layers", *rest)[i] when the layers are
+  stacked; an expert's tensor is [expert] of its stacked projection, after the layer."""
+  path, index = mapping.path, ()
   if stacked and path[0] == "layers":
-    return ("layers",) + tuple(path[2:]), path[1]
-  return path, None
+    path, index = ("layers",) + tuple(path[2:]), (path[1],)
+  if mapping.expert is not None:
+    index += (mapping.expert,)
+  return path, index
 
 
 def _load_order(mappings: list[TensorMapping], stacked: bool) -> list[TensorMapping]:
@@ -63,7 +67,8 @@ def _load_order(mappings: list[TensorMapping], stacked: bool) -> list[TensorMapp
   if not stacked:
     return mappings
   return sorted(mappings, key=lambda m: (m.path[0] == "layers", str(m.path[2:]),
-                                         m.path[1] if m.path[0] == "layers" else 0))
+                                         m.path[1] if m.path[0] == "layers" else 0,
+                                         m.expert or 0))
 
 
 class _CheckpointFiles:
@@ -221,18 +226,22 @@ def load_hf_checkpoint(directory: str, *, head: str = "lm", shardings: Params | 
   params = jax.tree.map(lambda _: None, abstract)
   try:
     available = files.names()
-    pending: dict[tuple, np.ndarray] = {}  # stacked layers: arrays being filled
+    # Arrays filled part by part (stacked layers, experts): [array, parts still to read].
+    pending: dict[tuple, list] = {}
     for mapping in _load_order(mappings, config.scan_layers):
-      path, layer = _locate(mapping.path, config.scan_layers)
+      path, index = _locate(mapping, config.scan_layers)
       target = _get(abstract, path)
-      shape = target.shape if layer is None else target.shape[1:]
+      shape = target.shape[len(index):]
       array = _read_tensor(files, available, mapping, shape, directory, missing_head)
       array = array.astype(target.dtype, copy=False)
-      if layer is not None:
-        pending.setdefault(path, np.empty(target.shape, target.dtype))[layer] = array
-        if layer < target.shape[0] - 1:
+      if index:
+        entry = pending.setdefault(path, [np.empty(target.shape, target.dtype),
+                                          int(np.prod(target.shape[:len(index)]))])
+        entry[0][index] = array
+        entry[1] -= 1
+        if entry[1]:
           continue
-        array = pending.pop(path)
+        array = pending.pop(path)[0]
       sharding = None if shardings is None else _get(shardings, path)
       _set(params, path, jax.device_put(array, sharding))
       del array
@@ -253,9 +262,9 @@ def iter_hf_tensors(model: FunctionalModel, params: Params) -> Iterator[tuple[st
   stacked = is_stacked(params)
   parts = []  # of a fused tensor, in row order
   for mapping in tensor_mappings(model.config, model.head):
-    path, layer = _locate(mapping.path, stacked)
+    path, index = _locate(mapping, stacked)
     array = _get(params, path)
-    array = array if layer is None else array[layer]
+    array = array[index] if index else array
     array = mapping.to_hf(np.asarray(jax.device_get(array)))
     if mapping.rows is None:
       yield mapping.hf_name, array

@@ -25,6 +25,7 @@ from rlhf_jax.models.hf.gemma import gemma_to_hf
 FAMILY_OPTIONS = {
     "qwen2": dict(qkv_bias=True), "llama": {},
     "qwen3": dict(qk_norm="head", qkv_bias=False),
+    "qwen3_moe": dict(qk_norm="head", qkv_bias=False),
     "olmo2": dict(qk_norm="projection", norm_placement="post", qkv_bias=False),
     "phi3": dict(qkv_bias=False), "mistral": dict(qkv_bias=False),
     "gemma2": dict(norm_placement="sandwich", norm_offset=1.0, scale_embeddings=True,
@@ -39,9 +40,11 @@ WINDOW_BY_LAYER_TYPE = ("qwen2", "qwen3")
 WINDOW_EVERY_LAYER = ("phi3", "mistral")
 # Families whose HF code rotates only part of each head (`partial_rotary_factor`).
 PARTIAL_ROTARY = ("phi3",)
-# Mixture-of-experts architectures (refused by name; any config with experts is refused too).
-MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM",
+# Mixture-of-experts architectures we do not have (refused by name; a config of another
+# family with experts is refused too). Ours: `MOE_FAMILIES`.
+MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM",
                      "DeepseekV2ForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
+MOE_FAMILIES = ("qwen3_moe",)
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 # Integer keys of config.json with their sane range (from 1; from 0 for the two window
 # keys, whose 0 transformers writes for "none"): 8× past the largest published dense
@@ -52,7 +55,9 @@ HF_INT_BOUNDS = {"vocab_size": 1 << 21, "hidden_size": 1 << 17, "num_hidden_laye
                  "num_attention_heads": 1024, "num_key_value_heads": 1024,
                  "head_dim": 4096, "intermediate_size": 1 << 19,
                  "max_position_embeddings": 1 << 24, "sliding_window": 1 << 24,
-                 "max_window_layers": 1 << 20}
+                 "max_window_layers": 1 << 20, "num_experts": 4096, "num_local_experts": 4096,
+                 "num_experts_per_tok": 4096, "moe_intermediate_size": 1 << 19,
+                 "decoder_sparse_step": 1024}
 
 
 def check_hf_bounds(hf: dict[str, Any]) -> None:
@@ -115,11 +120,14 @@ def architecture_from_hf(hf: dict[str, Any]) -> str:
   families we do not have."""
   architectures = hf.get("architectures") or []
   model_type = hf.get("model_type")
-  moe = [a for a in architectures if a in MOE_ARCHITECTURES or "moe" in a.lower()]
-  if moe or any(hf.get(key) for key in _EXPERT_KEYS):
+  ours = {ARCHITECTURES[a] for a in MOE_FAMILIES}
+  moe = [a for a in architectures
+         if a not in ours and (a in MOE_ARCHITECTURES or "moe" in a.lower())]
+  if not set(architectures) & ours and model_type not in MOE_FAMILIES and (
+      moe or any(hf.get(key) for key in _EXPERT_KEYS)):
     name = moe[0] if moe else (architectures or [model_type])[0]
-    raise ValueError(f"config.json: {name} is a mixture-of-experts model; MoE is not "
-                     "supported yet.")
+    raise ValueError(f"config.json: {name} is a mixture-of-experts model we do not have; "
+                     f"supported: {', '.join(ARCHITECTURES[a] for a in MOE_FAMILIES)}.")
   by_class = {cls: arch for arch, cls in ARCHITECTURES.items()}
   known = [by_class[a] for a in architectures if a in by_class]
   if known:
@@ -183,14 +191,35 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
   )
   if architecture in GEMMA:
     fields.update(gemma_fields_from_hf(hf, architecture, _rope_from_hf))
+  if architecture in MOE_FAMILIES:
+    fields.update(_experts_from_hf(hf))
   fields.update(FAMILY_OPTIONS[architecture])
   fields.update(overrides)
   return DecoderConfig(**fields)
 
 
+def _experts_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
+  """The expert fields of a Qwen3-MoE config.json: a layer's MLP is sparse unless it is in
+  `mlp_only_layers` or `decoder_sparse_step` skips it ((layer + 1) % step != 0)."""
+  experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+  step = hf.get("decoder_sparse_step", 1) or 1
+  layers = hf["num_hidden_layers"]
+  only = hf.get("mlp_only_layers") or []
+  if not isinstance(only, list) or any(not isinstance(i, int) for i in only):
+    raise ValueError(f"config.json: mlp_only_layers={only!r} must be a list of layer indices.")
+  dense = sorted({i for i in only if 0 <= i < layers}
+                 | {i for i in range(layers) if (i + 1) % step})
+  return dict(num_experts=experts, experts_per_token=hf.get("num_experts_per_tok", 0),
+              expert_intermediate_size=hf.get("moe_intermediate_size", 0),
+              normalize_expert_weights=bool(hf.get("norm_topk_prob", False)),
+              dense_layers=tuple(dense) if experts else ())
+
+
 def _sliding_window_from_hf(hf: dict[str, Any], architecture: str) -> int | None:
   """The window every layer uses, or None; ValueError when only some layers slide."""
   window = hf.get("sliding_window")
+  if architecture in MOE_FAMILIES:  # Qwen3-MoE: every layer, when use_sliding_window
+    return window if hf.get("use_sliding_window") else None
   if architecture in WINDOW_EVERY_LAYER or window is None:
     return window
   if architecture not in WINDOW_BY_LAYER_TYPE:
@@ -227,8 +256,11 @@ def _check_family(config: DecoderConfig) -> None:
     fixed["rope_local_theta"] = None
   if config.architecture not in PARTIAL_ROTARY:
     fixed["partial_rotary_factor"] = 1.0
-  if config.architecture not in WINDOW_BY_LAYER_TYPE + WINDOW_EVERY_LAYER + GEMMA:
+  windowed = WINDOW_BY_LAYER_TYPE + WINDOW_EVERY_LAYER + GEMMA + MOE_FAMILIES
+  if config.architecture not in windowed:
     fixed["sliding_window"] = None
+  if config.architecture not in MOE_FAMILIES:
+    fixed["num_experts"] = 0
   for name, value in fixed.items():
     if getattr(config, name) != value:
       raise ValueError(f"{cls} checkpoints have {name}={value!r}; "
@@ -286,4 +318,11 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
     hf["sliding_window"] = window
   elif config.architecture in GEMMA:
     hf.update(gemma_to_hf(config, rope))
+  if config.architecture in MOE_FAMILIES:
+    hf.update(num_experts=config.num_experts, num_experts_per_tok=config.experts_per_token,
+              moe_intermediate_size=config.expert_intermediate_size,
+              norm_topk_prob=config.normalize_expert_weights, decoder_sparse_step=1,
+              mlp_only_layers=list(config.dense_layers),
+              use_sliding_window=config.sliding_window is not None,
+              sliding_window=config.sliding_window)
   return hf

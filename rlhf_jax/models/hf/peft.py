@@ -52,6 +52,9 @@ def _module_names(model: FunctionalModel) -> dict[tuple, tuple[str, Any, Any]]:
     # A LoRA of HF's fused qkv_proj / gate_up_proj is not one per split projection.
     raise ValueError(f"PEFT adapters of architecture={model.config.architecture!r} are not "
                      "supported yet: its checkpoints fuse q/k/v and gate/up projections.")
+  if any(m.expert is not None for m in mappings):
+    raise ValueError(f"PEFT adapters of architecture={model.config.architecture!r} are not "
+                     "supported yet: its experts are stacked projections.")
   table = {m.path: (m.hf_name, m.to_ours, m.to_hf) for m in mappings}
   if model.head == "scalar":
     table[("scalar_bias",)] = ("score.bias", lambda b: b.reshape(()), lambda b: b.reshape(1))

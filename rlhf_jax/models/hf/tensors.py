@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import jax
 import numpy as np
 
 from rlhf_jax.models.decoder_config import DecoderConfig
@@ -22,6 +23,9 @@ class TensorMapping:
   # (start, stop, total): ours is rows start:stop of a fused HF tensor of `total` rows
   # (Phi-3's qkv_proj, gate_up_proj); the parts of one tensor are listed in row order.
   rows: tuple[int, int, int] | None = None
+  # ours is [expert] of the array at `path`: one expert's tensor of a stacked [X, ...]
+  # parameter (HF checkpoints store `mlp.experts.<j>.*` one expert at a time).
+  expert: int | None = None
 
 
 # Families whose checkpoints fuse q/k/v into `qkv_proj` and gate/up into `gate_up_proj`.
@@ -43,6 +47,8 @@ def tensor_mappings(config: DecoderConfig, head: str) -> list[TensorMapping]:
               TensorMapping(("final_norm", "weight"), "model.norm.weight", _same, _same)]
   for i in range(config.num_layers):
     mappings += _layer_mappings(config, f"model.layers.{i}.", ("layers", i))
+    if config.sparse_layer(i):
+      mappings += _expert_mappings(config, f"model.layers.{i}.mlp.", ("layers", i, "mlp"))
   if head == "lm" and not config.tie_embeddings:
     mappings.append(TensorMapping(("lm_head",), "lm_head.weight", _transpose, _transpose))
   if head == "scalar":
@@ -98,12 +104,26 @@ def _layer_mappings(config: DecoderConfig, hf: str, ours: tuple
   mappings.append(TensorMapping(ours + ("attention", "o_proj"), hf + "self_attn.o_proj.weight",
                                 lambda w: np.ascontiguousarray(w.T.reshape(h, d, e)),
                                 lambda w: np.ascontiguousarray(w.reshape(h * d, e).T)))
+  if config.sparse_layer(ours[1]):
+    return mappings
   for j, name in enumerate(("gate", "up")):
     hf_name = hf + ("mlp.gate_up_proj.weight" if fused else f"mlp.{name}_proj.weight")
     mappings.append(TensorMapping(ours + ("mlp", f"{name}_proj"), hf_name, _transpose,
                                   _transpose, rows=(j * f, (j + 1) * f, 2 * f) if fused else None))
   mappings.append(TensorMapping(ours + ("mlp", "down_proj"), hf + "mlp.down_proj.weight",
                                 _transpose, _transpose))
+  return mappings
+
+
+def _expert_mappings(config: DecoderConfig, hf: str, ours: tuple) -> list[TensorMapping]:
+  """A mixture-of-experts MLP's tensors (Qwen3-MoE): the router `gate.weight` [X, E] ↔ ours
+  [E, X], and each expert's `experts.<j>.{gate,up,down}_proj.weight` ↔ ours [j] of the
+  stacked [X, E, F] / [X, F, E] projections, one projection's experts in a row."""
+  mappings = [TensorMapping(ours + ("router",), hf + "gate.weight", _transpose, _transpose)]
+  for name in ("gate", "up", "down"):
+    mappings += [TensorMapping(ours + (f"{name}_proj",), hf + f"experts.{j}.{name}_proj.weight",
+                               _transpose, _transpose, expert=j)
+                 for j in range(config.num_experts)]
   return mappings
 
 
@@ -141,7 +161,8 @@ def check_header_shapes(config: DecoderConfig, shapes: dict[str, tuple[int, ...]
                        f"{tuple(shapes[first])}.")
   head = "scalar" if "score.weight" in shapes else "lm"
   one_layer = dataclasses.replace(config, num_layers=1, scan_layers=False,
-                                  layer_types=config.layer_types and config.layer_types[:1])
+                                  layer_types=config.layer_types and config.layer_types[:1],
+                                  dense_layers=tuple(i for i in config.dense_layers if i == 0))
   _, abstract = init_model(one_layer, head=head, abstract=True)
   for mapping in tensor_mappings(one_layer, head):
     if mapping.hf_name not in shapes:
@@ -149,6 +170,8 @@ def check_header_shapes(config: DecoderConfig, shapes: dict[str, tuple[int, ...]
     ours = abstract
     for key in mapping.path:
       ours = ours[key]
+    if mapping.expert is not None:  # one expert of the stacked [X, ...] array
+      ours = jax.ShapeDtypeStruct(ours.shape[1:], ours.dtype)
     shape = tuple(shapes[mapping.hf_name])
     if mapping.rows is not None:
       if shape[:1] != mapping.rows[2:]:
