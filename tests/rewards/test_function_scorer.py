@@ -265,20 +265,6 @@ def test_what_a_function_prints_is_captured_bounded_and_shown_once(caplog, capfd
   assert len(capfd.readouterr().out) < 10_000  # not the 3 MB
 
 
-def test_a_run_whose_every_reward_fails_stops_after_max_failed_steps():
-  from rlhf_jax.rewards.scorer import FailureStreak
-  streak = FailureStreak(3)
-  assert streak.update(4, ["x: boom"] * 4) is None
-  assert streak.update(4, ["x: boom"] * 3) is None  # one sample scored: the count restarts
-  assert streak.update(4, ["x: boom"] * 4) is None
-  assert streak.update(4, ["x: boom"] * 4) is None
-  assert streak.update(4, ["x: boom"] * 4) == (
-      "every sample's reward failed in 3 steps in a row (reward.max_failed_steps=3); "
-      "the first reason: x: boom")
-  never = FailureStreak(0)
-  assert all(never.update(2, ["x"] * 2) is None for _ in range(10))
-
-
 def test_what_a_function_printed_before_it_raised_is_shown(caplog):
   examples, completions = rows("a", "b")
   with scorer("prints_then_raises") as s:
@@ -294,14 +280,6 @@ def test_a_verl_bool_score_is_a_number():
   with scorer("verl_bool_score") as s:
     out = s.score(examples, completions)
   assert out.scores == [1.0, 0.0] and out.failures == ["", ""]
-
-
-def test_a_step_with_nothing_finished_neither_counts_nor_resets_the_streak():
-  from rlhf_jax.rewards.scorer import FailureStreak
-  streak = FailureStreak(2)
-  assert streak.update(4, ["x"] * 4) is None
-  assert streak.update(0, []) is None  # T-PPO: no response finished this step
-  assert streak.update(4, ["x"] * 4) is not None
 
 
 def test_dropping_unscored_samples_needs_whole_response_groups_and_the_functions_alone():
