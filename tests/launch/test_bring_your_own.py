@@ -67,7 +67,7 @@ def test_a_family_that_cannot_load_is_refused_by_validate_only(tmp_path, checkpo
   moe = tmp_path / "moe"
   shutil.copytree(checkpoint, moe)
   config = json.loads((moe / "config.json").read_text())
-  config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=4)
+  config.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4)
   (moe / "config.json").write_text(json.dumps(config))
   data = trl_file(tmp_path / "d.jsonl", [{"prompt": MESSAGES, "solution": "red"}])
   result = run("train.py", "--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
@@ -77,8 +77,8 @@ def test_a_family_that_cannot_load_is_refused_by_validate_only(tmp_path, checkpo
                "--validate_only")
   assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
   assert result.stderr.strip().splitlines() == [
-      f"error: config.model.checkpoint: {moe}: config.json: Qwen3MoeForCausalLM is a "
-      "mixture-of-experts model; MoE is not supported yet."]
+      f"error: config.model.checkpoint: {moe}: config.json: MixtralForCausalLM is a "
+      "mixture-of-experts model we do not have; supported: Qwen3MoeForCausalLM."]
 
 
 @pytest.mark.slow
@@ -97,6 +97,25 @@ def test_a_gemma3_checkpoint_trains_from_the_launcher(tmp_path):
   transformers = pytest.importorskip("transformers")
   exported = transformers.AutoModelForCausalLM.from_pretrained(summary["policy"])
   assert type(exported).__name__ == "Gemma3ForCausalLM"
+
+
+@pytest.mark.slow
+def test_a_qwen3_moe_checkpoint_trains_from_the_launcher(tmp_path):
+  checkpoint = family_checkpoint(tmp_path / "qwen3_moe", "qwen3_moe")
+  data = trl_file(tmp_path / "colours.jsonl",
+                  [{"prompt": MESSAGES, "solution": colour} for colour in ("red", "blue")])
+  result = run("train.py", "--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
+               f"--config.model.checkpoint={checkpoint}", f"--config.data.train_file={data}",
+               "--config.data.columns=answer=solution", "--config.data.default_task=colours",
+               "--config.reward.function=tests.rewards.reward_fns:solution_match", *TINY,
+               "--config.train.steps=1", "--config.train.log_rollouts=0")
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  assert summary["steps"] == 1
+  transformers = pytest.importorskip("transformers")
+  exported = transformers.AutoModelForCausalLM.from_pretrained(summary["policy"])
+  assert type(exported).__name__ == "Qwen3MoeForCausalLM"
+  assert exported.config.num_experts == 4
 
 
 @pytest.mark.slow
