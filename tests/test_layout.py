@@ -438,7 +438,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "models/hf/tensors.py",
     "models/rope.py",
     "rewards/build.py",
-    "rollout/generation.py",
     "rollout/reference.py",
     "sampling/config.py",
     "sampling/engine/engine.py",
