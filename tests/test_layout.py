@@ -465,8 +465,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "sampling/versioned.py",
     "sandbox/launch.py",
     "sandbox/runner.py",
-    "search/qsharp.py",
-    "search/speculative_rejection.py",
     "training/inputs.py",
     "training/loop.py",
     "training/reward_fits.py",
