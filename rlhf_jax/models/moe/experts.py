@@ -33,7 +33,8 @@ def expert_mlp(x: jax.Array, routes: Routes, gate: jax.Array, up: jax.Array, dow
   Args:
     x: [N, E] token activations.
     routes: experts [N, k] and weights [N, k] (`routing.route`).
-    gate, up: [X, E, F] each expert's gate and up projections.
+    gate: [X, E, F] each expert's gate projection.
+    up: [X, E, F] each expert's up projection.
     down: [X, F, E] each expert's down projection.
     kernel: one of EXPERT_KERNELS.
     activation: the gate's activation ("silu": SwiGLU).
