@@ -416,7 +416,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "algorithms/qsharp_fit.py",
     "batch/forwards.py",
     "batch/rollout_batch.py",
-    "data/config.py",
     "models/attention/cached.py",
     "models/attention/choice.py",
     "models/attention/cudnn.py",
