@@ -435,7 +435,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "models/hf/policy_dir.py",
     "models/hf/tensors.py",
     "models/rope.py",
-    "rewards/build.py",
     "rollout/reference.py",
     "sampling/config.py",
     "sampling/engine/engine.py",

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from rlhf_jax import models
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.data import Example
 from rlhf_jax.rewards import functions
@@ -49,24 +48,6 @@ def test_sampled_token_ids_are_passed_when_the_response_carries_them():
   examples, _ = rows("x")
   with scorer("echo_columns") as s:
     assert s.score(examples, [Completion("x", [1, 2, 3, 4, 5])]).scores == [4000 + 5]
-
-
-def test_hybrid_route_gives_the_function_the_tasks_without_a_verifier():
-  from rlhf_jax.data.prompts import PromptFormat
-  from rlhf_jax.rewards import build as reward_build
-  c = base_config("arith")
-  c.reward.route, c.reward.function = "hybrid", f"{FNS}:async_length"
-  validate_config(c)
-  tokenizer = models.build_character_tokenizer("0123456789abc \n:Aswer")
-  scorer = reward_build.training_scorer(c, ["arith", "free"], None, PromptFormat(tokenizer))
-  try:
-    out = scorer.score([Example("1+1", "2", "arith"), Example("q", "", "free")],
-                       ["Answer: 2", "abc"])
-    assert out.scores == [1.0, 3.0]  # arith's verifier (DAPO ±1 preset: +1), the length
-    metrics = scorer.pop_metrics()
-    assert metrics["reward/verifier/share"] == metrics["reward/function/share"] == 0.5
-  finally:
-    scorer.close()
 
 
 def test_functions_get_only_the_arguments_they_name():
