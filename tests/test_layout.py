@@ -462,7 +462,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "sampling/versioned.py",
     "sandbox/launch.py",
     "sandbox/runner.py",
-    "training/inputs.py",
     "training/loop.py",
     "training/reward_fits.py",
     "training/sections.py",
