@@ -5,6 +5,7 @@ test_workdir_lock.py).
 The end-to-end cases compare against one uninterrupted 4-step GRPO run (checkpoints at
 2 and 4, an evaluation every step), as test_trainer.test_resume_continues_exactly does."""
 
+import gc
 import glob
 import json
 import os
@@ -135,7 +136,18 @@ def two_checkpoints(tmp_path_factory):
   return directory
 
 
+@pytest.fixture()
+def frozen_heap():
+  """The objects of the tests before this one moved out of the collector's sight
+  (gc.freeze) while it runs: a failed read ends in a full gc.collect(), which in a
+  process that has run a thousand tests scans millions of objects (seconds each)."""
+  gc.freeze()
+  yield
+  gc.unfreeze()
+
+
 # A failed read's leftover coroutines print hundreds of lines when freed: not any more.
+@pytest.mark.usefixtures("frozen_heap")
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_corrupt_latest_checkpoint_is_reported_and_the_previous_used(two_checkpoints,
@@ -159,6 +171,7 @@ def test_a_corrupt_latest_checkpoint_is_reported_and_the_previous_used(two_check
   checkpointer.close()
 
 
+@pytest.mark.usefixtures("frozen_heap")
 def test_a_checkpoint_another_process_cannot_read_is_unreadable_for_all(two_checkpoints,
                                                                         tmp_path,
                                                                         monkeypatch):
@@ -178,6 +191,7 @@ def test_a_checkpoint_another_process_cannot_read_is_unreadable_for_all(two_chec
   checkpointer.close()
 
 
+@pytest.mark.usefixtures("frozen_heap")
 def test_a_read_that_fails_once_moves_nothing(two_checkpoints, tmp_path, monkeypatch):
   workdir = tmp_path / "run"
   shutil.copytree(two_checkpoints, workdir)
@@ -196,6 +210,7 @@ def test_a_read_that_fails_once_moves_nothing(two_checkpoints, tmp_path, monkeyp
   checkpointer.close()
 
 
+@pytest.mark.usefixtures("frozen_heap")
 def test_no_checkpoint_that_restores_is_one_error_and_moves_nothing(two_checkpoints,
                                                                      tmp_path):
   workdir = tmp_path / "run"
