@@ -36,7 +36,7 @@ def logprob_chunk(args) -> int:
 
 
 def host_batch(batch: int, seq: int, prompt: int, vocab: int, seed: int = 0):
-  """A RolloutBatch (NumPy) of full rows: random prompt and response ids, random old
+  """A TrainBatch of full rows: random prompt and response ids, random old
   log-probs, one advantage per row broadcast over its response."""
   from rlhf_jax import batch as batch_lib
   rng = np.random.default_rng(seed)
@@ -49,7 +49,7 @@ def host_batch(batch: int, seq: int, prompt: int, vocab: int, seed: int = 0):
       prompt_length=prompt, response_length=response, pad_id=0)
   advantages = np.broadcast_to(rng.standard_normal(batch).astype(np.float32)[:, None],
                                (batch, response)).copy()
-  return out.replace(advantages=advantages)
+  return batch_lib.TrainBatch.from_rollout(out, advantages=advantages)
 
 
 def make_train_step(model):

@@ -113,7 +113,7 @@ def measure(rows: int, chunk: int, layers: int, remat: bool, scan: bool = False,
   per_token = spec((rows, RESPONSE), jnp.float32)
 
   def step(params, opt_state, tokens, mask, old, advantages):
-    batch = batch_lib.RolloutBatch(
+    batch = batch_lib.TrainBatch(
         tokens=tokens, attention_mask=jnp.ones_like(tokens), response_mask=mask,
         old_logprobs=old, ref_logprobs=old, values=old, scores=old[:, 0],
         lengths=jnp.sum(mask, 1).astype(jnp.int32), truncated=old[:, 0] > 0,

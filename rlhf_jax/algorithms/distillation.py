@@ -33,7 +33,7 @@ import ml_collections
 from rlhf_jax import models
 from rlhf_jax import parallel
 from rlhf_jax.algorithms import estimators
-from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.batch import TrainBatch
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.config_errors import check_range
 from rlhf_jax.config_errors import invalid
@@ -64,7 +64,7 @@ def distill_config() -> ml_collections.ConfigDict:
   return d
 
 
-def distill_advantages(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *,
+def distill_advantages(batch: TrainBatch, token_rewards: jax.Array, algorithm, *,
                        group_size: int) -> tuple[jax.Array, None]:
   """[B, R] A_t = log π_teacher(y_t) − log π_θ(y_t) (+ task_coef · the task estimator's
   advantages), 0 off the response mask; no returns (no critic).

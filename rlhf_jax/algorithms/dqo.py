@@ -17,6 +17,7 @@ import ml_collections
 
 from rlhf_jax import kernels
 from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.batch import TrainBatch
 from rlhf_jax.batch import response_logprobs
 from rlhf_jax.batch import response_values
 from rlhf_jax.config_errors import check_range
@@ -67,9 +68,10 @@ def validate_run(c: ml_collections.ConfigDict, *, fixed_data: bool) -> None:
 
 
 def prepare(d: ml_collections.ConfigDict, batch: RolloutBatch, *, logprobs: jax.Array,
-            ref_logprobs: jax.Array, values: jax.Array) -> tuple[RolloutBatch, dict]:
-  """The batch with `old_logprobs` (π_θ), `ref_logprobs`, `values` (V_φ) and `returns`
-  (the targets G_h of `kernels.soft_lambda_returns`) set; and metrics."""
+            ref_logprobs: jax.Array, values: jax.Array) -> tuple[TrainBatch, dict]:
+  """The TrainBatch of the rollout `batch` with `old_logprobs` (π_θ), `ref_logprobs`,
+  `values` (V_φ) and `returns` (the targets G_h of `kernels.soft_lambda_returns`); and
+  metrics."""
   mask = batch.response_mask
   log_ratio = (logprobs - ref_logprobs) * mask
   traces = kernels.clipped_importance_weights(logprobs, batch.sampler_logprobs, mask,
@@ -81,14 +83,15 @@ def prepare(d: ml_collections.ConfigDict, batch: RolloutBatch, *, logprobs: jax.
              "dqo/trace_mean": (traces * mask).sum() / count,
              "dqo/kl_k1": (log_ratio * mask).sum() / batch.scores.shape[0],
              "scores": batch.scores}
-  return batch.replace(old_logprobs=logprobs * mask, ref_logprobs=ref_logprobs * mask,
-                       values=values * mask, returns=targets), metrics
+  return TrainBatch.from_rollout(batch, old_logprobs=logprobs * mask,
+                                 ref_logprobs=ref_logprobs * mask, values=values * mask,
+                                 returns=targets), metrics
 
 
 def policy_loss_fn(model, d: ml_collections.ConfigDict):
   """(params, batch, normalizer) → (L_π, metrics) of `kernels.dqo_policy_loss`."""
 
-  def loss(params, batch: RolloutBatch, normalizer):
+  def loss(params, batch: TrainBatch, normalizer):
     logprobs = response_logprobs(model, params, batch)
     return kernels.dqo_policy_loss(logprobs - batch.ref_logprobs, batch.values, batch.returns,
                                    batch.response_mask, beta=d.beta, agg_normalizer=normalizer)
@@ -100,7 +103,7 @@ def value_loss_fn(critic, d: ml_collections.ConfigDict):
   """(params, batch, normalizer) → (L_V, metrics) of `kernels.dqo_value_loss` (ℓ from the
   prepare-time π_θ)."""
 
-  def loss(params, batch: RolloutBatch, normalizer):
+  def loss(params, batch: TrainBatch, normalizer):
     values = response_values(critic, params, batch)
     return kernels.dqo_value_loss(values, batch.old_logprobs - batch.ref_logprobs,
                                   batch.returns, batch.response_mask, beta=d.beta,

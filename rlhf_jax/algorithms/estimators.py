@@ -4,10 +4,10 @@ An estimator is a function with one signature,
 
     fn(batch, token_rewards, algorithm, *, group_size) -> (advantages, returns)
 
-  batch          the RolloutBatch after `ppo_family.prepare`'s behaviour correction:
-                 old_logprobs (π_old, or the student's own), ref_logprobs (when a
-                 reference or teacher exists), values (with a critic), scores, lengths,
-                 finished and the masks are set;
+  batch          the TrainBatch of `ppo_family.prepare` before its advantages: the
+                 rollout's scores, lengths, finished and masks, and old_logprobs (π_old,
+                 or the student's own), ref_logprobs (when a reference or teacher
+                 exists), values (with a critic) and the correction's weights set;
   token_rewards  [B, R] the score at the last token, plus step / turn rewards and −β·KL
                  when the KL is in the reward (`ppo_family.token_rewards`);
   algorithm      the whole `algorithm` config section (its λ, γ, ... in `advantage`);
@@ -39,7 +39,7 @@ from typing import Callable
 import jax
 
 from rlhf_jax import kernels
-from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.batch import TrainBatch
 from rlhf_jax.registry import Registry
 from rlhf_jax.registry import check_call
 
@@ -62,7 +62,7 @@ class Estimator:
       object.__setattr__(self, "token_advantages", True)
 
 
-def gae(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
+def gae(batch: TrainBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
   """(Decoupled) GAE with λ_actor (or VAPO's length-adaptive λ) for the advantages and
   λ_critic for the returns; rows not `finished` (T-PPO) bootstrap from their last value
   (Extended GAE)."""
@@ -77,7 +77,7 @@ def gae(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size:
                                bootstrap_values=bootstrap)
 
 
-def grpo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
+def grpo(batch: TrainBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
   """GRPO: the score minus the group's mean, over the group's std, on every token."""
   del token_rewards, algorithm
   advantages = kernels.group_advantages(batch.scores, group_size=group_size,
@@ -85,7 +85,7 @@ def grpo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size
   return advantages[:, None] * batch.response_mask, None
 
 
-def dr_grpo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
+def dr_grpo(batch: TrainBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
   """Dr. GRPO: the score minus the group's mean (no std), on every token."""
   del token_rewards, algorithm
   advantages = kernels.group_advantages(batch.scores, group_size=group_size,
@@ -93,7 +93,7 @@ def dr_grpo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_s
   return advantages[:, None] * batch.response_mask, None
 
 
-def rloo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
+def rloo(batch: TrainBatch, token_rewards: jax.Array, algorithm, *, group_size: int):
   """RLOO: the score minus the mean of the group's other scores, on every token."""
   del token_rewards, algorithm
   advantages = kernels.rloo_advantages(batch.scores, group_size=group_size,
@@ -101,7 +101,7 @@ def rloo(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *, group_size
   return advantages[:, None] * batch.response_mask, None
 
 
-def reinforce_pp(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *,
+def reinforce_pp(batch: TrainBatch, token_rewards: jax.Array, algorithm, *,
                  group_size: int):
   """REINFORCE++: batch-whitened discounted returns of the token rewards."""
   del group_size
@@ -110,7 +110,7 @@ def reinforce_pp(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *,
   return advantages, None
 
 
-def reinforce_pp_baseline(batch: RolloutBatch, token_rewards: jax.Array, algorithm, *,
+def reinforce_pp_baseline(batch: TrainBatch, token_rewards: jax.Array, algorithm, *,
                           group_size: int):
   """REINFORCE++-baseline: the group-mean baseline, then global whitening."""
   del token_rewards, algorithm

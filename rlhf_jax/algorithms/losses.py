@@ -9,7 +9,7 @@ A policy loss is a function with the built-in kernels' signature,
   logprobs      [b, R] log π_θ of the sampled tokens (differentiated);
   old_logprobs  [b, R] log π_old (π_prox of stale tokens);
   advantages    [b, R] (one value per row for sequence-level losses);
-  mask          [b, R] the tokens in the loss (`RolloutBatch.policy_mask`);
+  mask          [b, R] the tokens in the loss (`TrainBatch.policy_mask`);
   clip_low, clip_high   `algorithm.policy_loss.clip_low / clip_high`;
   agg, agg_normalizer, agg_horizon   the aggregation mode and the whole mini-batch's
                 count (`kernels.aggregate`), so micro-batches sum to the unsplit loss;

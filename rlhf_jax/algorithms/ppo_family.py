@@ -22,6 +22,14 @@ from rlhf_jax.algorithms import losses
 from rlhf_jax.algorithms.ppo_config import uses_critic  # noqa: F401  (re-exported)
 from rlhf_jax.algorithms.ppo_config import uses_reference  # noqa: F401
 from rlhf_jax.batch import RolloutBatch
+from rlhf_jax.batch import TrainBatch
+
+
+class Correction(NamedTuple):
+  """What the behaviour correction sets per token ([B, R] each; `behaviour_correction`)."""
+  old_logprobs: jax.Array  # π_old (π_prox of stale tokens)
+  is_weights: jax.Array  # the importance weights w
+  correction_mask: jax.Array  # 0 on the tokens the correction drops
 
 
 class Normalizers(NamedTuple):
@@ -60,7 +68,7 @@ def process_rewards(algorithm, batch: RolloutBatch) -> jax.Array:
   return p.coef * rewards * mask
 
 
-def token_rewards(algorithm, batch: RolloutBatch, kl_coef: jax.Array | float) -> jax.Array:
+def token_rewards(algorithm, batch: TrainBatch, kl_coef: jax.Array | float) -> jax.Array:
   """[B, R] rewards: the score at the last token plus the shaped process rewards at
   step ends (`process_rewards`; Dai et al., arXiv:2410.17621), minus β·KL(π_old ‖ π_ref)
   per token when the KL is in the reward (InstructGPT; `kernels.kl_in_reward`)."""
@@ -72,7 +80,7 @@ def token_rewards(algorithm, batch: RolloutBatch, kl_coef: jax.Array | float) ->
   return rewards
 
 
-def rollout_kl(algorithm, batch: RolloutBatch) -> jax.Array:
+def rollout_kl(algorithm, batch: TrainBatch) -> jax.Array:
   """The batch's KL(π_old ‖ π_ref): per-sequence token means, averaged over
   sequences (what verl's adaptive controller observes)."""
   kl = kernels.kl_penalty(batch.old_logprobs, batch.ref_logprobs,
@@ -80,12 +88,14 @@ def rollout_kl(algorithm, batch: RolloutBatch) -> jax.Array:
   return kernels.aggregate(kl, batch.response_mask, mode="seq-mean-token-mean")
 
 
-def advantages_and_returns(algorithm, batch: RolloutBatch, kl_coef: jax.Array | float, *,
+def advantages_and_returns(algorithm, batch: TrainBatch, kl_coef: jax.Array | float, *,
                            group_size: int) -> tuple[jax.Array, jax.Array]:
-  """Advantages [B, R] for the actor and returns [B, R] for the critic, from the record
-  of `algorithm.advantage.estimator` (algorithms/estimators.py: gae, grpo, dr_grpo, rloo,
-  reinforce_pp, reinforce_pp_baseline, registered or "module:name"), then whitened over
-  the batch when `advantage.whiten`. Returns are zeros for critic-free estimators.
+  """Advantages [B, R] for the actor and returns [B, R] for the critic of `batch` (its
+  π_old, π_ref, values and correction set; its own advantages and returns unread), from
+  the record of `algorithm.advantage.estimator` (algorithms/estimators.py: gae, grpo,
+  dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, registered or "module:name"), then
+  whitened over the batch when `advantage.whiten`. Returns are zeros for critic-free
+  estimators.
   """
   mask = batch.response_mask
   rewards = token_rewards(algorithm, batch, kl_coef)
@@ -100,7 +110,7 @@ def advantages_and_returns(algorithm, batch: RolloutBatch, kl_coef: jax.Array | 
 
 def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.Array, *,
                          correction: str, version: jax.Array | int | None
-                         ) -> tuple[RolloutBatch, dict[str, jax.Array]]:
+                         ) -> tuple[Correction, dict[str, jax.Array]]:
   """π_old, importance weights and kept tokens of every sampled token (decoupled PPO for
   stale tokens: Hilton et al. arXiv:2110.00641, AReaL arXiv:2505.24298;
   docs/formulas.md#decoupled-ppo).
@@ -126,14 +136,13 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
   token gets one weight, never the product of both. `version` None: every token is fresh.
 
   Args:
-    batch: [B, R] fields `sampler_logprobs`, `old_logprobs` (the sampler's),
-      `token_versions`, and the masks.
+    batch: the rollout: [B, R] `sampler_logprobs`, `token_versions`, and the masks.
     trainer_logprobs: [B, R] the trainer's log-probs under the current weights (0 off
       the response).
     correction: the rollout-correction mode in force.
     version: the current policy version (a scalar), or None.
   Returns:
-    (batch with old_logprobs, is_weights and correction_mask set; metrics: the
+    (the Correction: π_old, the weights and the kept tokens; metrics: the
     correction's over fresh tokens, logprob_mismatch_* included, and staleness/*).
   """
   sampled = batch.sampled_mask()
@@ -161,10 +170,9 @@ def behaviour_correction(algorithm, batch: RolloutBatch, trainer_logprobs: jax.A
   # Without a correction a fresh token keeps the sampler's π_old: equal to the trainer's
   # up to float rounding, which must not become a weight ≠ 1.
   use_trainer = stale if correction == "none" else jnp.ones(stale.shape, bool)
-  batch = batch.replace(old_logprobs=jnp.where(use_trainer, trainer_logprobs,
-                                               batch.old_logprobs),
-                        is_weights=weights + stale_weights, correction_mask=keep + stale_keep)
-  return batch, {**metrics, **staleness_metrics(lag, sampled, stale_mask, stale_metrics)}
+  old = jnp.where(use_trainer, trainer_logprobs, batch.sampler_logprobs)
+  return (Correction(old, weights + stale_weights, keep + stale_keep),
+          {**metrics, **staleness_metrics(lag, sampled, stale_mask, stale_metrics)})
 
 
 def staleness_metrics(lag: jax.Array, sampled: jax.Array, stale_mask: jax.Array,
@@ -199,7 +207,7 @@ def staleness_metrics(lag: jax.Array, sampled: jax.Array, stale_mask: jax.Array,
 def prepare(algorithm, batch: RolloutBatch, *, old_logprobs: jax.Array,
             ref_logprobs: jax.Array | None, values: jax.Array | None, kl_coef: jax.Array,
             correction: str, group_size: int, version: jax.Array | int | None = None
-            ) -> tuple[RolloutBatch, jax.Array, dict[str, jax.Array]]:
+            ) -> tuple[TrainBatch, jax.Array, dict[str, jax.Array]]:
   """Everything between the sampler's output and the first update, as one pure function.
 
   Args:
@@ -208,7 +216,8 @@ def prepare(algorithm, batch: RolloutBatch, *, old_logprobs: jax.Array,
     old_logprobs: [B, R] the trainer's log-probs of the response tokens under the
       current weights (its own forward at the start of this step): π_old of fresh
       tokens, π_prox of stale ones.
-    ref_logprobs: [B, R] or None (no reference).
+    ref_logprobs: [B, R] the trainer's reference forward, or None: the rollout's
+      (`batch.ref_logprobs`), else zeros (no reference).
     values: [B, R] or None (no critic).
     kl_coef: β as a device scalar.
     correction: the rollout-correction mode in force ('none', 'tis', 'mis_token',
@@ -217,19 +226,17 @@ def prepare(algorithm, batch: RolloutBatch, *, old_logprobs: jax.Array,
     version: the current policy version (the training step), a scalar; tokens of
       another version are stale. None: every token is fresh.
   Returns:
-    (batch with π_old, reference log-probs, values, importance weights, advantages
-    and returns set (`behaviour_correction`); the next β; metrics: the
-    sampler–trainer mismatch and the correction's clip / mask rates over fresh
+    (the TrainBatch: the shaped rollout with π_old, reference log-probs, values,
+    importance weights (`behaviour_correction`), advantages and returns; the next β;
+    metrics: the sampler–trainer mismatch and the correction's clip / mask rates over fresh
     sampled tokens, staleness/* over stale ones, rollout KL).
   """
-  batch = shape_rewards(algorithm, batch)
-  trainer_logprobs = old_logprobs * batch.response_mask
-  batch, metrics = behaviour_correction(algorithm, batch, trainer_logprobs,
-                                        correction=correction, version=version)
-  if ref_logprobs is not None:
-    batch = batch.replace(ref_logprobs=ref_logprobs)
-  if values is not None:
-    batch = batch.replace(values=values)
+  rollout = shape_rewards(algorithm, batch)
+  trainer_logprobs = old_logprobs * rollout.response_mask
+  corrected, metrics = behaviour_correction(algorithm, rollout, trainer_logprobs,
+                                            correction=correction, version=version)
+  batch = TrainBatch.from_rollout(rollout, ref_logprobs=ref_logprobs, values=values,
+                                  **corrected._asdict())
   advantages, returns = advantages_and_returns(algorithm, batch, kl_coef,
                                                group_size=group_size)
   batch = batch.replace(advantages=advantages, returns=returns)
@@ -245,7 +252,7 @@ def prepare(algorithm, batch: RolloutBatch, *, old_logprobs: jax.Array,
   return batch, next_kl_coef, metrics
 
 
-def normalizers(algorithm, batch: RolloutBatch) -> Normalizers:
+def normalizers(algorithm, batch: TrainBatch) -> Normalizers:
   """The actor's global counts over a whole mini-batch."""
   mask = batch.policy_mask()
   positive = mask * (batch.scores > algorithm.policy_loss.positive_threshold)[:, None]
@@ -253,14 +260,14 @@ def normalizers(algorithm, batch: RolloutBatch) -> Normalizers:
                      positive=jnp.sum(positive))
 
 
-def critic_normalizers(algorithm, batch: RolloutBatch) -> Normalizers:
+def critic_normalizers(algorithm, batch: TrainBatch) -> Normalizers:
   """The critic's global counts over a whole mini-batch."""
   mask = batch.value_mask()
   return Normalizers(agg=kernels.aggregation_normalizer(mask, mode=algorithm.policy_loss.agg),
                      positive=jnp.sum(mask))
 
 
-def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: RolloutBatch,
+def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: TrainBatch,
                norm: Normalizers) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The surrogate of `policy_loss.kind` (algorithms/losses.py: PPO-clip, GSPO, GSPO-token,
   CISPO, registered or "module:name"), weighted
@@ -312,7 +319,7 @@ def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: Rollou
   return loss, metrics
 
 
-def critic_loss(algorithm, values: jax.Array, batch: RolloutBatch, norm: Normalizers
+def critic_loss(algorithm, values: jax.Array, batch: TrainBatch, norm: Normalizers
                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Clipped value loss of one (micro-)batch on finished responses (`kernels.value_loss`)."""
   mask = batch.value_mask()

@@ -1,8 +1,9 @@
 """The PPO family's learner (PPO, GRPO, DAPO, VC-PPO, VAPO, T-PPO, ...): its roles and
 the on-device half of a training step.
 
-    learn(batch):  prepare (one jit: the trainer's log π_old, reference log-probs,
-                   values, rollout-correction weights, advantages, returns, β)
+    learn(batch):  prepare (one jit: the RolloutBatch becomes a TrainBatch with the
+                   trainer's log π_old, reference log-probs, values, rollout-correction
+                   weights, advantages, returns; and β)
                    → critic update → actor update   (each one jit, state donated)
 
 The actor waits for `algorithm.value.pretrain_steps` steps while the critic learns
@@ -169,7 +170,8 @@ class PPOLearner(LearnerBase):
     return step >= self.algorithm.value.pretrain_steps
 
   def learn(self, batch, step: int) -> dict[str, Any]:
-    """Prepares `batch` (already on the mesh) and runs the updates of step `step`.
+    """Prepares `batch` (a RolloutBatch already on the mesh) and runs the updates of
+    step `step` on the TrainBatch `prepare` makes of it.
 
     `step` is also the current policy version: the loop hands the sampler the weights
     learned in step s − 1 as version s, so rows sampled for step s carry version s

@@ -21,9 +21,10 @@ from rlhf_jax import kernels
 from rlhf_jax.models.packing import PackedRows
 
 
-@flax.struct.dataclass
+@flax.struct.dataclass(kw_only=True)
 class RolloutBatch:
-  """One step's rollouts (B = prompts × group size).
+  """One step's rollouts as the rollout returns them (B = prompts × group size);
+  `TrainBatch` (batch/train_batch.py) adds what `prepare` computes from them.
 
   Attributes:
     tokens: [B, P+R] int32 prompt (left-padded) and response (right-padded).
@@ -31,11 +32,6 @@ class RolloutBatch:
     response_mask: [B, R] float32, 1 on response tokens that count in the loss.
     sampler_logprobs: [B, R] log π of each response token as the sampler reported
       it (at T=1): the behaviour policy's, in the sampler's precision.
-    old_logprobs: [B, R] log π_old as the trainer computes it (the sampler's until
-      `prepare` recomputes it with the trainer's forward).
-    ref_logprobs: [B, R] log π_ref (zeros when there is no reference model).
-    values: [B, R] critic values V(s_t) before each response token (zeros
-      without a critic).
     scores: [B] sequence-level rewards (verifier + shaping).
     lengths: [B] int32 response lengths (tokens, including a stop token).
     truncated: [B] bool, the response hit the length cap without a stop token.
@@ -48,9 +44,6 @@ class RolloutBatch:
     scored: [B] bool, some reward scored the row; False for a row that no reward
       function scored under `reward.unscored = "drop"`: `prepare` takes it out of the
       loss and the group estimators out of its group's statistics.
-    is_weights: [B, R] rollout-correction importance weights (1 until `prepare`
-      sets them; `kernels.rollout_correction`).
-    correction_mask: [B, R] 0 on tokens masked importance sampling drops.
     step_rewards: [B, R] process rewards (a PRM's step scores) at step-end tokens, 0
       elsewhere; shaped in `prepare` (algorithm.process_reward: Clip / Delta).
     step_mask: [B, R] 1 at the step-end tokens that carry a step reward.
@@ -58,15 +51,14 @@ class RolloutBatch:
       the sampler held) that sampled each response token; 0 on padding. A token is
       fresh when its version is the step being learned, else stale (decoupled PPO in
       `prepare`, docs/formulas.md#decoupled-ppo). T-PPO rows span one version per window.
-    advantages: [B, R] the actor's advantages (set by `prepare`).
-    returns: [B, R] the critic's targets (set by `prepare`; zeros without a critic).
+    ref_logprobs: [B, R] log π_ref of the response tokens when the rollout brings them
+      (the sampling servers' reference forward, `rollout.reference_logprobs='sampler'`;
+      DPO's pairs), else None: the trainer's reference computes them in `prepare`.
   """
   tokens: jax.Array
   attention_mask: jax.Array
   response_mask: jax.Array
-  old_logprobs: jax.Array
-  ref_logprobs: jax.Array
-  values: jax.Array
+  sampler_logprobs: jax.Array
   scores: jax.Array
   lengths: jax.Array
   truncated: jax.Array
@@ -74,14 +66,10 @@ class RolloutBatch:
   window_starts: jax.Array
   finished: jax.Array
   scored: jax.Array
-  sampler_logprobs: jax.Array
-  is_weights: jax.Array
-  correction_mask: jax.Array
   step_rewards: jax.Array
   step_mask: jax.Array
   token_versions: jax.Array
-  advantages: jax.Array
-  returns: jax.Array
+  ref_logprobs: jax.Array | None = None
 
   @property
   def response_length(self) -> int:
@@ -96,12 +84,6 @@ class RolloutBatch:
   def token_rewards(self) -> jax.Array:
     """[B, R] the score placed on each row's last response token."""
     return kernels.place_at_last_token(self.scores, self.response_mask)
-
-  def policy_mask(self) -> jax.Array:
-    """[B, R] the tokens the policy loss uses: those sampled in this step and not
-    dropped by the rollout correction."""
-    columns = jnp.arange(self.response_length, dtype=jnp.int32)[None, :]
-    return self.response_mask * (columns >= self.window_starts[:, None]) * self.correction_mask
 
   def sampled_mask(self) -> jax.Array:
     """[B, R] the tokens sampled in this step (T-PPO: this window), before any
@@ -127,7 +109,7 @@ class RolloutBatch:
 
 def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                         responses: Sequence[Sequence[int]],
-                        old_logprobs: Sequence[Sequence[float]], scores: Sequence[float],
+                        sampler_logprobs: Sequence[Sequence[float]], scores: Sequence[float],
                         truncated: Sequence[bool], group_ids: Sequence[int], *,
                         prompt_length: int, response_length: int, pad_id: int,
                         window_starts: Sequence[int] | None = None,
@@ -154,7 +136,8 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
   response_mask = np.zeros((batch, response_length), np.float32)
   logprobs = np.zeros((batch, response_length), np.float32)
   lengths = np.zeros((batch,), np.int32)
-  for row, (prompt, response, lps) in enumerate(zip(prompt_ids, responses, old_logprobs)):
+  for row, (prompt, response, lps) in enumerate(zip(prompt_ids, responses,
+                                                     sampler_logprobs)):
     if len(prompt) > prompt_length:
       raise ValueError(f"row {row}: prompt of {len(prompt)} tokens exceeds prompt_length="
                        f"{prompt_length}.")
@@ -173,7 +156,6 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
     logprobs[row, :n] = lps
     lengths[row] = n
   zeros = lambda: np.zeros((batch, response_length), np.float32)
-  ones = lambda: np.ones((batch, response_length), np.float32)
   versions = np.zeros((batch, response_length), np.int32)
   for row, row_versions in enumerate(token_versions or ()):
     if len(row_versions) != lengths[row]:
@@ -187,10 +169,8 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
         process[row, column] = reward
         process_mask[row, column] = 1.0
   return RolloutBatch(tokens=tokens, attention_mask=attention, response_mask=response_mask,
-                      old_logprobs=logprobs, sampler_logprobs=logprobs.copy(),
-                      ref_logprobs=zeros(), values=zeros(), is_weights=ones(),
-                      correction_mask=ones(), advantages=zeros(), returns=zeros(),
-                      step_rewards=process, step_mask=process_mask, token_versions=versions,
+                      sampler_logprobs=logprobs, step_rewards=process, step_mask=process_mask,
+                      token_versions=versions,
                       scores=np.asarray(scores, np.float32), lengths=lengths,
                       truncated=np.asarray(truncated, bool),
                       group_ids=np.asarray(group_ids, np.int32),

@@ -4,7 +4,9 @@
     sampler = plan.sampler(raw, params)    k = 0: `raw`; k > 0: a VersionedSampler that
                                            keeps the k + 1 newest versions
     rollout = plan.rollout(mode, sampler, scorer)
-                                           a PipelinedRollout running k steps ahead, over
+                                           k = 0: the mode itself, each batch with its
+                                           scorer metrics (SynchronousRollout); k > 0: a
+                                           PipelinedRollout running k steps ahead, over
                                            the sampler this plan built (refused otherwise)
 
 The versioned sampler and the look-ahead rollout must agree on k: a sampler keeping
@@ -19,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.sampling.protocol import PreparesParams
 from rlhf_jax.sampling.versioned import VersionedSampler
@@ -73,10 +77,63 @@ class LookAhead:
     return VersionedSampler(inner, params, version=version, keep=self.keep,
                             partial=self.partial)
 
-  def rollout(self, inner, sampler, scorer) -> PipelinedRollout:
-    """The rollout mode `inner` run `steps` ahead over `sampler`, which must keep the
-    versions this plan's jobs are pinned to (a sampler from `self.sampler`; the
-    PipelinedRollout refuses another with a ValueError); each job takes the scorer's
-    metrics."""
-    return PipelinedRollout(inner, None if self.synchronous else sampler, scorer,
-                            max_staleness=self.steps, last_step=self.last_step)
+  def rollout(self, inner, sampler, scorer) -> SynchronousRollout | PipelinedRollout:
+    """The rollout mode `inner` as this plan runs it: inline (`SynchronousRollout`, k = 0),
+    or `steps` ahead over `sampler`, which must keep the versions this plan's jobs are
+    pinned to (a sampler from `self.sampler`; the PipelinedRollout refuses another with a
+    ValueError). Either way each batch takes the scorer's metrics of its own scoring."""
+    if self.synchronous:
+      return SynchronousRollout(inner, scorer)
+    return PipelinedRollout(inner, sampler, scorer, max_staleness=self.steps,
+                            last_step=self.last_step)
+
+
+class SynchronousRollout:
+  """k = 0: the rollout mode's own calls, inline, with each batch's scorer metrics.
+
+  `collect` is the mode's `collect` plus the scorer's per-task figures of that batch
+  (accuracy, failures, time), as a PipelinedRollout's job takes them; `restore` refuses
+  a checkpoint of a run that generated ahead (its stored batches would be dropped).
+  Everything else is the mode's.
+
+  Args:
+    inner: the rollout mode (with the sampler-side reference around it, if any).
+    scorer: the inner rollout's scorer.
+  """
+
+  def __init__(self, inner, scorer):
+    self.inner, self.scorer = inner, scorer
+
+  def collect(self) -> Rollouts:
+    """The mode's batch, with the scorer's metrics of its scoring."""
+    rollouts = self.inner.collect()
+    rollouts.metrics.update(self.scorer.pop_metrics())
+    return rollouts
+
+  def set_step(self, step: int) -> None:
+    """The mode's."""
+    self.inner.set_step(step)
+
+  def pop_mix(self) -> dict[str, int]:
+    """The mode's."""
+    return self.inner.pop_mix()
+
+  def state(self) -> dict[str, Any]:
+    """The mode's (a run ahead may resume from it: PipelinedRollout.restore)."""
+    return self.inner.state()
+
+  def restore(self, state: dict[str, Any]) -> None:
+    """The mode's `restore`; ConfigError naming rollout.max_staleness for a checkpoint
+    holding batches generated ahead (a PipelinedRollout's `state`)."""
+    if "pending" in state:
+      invalid("rollout.max_staleness", 0, f"the checkpoint holds {len(state['pending'])} "
+              "batches generated ahead; resume with the run's rollout.max_staleness > 0")
+    self.inner.restore(state)
+
+  def settle(self) -> None:
+    """The mode's (nothing runs ahead of it here)."""
+    self.inner.settle()
+
+  def close(self) -> None:
+    """The mode's."""
+    self.inner.close()

@@ -2,11 +2,12 @@
 
 The KL term's log π_ref of a batch does not depend on the weights being trained, so the
 servers that sampled the batch can compute it: each keeps the trainer's reference weights
-(sent once, `update_reference`; sampling/serve/reference.py) and scores the batch's rows. Wrapped
-around a rollout mode inside `PipelinedRollout`, the forward runs on the generation thread:
-with `rollout.max_staleness` > 0 it overlaps the learner's update, and the trainer holds
-no reference copy at all. The decision where log π_ref comes from is made here and in
-`check_config`; the learner only sees a batch whose `ref_logprobs` are filled.
+(sent once, `update_reference`; sampling/serve/reference.py) and scores the batch's rows.
+Wrapped around a rollout mode inside the look-ahead (`LookAhead.rollout`), the forward
+runs where the mode's `collect` does: with `rollout.max_staleness` > 0 on the generation
+thread, overlapping the learner's update. The trainer holds no reference copy at all.
+Where log π_ref comes from is decided here and in `check_config`; the learner only sees
+a batch whose `ref_logprobs` are filled.
 """
 
 from __future__ import annotations

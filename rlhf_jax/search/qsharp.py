@@ -89,7 +89,8 @@ def evaluate(name, sampler, reference, policy, examples, verifier, c, *, samples
                               prompt_length=c.data.prompt_length,
                               response_length=c.rollout.max_new_tokens, pad_id=tok.pad_id)
   ref = np.asarray(reference(batch))
-  kl = np.sum((np.asarray(batch.old_logprobs) - ref) * np.asarray(batch.response_mask), axis=1)
+  kl = np.sum((np.asarray(batch.sampler_logprobs) - ref) * np.asarray(batch.response_mask),
+              axis=1)
   return {"policy": name, "accuracy": float(np.mean(correct)), "kl_to_ref": float(np.mean(kl)),
           "samples": len(flat),
           "response_length": float(np.mean([len(s.token_ids) for _, _, s in flat]))}

@@ -233,7 +233,8 @@ def rollout_parts(c, policy: Policy, sampler, scorer: Scorer, examples: list[Exa
 
 def build_rollout(c, parts: rollout_modes.RolloutParts) -> Rollout:
   """The rollout of the run's mode (`rollout_mode(c).build`) over `parts`; a mode that
-  samples gets the sampler-side reference and the look-ahead around it."""
+  samples gets the sampler-side reference around it, run inline (k = 0) or k steps ahead
+  as `LookAhead.rollout` decides, once."""
   mode = rollout_modes.rollout_mode(c)
   inner = mode.build(c, parts)
   if mode.fixed_data:  # nothing sampled: no reference from the sampler, nothing ahead

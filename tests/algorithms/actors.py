@@ -29,8 +29,9 @@ def random_batch(rows=8, prompt=3, response=5, seed=0):
       [list(-rng.uniform(2, 4, n)) for n in lengths], list(rng.choice([-1.0, 1.0], rows)),
       [False] * rows, list(range(rows)), prompt_length=prompt, response_length=response,
       pad_id=0)
-  batch = batch.replace(advantages=rng.normal(size=(rows, response)).astype(np.float32),
-                        is_weights=rng.uniform(0.5, 1.5, (rows, response)).astype(np.float32))
+  batch = batch_lib.TrainBatch.from_rollout(
+      batch, advantages=rng.normal(size=(rows, response)).astype(np.float32),
+      is_weights=rng.uniform(0.5, 1.5, (rows, response)).astype(np.float32))
   return batch_lib.as_device(batch)
 
 

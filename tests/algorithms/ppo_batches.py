@@ -26,9 +26,10 @@ def rollouts(rows=8, response_length=6, seed=0):
   batch = batch_lib.as_device(batch)
   mask = np.asarray(batch.response_mask)
   f32 = lambda x: jnp.asarray(x, jnp.float32)
-  batch = batch.replace(values=f32(rng.uniform(-1, 1, mask.shape) * mask),
-                        is_weights=f32(rng.uniform(0.5, 1.5, mask.shape) * mask),
-                        ref_logprobs=f32(-rng.uniform(0.1, 2.0, mask.shape) * mask))
+  batch = batch_lib.TrainBatch.from_rollout(
+      batch, values=f32(rng.uniform(-1, 1, mask.shape) * mask),
+      is_weights=f32(rng.uniform(0.5, 1.5, mask.shape) * mask),
+      ref_logprobs=f32(-rng.uniform(0.1, 2.0, mask.shape) * mask))
   logprobs = f32(batch.old_logprobs + rng.uniform(-0.4, 0.4, mask.shape) * mask)
   return batch, logprobs
 

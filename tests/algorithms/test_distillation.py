@@ -33,18 +33,25 @@ def distill_preset(variant="arith"):
   return module.get_config(variant)
 
 
-def random_batch(rows=8, prompt=3, response=6, seed=0):
-  """Ragged responses; student (old) and teacher (ref) log-probs random, nonzero past each
-  row's end too, so a missing mask shows."""
+def random_rows(rows=8, prompt=3, response=6, seed=0):
+  """A rollout batch of ragged random responses and scores."""
   rng = np.random.default_rng(seed)
   lengths = rng.integers(1, response + 1, rows)
-  batch = batch_lib.build_rollout_batch(
+  return batch_lib.build_rollout_batch(
       [list(rng.integers(1, 32, prompt)) for _ in range(rows)],
       [list(rng.integers(1, 32, n)) for n in lengths], [[0.0] * n for n in lengths],
       list(rng.normal(size=rows)), [False] * rows, [i // 4 for i in range(rows)],
       prompt_length=prompt, response_length=response, pad_id=0)
-  return batch.replace(old_logprobs=-rng.uniform(0.1, 5, (rows, response)).astype(np.float32),
-                       ref_logprobs=-rng.uniform(0.1, 5, (rows, response)).astype(np.float32))
+
+
+def random_batch(rows=8, prompt=3, response=6, seed=0):
+  """`random_rows` prepared with student (old) and teacher (ref) log-probs random,
+  nonzero past each row's end too, so a missing mask shows."""
+  rng = np.random.default_rng(seed + 1)
+  return batch_lib.TrainBatch.from_rollout(
+      random_rows(rows, prompt, response, seed),
+      old_logprobs=-rng.uniform(0.1, 5, (rows, response)).astype(np.float32),
+      ref_logprobs=-rng.uniform(0.1, 5, (rows, response)).astype(np.float32))
 
 
 def numpy_distill(student, teacher, mask, scores, *, task_coef, group_size, eps=1e-6):
@@ -153,14 +160,14 @@ def test_the_teacher_role_holds_the_teachers_weights(tmp_path):
   mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
   learner = ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
   assert learner.reference.model.config.hidden_size == 32
-  batch = batch_lib.as_device(random_batch(rows=8, seed=3))
+  batch = batch_lib.as_device(random_rows(rows=8, seed=3))
   direct = np.asarray(batch_lib.response_logprobs(teacher_model, teacher_params, batch))
   held = np.asarray(batch_lib.response_logprobs(learner.reference.model,
                                                 learner.reference.params, batch))
   np.testing.assert_allclose(held, direct, rtol=1e-6, atol=1e-6)
   student = batch_lib.response_logprobs(student_model, student_params, batch)
   # The student's own samples: the sampler's log-probs are its forward's.
-  batch = batch.replace(old_logprobs=student, sampler_logprobs=student,
+  batch = batch.replace(sampler_logprobs=student,
                         token_versions=jnp.zeros_like(batch.token_versions))
   student = np.asarray(student)
   mask = np.asarray(batch.response_mask)
@@ -209,7 +216,7 @@ def test_a_teacher_with_a_larger_padded_vocabulary_scores_over_the_shared_one(tm
   mesh = parallel.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
   learner = ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
   assert learner.reference.model.config.vocab_size == shared
-  batch = batch_lib.as_device(random_batch(rows=8, seed=3))
+  batch = batch_lib.as_device(random_rows(rows=8, seed=3))
   held = np.asarray(batch_lib.response_logprobs(learner.reference.model,
                                                 learner.reference.params, batch))
   logits, _ = teacher_model.apply(teacher_params, batch.tokens,
@@ -327,7 +334,7 @@ def test_the_sampling_servers_score_with_a_teacher_of_the_students_architecture(
   policy = build.load_policy(c, str(tmp_path), mesh)
   sampler = build.build_sampler(c, policy, mesh)
   try:
-    rows = random_batch(rows=4, prompt=3, response=6, seed=4)
+    rows = random_rows(rows=4, prompt=3, response=6, seed=4)
     inner = FakeRollout()
     inner.collect = lambda: Rollouts(batch=rows, correct=[], failures=[], metrics={})
     batch = reference_lib.SamplerReferenceRollout(inner, sampler).collect().batch

@@ -38,9 +38,10 @@ def rollout_batch(rows=8, response_length=6, seed=0):
   mask = np.asarray(batch.response_mask)
   shape = mask.shape
   f32 = lambda x: jnp.asarray(x, jnp.float32)
-  batch = batch.replace(advantages=f32(rng.standard_normal((rows, 1)) * mask),
-                        is_weights=f32(rng.uniform(0.5, 1.5, shape) * mask),
-                        ref_logprobs=f32(-rng.uniform(0.1, 2.0, shape) * mask))
+  batch = batch_lib.TrainBatch.from_rollout(
+      batch, advantages=f32(rng.standard_normal((rows, 1)) * mask),
+      is_weights=f32(rng.uniform(0.5, 1.5, shape) * mask),
+      ref_logprobs=f32(-rng.uniform(0.1, 2.0, shape) * mask))
   logprobs = f32(batch.old_logprobs + rng.uniform(-0.4, 0.4, shape) * mask)
   entropy = f32(rng.uniform(0.0, 2.0, shape))
   return batch, logprobs, entropy

@@ -35,7 +35,7 @@ def lora_ema_config(rate):
 
 
 def sampled_batch(model, params, rows=8, prompt=3, response=5, seed=0):
-  """Random prompts and responses whose old/sampler log-probs are the model's own."""
+  """Random prompts and responses whose sampler log-probs are the model's own."""
   rng = np.random.default_rng(seed)
   lengths = rng.integers(2, response + 1, rows)
   batch = batch_lib.build_rollout_batch(
@@ -45,7 +45,7 @@ def sampled_batch(model, params, rows=8, prompt=3, response=5, seed=0):
       prompt_length=prompt, response_length=response, pad_id=0)
   batch = batch_lib.as_device(batch)
   own = batch_lib.response_logprobs(model, params, batch)
-  return batch.replace(old_logprobs=own, sampler_logprobs=own)
+  return batch.replace(sampler_logprobs=own)
 
 
 @pytest.mark.slow
@@ -128,7 +128,7 @@ def test_an_update_raises_rewarded_responses_and_lowers_the_others(name):
   # VC-PPO / VAPO leave the actor alone for `value.pretrain_steps` steps: learn at the
   # first step after, from tokens the current policy (version = step) sampled.
   step = algorithm.value.pretrain_steps
-  out = learner.learn(batch.replace(old_logprobs=on_policy, sampler_logprobs=on_policy,
+  out = learner.learn(batch.replace(sampler_logprobs=on_policy,
                                     token_versions=jnp.full_like(batch.token_versions, step)),
                       step=step)
   assert "actor" in out
@@ -141,7 +141,7 @@ def test_an_update_raises_rewarded_responses_and_lowers_the_others(name):
   # The next step runs the programs the first compiled: the updated state keeps its
   # layout (a step count on another layout once compiled every update twice).
   with count_lowerings() as lowered:
-    learner.learn(batch.replace(old_logprobs=on_policy, sampler_logprobs=on_policy,
+    learner.learn(batch.replace(sampler_logprobs=on_policy,
                                 token_versions=jnp.full_like(batch.token_versions, step + 1)),
                   step=step + 1)
   assert lowered() == 0

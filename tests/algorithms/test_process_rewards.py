@@ -47,8 +47,9 @@ def batch_and_algorithm(shaping):
 @pytest.mark.parametrize("shaping", ["none", "clip", "delta", "clip_delta"])
 def test_shaped_step_rewards_reach_advantages_and_the_policy_loss(shaping):
   a, batch = batch_and_algorithm(shaping)
-  prepared, _, _ = ppo_family.prepare(a, batch, old_logprobs=batch.old_logprobs,
-                                      ref_logprobs=None, values=jnp.zeros_like(batch.values),
+  prepared, _, _ = ppo_family.prepare(a, batch, old_logprobs=batch.sampler_logprobs,
+                                      ref_logprobs=None,
+                                      values=jnp.zeros_like(batch.sampler_logprobs),
                                       kl_coef=jnp.float32(0.0), correction="none",
                                       group_size=1)
   mask = np.asarray(batch.response_mask)

@@ -30,8 +30,9 @@ def minibatch():
       prompt_length=2, response_length=RESPONSE, pad_id=0)
   mask = np.asarray(batch.response_mask)
   noise = lambda scale: (rng.normal(size=mask.shape) * scale * mask).astype(np.float32)
-  batch = batch.replace(ref_logprobs=batch.old_logprobs + noise(0.3), advantages=noise(1.0),
-                        values=noise(1.0), returns=noise(1.0))
+  batch = batch_lib.TrainBatch.from_rollout(
+      batch, ref_logprobs=batch.sampler_logprobs + noise(0.3), advantages=noise(1.0),
+      values=noise(1.0), returns=noise(1.0))
   return batch_lib.as_device(batch), jnp.asarray(noise(0.5)), jnp.asarray(noise(0.5))
 
 

@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import ml_collections
 import pytest
 
+from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.rollout.lookahead import LookAhead
+from rlhf_jax.rollout.lookahead import SynchronousRollout
 from rlhf_jax.rollout.multi_turn import MultiTurnRollout
 from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.sampling import protocol
@@ -33,7 +35,7 @@ def test_one_plan_builds_the_sampler_and_the_rollout_with_one_k(k, expected):
   assert (sampler is raw) == (k == 0)
   assert k == 0 or (isinstance(sampler, protocol.KeepsVersions) and sampler.keep == k + 1)
   rollout = plan.rollout(FakeRollout(sampler), sampler, FakeScorer())
-  assert rollout.max_staleness == k
+  assert isinstance(rollout, SynchronousRollout if k == 0 else PipelinedRollout)
   versions = []
   for step in range(4):  # the loop's calls: collect, learn, push
     rollout.set_step(step)
@@ -51,6 +53,49 @@ def test_a_rollout_ahead_of_what_its_sampler_keeps_is_refused(keep):
     PipelinedRollout(FakeRollout(sampler), sampler, FakeScorer(), max_staleness=2)
   with pytest.raises(ValueError, match="keeping 3 weight versions"):
     LookAhead(steps=2).rollout(FakeRollout(sampler), sampler, FakeScorer())
+  with pytest.raises(ValueError, match="max_staleness=0: a PipelinedRollout runs ahead"):
+    PipelinedRollout(FakeRollout(sampler), sampler, FakeScorer(), max_staleness=0)
+
+
+class CountingScorer(FakeScorer):
+  """A scorer whose metrics are the batches scored since they were last popped."""
+
+  def __init__(self):
+    super().__init__()
+    self.batches = 0
+
+  def pop_metrics(self):
+    batches, self.batches = self.batches, 0
+    return {"batches_scored": float(batches)}
+
+
+def test_the_synchronous_plan_runs_the_mode_itself_with_its_scorer_s_metrics():
+  """k = 0: each of the seam's calls reaches the mode once, inline; each batch carries
+  the scorer's figures of its own scoring; a checkpoint of a run ahead is refused."""
+  scorer, mode = CountingScorer(), FakeRollout()
+  collect = mode.collect
+
+  def scored():
+    scorer.batches += 1
+    return collect()
+
+  mode.collect = scored
+  rollout = LookAhead(steps=0).rollout(mode, mode.sampler, scorer)
+  for step in range(2):
+    rollout.set_step(step)
+    assert rollout.collect().metrics["batches_scored"] == 1
+    assert rollout.pop_mix() == {"arith": 1}
+  rollout.settle()
+  assert rollout.state() == {"position": 2}
+  rollout.restore({"position": 1})
+  assert mode.position == 1
+  with pytest.raises(ConfigError, match="max_staleness: invalid value 0: the checkpoint holds "
+                     "2 batches generated ahead") as error:
+    rollout.restore({"inner": {"position": 3}, "next_job": 5, "pending": {"3": {}, "4": {}}})
+  assert error.value.field == "rollout.max_staleness"
+  rollout.close()
+  assert mode.calls == ["set_step", "pop_mix", "set_step", "pop_mix", "settle", "state",
+                        "restore", "close"]
 
 
 def test_the_plan_refuses_what_cannot_hold():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rlhf_jax.rewards import RewardRouter
+from rlhf_jax.rollout.lookahead import LookAhead
 from rlhf_jax.rollout.pipelined import PipelinedRollout
 from rlhf_jax.rollout.pipelined import decode_job
 from rlhf_jax.rollout.pipelined import encode_job
@@ -76,12 +77,12 @@ class StepRollout:
 
 
 def pipeline(k, steps, start=0, state=None):
-  """Runs the loop's calls for `steps` steps; returns (versions per batch, rollout)."""
+  """Runs the loop's calls for `steps` steps over the rollout the plan of k builds;
+  returns (versions per batch, rollout, the sampler the versions record)."""
   inner_sampler, scorer = RecordingSampler(), CountingScorer()
   inner_sampler.version = start  # a resumed run's sampler holds the restored weights
   sampler = VersionedSampler(inner_sampler, {"w": jnp.zeros(2)}, version=start, keep=k + 1)
-  rollout = PipelinedRollout(StepRollout(sampler, scorer), sampler if k else None, scorer,
-                             max_staleness=k)
+  rollout = LookAhead(steps=k).rollout(StepRollout(sampler, scorer), sampler, scorer)
   if state is not None:
     rollout.restore(json.loads(json.dumps(state)))
   versions = []
@@ -100,7 +101,9 @@ def pipeline(k, steps, start=0, state=None):
 def test_batch_n_samples_with_version_n_minus_k(k, expected):
   versions, rollout, inner = pipeline(k, 5)
   assert versions == expected
-  # Generation ran on the worker thread when k > 0, inline when k = 0.
+  # Generation ran on the worker thread when k > 0, inline when k = 0: the mode's own
+  # collect, with no pipeline around it.
+  assert isinstance(rollout, PipelinedRollout) == (k > 0)
   assert inner.threads == ({"MainThread"} if k == 0 else {n for n in inner.threads
                                                           if n.startswith("rollout")})
   rollout.close()
@@ -132,16 +135,23 @@ def test_closing_the_pipeline_closes_the_inner_rollout(k):
 def test_job_encoding_is_bit_exact():
   rollouts = pack_groups([group(MIXED, 3), group(MIXED, 1)], prompt_length=4,
                          response_length=8, pad_id=0)
-  rollouts.batch = rollouts.batch.replace(old_logprobs=np.float32(np.pi) * rollouts.batch.
-                                          old_logprobs + np.float32(1e-7))
+  rollouts.batch = rollouts.batch.replace(sampler_logprobs=np.float32(np.pi) * rollouts.batch.
+                                          sampler_logprobs + np.float32(1e-7))
   rollouts.metrics["x"] = 0.125
   rollouts.transcripts = [[{"role": "assistant", "text": "7", "token_ids": [5]},
                            {"role": "environment", "text": "ok", "token_ids": [6, 7]}]]
   from rlhf_jax.rollout.pipelined import _Job
-  back = decode_job(json.loads(json.dumps(encode_job(_Job(rollouts, {"arith": 2})))))
-  for name in ("tokens", "old_logprobs", "token_versions", "finished", "scores"):
+  encoded = json.loads(json.dumps(encode_job(_Job(rollouts, {"arith": 2}))))
+  back = decode_job(encoded)
+  for name in ("tokens", "sampler_logprobs", "token_versions", "finished", "scores"):
     a, b = np.asarray(getattr(rollouts.batch, name)), getattr(back.rollouts.batch, name)
     assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+  assert back.rollouts.batch.ref_logprobs is None  # none came with the rollout
+  # A job stored before the batch split also holds the fields `prepare` sets, as nothing
+  # had set them: the rollout's fields come back, those are dropped.
+  encoded["batch"]["advantages"] = encoded["batch"]["sampler_logprobs"]
+  old = decode_job(encoded).rollouts.batch
+  assert type(old) is type(rollouts.batch) and not hasattr(old, "advantages")
   assert back.rollouts.correct == rollouts.correct and back.mix == {"arith": 2}
   assert back.rollouts.metrics == {"x": 0.125}
   assert back.rollouts.transcripts == rollouts.transcripts  # multi-turn rows' turns

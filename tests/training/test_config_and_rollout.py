@@ -132,7 +132,7 @@ def test_rollout_batch_layout():
   np.testing.assert_array_equal(batch.attention_mask, [[0, 1, 1, 1, 1, 1, 0],
                                                        [0, 0, 0, 1, 1, 1, 1]])
   np.testing.assert_array_equal(batch.response_mask, [[1, 1, 0], [1, 1, 1]])
-  np.testing.assert_array_equal(batch.old_logprobs, [[-1, -2, 0], [-3, -4, -5]])
+  np.testing.assert_array_equal(batch.sampler_logprobs, [[-1, -2, 0], [-3, -4, -5]])
   np.testing.assert_array_equal(batch.lengths, [2, 3])
   np.testing.assert_array_equal(np.asarray(batch.token_rewards()), [[0, 1, 0], [0, 0, -1]])
   with pytest.raises(ValueError, match="row 0: prompt of 3 tokens exceeds prompt_length=2"):
@@ -164,8 +164,9 @@ def test_group_estimators_broadcast_per_sample_advantages():
       [[1]] * 4, [[2, 3], [2], [2, 3, 4], [5]], [[0.0] * 2, [0.0], [0.0] * 3, [0.0]],
       [1.0, 0.0, 0.0, 0.0], [False] * 4, [0, 0, 1, 1], prompt_length=1, response_length=3,
       pad_id=0)
-  advantages, _ = ppo_family.advantages_and_returns(algorithm, batch_lib.as_device(batch),
-                                                    0.0, group_size=2)
+  advantages, _ = ppo_family.advantages_and_returns(
+      algorithm, batch_lib.TrainBatch.from_rollout(batch_lib.as_device(batch)), 0.0,
+      group_size=2)
   scores = np.array([1.0, 0.0, 0.0, 0.0]).reshape(2, 2)
   per_sample = ((scores - scores.mean(1, keepdims=True))
                 / (scores.std(1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)

@@ -8,6 +8,7 @@ from rlhf_jax import models
 from rlhf_jax import batch as batch_lib
 from rlhf_jax.training import loop
 from rlhf_jax.training import stages
+from rlhf_jax.rollout.pipelined import PipelinedRollout
 from tests.training.runs import TIMING
 from tests.training.runs import make_trainer
 from tests.training.runs import preset
@@ -21,10 +22,18 @@ from tests.training.runs import shrink
                                   "cispo"])
 def test_presets_run_end_to_end(name, tmp_path):
   config = shrink(preset(name))
-  summary = make_trainer(config, tmp_path).run()
+  trainer = make_trainer(config, tmp_path)
+  # k = 0: the loop runs the rollout mode inline, with no pipeline (and no thread) around it.
+  assert not isinstance(trainer.rollout, PipelinedRollout)
+  summary = trainer.run()
   assert summary["steps"] == 2 and 0 <= summary["eval_accuracy_end"] <= 1
   logged = records(tmp_path)
   assert [r["step"] for r in logged] == [0, 1, 2]
+  rows = config.rollout.prompts_per_step * config.rollout.group_size
+  for record in logged[1:]:  # the scorer's count of each batch's own scoring
+    if "reward_mean" in record:  # (T-PPO's first step finishes no response)
+      samples = record["reward/arith/samples"]
+      assert samples >= rows if name == "dapo" else samples == rows  # DAPO samples more
   critic = config.algorithm.advantage.estimator == "gae"
   # T-PPO's first step may finish no response (then it has no score metrics); by the
   # second every response has reached the cap.
@@ -121,7 +130,8 @@ def test_tppo_carries_unfinished_responses_across_steps(tmp_path):
   assert second.finished.all() and second.truncated.all()
   prefix = config.data.prompt_length + 48
   np.testing.assert_array_equal(second.tokens[:, :prefix], first.tokens[:, :prefix])
-  np.testing.assert_array_equal(second.old_logprobs[:, :48], first.old_logprobs[:, :48])
+  np.testing.assert_array_equal(second.sampler_logprobs[:, :48],
+                                first.sampler_logprobs[:, :48])
   # Step 3 starts fresh responses from new prompts.
   np.testing.assert_array_equal(third.window_starts, 0)
   assert not np.array_equal(third.tokens[:, :config.data.prompt_length],
