@@ -412,7 +412,6 @@ WITHOUT_LOGIC = {
 # new module comes with its file.
 STILL_WITHOUT_A_TEST_FILE = {
     "algorithms/dqo_learner.py",
-    "algorithms/learner.py",
     "algorithms/qsharp_fit.py",
     "batch/forwards.py",
     "batch/rollout_batch.py",
