@@ -459,7 +459,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "sampling/serve/server.py",
     "sampling/serve/wire.py",
     "sampling/versioned.py",
-    "sandbox/launch.py",
     "sandbox/runner.py",
     "training/loop.py",
     "training/reward_fits.py",
