@@ -460,7 +460,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "sampling/serve/wire.py",
     "sampling/versioned.py",
     "sandbox/runner.py",
-    "training/loop.py",
     "training/reward_fits.py",
     "training/sections.py",
     "training/stages.py",

@@ -3,7 +3,7 @@ corrupt latest checkpoint, SIGINT mid-step, a lost fleet (the lock and the signa
 test_workdir_lock.py).
 
 The end-to-end cases compare against one uninterrupted 4-step GRPO run (checkpoints at
-2 and 4, an evaluation every step), as test_trainer.test_resume_continues_exactly does."""
+2 and 4, an evaluation every step), as test_loop.test_resume_continues_exactly does."""
 
 import gc
 import glob

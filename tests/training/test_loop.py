@@ -1,4 +1,4 @@
-"""The training loop end to end on a shrunken arith config."""
+"""The training loop (training/loop.py) end to end on a shrunken arith config."""
 
 import jax
 import numpy as np
