@@ -14,6 +14,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import importlib
+import logging
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -27,6 +29,8 @@ from rlhf_jax.rewards.scorer import guarded_score
 from rlhf_jax.sandbox.workers import KillablePool
 from rlhf_jax.tasks import registry
 from rlhf_jax.rewards.scorer import ScorerBase
+
+LOG = logging.getLogger("rlhf_jax.rewards")
 
 Verifier = Callable[[str, str], "Judgement | bool | float"]
 
@@ -84,7 +88,11 @@ class VerifierScorer(ScorerBase):
     self.verifiers = dict(verifiers)
     self.correct_score, self.wrong_score = correct_score, wrong_score
     self.failure_score = failure_score
-    self._pool = KillablePool(max_workers, timeout_s)
+    # Each worker imports the verifiers' modules while it starts (under the pool's start-up
+    # limit), so a module that is slow to import (jax, on a busy machine) does not spend a
+    # sample's `timeout_s` and fail it.
+    modules = tuple(sorted({_module_of(fn) for fn in verifiers.values()} - {None}))
+    self._pool = KillablePool(max_workers, timeout_s, initializer=(import_modules, (modules,)))
 
   def check_tasks(self, tasks: Sequence[str]) -> None:
     """Raises ValueError naming a task that has no verifier."""
@@ -116,6 +124,17 @@ class VerifierScorer(ScorerBase):
   def close(self) -> None:
     """Stops the worker processes."""
     self._pool.close()
+
+
+def _module_of(fn) -> str | None:
+  """The module that defines a verifier (a functools.partial's function's)."""
+  return getattr(getattr(fn, "func", fn), "__module__", None)
+
+
+def import_modules(modules: Sequence[str]) -> None:
+  """Imports `modules` (a verifier worker's initializer)."""
+  for module in modules:
+    importlib.import_module(module)
 
 
 def _as_judgement(value) -> Judgement | None:
@@ -162,6 +181,7 @@ class RewardRouter(ScorerBase):
       self.scorers.update({task: rules for task in verifiers})
     self.scorers.update(scorers or {})
     self._totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    self._first_failure: dict[str, str] = {}
 
   def check_tasks(self, tasks: Sequence[str]) -> None:
     """Raises ValueError naming a task that no scorer handles."""
@@ -195,16 +215,24 @@ class RewardRouter(ScorerBase):
     totals["correct"] += bool(scored.correct[position])
     totals["failures"] += bool(scored.failures[position])
     totals["seconds"] += seconds
+    if scored.failures[position] and task not in self._first_failure:
+      self._first_failure[task] = scored.failures[position]
 
   def pop_metrics(self) -> dict[str, float]:
-    """Per task since the last call: accuracy, failure rate, scoring seconds (as time_reward/<task>: wall clock, like time_generate)."""
+    """Per task since the last call: accuracy, failure rate, scoring seconds (as
+    time_reward/<task>: wall clock, like time_generate). Logs one line per task whose
+    scorer failed on some samples, with the count and the first reason."""
     out = {}
     for task, t in sorted(self._totals.items()):
+      if t["failures"]:
+        LOG.warning("the scorer of task %s failed on %d of %d samples: %s", task,
+                    t["failures"], t["samples"], self._first_failure.get(task, "")[:300])
       out[f"reward/{task}/accuracy"] = t["correct"] / t["samples"]
       out[f"reward/{task}/failure_rate"] = t["failures"] / t["samples"]
       out[f"time_reward/{task}"] = t["seconds"]
       out[f"reward/{task}/samples"] = float(t["samples"])
     self._totals.clear()
+    self._first_failure.clear()
     return out
 
   def close(self) -> None:

@@ -12,6 +12,7 @@ from rlhf_jax.rewards import RewardRouter
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import Scores
 from rlhf_jax.rewards.router import VerifierScorer
+from rlhf_jax.rewards.router import import_modules
 from rlhf_jax.sandbox.workers import KillablePool
 from rlhf_jax.tasks import arith
 from tests.fakes import FakeScorer
@@ -93,7 +94,10 @@ def test_verifiers_must_be_module_level_functions():
 
 
 def test_pool_keeps_input_order_and_respects_its_size():
-  pool = KillablePool(2, timeout_s=5.0)
+  # The workers import the verifiers' module as they start (as VerifierScorer's do): on a
+  # busy machine that import alone may take longer than a call's limit.
+  pool = KillablePool(2, timeout_s=5.0,
+                      initializer=(import_modules, (("tests.rewards.verifiers",),)))
   try:
     results = pool.map([(verifiers.scaled, (str(i) * (i + 1), "")) for i in range(7)])
     assert results == [("ok", float(i + 1)) for i in range(7)]
@@ -148,6 +152,28 @@ def test_a_call_deadline_does_not_include_the_workers_start_up(tmp_path):
       """)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == "[('ok', 3)]"
+
+
+def test_a_verifier_slow_to_import_is_imported_at_start_up_not_in_a_samples_time():
+  from tests.rewards import slow_import_verifier  # pylint: disable=import-outside-toplevel
+  scorer = VerifierScorer({"slow": slow_import_verifier.always_right}, timeout_s=1.0,
+                          max_workers=1)
+  try:
+    scored = scorer.score([Example("q", "4", "slow")] * 2, ["a", "b"])
+  finally:
+    scorer.close()
+  assert scored.failures == ["", ""] and scored.correct == [True, True]
+
+
+def test_a_tasks_failures_are_said_on_the_console_with_the_first_reason(router, caplog):
+  router.pop_metrics()
+  router.score([Example("q", "4", "raises")] * 2 + [Example("q", "4", "exact")], ["x", "y", "4"])
+  with caplog.at_level("WARNING", logger="rlhf_jax.rewards"):
+    metrics = router.pop_metrics()
+  assert metrics["reward/raises/failure_rate"] == 1.0
+  lines = [r.getMessage() for r in caplog.records]
+  assert len(lines) == 1 and lines[0].startswith(
+      "the scorer of task raises failed on 2 of 2 samples: error: KeyError"), lines
 
 
 def test_a_script_without_a_main_guard_gets_an_error_not_a_hang(tmp_path):
