@@ -127,11 +127,12 @@ class Checkpointer:
     restore in `attempts` tries (a second one, so a passing I/O error moves nothing)."""
     error = ""
     for _ in range(attempts):
-      with quiet_failed_reads():
+      with quiet_failed_reads() as failed:
         try:
           return self.restore(step, state_template), None
         except Exception as failure:  # pylint: disable=broad-except
           error = describe_error(failure)
+          failed.append(error)
     return None, error
 
   def set_aside(self, step: int) -> str:
@@ -216,11 +217,13 @@ def saved_config(workdir: str) -> tuple[int, dict[str, Any]] | None:
   manager = ocp.CheckpointManager(directory, item_names=("state", "meta"))
   try:
     for step in sorted(manager.all_steps(), reverse=True):
-      with quiet_failed_reads():
+      with quiet_failed_reads() as failed:
         try:
           meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        except Exception:  # pylint: disable=broad-except  # restore_intact reports it
-          continue
+        except Exception as failure:  # pylint: disable=broad-except  # restore_intact reports it
+          failed.append(describe_error(failure))
+      if failed:
+        continue
       if isinstance(meta.get("meta"), dict) and isinstance(meta["meta"].get("config"), dict):
         return step, meta["meta"]["config"]
   finally:
@@ -286,11 +289,16 @@ def describe_error(error: BaseException) -> str:
 def quiet_failed_reads():
   """Frees the reads a failed restore left unfinished without their tracebacks: Orbax
   gathers one coroutine per array, and those never awaited after the first failure
-  print hundreds of lines (a TensorStore spec each) as "Exception ignored" when freed."""
+  print hundreds of lines (a TensorStore spec each) as "Exception ignored" when freed.
+  Yields a list the block appends its error to when the read failed: only then is the
+  heap collected (a read that succeeded left nothing, and a full collection in a large
+  process takes seconds)."""
   hook = sys.unraisablehook
   sys.unraisablehook = lambda unraisable: None
+  failed: list[str] = []
   try:
-    yield
+    yield failed
   finally:
-    gc.collect()
+    if failed:
+      gc.collect()
     sys.unraisablehook = hook
