@@ -413,8 +413,6 @@ WITHOUT_LOGIC = {
 STILL_WITHOUT_A_TEST_FILE = {
     "algorithms/dqo_learner.py",
     "algorithms/qsharp_fit.py",
-    "batch/forwards.py",
-    "batch/rollout_batch.py",
     "models/attention/cached.py",
     "models/attention/choice.py",
     "models/attention/cudnn.py",

@@ -1,5 +1,6 @@
-"""`ppo_family.actor_loss`'s one dispatch to the PPO / GSPO / GSPO-token / CISPO kernels,
-exact under micro-batching."""
+"""The PPO family (algorithms/ppo_family.py): `actor_loss`'s one dispatch to the PPO / GSPO /
+GSPO-token / CISPO kernels, exact under micro-batching, and group estimators' per-sample
+advantages broadcast over the response."""
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ from rlhf_jax import batch as batch_lib
 from rlhf_jax.algorithms import losses
 from rlhf_jax.algorithms import ppo_config
 from rlhf_jax.algorithms import ppo_family
+from tests.training.runs import preset
 
 KERNELS = {"ppo": kernels.ppo_policy_loss, "gspo": kernels.gspo_policy_loss,
            "gspo_token": kernels.gspo_token_policy_loss, "cispo": kernels.cispo_policy_loss}
@@ -93,3 +95,18 @@ def test_micro_batches_sum_to_the_mini_batch(kind, agg):
   np.testing.assert_allclose(total, loss(logprobs, whole), rtol=1e-5, atol=1e-7)
   grads = np.concatenate([jax.grad(loss)(logprobs[rows], rows) for rows in pieces])
   np.testing.assert_allclose(grads, jax.grad(loss)(logprobs, whole), rtol=1e-5, atol=1e-8)
+
+
+def test_group_estimators_broadcast_per_sample_advantages():
+  algorithm = preset("grpo").algorithm
+  batch = batch_lib.build_rollout_batch(
+      [[1]] * 4, [[2, 3], [2], [2, 3, 4], [5]], [[0.0] * 2, [0.0], [0.0] * 3, [0.0]],
+      [1.0, 0.0, 0.0, 0.0], [False] * 4, [0, 0, 1, 1], prompt_length=1, response_length=3,
+      pad_id=0)
+  advantages, _ = ppo_family.advantages_and_returns(
+      algorithm, batch_lib.TrainBatch.from_rollout(batch_lib.as_device(batch)), 0.0,
+      group_size=2)
+  scores = np.array([1.0, 0.0, 0.0, 0.0]).reshape(2, 2)
+  per_sample = ((scores - scores.mean(1, keepdims=True))
+                / (scores.std(1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)
+  np.testing.assert_allclose(advantages, per_sample[:, None] * batch.response_mask, atol=1e-5)

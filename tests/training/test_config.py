@@ -26,12 +26,17 @@ from rlhf_jax.config_errors import check_range
 from rlhf_jax.sampling import SamplingParams
 from rlhf_jax.sampling.serve.config import validate_serve_config
 from rlhf_jax.training import config as trainer_config
+from rlhf_jax.training.config import validate_config
 from tests.training.runs import parse
+from tests.training.runs import preset
 
 # ml_collections loads preset files with the deprecated importlib load_module().
 pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The presets that are not trainer configs: their variants, and the launcher that checks them.
+# The trainer's presets, each validated as it is.
+PRESETS = ("ppo", "grpo", "dapo", "vcppo", "vapo", "tppo", "gspo", "cispo", "dpo",
+           "iterative_dpo", "dqo", "toolcalc")
 OTHER_PRESETS = {"serve.py": ("tiny", "hf"), "kernel_demo.py": (None,)}
 # A misspelt field and the field it should suggest, and a value out of range with the
 # start of its requirement, per kind of preset.
@@ -305,3 +310,111 @@ def test_training_run_validates_once_before_any_work_and_stops_at_validate_only(
   assert training.run(c, str(tmp_path / "ok"), validate_only=True, log=lines.append) is None
   assert lines == ["config ok"]
   assert not (tmp_path / "ok" / "sft").exists()  # no warm start
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_validate(name):
+  validate_config(preset(name), num_devices=1)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("algorithm.policy_loss.clip_high", 0.1, r"config\.algorithm\.policy_loss\.clip_high: "
+     r"invalid value 0\.1: must be >= 0\.2 \(algorithm\.policy_loss\.clip_low\)"),
+    ("algorithm.advantage.estimator", "ppo2", r"config\.algorithm\.advantage\.estimator: "
+     r"invalid value 'ppo2': must be one of gae"),
+    ("algorithm.policy_loss.agg", "mean",
+     r"config\.algorithm\.policy_loss\.agg: invalid value 'mean': must be one of token-mean"),
+    ("algorithm.value.pretrain_steps", 5, r"config\.algorithm\.value\.pretrain_steps: "
+     r"invalid value 5: must be 0 without a critic"),
+    ("rollout.mode", "windows", r"config\.rollout\.mode: invalid value 'windows': T-PPO's "
+     "windows need a critic"),
+    ("rollout.mode", "beam", r"config\.rollout\.mode: invalid value 'beam': must be one of "
+     "groups, dynamic, windows, multi_turn, offline"),  # then any registered ones
+    ("rollout.group_size", 1, r"config\.rollout\.group_size: invalid value 1: must be >= 2"),
+    ("rollout.temperature", -1.0, r"config\.rollout\.temperature: invalid value -1\.0: "
+     "must be >= 0"),
+    ("train.minibatches", 7, r"config\.train\.minibatches: invalid value 7: must divide"),
+    ("train.micro_batches", 3,
+     r"config\.train\.micro_batches: invalid value 3: must divide the 64 rows"),
+    ("sampler.cache_length", 100, r"config\.sampler\.cache_length: invalid value 100: must "
+     r"be >= 128 = data\.prompt_length 64 \+ rollout\.max_new_tokens 64"),
+    ("sampler.dtype", "float8", r"config\.sampler\.dtype: invalid value 'float8': must be "
+     "one of float32"),
+    ("model.matmul_precision", "tf32", r"config\.model\.matmul_precision: invalid value "
+     "'tf32': must be one of auto"),
+    ("mesh.data", 4, r"config\.mesh: invalid value .*: data×fsdp×tensor = 4 must be <= the "
+     "1 available devices"),
+    ("algorithm.kl.reference_ema", 0.1, r"config\.algorithm\.kl\.reference_ema: invalid "
+     "value 0.1: must be 0 without a KL term"),
+    ("algorithm.kl.placement", "loss", r"config\.algorithm\.kl\.coef: invalid value 0\.0: "
+     r"must be > 0 with algorithm\.kl\.placement='loss'"),
+    ("algorithm.kl.controller", "adaptive", r"config\.algorithm\.kl\.controller: invalid "
+     r"value 'adaptive': must be 'fixed' unless algorithm\.kl\.placement='reward'"),
+    ("algorithm.policy_loss.dual_clip", 0.5, r"config\.algorithm\.policy_loss\.dual_clip: "
+     r"invalid value 0\.5: must be > 1"),
+    ("algorithm.correction.mode", "clip", r"config\.algorithm\.correction\.mode: invalid "
+     "value 'clip': must be one of auto, none, tis"),
+    ("algorithm.correction.threshold", 1.0, r"config\.algorithm\.correction\.threshold: "
+     r"invalid value 1\.0: must be > 1$"),
+    ("sft.carry_slip", 1.5, r"config\.sft\.carry_slip: invalid value 1\.5: must be in "
+     r"\[0, 1\]"),
+    ("sft.levels", (1, 2, 3), r"config\.sft\.level_weights: invalid value \(1\.0, 2\.0\): "
+     r"must have one weight per sft\.levels \(3\)"),
+    ("train.eval_samples", -1, r"config\.train\.eval_samples: invalid value -1: must be >= 0"),
+    ("optimizer.schedule", "linear", r"config\.optimizer\.schedule: invalid value 'linear': "
+     "must be one of constant, cosine"),
+])
+def test_validation_names_the_field(field, value, match):
+  config = preset("dapo")
+  *sections, name = field.split(".")
+  section = config
+  for part in sections:
+    section = section[part]
+  section[name] = value
+  with pytest.raises(ConfigError, match=match):
+    validate_config(config, num_devices=1)
+
+
+def test_mesh_validation_names_the_field():
+  config = preset("dapo")  # 16 prompts × 8 samples = 128 rollouts per step
+  config.mesh.data, config.mesh.fsdp = -1, 1
+  validate_config(config, num_devices=8)
+  config.rollout.prompts_per_step, config.train.minibatches = 3, 1  # 24 rollouts
+  with pytest.raises(ValueError, match=r"config\.rollout\.prompts_per_step: invalid value 3: "
+                     r"the 24 rollouts per step .* must split evenly over mesh data×fsdp = 16"):
+    validate_config(config, num_devices=16)
+  config.mesh.data, config.mesh.fsdp = -1, 5
+  with pytest.raises(ValueError, match=r"config\.mesh: invalid value .*cannot cover 8 devices"):
+    validate_config(config, num_devices=8)
+
+
+def test_tppo_validation():
+  config = preset("tppo")
+  config.rollout.windows.window_tokens = 0
+  with pytest.raises(ValueError, match=r"config\.rollout\.windows\.window_tokens: invalid "
+                     "value 0: must be >= 1"):
+    validate_config(config, num_devices=1)
+  config = preset("tppo")
+  config.sampler.prompt_buckets = (64,)
+  with pytest.raises(ValueError, match=r"config\.sampler\.prompt_buckets: invalid value "
+                     r"\(64,\): must reach 128 = data\.prompt_length 64 \+ the whole windows "
+                     r"of rollout\.windows\.window_tokens 32"):
+    validate_config(config, num_devices=1)
+
+
+def test_hf_variant_needs_checkpoint_and_data():
+  config = preset("grpo", "hf")
+  with pytest.raises(ValueError, match=r"config\.model\.checkpoint: invalid value '': an HF "
+                     "checkpoint directory is required"):
+    validate_config(config, num_devices=1)
+  config.model.checkpoint = "/some/dir"
+  with pytest.raises(ValueError, match=r"config\.data\.train_file: invalid value '': a prompt "
+                     "file .* is required"):
+    validate_config(config, num_devices=1)
+
+
+def test_unknown_keys_are_rejected_by_the_locked_config():
+  config = preset("grpo")
+  config.lock()
+  with pytest.raises(AttributeError, match="clip_hihg"):
+    config.algorithm.policy_loss.clip_hihg = 0.3
