@@ -412,7 +412,6 @@ WITHOUT_LOGIC = {
 # new module comes with its file.
 STILL_WITHOUT_A_TEST_FILE = {
     "algorithms/dqo_learner.py",
-    "algorithms/qsharp_fit.py",
     "models/attention/cached.py",
     "models/attention/choice.py",
     "models/attention/cudnn.py",
