@@ -458,7 +458,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "sandbox/runner.py",
     "training/reward_fits.py",
     "training/sections.py",
-    "training/stages.py",
 }
 
 
