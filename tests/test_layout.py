@@ -456,7 +456,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "sampling/serve/wire.py",
     "sampling/versioned.py",
     "sandbox/runner.py",
-    "training/reward_fits.py",
     "training/sections.py",
 }
 
