@@ -454,7 +454,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "sampling/serve/server.py",
     "sampling/serve/wire.py",
     "sampling/versioned.py",
-    "sandbox/runner.py",
     "training/sections.py",
 }
 
