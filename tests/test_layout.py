@@ -444,7 +444,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "sampling/scheduler/programs.py",
     "sampling/scheduler/requests.py",
     "sampling/scheduler/scheduler.py",
-    "sampling/scheduler/swaps.py",
     "sampling/serve/auth.py",
     "sampling/serve/config.py",
     "sampling/serve/handlers.py",
