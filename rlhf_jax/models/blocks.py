@@ -22,6 +22,7 @@ from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.layer_scan import write_cache
 from rlhf_jax.models.moe import expert_mlp
 from rlhf_jax.models.moe import route
+from rlhf_jax.models.moe import route_dtype
 from rlhf_jax.models.rope import apply_rope
 from rlhf_jax.models.rope import layer_rope
 
@@ -291,16 +292,21 @@ class SparseMoE(nnx.Module):
     self.up_proj = param(rngs, (x, e, f), ("expert", "embed", "mlp"), config)
     self.down_proj = param(rngs, (x, f, e), ("expert", "mlp", "embed"), config)
 
-  def __call__(self, x):
-    """x [..., E] → [..., E]."""
+  def __call__(self, x, replay=None):
+    """x [..., E] → (out [..., E], experts [..., k]: each token's experts, in
+    `moe.route_dtype`). `replay` [..., k]: experts to route to instead of the router's
+    top-k (routing replay; a row holding NOT_RECORDED is routed live)."""
     c = self.config
     dtype, tokens = c.jnp_dtype, x.reshape(-1, x.shape[-1])
-    routes = route(_dense(tokens, self.router[...].astype(dtype), c.precision),
-                   c.experts_per_token, normalize=c.normalize_expert_weights)
+    k = c.experts_per_token
+    routes = route(_dense(tokens, self.router[...].astype(dtype), c.precision), k,
+                   normalize=c.normalize_expert_weights,
+                   replay=None if replay is None else replay.reshape(-1, k))
     out = expert_mlp(tokens, routes, self.gate_proj[...].astype(dtype),
                      self.up_proj[...].astype(dtype), self.down_proj[...].astype(dtype),
                      kernel=c.expert_kernel, activation=c.activation, precision=c.precision)
-    return out.reshape(x.shape)
+    experts = routes.experts.astype(route_dtype(c.num_experts)).reshape(*x.shape[:-1], k)
+    return out.reshape(x.shape), experts
 
 
 class Block(nnx.Module):
@@ -323,9 +329,11 @@ class Block(nnx.Module):
     if self.placement != "pre":
       self.mlp_out_norm = RMSNorm(config)
 
-  def __call__(self, x, rope, token_mask, layer_cache, segment_ids, kind: LayerKind):
-    """x [B,T,E] → (x [B,T,E], the layer's new (keys, values) or None); the other
-    arguments as `Attention`'s."""
+  def __call__(self, x, rope, token_mask, layer_cache, segment_ids, kind: LayerKind,
+               replay=None):
+    """x [B,T,E] → (x [B,T,E], the layer's new (keys, values) or None, the experts
+    [B,T,k] a sparse MLP routed each token to (None for a dense one)); `replay` [B,T,k]:
+    the experts a sparse MLP replays (`SparseMoE`); the other arguments as `Attention`'s."""
     inner = x if self.placement == "post" else self.input_norm(x)
     attended, new_cache = self.attention(inner, rope, token_mask, layer_cache, segment_ids,
                                          kind)
@@ -334,7 +342,10 @@ class Block(nnx.Module):
     x = x + attended
     inner = {"pre": lambda: self.post_attention_norm(x), "post": lambda: x,
              "sandwich": lambda: self.mlp_in_norm(x)}[self.placement]()
-    out = self.mlp(inner)
+    if isinstance(self.mlp, SparseMoE):
+      out, experts = self.mlp(inner, replay)
+    else:
+      out, experts = self.mlp(inner), None
     if self.placement != "pre":
       out = self.mlp_out_norm(out)
-    return x + out, new_cache
+    return x + out, new_cache, experts

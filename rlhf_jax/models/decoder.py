@@ -37,6 +37,8 @@ from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.layer_scan import scan_blocks
 from rlhf_jax.models.layer_scan import stack_blocks
 from rlhf_jax.models.layer_scan import write_rows
+from rlhf_jax.models.moe import NOT_RECORDED
+from rlhf_jax.models.moe import route_dtype
 from rlhf_jax.models.rope import rope_tables
 
 HeadKind = Literal["lm", "scalar"]
@@ -128,7 +130,8 @@ class DecoderLM(nnx.Module):
                attention_mask: jax.Array | None = None, cache: KVCache | None = None,
                num_last: int | None = None, head_positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None, with_hidden: bool = False,
-               apply_head: bool = True):
+               apply_head: bool = True, replay_routes: jax.Array | None = None,
+               with_routes: bool = False):
     """Runs the model.
 
     Args:
@@ -154,31 +157,43 @@ class DecoderLM(nnx.Module):
       apply_head: False returns those hidden states in place of the head's output
         (chunked log-probs apply the LM head a few tokens at a time:
         `rlhf_jax.models.lm_head`).
+      replay_routes: [B, T, L, k] int, the experts each token is routed to in each sparse
+        layer instead of the router's top-k (routing replay, `moe.route`); a token's row
+        of NOT_RECORDED (-1) in a layer is routed live there. Dense layers ignore theirs.
+      with_routes: also return the experts each token was routed to, [B, T, L, k] in
+        `moe.route_dtype` (NOT_RECORDED in dense layers).
     Returns:
       (outputs, cache): logits [B, T', V] (LM head, float32 whatever the compute
       dtype: `lm_logits`) or values [B, T'] (scalar head, float32), and the extended cache (None without one). With
       `head_positions`, logits [B, V] or values [B]. With `with_hidden`:
-      (outputs, cache, hidden).
+      (outputs, cache, hidden). With `with_routes`, the routes come last:
+      (outputs, cache[, hidden], routes).
     """
     if num_last is not None and head_positions is not None:
       raise ValueError("Pass at most one of num_last and head_positions.")
     if segment_ids is not None and (cache is not None or positions is None):
       raise ValueError("segment_ids (packed rows) need explicit positions and no cache.")
-    x, cache = self._backbone(tokens, positions, attention_mask, cache, segment_ids)
+    if (with_routes or replay_routes is not None) and not self.config.num_experts:
+      raise ValueError("with_routes / replay_routes need a mixture-of-experts model; "
+                       f"architecture={self.config.architecture!r} has no experts.")
+    x, cache, routes = self._backbone(tokens, positions, attention_mask, cache, segment_ids,
+                                      replay_routes)
     time = tokens.shape[1]
     if num_last is not None:
       x = x[:, time - num_last:]
     if head_positions is not None:
       x = jnp.take_along_axis(x, head_positions.astype(jnp.int32)[:, None, None], axis=1)[:, 0]
     x = self.final_norm(x)
+    extra = (routes,) if with_routes else ()
     if not apply_head:
-      return x, cache
+      return (x, cache) + extra
     out = self.project(x)
-    return (out, cache, x) if with_hidden else (out, cache)
+    return ((out, cache, x) if with_hidden else (out, cache)) + extra
 
-  def _backbone(self, tokens, positions, attention_mask, cache, segment_ids):
-    """Embedding and every layer: the residual stream [B, T, E] (before the final norm)
-    and the extended cache."""
+  def _backbone(self, tokens, positions, attention_mask, cache, segment_ids,
+                replay_routes=None):
+    """Embedding and every layer: the residual stream [B, T, E] (before the final norm),
+    the extended cache, and the routes [B, T, L, k] (None without experts)."""
     config = self.config
     batch, time = tokens.shape
     token_mask = (jnp.ones((batch, time), bool) if attention_mask is None
@@ -197,14 +212,17 @@ class DecoderLM(nnx.Module):
     layers_cache = None if cache is None else (cache.keys, cache.values, valid, cache.end)
     block_args = (rope, token_mask, segment_ids)
     if config.scan_layers:
-      x, kv = scan_blocks(self.layers, x, block_args, config, layers_cache,
-                          kinds=stacked_layer_kinds(config) or layer_kinds(config)[0])
+      replay = None if replay_routes is None else jnp.moveaxis(replay_routes, 2, 0)
+      x, kv, routes = scan_blocks(self.layers, x, block_args, config, layers_cache,
+                                  kinds=stacked_layer_kinds(config) or layer_kinds(config)[0],
+                                  replay=replay)
+      routes = None if routes is None else jnp.moveaxis(routes, 0, 2)
     else:
-      x, kv = self._loop_layers(x, block_args, layers_cache)
+      x, kv, routes = self._loop_layers(x, block_args, layers_cache, replay_routes)
     if cache is not None:
       cache = KVCache(keys=kv[0], values=kv[1], valid=valid, end=cache.end + time,
                       length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32))
-    return x, cache
+    return x, cache, routes
 
   def embed_tokens(self, tokens: jax.Array) -> jax.Array:
     """The input embeddings [B, T, E] of `tokens` [B, T] in the compute dtype; Gemma's
@@ -214,25 +232,32 @@ class DecoderLM(nnx.Module):
     x = self.embed[...][tokens].astype(config.jnp_dtype)
     return x * embedding_scale(config) if config.scale_embeddings else x
 
-  def _loop_layers(self, x, block_args, cache):
+  def _loop_layers(self, x, block_args, cache, replay_routes=None):
     """The per-layer (unscanned) layers as a Python loop; arguments and result as
-    `layer_scan.scan_blocks`, with per-layer tuples of cache keys / values."""
+    `layer_scan.scan_blocks`, with per-layer tuples of cache keys / values; the routes
+    [B, T, L, k] (NOT_RECORDED in dense layers), or None without experts."""
     config = self.config
     rope, token_mask, segment_ids = block_args
-    new_keys, new_values = [], []
+    new_keys, new_values, routes = [], [], []
     for (index, layer), kind in zip(enumerate(self.layers), layer_kinds(config)):
       layer_cache = None if cache is None else (cache[0][index], cache[1][index], cache[2],
                                                 cache[3], None)
+      replay = None if replay_routes is None else replay_routes[:, :, index]
       if config.remat:
         policy = getattr(jax.checkpoint_policies, config.remat_policy)
-        x, kv = nnx.remat(_with_kind(kind), policy=policy)(
-            layer, x, rope, token_mask, layer_cache, segment_ids)
+        x, kv, experts = nnx.remat(_with_kind(kind), policy=policy)(
+            layer, x, rope, token_mask, layer_cache, segment_ids, replay)
       else:
-        x, kv = layer(x, rope, token_mask, layer_cache, segment_ids, kind)
+        x, kv, experts = layer(x, rope, token_mask, layer_cache, segment_ids, kind, replay)
       if kv is not None:
         new_keys.append(kv[0])
         new_values.append(kv[1])
-    return x, (None if cache is None else (tuple(new_keys), tuple(new_values)))
+      if config.num_experts:
+        routes.append(experts if experts is not None else jnp.full(
+            x.shape[:2] + (config.experts_per_token,), NOT_RECORDED,
+            route_dtype(config.num_experts)))
+    kv = None if cache is None else (tuple(new_keys), tuple(new_values))
+    return x, kv, (jnp.stack(routes, axis=2) if routes else None)
 
   def project(self, hidden: jax.Array) -> jax.Array:
     """The head on final-normed hidden states [..., E]: logits [..., V] (LM head) or
@@ -263,8 +288,9 @@ def embedding_scale(config: DecoderConfig) -> jax.Array:
 
 
 def _with_kind(kind):
-  """block(*args) → block(*args, kind): a layer call for `nnx.remat` with its kind static."""
-  return lambda block, *args: block(*args, kind)
+  """A layer call for `nnx.remat` with its kind static: block(x, rope, token_mask,
+  layer_cache, segment_ids, replay) → block(..., segment_ids, kind, replay)."""
+  return lambda block, *args: block(*args[:-1], kind, args[-1])
 
 
 def lm_logits(hidden: jax.Array, head: jax.Array, precision: jax.lax.Precision | None,

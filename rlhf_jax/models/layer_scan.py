@@ -64,8 +64,8 @@ class LayerSlot(NamedTuple):
 
 
 def scan_blocks(layers: nnx.Module, x: jax.Array, block_args: tuple, config: DecoderConfig,
-                cache: tuple | None = None, *, kinds: Any
-                ) -> tuple[jax.Array, tuple | None]:
+                cache: tuple | None = None, *, kinds: Any, replay: jax.Array | None = None
+                ) -> tuple[jax.Array, tuple | None, jax.Array | None]:
   """Runs a stacked block (`stack_blocks`) over its layer axis with one `lax.scan`.
 
   The scanned body is rematerialised (`jax.checkpoint` with
@@ -73,7 +73,7 @@ def scan_blocks(layers: nnx.Module, x: jax.Array, block_args: tuple, config: Dec
 
   Args:
     layers: the stacked block; its call is block(x, rope, token_mask, layer_cache,
-      segment_ids, kind) → (x, (keys, values) or None).
+      segment_ids, kind, replay) → (x, (keys, values) or None, experts or None).
     x: [B, T, E] residual stream.
     block_args: (rope, token_mask, segment_ids), the same for every layer.
     config: the DecoderConfig.
@@ -81,8 +81,10 @@ def scan_blocks(layers: nnx.Module, x: jax.Array, block_args: tuple, config: Dec
       end [B]); each layer gets (keys, values, valid, end, LayerSlot).
     kinds: the layers' `blocks.LayerKind`: one for every layer (static), or one of [L]
       arrays scanned with the layers (Gemma's interleaved sliding and global layers).
+    replay: [L, B, T, k] experts each (sparse) layer replays, or None.
   Returns:
-    (x [B, T, E], (keys, values) updated, or None without a cache).
+    (x [B, T, E], (keys, values) updated or None without a cache, the experts [L, B, T, k]
+    of sparse layers or None).
   """
   rope, token_mask, segment_ids = block_args
   graphdef, state = nnx.split(layers)
@@ -93,12 +95,12 @@ def scan_blocks(layers: nnx.Module, x: jax.Array, block_args: tuple, config: Dec
 
   def body(carry, xs):
     x, kv = carry
-    layer_state, index, layer_kind = xs
+    layer_state, index, layer_kind, layer_replay = xs
     block = nnx.merge(graphdef, layer_state)
     layer_cache = None if kv is None else (*kv, cache[2], cache[3], LayerSlot(index, dtype))
-    x, kv = block(x, rope, token_mask, layer_cache, segment_ids,
-                  layer_kind if per_layer else kinds)
-    return (x, kv), None
+    x, kv, experts = block(x, rope, token_mask, layer_cache, segment_ids,
+                           layer_kind if per_layer else kinds, layer_replay)
+    return (x, kv), experts
 
   if config.remat:
     policy = getattr(jax.checkpoint_policies, config.remat_policy)
@@ -106,11 +108,12 @@ def scan_blocks(layers: nnx.Module, x: jax.Array, block_args: tuple, config: Dec
   kv = None if cache is None else tuple(cache[:2])
   if bits:
     kv = tuple(jax.lax.bitcast_convert_type(c, jnp.uint16) for c in kv)
-  (x, kv), _ = jax.lax.scan(body, (x, kv), (state, jnp.arange(num_layers, dtype=jnp.int32),
-                                            kinds if per_layer else None))
+  (x, kv), experts = jax.lax.scan(
+      body, (x, kv), (state, jnp.arange(num_layers, dtype=jnp.int32),
+                      kinds if per_layer else None, replay))
   if bits:
     kv = tuple(jax.lax.bitcast_convert_type(c, dtype) for c in kv)
-  return x, kv
+  return x, kv, experts
 
 
 def write_rows(buffer: jax.Array, update: jax.Array, start: jax.Array,

@@ -9,11 +9,13 @@
 
 from rlhf_jax.models.moe.experts import EXPERT_KERNELS
 from rlhf_jax.models.moe.experts import expert_mlp
+from rlhf_jax.models.moe.routing import NOT_RECORDED
 from rlhf_jax.models.moe.routing import Routes
 from rlhf_jax.models.moe.routing import expert_load
 from rlhf_jax.models.moe.routing import load_balancing_loss
 from rlhf_jax.models.moe.routing import route
+from rlhf_jax.models.moe.routing import route_dtype
 from rlhf_jax.models.moe.routing import router_z_loss
 
-__all__ = ["EXPERT_KERNELS", "Routes", "expert_load", "expert_mlp", "load_balancing_loss",
-           "route", "router_z_loss"]
+__all__ = ["EXPERT_KERNELS", "NOT_RECORDED", "Routes", "expert_load", "expert_mlp",
+           "load_balancing_loss", "route", "route_dtype", "router_z_loss"]

@@ -8,7 +8,9 @@ renormalised top-k of p (softmax is monotone; its normaliser cancels).
 
 Routing replay (the R3 paper, arXiv 2510.11370): with `replay`, the experts are given (the
 ones the sampler or the old policy chose) and only their weights come from the live logits,
-renormalised over the replayed experts, so the router still gets a gradient.
+renormalised over the replayed experts, so the router still gets a gradient. A token whose
+replayed row holds -1 (`NOT_RECORDED`: a prompt or padding position, which no sampler
+routed) is routed live.
 """
 
 from __future__ import annotations
@@ -17,6 +19,18 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+
+NOT_RECORDED = -1  # a replay row for a token without recorded experts: route it live
+
+
+def route_dtype(num_experts: int):
+  """The narrowest signed integer dtype that holds expert indices below `num_experts` and
+  NOT_RECORDED (int8 up to 127 experts)."""
+  for dtype in (jnp.int8, jnp.int16, jnp.int32):
+    if num_experts - 1 <= jnp.iinfo(dtype).max:
+      return dtype
+  raise ValueError(f"{num_experts} experts do not fit an int32 expert index.")
 
 
 class Routes(NamedTuple):
@@ -41,15 +55,16 @@ def route(logits: jax.Array, top_k: int, *, normalize: bool,
     normalize: renormalise the k probabilities to sum to one (Qwen3-MoE
       `norm_topk_prob`; gpt-oss always).
     replay: [N, k] integer experts to use instead of the top-k (routing replay); the
-      weights are the live probabilities of those experts.
+      weights are the live probabilities of those experts. A row with a NOT_RECORDED
+      entry is routed live.
   Returns:
     Routes with experts [N, k] int32 and weights [N, k] in `logits.dtype`.
   """
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-  if replay is None:
-    weights, experts = jax.lax.top_k(probs, top_k)
-  else:
-    experts = replay.astype(jnp.int32)
+  weights, experts = jax.lax.top_k(probs, top_k)
+  if replay is not None:
+    recorded = jnp.all(replay >= 0, axis=-1, keepdims=True)
+    experts = jnp.where(recorded, replay.astype(jnp.int32), experts)
     weights = jnp.take_along_axis(probs, experts, axis=-1)
   if normalize:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
