@@ -12,6 +12,7 @@ from rlhf_jax.data import Example
 from rlhf_jax.data.prompts import PromptFormat
 from rlhf_jax.rewards import build as reward_build
 from rlhf_jax.rewards.function_scorer import FunctionScorer
+from rlhf_jax.rewards.router import RewardRouter
 from rlhf_jax.training.config import base_config
 from rlhf_jax.training.config import validate_config
 
@@ -33,9 +34,11 @@ def test_the_verifier_route_and_the_evaluations_scorer():
   c = base_config("arith")
   tokenizer = models.build_character_tokenizer("0123456789abc \n:Aswer")
   verifier = reward_build.training_scorer(c, ["arith"], None, PromptFormat(tokenizer))
-  try:
-    scored = verifier.score([Example("1+1", "2", "arith")] * 2, ["Answer: 2", "Answer: 3"])
-    assert scored.correct == [True, False]
+  try:  # the rule verifiers' router (scoring through its workers: the hybrid test below)
+    assert isinstance(verifier, RewardRouter)
+    verifier.check_tasks(["arith"])
+    with pytest.raises(ValueError, match="poetry"):
+      verifier.check_tasks(["poetry"])
     assert reward_build.evaluation_scorer(c, verifier, ["arith"]) is verifier
   finally:
     verifier.close()
