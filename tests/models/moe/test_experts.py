@@ -119,3 +119,59 @@ def test_equal_to_transformers_qwen3_moe_experts():
     got = expert_mlp(jnp.asarray(tokens), routes, jnp.asarray(gate), jnp.asarray(up),
                      jnp.asarray(down), kernel=kernel)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=kernel)
+
+
+def _clamped_swiglu(g, u, alpha=1.702, limit=7.0):
+  g = np.minimum(g, limit)
+  return g / (1 + np.exp(-alpha * g)) * (np.clip(u, -limit, limit) + 1)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gpt_oss_biased_clamped_experts_match_the_formula(kernel):
+  """Weights large enough that the clamps bite (|gate|, |up| beyond 7 for some rows)."""
+  x, gate, up, down = (a * 6.0 for a in _weights(5))
+  rng = np.random.default_rng(6)
+  biases = tuple(jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((X, F), (X, F), (X, E)))
+  routes = route(jnp.asarray(rng.normal(size=(N, X)), jnp.float32), K, normalize=True)
+  got = expert_mlp(x, routes, gate, up, down, kernel=kernel, activation="clamped_swiglu",
+                   biases=biases)
+  xs, g_, u_, d_ = (np.asarray(a, np.float64) for a in (x, gate, up, down))
+  bg, bu, bd = (np.asarray(b, np.float64) for b in biases)
+  want = np.zeros_like(xs)
+  clamped = 0
+  for n in range(N):
+    for j in range(K):
+      e = int(routes.experts[n, j])
+      g, u = xs[n] @ g_[e] + bg[e], xs[n] @ u_[e] + bu[e]
+      clamped += int((g > 7).any() or (np.abs(u) > 7).any())
+      want[n] += float(routes.weights[n, j]) * (_clamped_swiglu(g, u) @ d_[e] + bd[e])
+  assert clamped > 0
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_equal_to_transformers_gpt_oss_router_and_experts():
+  torch = pytest.importorskip("torch")
+  gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+  from transformers import GptOssConfig  # pylint: disable=import-outside-toplevel
+  config = GptOssConfig(hidden_size=E, intermediate_size=F, num_local_experts=X,
+                        num_experts_per_tok=K)
+  config._experts_implementation = None  # pylint: disable=protected-access
+  torch.manual_seed(1)
+  mlp = gpt_oss.GptOssMLP(config)
+  for parameter in mlp.parameters():
+    torch.nn.init.normal_(parameter, std=2.0)
+  x = torch.randn(1, N, E) * 2.0
+  with torch.no_grad():
+    want = mlp(x)[0][0].numpy()
+  tokens = x[0].numpy()
+  logits = tokens @ mlp.router.weight.detach().numpy().T + mlp.router.bias.detach().numpy()
+  routes = route(jnp.asarray(logits), K, normalize=True)  # softmax over the top-k logits
+  gate_up = mlp.experts.gate_up_proj.detach().numpy()  # [X, E, 2F], gate and up interleaved
+  bias = mlp.experts.gate_up_proj_bias.detach().numpy()  # [X, 2F]
+  got = expert_mlp(jnp.asarray(tokens), routes, jnp.asarray(gate_up[..., ::2]),
+                   jnp.asarray(gate_up[..., 1::2]),
+                   jnp.asarray(mlp.experts.down_proj.detach().numpy()),
+                   activation="clamped_swiglu",
+                   biases=(jnp.asarray(bias[:, ::2]), jnp.asarray(bias[:, 1::2]),
+                           jnp.asarray(mlp.experts.down_proj_bias.detach().numpy())))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
