@@ -453,7 +453,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "sampling/serve/server.py",
     "sampling/serve/wire.py",
     "sampling/versioned.py",
-    "training/sections.py",
 }
 
 
