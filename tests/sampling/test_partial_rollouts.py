@@ -4,6 +4,7 @@ draw after the swap is the new policy's (its sampler log-prob is the trainer's u
 new weights) and decoupled PPO treats it as fresh, the tokens before the swap as stale.
 A sample that had not started when the weights changed starts from a new prefill."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -36,9 +37,13 @@ def as_batch(completions, prompt_length=8):
   return batch_lib.as_device(batch)
 
 
+# Jitted, as the trainer runs it: op by op, its first call compiled each op (8 s under load).
+RESPONSE_LOGPROBS = jax.jit(lambda params, batch: batch_lib.response_logprobs(MODEL, params, batch))
+
+
 def new_policy_logprobs(batch):
   """The trainer's log-probs of the batch under the new weights (π_prox)."""
-  return np.asarray(batch_lib.response_logprobs(MODEL, NEW, batch))
+  return np.asarray(RESPONSE_LOGPROBS(NEW, batch))
 
 
 def test_tokens_after_a_mid_sample_swap_are_the_new_policys():
