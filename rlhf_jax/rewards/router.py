@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import importlib
 import logging
 import time
 from typing import Callable, Mapping, Sequence
@@ -91,8 +90,8 @@ class VerifierScorer(ScorerBase):
     # Each worker imports the verifiers' modules while it starts (under the pool's start-up
     # limit), so a module that is slow to import (jax, on a busy machine) does not spend a
     # sample's `timeout_s` and fail it.
-    modules = tuple(sorted({_module_of(fn) for fn in verifiers.values()} - {None}))
-    self._pool = KillablePool(max_workers, timeout_s, initializer=(import_modules, (modules,)))
+    self._pool = KillablePool(max_workers, timeout_s,
+                              initializer=(receive_verifiers, (tuple(verifiers.values()),)))
 
   def check_tasks(self, tasks: Sequence[str]) -> None:
     """Raises ValueError naming a task that has no verifier."""
@@ -126,15 +125,10 @@ class VerifierScorer(ScorerBase):
     self._pool.close()
 
 
-def _module_of(fn) -> str | None:
-  """The module that defines a verifier (a functools.partial's function's)."""
-  return getattr(getattr(fn, "func", fn), "__module__", None)
-
-
-def import_modules(modules: Sequence[str]) -> None:
-  """Imports `modules` (a verifier worker's initializer)."""
-  for module in modules:
-    importlib.import_module(module)
+def receive_verifiers(verifiers: Sequence[Verifier]) -> None:
+  """A verifier worker's initializer: receiving the functions (unpickled by reference)
+  imports their modules, before the worker takes calls."""
+  del verifiers
 
 
 def _as_judgement(value) -> Judgement | None:

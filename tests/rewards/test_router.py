@@ -12,7 +12,7 @@ from rlhf_jax.rewards import RewardRouter
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards import Scores
 from rlhf_jax.rewards.router import VerifierScorer
-from rlhf_jax.rewards.router import import_modules
+from rlhf_jax.rewards.router import receive_verifiers
 from rlhf_jax.sandbox.workers import KillablePool
 from rlhf_jax.tasks import arith
 from tests.fakes import FakeScorer
@@ -97,7 +97,7 @@ def test_pool_keeps_input_order_and_respects_its_size():
   # The workers import the verifiers' module as they start (as VerifierScorer's do): on a
   # busy machine that import alone may take longer than a call's limit.
   pool = KillablePool(2, timeout_s=5.0,
-                      initializer=(import_modules, (("tests.rewards.verifiers",),)))
+                      initializer=(receive_verifiers, ((verifiers.scaled,),)))
   try:
     results = pool.map([(verifiers.scaled, (str(i) * (i + 1), "")) for i in range(7)])
     assert results == [("ok", float(i + 1)) for i in range(7)]
