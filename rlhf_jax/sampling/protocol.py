@@ -43,6 +43,9 @@ class Completion:
     error: the failure message when finish_reason == "error".
     candidate_logprobs: log π (T=1) of `sampling.candidate_token_ids` at the first
       generated position (empty when none were asked for).
+    routes: [len(token_ids), L, k] int, each token's experts per layer as the sampler's
+      forward routed it (a mixture-of-experts sampler that records routes; None
+      otherwise).
   """
   request_id: str
   sample_index: int
@@ -56,6 +59,7 @@ class Completion:
   error: str = ""
   candidate_logprobs: list[float] = dataclasses.field(default_factory=list)
   token_versions: list[int] = dataclasses.field(default_factory=list)
+  routes: Any = None
 
 
 @runtime_checkable

@@ -63,6 +63,9 @@ class Engine:
       decode step), inside the same jitted programs: guided decoding (Q♯) without a
       host round trip. The engine's params are then `GuidedParams(model, guide)`,
       and a Completion's `model_logprobs` are the guided distribution's (T = 1).
+    record_routes: a mixture-of-experts model's decode steps return each emitted token's
+      experts per layer (`StepResult.routes`), from the forward that reads the token: the
+      routes a trainer's forward replays (routing replay, docs/moe.md).
   """
   model: FunctionalModel
   num_slots: int
@@ -70,10 +73,13 @@ class Engine:
   newline_token_ids: Sequence[int] = ()
   max_stop_tokens: int = 4
   logits_hook: Callable[[Any, jax.Array, jax.Array], jax.Array] | None = None
+  record_routes: bool = False
 
   def __post_init__(self):
     if self.model.head != "lm":
       raise ValueError(f"Engine needs a model with an LM head; got head={self.model.head!r}.")
+    if self.record_routes and (not self.model.config.num_experts or self.logits_hook):
+      raise ValueError("record_routes needs a mixture-of-experts model without a logits_hook.")
     for name in ("num_slots", "cache_length", "max_stop_tokens"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -131,26 +137,7 @@ class Engine:
       seed: overrides `params.seed` (the scheduler's draw when that is None).
     """
     params.check_against(vocab_size=self.vocab_size, max_stop_tokens=self.max_stop_tokens)
-    seed = params.seed if seed is None else seed
-    if seed is None:
-      raise ValueError("seed is None: pass seed= or set SamplingParams.seed.")
-    key = jax.random.fold_in(jax.random.key(seed), sample_index)
-    stops = np.full((self.max_stop_tokens,), -1, np.int32)
-    stops[:len(params.stop_token_ids)] = params.stop_token_ids
-    fire = params.fire
-    return SlotSampling(
-        key=jax.random.key_data(key),
-        temperature=np.float32(params.temperature),
-        top_k=np.int32(params.top_k),
-        top_p=np.float32(params.top_p),
-        min_p=np.float32(params.min_p),
-        max_new_tokens=np.int32(params.max_new_tokens),
-        stop_token_ids=stops,
-        fire=np.bool_(fire is not None),
-        fire_every_line=np.bool_(fire is not None and fire.every_line),
-        fire_temperature=np.float32(1.0 if fire is None else fire.temperature),
-        fire_top_k=np.int32(0 if fire is None else fire.top_k),
-        keep_cache=np.bool_(params.keep_cache))
+    return SlotSampling.of(params, sample_index, seed=seed, max_stop_tokens=self.max_stop_tokens)
 
   def prefill(self, params: Params, tokens, true_length) -> Prefix:
     """Runs P prompts through the model and keeps their KV and next-token logits.
@@ -374,8 +361,10 @@ class Engine:
       stopped = emitted & jnp.any(tokens[:, None] == s.stop_token_ids, axis=-1)
       generated = state.generated + emitted.astype(jnp.int32)
       finished = emitted & (stopped | (generated >= s.max_new_tokens))
-      logits, cache = self._logits(params, tokens[:, None], cache=state.cache,
-                                   head_positions=jnp.zeros_like(tokens))
+      out = self._logits(params, tokens[:, None], cache=state.cache,
+                         head_positions=jnp.zeros_like(tokens), with_routes=self.record_routes)
+      logits, cache = out[:2]
+      routes = out[2][:, 0] if self.record_routes else None  # of the token `out` read
       active = state.active & ~finished
       # Free slots write their (ignored) token at slot 0, so they never widen the span of
       # cache that decode attention reads (`cached_attention`'s num_used). A finished
@@ -394,6 +383,6 @@ class Engine:
                               generated=generated, active=active, sampling=s)
       return new_state, StepResult(tokens=tokens, sampled_logprobs=state.next_sampled_logprob,
                                    model_logprobs=state.next_model_logprob, emitted=emitted,
-                                   finished=finished, stopped=stopped)
+                                   finished=finished, stopped=stopped, routes=routes)
 
     return jax.lax.scan(step, state, None, length=num_steps)

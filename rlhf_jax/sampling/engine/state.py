@@ -8,8 +8,10 @@ from typing import Any
 
 import flax.struct
 import jax
+import numpy as np
 
 from rlhf_jax.models.decoder import KVCache
+from rlhf_jax.sampling.params import SamplingParams
 
 
 @flax.struct.dataclass
@@ -53,6 +55,32 @@ class SlotSampling:
   fire_top_k: jax.Array
   keep_cache: jax.Array  # bool: a finished sample keeps its cache row until parked
 
+  @classmethod
+  def of(cls, params: SamplingParams, sample_index: int, *, seed: int | None,
+         max_stop_tokens: int) -> "SlotSampling":
+    """Sample `sample_index` of a request with `params` as per-slot host arrays; `seed`
+    overrides `params.seed` (the scheduler's draw when that is None)."""
+    seed = params.seed if seed is None else seed
+    if seed is None:
+      raise ValueError("seed is None: pass seed= or set SamplingParams.seed.")
+    key = jax.random.fold_in(jax.random.key(seed), sample_index)
+    stops = np.full((max_stop_tokens,), -1, np.int32)
+    stops[:len(params.stop_token_ids)] = params.stop_token_ids
+    fire = params.fire
+    return cls(
+        key=jax.random.key_data(key),
+        temperature=np.float32(params.temperature),
+        top_k=np.int32(params.top_k),
+        top_p=np.float32(params.top_p),
+        min_p=np.float32(params.min_p),
+        max_new_tokens=np.int32(params.max_new_tokens),
+        stop_token_ids=stops,
+        fire=np.bool_(fire is not None),
+        fire_every_line=np.bool_(fire is not None and fire.every_line),
+        fire_temperature=np.float32(1.0 if fire is None else fire.temperature),
+        fire_top_k=np.int32(0 if fire is None else fire.top_k),
+        keep_cache=np.bool_(params.keep_cache))
+
 
 @flax.struct.dataclass
 class DecodeState:
@@ -90,6 +118,8 @@ class StepResult:
     emitted: the slot was active and produced a token this step.
     finished: that token ended the sample (a stop token or max_new_tokens).
     stopped: it ended because the token is a stop token.
+    routes: [S, L, k] the experts the token was routed to in each layer, in the forward
+      that read it (an engine with `record_routes`; None otherwise).
   """
   tokens: jax.Array
   sampled_logprobs: jax.Array
@@ -97,6 +127,7 @@ class StepResult:
   emitted: jax.Array
   finished: jax.Array
   stopped: jax.Array
+  routes: jax.Array | None = None
 
 
 @flax.struct.dataclass

@@ -51,14 +51,16 @@ class SampleState:
   sampled: list[float] = dataclasses.field(default_factory=list)
   model: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)  # per token
+  routes: list = dataclasses.field(default_factory=list)  # per token [L, k], if recorded
   logits_version: int = -1  # the weights of the forward that made the next token's logits
 
   def __post_init__(self):
     if self.logits_version < 0:
       self.logits_version = self.version  # the prefill's
 
-  def add(self, token: int, sampled: float, model: float, version: int) -> None:
-    """Appends a token read from a dispatch that ran weights `version`."""
+  def add(self, token: int, sampled: float, model: float, version: int, routes=None) -> None:
+    """Appends a token read from a dispatch that ran weights `version` (`routes` [L, k]:
+    its experts, from an engine that records them)."""
     # Drawn from the logits of the forward before it (token 0: the prefill's), whose
     # weights may predate a swap; the forward after it runs this dispatch's weights.
     self.versions.append(self.logits_version)
@@ -66,6 +68,8 @@ class SampleState:
     self.tokens.append(token)
     self.sampled.append(sampled)
     self.model.append(model)
+    if routes is not None:
+      self.routes.append(routes)
 
 
 @dataclasses.dataclass
@@ -129,7 +133,8 @@ def completion_of(sample: SampleState, reason: str, last_version: int, error: st
                     finish_reason=reason, seed=request.seed,
                     weights_version=(sample.version, last_version), error=error,
                     candidate_logprobs=request.candidate_logprobs,
-                    token_versions=sample.versions)
+                    token_versions=sample.versions,
+                    routes=np.stack(sample.routes) if sample.routes else None)
 
 
 def candidate_logprobs(logits, token_ids) -> list[float]:

@@ -302,7 +302,8 @@ class Scheduler:
     for t in np.nonzero(results.emitted[:, slot])[0]:
       token = int(results.tokens[t, slot])
       sample.add(token, float(results.sampled_logprobs[t, slot]),
-                 float(results.model_logprobs[t, slot]), version)
+                 float(results.model_logprobs[t, slot]), version,
+                 None if results.routes is None else np.asarray(results.routes[t, slot]))
       self._stats["emitted_tokens"] += 1
       if request.on_token is not None and not request.cancelled:
         try:
