@@ -31,9 +31,12 @@ def test_presets_run_end_to_end(name, tmp_path):
   assert [r["step"] for r in logged] == [0, 1, 2]
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   for record in logged[1:]:  # the scorer's count of each batch's own scoring
-    if "reward_mean" in record:  # (T-PPO's first step finishes no response)
+    if "reward_mean" in record:
       samples = record["reward/arith/samples"]
-      assert samples >= rows if name == "dapo" else samples == rows  # DAPO samples more
+      if name == "tppo":  # the responses that finished in this step's windows
+        assert samples == record["finished_responses"]
+      else:  # DAPO samples groups beyond the batch's
+        assert samples >= rows if name == "dapo" else samples == rows
   critic = config.algorithm.advantage.estimator == "gae"
   # T-PPO's first step may finish no response (then it has no score metrics); by the
   # second every response has reached the cap.
