@@ -4,6 +4,7 @@ conversation, prefills only the new tokens, never uses rows of other weights, an
 at most `parked_rows` rows."""
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -18,11 +19,18 @@ PROMPTS = [[5, 9, 11], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [3]]
 OBSERVATIONS = [[40, 41], [42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54], [55]]
 
 
-def scheduler(scan_layers=False, parked_rows=None, params=None):
+@functools.lru_cache(maxsize=None)
+def engine_and_params(scan_layers: bool):
+  """One engine per layout for the whole file (its schedulers run one after another): a
+  new engine traces and compiles every program again."""
   model, init = models.init_model(dataclasses.replace(CONFIG, scan_layers=scan_layers), seed=0)
-  return Scheduler(sampling.Engine(model, num_slots=2, cache_length=64),
-                   init if params is None else params, prompt_buckets=(8, 16, 32, 56),
-                   steps_per_sync=4, parked_rows=parked_rows)
+  return sampling.Engine(model, num_slots=2, cache_length=64), init
+
+
+def scheduler(scan_layers=False, parked_rows=None, params=None):
+  engine, init = engine_and_params(scan_layers)
+  return Scheduler(engine, init if params is None else params,
+                   prompt_buckets=(8, 16, 32, 56), steps_per_sync=4, parked_rows=parked_rows)
 
 
 def conversation(sched, turns=3):
