@@ -78,8 +78,8 @@ def test_scalar_head_values_agree():
   scanned, _ = models.init_model(SCANNED, head="scalar", abstract=True)
   params = {**params, "scalar_head": params["scalar_head"] + 0.3}
   batch = tokens(1, (3, 7))
-  values, _ = critic.apply(params, batch)
-  scanned_values, _ = scanned.apply(layer_scan.stack_layer_params(params), batch)
+  values, _ = jax.jit(critic.apply)(params, batch)  # op by op: seconds of compiles
+  scanned_values, _ = jax.jit(scanned.apply)(layer_scan.stack_layer_params(params), batch)
   assert scanned_values.shape == (3, 7)
   np.testing.assert_allclose(scanned_values, values, **TIGHT)
 
