@@ -67,6 +67,9 @@ def sampler_config(*, num_slots: int = 32, cache_length: int = 1024,
   # Matmul precision: 'auto' (highest for float32, the backend default for bfloat16),
   # 'default', 'high', 'highest' (models.DecoderConfig.matmul_precision).
   config.matmul_precision = "auto"
+  # A mixture-of-experts model's sampler returns each token's experts per layer with the
+  # completion (routing replay: docs/moe.md); a dense model refuses it at start.
+  config.record_routes = False
   return config
 
 
@@ -180,7 +183,7 @@ def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokeniz
   model = with_numerics(model, dtype=config.dtype, matmul_precision=config.matmul_precision)
   engine = Engine(model, num_slots=config.num_slots, cache_length=config.cache_length,
                   newline_token_ids=newline, max_stop_tokens=config.max_stop_tokens,
-                  logits_hook=logits_hook)
+                  logits_hook=logits_hook, record_routes=config.record_routes)
   scheduler = Scheduler(engine, params, prompt_buckets=tuple(config.prompt_buckets),
                    steps_per_sync=config.steps_per_sync, continuous=config.continuous,
                    max_queue=config.max_queue, update_policy=config.update_policy, seed=seed,

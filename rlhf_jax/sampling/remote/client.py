@@ -78,7 +78,18 @@ def completion_from_proto(request_id: str, prompt_ids: Sequence[int],
       seed=sample.seed,
       weights_version=(sample.first_weights_version, sample.last_weights_version),
       error=sample.error, candidate_logprobs=list(sample.candidate_logprobs),
-      token_versions=list(sample.token_versions))
+      token_versions=list(sample.token_versions),
+      routes=(_routes_from_proto(sample) if sample.HasField("routes") else None))
+
+
+def _routes_from_proto(sample: sampler_pb2.Sample) -> np.ndarray:
+  """A Sample's routes, checked to hold one integer [L, k] row per token."""
+  routes = array_from_proto(sample.routes, "Sample.routes")
+  if (routes.ndim != 3 or routes.shape[0] != len(sample.token_ids)
+      or not np.issubdtype(routes.dtype, np.integer)):
+    raise ValueError(f"Sample.routes: {routes.dtype}{list(routes.shape)} is not one integer "
+                     f"[layers, top_k] row per each of the {len(sample.token_ids)} tokens.")
+  return routes
 
 
 def _weight_chunks(params, version: int, chunk_bytes: int) -> Iterator[sampler_pb2.WeightChunk]:

@@ -64,7 +64,8 @@ def sampling_to_proto(params: SamplingParams) -> sampler_pb2.SamplingParams:
 def sample_to_proto(completion: Completion, text: str = "") -> sampler_pb2.Sample:
   """The proto of one finished sample."""
   first, last = completion.weights_version
-  return sampler_pb2.Sample(
+  routes = None if completion.routes is None else array_to_proto(completion.routes)
+  return sampler_pb2.Sample(routes=routes,
       sample_index=completion.sample_index, token_ids=completion.token_ids,
       sampled_logprobs=completion.sampled_logprobs, model_logprobs=completion.model_logprobs,
       finish_reason=completion.finish_reason, seed=completion.seed,

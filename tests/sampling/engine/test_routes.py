@@ -59,3 +59,38 @@ def test_record_routes_needs_experts():
   model, _ = models.init_model(CONFIG.replace(architecture="qwen3", num_experts=0), seed=0)
   with pytest.raises(ValueError, match="record_routes needs a mixture-of-experts model"):
     sampling.Engine(model, num_slots=2, cache_length=32, record_routes=True)
+
+
+def test_routes_cross_the_grpc_server_as_recorded(policy):
+  pytest.importorskip("grpc")
+  from rlhf_jax.sampling.remote.client import SamplerClient  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.sampling.serve import server as server_lib  # pylint: disable=import-outside-toplevel
+  model, params = policy
+  engine = sampling.Engine(model, num_slots=2, cache_length=32, record_routes=True)
+  request = sampling.SamplingParams(temperature=1.0, max_new_tokens=5, n=2, seed=3)
+  local = Scheduler(engine, params, prompt_buckets=(8,)).generate([[3, 4, 5]], request)[0]
+  server, port, service = server_lib.start_server(
+      Scheduler(engine, params, prompt_buckets=(8,)), port=0, max_workers=4)
+  client = SamplerClient(f"localhost:{port}", timeout_s=60)
+  try:
+    client.wait_ready()
+    remote = client.generate([[3, 4, 5]], request)[0]
+  finally:
+    client.close()
+    server.stop(grace=None)
+    service.stop()
+  for got, want in zip(remote, local):
+    assert got.token_ids == want.token_ids
+    assert got.routes.dtype == want.routes.dtype
+    np.testing.assert_array_equal(got.routes, want.routes)
+
+
+def test_a_sample_whose_routes_do_not_fit_its_tokens_is_refused():
+  pytest.importorskip("grpc")
+  from rlhf_jax.sampling.remote.client import completion_from_proto  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.sampling.serve import wire  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.sampling.serve.protos import sampler_pb2  # pylint: disable=import-outside-toplevel
+  sample = sampler_pb2.Sample(token_ids=[1, 2, 3],
+                              routes=wire.array_to_proto(np.zeros((2, 3, 2), np.int8)))
+  with pytest.raises(ValueError, match=r"Sample.routes: int8\[2, 3, 2\] is not one integer"):
+    completion_from_proto("r", [1], sample)

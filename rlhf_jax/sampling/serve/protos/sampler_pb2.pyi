@@ -61,7 +61,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("sample_index", "token_ids", "sampled_logprobs", "model_logprobs", "finish_reason", "seed", "first_weights_version", "last_weights_version", "text", "error", "candidate_logprobs", "token_versions")
+    __slots__ = ("sample_index", "token_ids", "sampled_logprobs", "model_logprobs", "finish_reason", "seed", "first_weights_version", "last_weights_version", "text", "error", "candidate_logprobs", "token_versions", "routes")
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class Sample(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampled_logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -86,7 +87,8 @@ class Sample(_message.Message):
     error: str
     candidate_logprobs: _containers.RepeatedScalarFieldContainer[float]
     token_versions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampled_logprobs: _Optional[_Iterable[float]] = ..., model_logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., seed: _Optional[int] = ..., first_weights_version: _Optional[int] = ..., last_weights_version: _Optional[int] = ..., text: _Optional[str] = ..., error: _Optional[str] = ..., candidate_logprobs: _Optional[_Iterable[float]] = ..., token_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+    routes: Array
+    def __init__(self, sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampled_logprobs: _Optional[_Iterable[float]] = ..., model_logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., seed: _Optional[int] = ..., first_weights_version: _Optional[int] = ..., last_weights_version: _Optional[int] = ..., text: _Optional[str] = ..., error: _Optional[str] = ..., candidate_logprobs: _Optional[_Iterable[float]] = ..., token_versions: _Optional[_Iterable[int]] = ..., routes: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "samples")
