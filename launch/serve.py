@@ -63,25 +63,24 @@ def check_served_files(config) -> None:
   and the tokenizer; each error one line naming the field (cli.run: exit status 2)."""
   import os  # pylint: disable=import-outside-toplevel
   from rlhf_jax import models  # pylint: disable=import-outside-toplevel
-  from rlhf_jax.config_errors import ConfigError  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.config_errors import unfit  # pylint: disable=import-outside-toplevel
   from rlhf_jax.models.hf import checks  # pylint: disable=import-outside-toplevel
   tokenizer = config.tokenizer
   if config.model.kind == "hf":
-    checkpoint, field = config.model.checkpoint, "config.model.checkpoint"
+    checkpoint = config.model.checkpoint
     own = os.path.exists(os.path.join(checkpoint, checks.TOKENIZER))
-    checks.check_checkpoint_dir(checkpoint, field, tokenizer=own)
+    checks.check_checkpoint_dir(checkpoint, "config.model.checkpoint", tokenizer=own)
     try:
       models.read_hf_config(checkpoint)
     except (ValueError, KeyError) as error:
-      raise ConfigError(f"{field}: {checkpoint}: {error}") from None
+      unfit("model.checkpoint", f"{checkpoint}: {error}")
     tokenizer = tokenizer or (checkpoint if own else "")
   if tokenizer:
     try:
       models.Tokenizer.from_directory(tokenizer)
     except (OSError, ValueError) as error:
-      field = "config.tokenizer" if config.tokenizer else "config.model.checkpoint"
-      raise ConfigError(f"{field}: {tokenizer}: the tokenizer does not load: {error}"
-                        ) from None
+      unfit("tokenizer" if config.tokenizer else "model.checkpoint",
+            f"{tokenizer}: the tokenizer does not load: {error}")
 
 
 if __name__ == "__main__":

@@ -281,6 +281,23 @@ def test_a_workdir_is_a_directory_or_can_become_one(tmp_path):
     check_workdir(str(tmp_path / "file" / "run"))
 
 
+def test_a_server_s_unreadable_tokenizer_names_its_field(tmp_path):
+  """launch/serve.py's checks: the field in the message and in `.field`."""
+  import ml_collections
+  sys.path.insert(0, str(ROOT / "launch"))
+  try:
+    import serve  # pylint: disable=import-outside-toplevel
+  finally:
+    sys.path.remove(str(ROOT / "launch"))
+  (tmp_path / "tokenizer.json").write_text("{}")  # JSON, but no tokenizer
+  config = ml_collections.ConfigDict(dict(tokenizer=str(tmp_path),
+                                          model=dict(kind="arith", checkpoint="")))
+  with pytest.raises(ConfigError, match=f"^config.tokenizer: {tmp_path}: the tokenizer "
+                     "does not load: ") as error:
+    serve.check_served_files(config)
+  assert error.value.field == "tokenizer"
+
+
 def main(argv: list[str]) -> None:
   import tempfile
   only = next((a.split("=", 1)[1] for a in argv if a.startswith("--filter=")), "")
