@@ -15,7 +15,8 @@ from rlhf_jax.models.moe.routing import expert_load
 from rlhf_jax.models.moe.routing import load_balancing_loss
 from rlhf_jax.models.moe.routing import route
 from rlhf_jax.models.moe.routing import route_dtype
+from rlhf_jax.models.moe.routing import route_flip_rate
 from rlhf_jax.models.moe.routing import router_z_loss
 
 __all__ = ["EXPERT_KERNELS", "NOT_RECORDED", "Routes", "expert_load", "expert_mlp",
-           "load_balancing_loss", "route", "route_dtype", "router_z_loss"]
+           "load_balancing_loss", "route", "route_dtype", "route_flip_rate", "router_z_loss"]

@@ -71,6 +71,27 @@ def route(logits: jax.Array, top_k: int, *, normalize: bool,
   return Routes(experts.astype(jnp.int32), weights.astype(logits.dtype))
 
 
+def route_flip_rate(routes: jax.Array, other: jax.Array, valid: jax.Array | None = None
+                    ) -> jax.Array:
+  """Per layer, the fraction of tokens whose set of experts differs between two routings
+  of the same tokens (a sampler's and a trainer's: `moe/route_flip_rate`).
+
+  Args:
+    routes: [..., L, k] int experts (NOT_RECORDED rows: not counted).
+    other: [..., L, k] the same tokens' experts from another forward.
+    valid: [...] 1 on tokens that count (e.g. response tokens), or None for all.
+  Returns:
+    [L] float32; 0 where a layer has no counted token.
+  """
+  same = jnp.all(jnp.sort(routes, axis=-1) == jnp.sort(other, axis=-1), axis=-1)  # [..., L]
+  counted = jnp.all(routes >= 0, axis=-1) & jnp.all(other >= 0, axis=-1)
+  if valid is not None:
+    counted = counted & valid.astype(bool)[..., None]
+  axes = tuple(range(same.ndim - 1))
+  flips = jnp.sum(counted & ~same, axis=axes).astype(jnp.float32)
+  return flips / jnp.maximum(jnp.sum(counted, axis=axes), 1).astype(jnp.float32)
+
+
 def expert_load(experts: jax.Array, num_experts: int, valid: jax.Array | None = None
                 ) -> jax.Array:
   """Tokens routed to each expert: [X] float32 counts from experts [N, k] (`valid` [N]:

@@ -110,3 +110,15 @@ def test_routes_equal_transformers_qwen3_moe_router():
     routes = routing.route(jnp.asarray(logits), 3, normalize=normalize)
     np.testing.assert_array_equal(routes.experts, experts.numpy())
     np.testing.assert_allclose(routes.weights, weights.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_route_flip_rate_counts_tokens_whose_expert_set_differs_per_layer():
+  # [tokens=4, layers=2, k=2]; the same set in another order is no flip
+  a = np.array([[[0, 1], [2, 3]], [[1, 2], [3, 4]], [[4, 5], [0, 5]], [[0, 2], [-1, -1]]])
+  b = np.array([[[1, 0], [2, 4]], [[1, 2], [3, 4]], [[4, 3], [0, 5]], [[0, 3], [-1, -1]]])
+  rate = routing.route_flip_rate(jnp.asarray(a), jnp.asarray(b))
+  # layer 0: tokens 2 and 3 flip (of 4); layer 1: token 0 flips (of 3 recorded)
+  np.testing.assert_allclose(rate, [2 / 4, 1 / 3], rtol=1e-6)
+  only_first_two = routing.route_flip_rate(jnp.asarray(a), jnp.asarray(b),
+                                           jnp.asarray([1, 1, 0, 0]))
+  np.testing.assert_allclose(only_first_two, [0.0, 1 / 2], rtol=1e-6)
