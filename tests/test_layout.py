@@ -428,7 +428,6 @@ STILL_WITHOUT_A_TEST_FILE = {
     "models/hf/peft.py",
     "models/hf/policy_dir.py",
     "models/hf/tensors.py",
-    "models/rope.py",
     "sampling/config.py",
     "sampling/engine/engine.py",
     "sampling/engine/prefix_cache.py",

@@ -35,6 +35,20 @@ class RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class YarnScaling:
+  """YaRN RoPE scaling (Peng et al. 2023; HF `rope_type="yarn"`, as transformers'
+  `_compute_yarn_parameters`): frequencies blended between interpolated (/ factor) and
+  extrapolated by a linear ramp over the dims between the correction range of `beta_fast`
+  and `beta_slow` rotations, and cos/sin multiplied by `attention_factor`."""
+  factor: float
+  original_max_position_embeddings: int
+  beta_fast: float = 32.0
+  beta_slow: float = 1.0
+  attention_factor: float = 1.0  # resolved from factor (0.1·ln(factor) + 1) when unset
+  truncate: bool = True  # floor / ceil the correction range (gpt-oss: False)
+
+
+@dataclasses.dataclass(frozen=True)
 class DecoderConfig:
   """Shape and numerics of a decoder-only LM.
 
@@ -57,7 +71,8 @@ class DecoderConfig:
       with the tanh approximation, Gemma).
     rms_norm_eps: RMSNorm epsilon.
     rope_theta: RoPE base.
-    rope_scaling: Llama 3 frequency scaling, or None.
+    rope_scaling: Llama 3 (RopeScaling) or YaRN (YarnScaling) frequency scaling, or
+      None.
     rope_local_theta: the RoPE base of sliding-window layers (Gemma 3's
       `rope_local_base_freq`); None: rope_theta in every layer.
     partial_rotary_factor: the share of each head's dims RoPE rotates (Phi-3 /
@@ -168,7 +183,7 @@ class DecoderConfig:
   activation: str = "silu"
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
-  rope_scaling: RopeScaling | None = None
+  rope_scaling: RopeScaling | YarnScaling | None = None
   partial_rotary_factor: float = 1.0
   sliding_window: int | None = None
   layer_types: tuple[str, ...] | None = None

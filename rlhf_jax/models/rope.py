@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE, Su et al. 2021), optionally Llama 3 scaled."""
+"""Rotary position embeddings (RoPE, Su et al. 2021), optionally Llama 3 or YaRN scaled."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.models.decoder_config import DecoderConfig
+from rlhf_jax.models.decoder_config import YarnScaling
 
 
 def rope_inverse_frequencies(config: DecoderConfig, local: bool = False) -> jax.Array:
@@ -25,6 +26,8 @@ def rope_inverse_frequencies(config: DecoderConfig, local: bool = False) -> jax.
   scaling = config.rope_scaling
   if scaling is None or local:
     return inv
+  if isinstance(scaling, YarnScaling):
+    return _yarn_inverse_frequencies(inv, scaling, dim, theta)
   old = scaling.original_max_position_embeddings
   low_wavelen = old / scaling.low_freq_factor
   high_wavelen = old / scaling.high_freq_factor
@@ -37,12 +40,34 @@ def rope_inverse_frequencies(config: DecoderConfig, local: bool = False) -> jax.
   return jnp.where(medium, smoothed, scaled)
 
 
+def _yarn_inverse_frequencies(inv: jax.Array, scaling: YarnScaling, dim: int, theta: float
+                              ) -> jax.Array:
+  """YaRN's blend (transformers' `_compute_yarn_parameters`): dims rotating fewer than
+  `beta_slow` times over the original context are interpolated (/ factor), more than
+  `beta_fast` times kept, a linear ramp between."""
+  def correction_dim(rotations):
+    return dim * math.log(scaling.original_max_position_embeddings / (
+        rotations * 2 * math.pi)) / (2 * math.log(theta))
+  low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+  if scaling.truncate:
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dim - 1)
+  high = high + 0.001 if low == high else high  # no division by zero
+  ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+  extrapolated = 1 - ramp
+  return inv / scaling.factor * (1 - extrapolated) + inv * extrapolated
+
+
 def rope_tables(positions: jax.Array, config: DecoderConfig, local: bool = False):
   """RoPE tables for [B, T] positions: cos, sin of shape [B, T, 1, rotary_dim]
-  (rotate-half layout); `local`: with the sliding layers' frequencies."""
+  (rotate-half layout), times YaRN's attention factor when scaled by it; `local`: with the
+  sliding layers' frequencies."""
   inverse = rope_inverse_frequencies(config, local)
   angles = positions.astype(jnp.float32)[..., None] * inverse[None, None, :]
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  scaling = config.rope_scaling
+  if isinstance(scaling, YarnScaling) and not local and scaling.attention_factor != 1.0:
+    return jnp.cos(angles) * scaling.attention_factor, jnp.sin(angles) * scaling.attention_factor
   return jnp.cos(angles), jnp.sin(angles)
 
 

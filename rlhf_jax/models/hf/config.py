@@ -17,6 +17,7 @@ from typing import Any
 from rlhf_jax.models.decoder_config import ARCHITECTURES
 from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.decoder_config import RopeScaling
+from rlhf_jax.models.decoder_config import YarnScaling
 from rlhf_jax.models.hf.gemma import GEMMA
 from rlhf_jax.models.hf.gemma import gemma_fields_from_hf
 from rlhf_jax.models.hf.gemma import gemma_to_hf
@@ -97,7 +98,7 @@ def _check_finite_json(value: Any, path: str) -> None:
       _check_finite_json(item, f"{path}[{index}]")
 
 
-def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | YarnScaling | None]:
   """rope_theta and scaling from transformers 5 `rope_parameters` or the legacy keys."""
   params = hf.get("rope_parameters") or {}
   legacy = hf.get("rope_scaling") or {}
@@ -111,8 +112,36 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
         factor=float(source["factor"]), low_freq_factor=float(source["low_freq_factor"]),
         high_freq_factor=float(source["high_freq_factor"]),
         original_max_position_embeddings=int(source["original_max_position_embeddings"]))
+  if rope_type == "yarn":
+    return float(theta), _yarn_from_hf(params if params.get("rope_type") == "yarn" else legacy,
+                                       hf)
   raise ValueError(f"config.json: rope_type={rope_type!r} is not supported; supported: "
-                   "'default', 'llama3'.")
+                   "'default', 'llama3', 'yarn'.")
+
+
+def _yarn_from_hf(source: dict[str, Any], hf: dict[str, Any]) -> YarnScaling:
+  """YaRN's parameters as transformers reads them (its defaults: beta_fast 32, beta_slow 1,
+  truncate true; the attention factor from factor, or mscale / mscale_all_dim)."""
+  original = source.get("original_max_position_embeddings")
+  if original is None:
+    raise ValueError("config.json: rope_type='yarn' needs original_max_position_embeddings.")
+  factor = source.get("factor")
+  if factor is None and not hf.get("max_position_embeddings"):
+    raise ValueError("config.json: rope_type='yarn' needs factor (or max_position_embeddings).")
+  factor = float(hf["max_position_embeddings"] / original if factor is None else factor)
+
+  def mscale(scale, m=1.0):
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+  attention = source.get("attention_factor")
+  if attention is None:
+    m, m_all = source.get("mscale"), source.get("mscale_all_dim")
+    attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+  return YarnScaling(factor=factor, original_max_position_embeddings=int(original),
+                     beta_fast=float(source.get("beta_fast") or 32),
+                     beta_slow=float(source.get("beta_slow") or 1),
+                     attention_factor=float(attention),
+                     truncate=bool(source.get("truncate", True)))
 
 
 def architecture_from_hf(hf: dict[str, Any]) -> str:
@@ -283,7 +312,8 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
   if config.architecture in PARTIAL_ROTARY:
     rope["partial_rotary_factor"] = config.partial_rotary_factor
   if config.rope_scaling is not None:
-    rope.update(rope_type="llama3", **dataclasses.asdict(config.rope_scaling))
+    kind = "yarn" if isinstance(config.rope_scaling, YarnScaling) else "llama3"
+    rope.update(rope_type=kind, **dataclasses.asdict(config.rope_scaling))
   hf = {
       "architectures": [ARCHITECTURES[config.architecture]],
       "model_type": config.architecture,
