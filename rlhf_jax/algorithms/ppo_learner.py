@@ -154,7 +154,8 @@ class PPOLearner(LearnerBase):
     else:
       old = forward()
     ref = (None if self.reference is None else
-           batch_lib.response_logprobs(self.reference.model, ref_params, batch, packed=packed))
+           batch_lib.response_logprobs(self.reference.model, ref_params, batch, packed=packed,
+                                       replay=False))  # the reference routes on its own
     values = (None if self.critic is None else
               batch_lib.response_values(self.critic.model, critic_params, batch,
                                         packed=packed))

@@ -12,17 +12,20 @@ from rlhf_jax.models.packing import PackedRows
 
 
 def response_logprobs(model, params, batch: RolloutBatch, *, with_entropy: bool = False,
-                      packed: PackedRows | None = None):
+                      packed: PackedRows | None = None, replay: bool = True):
   """log π(y_t | x, y_<t) of the response tokens, and optionally the entropy, with the
   LM head chunked by `model.config.logprob_chunk` (`rlhf_jax.models.lm_head`), from
-  the padded rows or, with `packed`, from the rows packed into buffers.
+  the padded rows or, with `packed`, from the rows packed into buffers. A batch that
+  carries the sampler's routes (`RolloutBatch.routes`) has a mixture-of-experts model
+  replay them (routing replay, docs/moe.md) unless `replay` is False.
 
   Returns:
     logprobs [B, R] (and entropy [B, R] when `with_entropy`), float32, 0 where
     the response mask is 0.
   """
   return lm_head.rows_logprobs(model, params, batch.tokens, batch.attention_mask,
-                               batch.response_mask, with_entropy=with_entropy, packed=packed)
+                               batch.response_mask, with_entropy=with_entropy, packed=packed,
+                               replay_routes=batch.routes if replay else None)
 
 
 def response_values(critic, params, batch: RolloutBatch, *,

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhf_jax import kernels
+from rlhf_jax.models.moe import NOT_RECORDED
 from rlhf_jax.models.packing import PackedRows
 
 
@@ -54,6 +55,10 @@ class RolloutBatch:
     ref_logprobs: [B, R] log π_ref of the response tokens when the rollout brings them
       (the sampling servers' reference forward, `rollout.reference_logprobs='sampler'`;
       DPO's pairs), else None: the trainer's reference computes them in `prepare`.
+    routes: [B, P+R, L, k] int, the experts the sampler routed each response token to in
+      each layer (a mixture-of-experts sampler that records routes), NOT_RECORDED (-1) on
+      the prompt and padding; the policy's forwards replay them (docs/moe.md). None
+      without recorded routes.
   """
   tokens: jax.Array
   attention_mask: jax.Array
@@ -70,6 +75,7 @@ class RolloutBatch:
   step_mask: jax.Array
   token_versions: jax.Array
   ref_logprobs: jax.Array | None = None
+  routes: jax.Array | None = None
 
   @property
   def response_length(self) -> int:
@@ -117,14 +123,16 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                         step_rewards: Sequence[Sequence[tuple[int, float]]] | None = None,
                         token_versions: Sequence[Sequence[int]] | None = None,
                         loss_masks: Sequence[Sequence[int]] | None = None,
-                        scored: Sequence[bool] | None = None) -> RolloutBatch:
+                        scored: Sequence[bool] | None = None,
+                        routes: Sequence[np.ndarray | None] | None = None) -> RolloutBatch:
   """Packs host-side rollouts into a RolloutBatch of NumPy arrays (`window_starts`
   default 0, `finished` default True: whole responses; `step_rewards` per row a list of
   (response column, process reward) pairs, default none; `token_versions` per row the
   policy version of each response token, default 0: the starting policy; `loss_masks`
   per row 0/1 per response token, default 1: multi-turn rows put 0 on the environment's
   tokens, which are context but not the policy's actions; `scored` default True: see
-  `RolloutBatch.scored`).
+  `RolloutBatch.scored`; `routes` per row its response tokens' experts [n, L, k] or None,
+  default none: see `RolloutBatch.routes`).
 
   Raises:
     ValueError: naming the row if a prompt or response does not fit, or if its
@@ -168,7 +176,8 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
       if 0 <= column < lengths[row]:
         process[row, column] = reward
         process_mask[row, column] = 1.0
-  return RolloutBatch(tokens=tokens, attention_mask=attention, response_mask=response_mask,
+  return RolloutBatch(routes=_routes_columns(routes, lengths, prompt_length, response_length),
+                      tokens=tokens, attention_mask=attention, response_mask=response_mask,
                       sampler_logprobs=logprobs, step_rewards=process, step_mask=process_mask,
                       token_versions=versions,
                       scores=np.asarray(scores, np.float32), lengths=lengths,
@@ -179,6 +188,26 @@ def build_rollout_batch(prompt_ids: Sequence[Sequence[int]],
                       finished=np.asarray([True] * batch if finished is None else finished,
                                           bool),
                       scored=np.asarray([True] * batch if scored is None else scored, bool))
+
+
+def _routes_columns(routes, lengths, prompt_length: int, response_length: int):
+  """Each row's response routes [n, L, k] at its response columns of a [B, P+R, L, k]
+  array of NOT_RECORDED; None when no row has routes."""
+  known = [r for r in routes or () if r is not None]
+  if not known:
+    return None
+  shape = np.shape(known[0])[1:]
+  out = np.full((len(lengths), prompt_length + response_length) + shape, NOT_RECORDED,
+                np.asarray(known[0]).dtype)
+  for row, row_routes in enumerate(routes):
+    if row_routes is None:
+      continue
+    if np.shape(row_routes) != (lengths[row],) + shape:
+      raise ValueError(f"row {row}: routes of shape {list(np.shape(row_routes))} for a "
+                       f"response of {lengths[row]} tokens (one [layers, top_k] {list(shape)} "
+                       "per token).")
+    out[row, prompt_length:prompt_length + lengths[row]] = row_routes
+  return out
 
 
 def encode_pairs(tokenizer, prompts: Sequence[str], responses: Sequence[str], *,

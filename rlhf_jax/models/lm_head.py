@@ -54,19 +54,23 @@ def token_values(module, tokens: jax.Array, *, num_last: int,
 
 def rows_logprobs(model, params, tokens: jax.Array, attention_mask: jax.Array,
                   response_mask: jax.Array, *, with_entropy: bool = False,
-                  packed: PackedRows | None = None):
+                  packed: PackedRows | None = None, replay_routes: jax.Array | None = None):
   """log π(y_t | x, y_<t) of the response tokens of rows laid out as the rollout batch
   (`rlhf_jax.batch`): tokens and attention_mask [B, P+R], prompt left-padded, response
   right-padded in the last R = response_mask.shape[1] columns. The forward runs on all
   P + R tokens (even, aligned lengths for fused attention kernels) and reads the states
   at [P − 1, P + R − 1). With `packed`, from the rows packed into buffers. Used by the
   trainer's forwards and by a sampling server's reference (sampling/serve/reference.py).
+  `replay_routes` [B, P+R, L, k]: a mixture-of-experts model routes each token to these
+  experts (routing replay; NOT_RECORDED rows routed live), padded or packed.
 
   Returns:
     logprobs [B, R] (and entropy [B, R] when `with_entropy`), float32, 0 where
     `response_mask` is 0.
   """
   layout = {} if packed is not None else {"attention_mask": attention_mask}
+  if replay_routes is not None:
+    layout["replay_routes"] = replay_routes
   out = model.apply(params, tokens, method=token_logprobs, num_last=response_mask.shape[1],
                     chunk=model.config.logprob_chunk, with_entropy=with_entropy,
                     packed=packed, **layout)

@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhf_jax.models.moe.routing import NOT_RECORDED
+
 # Tokens per buffer are a multiple of this (of the power of two ≥ P + R for shorter
 # rows): cuDNN's flash attention refuses odd lengths, Pallas kernels want whole blocks
 # (of min(block, C) tokens), and GEMMs run on aligned row counts.
@@ -242,10 +244,12 @@ def update_plan(orders: np.ndarray, prompt_lengths: np.ndarray, response_lengths
   return PackedRows(**stacked)
 
 
-def pack_inputs(inputs: jax.Array, packed: PackedRows) -> jax.Array:
-  """[b, W] row inputs → [K, C] buffer inputs (0 on buffer padding)."""
-  flat = inputs.reshape(-1)
-  return jnp.where(packed.source >= 0, flat[jnp.maximum(packed.source, 0)], 0)
+def pack_inputs(inputs: jax.Array, packed: PackedRows, fill=0) -> jax.Array:
+  """[b, W, ...] row inputs → [K, C, ...] buffer inputs (`fill` on buffer padding)."""
+  flat = inputs.reshape(-1, *inputs.shape[2:])
+  present = (packed.source >= 0).reshape(packed.source.shape + (1,) * (inputs.ndim - 2))
+  return jnp.where(present, flat[jnp.maximum(packed.source, 0)],
+                   jnp.asarray(fill, inputs.dtype))
 
 
 def unpack_responses(hidden: jax.Array, packed: PackedRows) -> jax.Array:
@@ -270,6 +274,8 @@ def response_hidden(module, tokens: jax.Array, *, num_last: int,
   if packed is None:
     hidden, _ = module(tokens, num_last=num_last + 1, apply_head=False, **forward)
     return hidden[:, :-1]
+  if forward.get("replay_routes") is not None:  # [b, W, L, k] rows → their buffers
+    forward["replay_routes"] = pack_inputs(forward["replay_routes"], packed, fill=NOT_RECORDED)
   hidden, _ = module(pack_inputs(tokens, packed), positions=packed.positions,
                      segment_ids=packed.segments, attention_mask=packed.segments > 0,
                      apply_head=False, **forward)

@@ -38,8 +38,10 @@ def test_a_rollout_batch_holds_no_field_prepare_computes():
   batch = rollouts()
   assert batch.ref_logprobs is None  # no rollout brought a reference
   assert not any(hasattr(batch, name) for name in PREPARED)
-  # The rollout's leaves travel to the device and through jit; None is no leaf.
-  assert len(jax.tree.leaves(batch)) == len(names(RolloutBatch)) - 1
+  # The rollout's leaves travel to the device and through jit; None (no reference
+  # log-probs, no recorded routes) is no leaf.
+  assert batch.routes is None
+  assert len(jax.tree.leaves(batch)) == len(names(RolloutBatch)) - 2
   doubled = jax.jit(lambda b: b.replace(scores=2 * b.scores))(batch)
   assert isinstance(doubled, RolloutBatch) and doubled.ref_logprobs is None
   np.testing.assert_array_equal(doubled.scores, [2.0, 0.0, 1.0])
