@@ -41,6 +41,9 @@ class Group:
   versions: list[list[int]] | None = None
   # Per sample whether it counts in training (`Scores.scored`); None: every one does.
   scored: list[bool] | None = None
+  # Per sample its tokens' experts [n, L, k] as the sampler routed them
+  # (`Completion.routes`: a mixture-of-experts sampler that records them); None: none.
+  routes: list[Any] | None = None
 
   @property
   def task(self) -> str:
@@ -52,15 +55,28 @@ class Group:
     """The oldest policy version among the tokens (its age decides staleness)."""
     return min((min(v) for v in self.versions or () if v), default=0)
 
+  def to_json(self) -> dict:
+    """The group as JSON-able data (routes as {dtype, nested lists})."""
+    data = dataclasses.asdict(self)
+    if self.routes is not None:
+      data["routes"] = [None if r is None else {"dtype": str(np.asarray(r).dtype),
+                                                 "data": np.asarray(r).tolist()}
+                        for r in self.routes]
+    return data
+
   @staticmethod
   def from_json(data: dict) -> "Group":
-    """Inverse of `dataclasses.asdict` (checkpoints; one version per sample, as
-    checkpoints from before per-token versions kept them, counts for all its tokens)."""
+    """Inverse of `to_json` (checkpoints; one version per sample, as checkpoints from
+    before per-token versions kept them, counts for all its tokens)."""
     versions = data.get("versions")
     if versions is not None:
       versions = [[int(v)] * len(r) if isinstance(v, int) else list(v)
                   for v, r in zip(versions, data["responses"])]
-    return Group(**{**data, "versions": versions, "example": Example(**data["example"])})
+    routes = data.get("routes")
+    if routes is not None:
+      routes = [None if r is None else np.asarray(r["data"], r["dtype"]) for r in routes]
+    return Group(**{**data, "versions": versions, "routes": routes,
+                    "example": Example(**data["example"])})
 
 
 @dataclasses.dataclass
@@ -164,7 +180,9 @@ class GroupGenerator:
                           failures=scored.failures[part],
                           step_rewards=None if steps is None else steps[part],
                           versions=[token_versions(s) for s in samples],
-                          scored=None if scored.scored is None else scored.scored[part]))
+                          scored=None if scored.scored is None else scored.scored[part],
+                          routes=(None if all(s.routes is None for s in samples)
+                                  else [s.routes for s in samples])))
       index += len(samples)
     return groups
 
@@ -205,7 +223,9 @@ def pack_groups(groups: Sequence[Group], *, prompt_length: int, response_length:
                               prompt_length=prompt_length, response_length=response_length,
                               pad_id=pad_id, step_rewards=steps, token_versions=versions,
                               scored=[s for g in groups
-                                      for s in (g.scored or [True] * len(g.responses))])
+                                      for s in (g.scored or [True] * len(g.responses))],
+                              routes=[r for g in groups
+                                      for r in (g.routes or [None] * len(g.responses))])
   return Rollouts(batch=batch, correct=[c for g in groups for c in g.correct],
                   failures=[f for g in groups for f in g.failures if f], metrics={},
                   row_failures=[f for g in groups for f in g.failures])

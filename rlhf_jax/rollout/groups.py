@@ -14,7 +14,6 @@ corrects by decoupled PPO (docs/formulas.md#decoupled-ppo).
 from __future__ import annotations
 
 import collections
-import dataclasses
 from typing import Any
 
 from rlhf_jax.data import PromptStream
@@ -179,7 +178,7 @@ class DynamicSamplingRollout(GroupRollout):
 
   def state(self) -> dict[str, Any]:
     """JSON-able state: GroupRollout's and the buffered groups (with their versions)."""
-    return {**super().state(), "buffer": [dataclasses.asdict(g) for g in self.buffer]}
+    return {**super().state(), "buffer": [g.to_json() for g in self.buffer]}
 
   def restore(self, state: dict[str, Any]) -> None:
     """Restores `state()`."""

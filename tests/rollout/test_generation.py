@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from rlhf_jax.data import Example
@@ -90,8 +91,22 @@ def test_token_versions_from_the_sampler_or_its_first_version():
 
 def test_a_group_round_trips_through_json_and_old_versions_spread_over_tokens():
   group = generator(FakeSampler(spelled("abc")), FakeScorer()).generate_groups(EXAMPLES[:1])[0]
-  data = json.loads(json.dumps(dataclasses.asdict(group)))
+  data = json.loads(json.dumps(group.to_json()))
   assert Group.from_json(data) == group
   data["versions"] = [1, 2, 3]  # a checkpoint from before per-token versions
   assert Group.from_json(data).versions == [[1], [2, 2], [3, 3, 3]]
   assert Group.from_json(dict(data, versions=None)).version == 0
+
+
+def test_routes_travel_with_the_group_through_json_and_into_the_batch():
+  from rlhf_jax.rollout.generation import pack_groups  # pylint: disable=import-outside-toplevel
+  group = Group(example=EXAMPLES[0], prompt_ids=[1, 2], responses=[[3, 4], [5]],
+                logprobs=[[0.0, 0.0], [0.0]], scores=[1.0, 0.0], correct=[True, False],
+                truncated=[False, False], failures=["", ""],
+                routes=[np.asarray([[[0, 1]], [[2, 3]]], np.int8), None])
+  back = Group.from_json(json.loads(json.dumps(group.to_json())))
+  assert back.routes[1] is None and back.routes[0].dtype == np.int8
+  np.testing.assert_array_equal(back.routes[0], group.routes[0])
+  batch = pack_groups([back], prompt_length=3, response_length=2, pad_id=0).batch
+  np.testing.assert_array_equal(batch.routes[0, 3:5], group.routes[0])
+  assert (batch.routes[1] == -1).all() and (batch.routes[0, :3] == -1).all()
