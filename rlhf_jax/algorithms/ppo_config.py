@@ -34,6 +34,7 @@ CORRECTION_MODES = ("auto",) + tuple(kernels.ROLLOUT_CORRECTION_MODES)
 PROCESS_SHAPINGS = ("none", "clip", "delta", "clip_delta")
 # How decoupled PPO bounds a stale token's behaviour weight (kernels.rollout_correction).
 STALENESS_MODES = ("tis", "mis_token")
+ROUTING_REPLAYS = ("off", "R3")
 # Estimators and policy losses are records (algorithms/estimators.py, algorithms/losses.py):
 # validation reads their capabilities, never their names.
 
@@ -117,6 +118,11 @@ def algorithm_config() -> ml_collections.ConfigDict:
   a.process_reward.shaping = "delta"
   a.process_reward.eta = 0.5  # Clip's threshold η.
   a.process_reward.coef = 1.0  # Weight of the step rewards beside the outcome score.
+
+  a.moe = ml_collections.ConfigDict()  # a mixture-of-experts policy (docs/moe.md)
+  # 'off', or 'R3': the sampler records each sampled token's experts and the policy's
+  # forwards (π_old, the updates) replay them, so trainer and sampler route alike.
+  a.moe.routing_replay = "off"
   return a
 
 
@@ -193,6 +199,7 @@ def validate_algorithm_config(a, *, group_size: int, response_length: int) -> No
   one_of("algorithm.correction.mode", a.correction.mode, CORRECTION_MODES)
   check_range("algorithm.correction.threshold", a.correction.threshold, low=1, low_open=True)
   _validate_staleness(a.staleness)
+  one_of("algorithm.moe.routing_replay", a.moe.routing_replay, ROUTING_REPLAYS)
   one_of("algorithm.process_reward.shaping", a.process_reward.shaping, PROCESS_SHAPINGS)
   check_range("algorithm.process_reward.coef", a.process_reward.coef, low=0)
 

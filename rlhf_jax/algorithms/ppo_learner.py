@@ -166,6 +166,17 @@ class PPOLearner(LearnerBase):
     return batch, kl_coef, dict(metrics, scores=batch.scores,
                                 reused_sampler_logprobs=reused.astype(jnp.float32))
 
+  def _routes_to_replay(self, batch):
+    """The batch with the routes the policy's forwards replay: the sampler's under
+    `algorithm.moe.routing_replay='R3'` (a batch without them is refused), none otherwise."""
+    if self.algorithm.moe.routing_replay != "R3":
+      return batch if batch.routes is None else batch.replace(routes=None)
+    if batch.routes is None:
+      raise ValueError("algorithm.moe.routing_replay='R3': the rollout brought no routes "
+                       "(a mixture-of-experts policy's sampler records them; sampling servers "
+                       "need --config.sampler.record_routes=True)")
+    return batch
+
   def updates_actor(self, step: int) -> bool:
     """False during value pretraining (`algorithm.value.pretrain_steps`)."""
     return step >= self.algorithm.value.pretrain_steps
@@ -182,6 +193,7 @@ class PPOLearner(LearnerBase):
     "critic": per-mini-batch metrics}; no "actor" during value pretraining; with
     packing, "learner": host floats (the padding fractions).
     """
+    batch = self._routes_to_replay(batch)
     packer = None if self.packing is None else self.packing.for_batch(batch)
     packed = None if packer is None else on_mesh(packer.whole_batch(), self.actor.mesh)
     batch, self.kl_coef, prepared = self._prepare(

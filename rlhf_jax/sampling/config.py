@@ -172,18 +172,21 @@ def newline_token_ids(tokenizer) -> list[int]:
 
 def build_scheduler(config: ml_collections.ConfigDict, model, params, *, tokenizer=None,
                     seed: int = 0, logits_hook=None,
-                    requests: SamplingParams | None = None) -> Scheduler:
+                    requests: SamplingParams | None = None,
+                    record_routes: bool | None = None) -> Scheduler:
   """An Engine and Scheduler as the sampler section says (validate it first): the
   model computes in `config.dtype` at `config.matmul_precision`; with `config.warmup`,
   every program is compiled before this returns; given the `requests` a caller will send,
   the top-k/top-p generate variants only if those truncate (a request that does compiles
   them on first use). Every launcher builds its sampler here.
-  With a `logits_hook` (guided decoding), `params` are `GuidedParams(model, guide)`."""
+  With a `logits_hook` (guided decoding), `params` are `GuidedParams(model, guide)`.
+  `record_routes`: overrides `config.record_routes` (a trainer's routing replay)."""
   newline = newline_token_ids(tokenizer) if tokenizer is not None else ()
   model = with_numerics(model, dtype=config.dtype, matmul_precision=config.matmul_precision)
   engine = Engine(model, num_slots=config.num_slots, cache_length=config.cache_length,
                   newline_token_ids=newline, max_stop_tokens=config.max_stop_tokens,
-                  logits_hook=logits_hook, record_routes=config.record_routes)
+                  logits_hook=logits_hook,
+                  record_routes=config.record_routes if record_routes is None else record_routes)
   scheduler = Scheduler(engine, params, prompt_buckets=tuple(config.prompt_buckets),
                    steps_per_sync=config.steps_per_sync, continuous=config.continuous,
                    max_queue=config.max_queue, update_policy=config.update_policy, seed=seed,

@@ -198,7 +198,13 @@ def _sampler(c, policy: Policy, mesh):
   return sampler_config_lib.build_scheduler(
       c.sampler, policy.model, generation_params(c, policy, policy.params, mesh),
       tokenizer=policy.tokenizer, seed=c.seed,
-      requests=rollout_config_lib.sampling_params(c.rollout, ()))
+      requests=rollout_config_lib.sampling_params(c.rollout, ()), record_routes=records_routes(c))
+
+
+def records_routes(c) -> bool:
+  """Whether the run's in-process sampler records each token's experts: for routing
+  replay R3 (`algorithm.moe.routing_replay`), the one switch of it in a trainer."""
+  return c.algorithm.moe.routing_replay == "R3"
 
 
 def process_sharded_sampler(c, policy: Policy, mesh):
@@ -214,7 +220,8 @@ def process_sharded_sampler(c, policy: Policy, mesh):
 
   params = to_local(parallel.fully_replicated_host_value(policy.params, mesh))
   local = sampler_config_lib.build_scheduler(c.sampler, policy.model, params,
-                                             tokenizer=policy.tokenizer, seed=c.seed)
+                                             tokenizer=policy.tokenizer, seed=c.seed,
+                                             record_routes=records_routes(c))
   return ProcessShardedSampler(local, mesh, to_local)
 
 

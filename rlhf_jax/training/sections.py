@@ -164,6 +164,9 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
   reference_lib.check_config(c, uses_reference=ppo_config.uses_reference(c.algorithm),
                              remote=bool(remote),
                              sampler_reference=learner_spec(c).sampler_reference)
+  if c.sampler.record_routes:
+    invalid("sampler.record_routes", True, "is the sampling server's switch; a trainer's "
+            "sampler records routes when algorithm.moe.routing_replay='R3'")
   if r.partial_rollouts and not remote and c.sampler.update_policy != "swap_now":
     invalid("sampler.update_policy", c.sampler.update_policy, "must be 'swap_now' with "
             "rollout.partial_rollouts=True (samples in flight take the new weights)")

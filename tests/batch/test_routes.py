@@ -69,3 +69,32 @@ def test_the_forwards_replay_the_routes_padded_and_packed_alike():
   packed = jax.tree.map(np.asarray, plan)
   np.testing.assert_allclose(forward(batch, packed), replayed, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(forward(live, packed), unreplayed, rtol=1e-5, atol=1e-5)
+
+
+def test_the_learner_replays_routes_only_under_r3_and_refuses_r3_without_them():
+  import types  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.algorithms.ppo_learner import PPOLearner  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(4)
+  batch = _batch([_forced(rng, 4), _forced(rng, 2)])
+
+  def learner(replay):
+    return types.SimpleNamespace(algorithm=types.SimpleNamespace(
+        moe=types.SimpleNamespace(routing_replay=replay)))
+
+  assert PPOLearner._routes_to_replay(learner("off"), batch).routes is None
+  assert PPOLearner._routes_to_replay(learner("R3"), batch).routes is batch.routes
+  with pytest.raises(ValueError, match="routing_replay='R3': the rollout brought no routes"):
+    PPOLearner._routes_to_replay(learner("R3"), batch.replace(routes=None))
+
+
+def test_a_trainers_config_takes_routing_replay_not_the_servers_switch():
+  from rlhf_jax.config_errors import ConfigError  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.training.config import base_config, validate_config  # pylint: disable=import-outside-toplevel
+  config = base_config("arith")
+  config.sampler.record_routes = True
+  with pytest.raises(ConfigError, match="sampler.record_routes.*routing_replay='R3'"):
+    validate_config(config)
+  config = base_config("arith")
+  config.algorithm.moe.routing_replay = "R2"
+  with pytest.raises(ConfigError, match="algorithm.moe.routing_replay"):
+    validate_config(config)

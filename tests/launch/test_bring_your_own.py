@@ -100,7 +100,8 @@ def test_a_gemma3_checkpoint_trains_from_the_launcher(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_qwen3_moe_checkpoint_trains_from_the_launcher(tmp_path):
+def test_a_qwen3_moe_checkpoint_trains_from_the_launcher_with_routing_replay(tmp_path):
+  """R3: the sampler records routes, the batch carries them, the packed forwards replay."""
   checkpoint = family_checkpoint(tmp_path / "qwen3_moe", "qwen3_moe")
   data = trl_file(tmp_path / "colours.jsonl",
                   [{"prompt": MESSAGES, "solution": colour} for colour in ("red", "blue")])
@@ -108,7 +109,9 @@ def test_a_qwen3_moe_checkpoint_trains_from_the_launcher(tmp_path):
                f"--config.model.checkpoint={checkpoint}", f"--config.data.train_file={data}",
                "--config.data.columns=answer=solution", "--config.data.default_task=colours",
                "--config.reward.function=tests.rewards.reward_fns:solution_match", *TINY,
-               "--config.train.steps=1", "--config.train.log_rollouts=0")
+               "--config.train.steps=1", "--config.train.log_rollouts=0",
+               "--config.algorithm.moe.routing_replay=R3",
+               "--config.algorithm.correction.reuse_sampler_logprobs=False")
   assert result.returncode == 0, result.stderr[-3000:]
   summary = json.loads(result.stdout.strip().splitlines()[-1])
   assert summary["steps"] == 1
