@@ -153,8 +153,8 @@ def init_model(config: DecoderConfig, *, seed: int = 0, head: HeadKind = "lm",
 def with_numerics(model: FunctionalModel, **runtime) -> FunctionalModel:
   """The same model (same parameter tree) with other runtime numerics: `DecoderConfig`
   fields that are not part of a checkpoint (dtype, matmul_precision, logprob_chunk,
-  remat, remat_policy, attention_impl, decode_attention), e.g. a bf16 sampler's copy of
-  a float32 trainer's policy; the source checkpoint is kept."""
+  remat, remat_policy, attention_impl, decode_attention, expert_kernel), e.g. a bf16
+  sampler's copy of a float32 trainer's policy; the source checkpoint is kept."""
   unknown = set(runtime) - RUNTIME_FIELDS
   if unknown:
     raise ValueError(f"with_numerics: {', '.join(sorted(unknown))} not runtime fields; "
@@ -168,4 +168,5 @@ def with_numerics(model: FunctionalModel, **runtime) -> FunctionalModel:
 
 # DecoderConfig fields that change how a model computes, never its parameter tree.
 RUNTIME_FIELDS = frozenset({"dtype", "matmul_precision", "logprob_chunk", "remat",
-                            "remat_policy", "attention_impl", "decode_attention"})
+                            "remat_policy", "attention_impl", "decode_attention",
+                            "expert_kernel"})

@@ -27,6 +27,7 @@ TINY = {
     "lora_memory.py": ["--models", "qwen2.5-0.5b", "--ranks", "16", "--markdown"],
     "memory_analysis.py": ["--tiny", "--markdown"],
     "moe_layer.py": ["--tiny"],
+    "moe_replay.py": ["--tiny"],
     "packing.py": ["--tiny"],
     "sampling.py": ["--tiny"],
     "train_step.py": ["--tiny"],
