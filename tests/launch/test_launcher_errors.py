@@ -9,6 +9,7 @@ the lines of stderr, the exit status and the seconds it took (the figures of the
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -282,20 +283,30 @@ def test_a_workdir_is_a_directory_or_can_become_one(tmp_path):
 
 
 def test_a_server_s_unreadable_tokenizer_names_its_field(tmp_path):
-  """launch/serve.py's checks: the field in the message and in `.field`."""
-  import ml_collections
-  sys.path.insert(0, str(ROOT / "launch"))
-  try:
-    import serve  # pylint: disable=import-outside-toplevel
-  finally:
-    sys.path.remove(str(ROOT / "launch"))
+  """launch/serve.py's checks: the field in the message and in `.field`. In a process of
+  its own: importing a launcher defines its absl flags (a required --config among them) in
+  the process's global FLAGS, which would break every later `cli.run` of this worker."""
   (tmp_path / "tokenizer.json").write_text("{}")  # JSON, but no tokenizer
-  config = ml_collections.ConfigDict(dict(tokenizer=str(tmp_path),
-                                          model=dict(kind="arith", checkpoint="")))
-  with pytest.raises(ConfigError, match=f"^config.tokenizer: {tmp_path}: the tokenizer "
-                     "does not load: ") as error:
-    serve.check_served_files(config)
-  assert error.value.field == "tokenizer"
+  script = f"""
+import sys
+sys.path.insert(0, {str(ROOT / "launch")!r})
+import ml_collections
+import serve
+from rlhf_jax.config_errors import ConfigError
+config = ml_collections.ConfigDict(dict(tokenizer={str(tmp_path)!r},
+                                        model=dict(kind="arith", checkpoint="")))
+try:
+  serve.check_served_files(config)
+except ConfigError as error:
+  print(error.field)
+  print(error)
+"""
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 0, result.stderr[-2000:]
+  field, message = result.stdout.strip().splitlines()[:2]
+  assert field == "tokenizer"
+  assert message.startswith(f"config.tokenizer: {tmp_path}: the tokenizer does not load: ")
 
 
 def main(argv: list[str]) -> None:
