@@ -15,14 +15,16 @@ from rlhf_jax.models.attention import choice as kernel_choice
 from rlhf_jax.models.attention.pallas_decode import decode_attention
 from rlhf_jax.models.attention.xla import _group_queries
 from rlhf_jax.models.attention.xla import _ungroup_queries
+from rlhf_jax.models.attention.xla import grouped_sinks
 from rlhf_jax.models.attention.xla import soft_cap
+from rlhf_jax.models.attention.xla import softmax_with_sink
 
 
 def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
                      num_used: jax.Array | None = None, *,
                      precision: jax.lax.Precision | None = None, kernel: str = "xla",
-                     scale: float | None = None, softcap: float | None = None
-                     ) -> jax.Array:
+                     scale: float | None = None, softcap: float | None = None,
+                     sinks: jax.Array | None = None) -> jax.Array:
   """softmax(cap(a·Q·Kᵀ) + mask)·V reading a KV cache as stored (the generation path).
 
   No hand-written backward, and K/V are never transposed or repeated. For a
@@ -46,7 +48,8 @@ def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
       float32, exact at any precision.
     kernel: "xla" (below) or "pallas": a one-query step (T = 1) runs the ragged Pallas
       kernel (`decode_attention`): each row reads only up to its last allowed slot.
-    scale: a (None: 1/√D); softcap: c (None: uncapped), as `grouped_query_attention`.
+    scale: a (None: 1/√D); softcap: c (None: uncapped); sinks: [N] attention-sink
+      logits (gpt-oss) or None, as `grouped_query_attention`.
   Returns:
     [B, T, N, D] in values' dtype.
   """
@@ -54,12 +57,13 @@ def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
     raise ValueError(f"cached_attention: kernel={kernel!r}; allowed: 'xla', 'pallas'.")
   if kernel == "pallas" and q.shape[1] == 1:
     return decode_attention(q[:, 0], keys, values, mask[:, 0], scale=scale,
-                            softcap=softcap)[:, None]
+                            softcap=softcap, sinks=sinks)[:, None]
   batch, time, heads, dim = q.shape
   num_kv_heads, slots = keys.shape[1], keys.shape[3]
   scale = 1.0 / math.sqrt(dim) if scale is None else scale
   q_grouped = _group_queries(q * jnp.asarray(scale, q.dtype), num_kv_heads)
   decode = q_grouped.shape[2] <= _FEW_QUERIES
+  row_sinks = None if sinks is None else grouped_sinks(sinks, num_kv_heads, time)[None]
 
   def attend(length):
     k, v, m = keys[..., :length], values[:, :, :length], mask[..., :length]
@@ -71,7 +75,7 @@ def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax
                           precision=precision)
     scores = soft_cap(scores, softcap)
     allowed = jnp.tile(m[:, None], (1, 1, heads // num_kv_heads, 1))  # [B, 1, G·T, S]
-    probs = jax.nn.softmax(jnp.where(allowed, scores, -1e30), axis=-1).astype(v.dtype)
+    probs = softmax_with_sink(scores, allowed, row_sinks)[0].astype(v.dtype)
     if decode:  # a reduction reads the slice in place; a dot would copy it first
       out = jnp.sum(probs[..., None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32),
                     axis=3).astype(v.dtype)

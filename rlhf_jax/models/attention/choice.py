@@ -39,14 +39,15 @@ def _cudnn_hopper() -> bool:
 
 def training_attention(impl: str, *, dtype=None, head_dim: int | None = None,
                        time: int | None = None, softcap: float | None = None,
-                       window=None) -> str:
+                       window=None, sinks: bool = False) -> str:
   """The kernel of `grouped_query_attention` for `impl` ("auto" | "xla" | "cudnn" |
   "pallas"); the others are taken as given (and refuse what they cannot do).
 
   "auto": "xla" off NVIDIA GPUs (CPU, TPU; interpret mode would be slow). On an
   NVIDIA GPU, given the attention (compute `dtype`, `head_dim`, sequence length
-  `time`, `softcap`, `window`): "cudnn" (fused flash attention, FlashAttention-2 as
-  cuDNN builds it) on Hopper or later when `cudnn_attention.refusal` finds nothing,
+  `time`, `softcap`, `window`, attention `sinks`): "cudnn" (fused flash attention,
+  FlashAttention-2 as cuDNN builds it) on Hopper or later when `cudnn_attention.refusal`
+  finds nothing (never with sinks: gpt-oss goes to "pallas" or "xla"),
   else for bf16/fp16 "pallas" (the Triton flash kernel: any length and head size)
   when there is no softcap or narrow window, else "xla" (float32 too: the Triton
   kernel's float32 products are TF32, below `DecoderConfig.precision`). Without the attention (`dtype` None) on a
@@ -60,7 +61,7 @@ def training_attention(impl: str, *, dtype=None, head_dim: int | None = None,
   if dtype is None:
     return "auto"
   if _cudnn_hopper() and cudnn_attention.refusal(dtype, head_dim, time, softcap,
-                                                 window) is None:
+                                                 window, sinks) is None:
     return "cudnn"
   if jnp.dtype(dtype).itemsize > 2:  # Triton's float32 dots are TF32: keep `precision`
     return "xla"

@@ -43,10 +43,13 @@ MAX_SEGMENTS = MAX_ROWS_PER_BUFFER
 
 
 def refusal(dtype, head_dim: int, time: int, softcap: float | None = None,
-            window=None) -> str | None:
+            window=None, sinks: bool = False) -> str | None:
   """Why cuDNN flash attention cannot take this attention, as one line, or None when
   it can: dtype not bf16/fp16, odd length `time`, `head_dim` > 256 or not a multiple
-  of 8, soft-capping, or a sliding window narrower than `time`."""
+  of 8, soft-capping, a sliding window narrower than `time`, or attention `sinks`
+  (gpt-oss: JAX's cuDNN call has no sink logits)."""
+  if sinks:
+    return "cuDNN flash attention has no attention sinks (gpt-oss)"
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f"cuDNN flash attention needs bfloat16 or float16, got {jnp.dtype(dtype).name}"
   if time % 2:

@@ -24,6 +24,10 @@ splits are merged with a log-sum-exp combine:
 
     m = max_j m_j,   o = Σ_j e^(m_j − m) o_j / Σ_j e^(m_j − m) l_j.
 
+An attention sink (gpt-oss: a learned logit z per query head that joins the softmax's
+denominator and attends to nothing) joins in the combine: m = max(max_j m_j, z) and
+e^(z − m) is added to the denominator.
+
 Scores, softmax and the accumulators are float32 whatever the cache dtype.
 On a GPU the kernel lowers through Pallas' Triton backend; elsewhere it runs in
 Pallas interpret mode (correct, slow: for tests). Written after the idioms of
@@ -97,15 +101,21 @@ def _kernel(length_ref, q_ref, k_ref, v_ref, valid_ref, o_ref, m_ref, l_ref, *,
   l_ref[...] = l
 
 
-def _combine(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
+def _combine(o: jax.Array, m: jax.Array, l: jax.Array, sinks: jax.Array | None = None
+             ) -> jax.Array:
   """Log-sum-exp merge of split partials: o [B, K, J, G', D], m, l [B, K, J, G'] →
   [B, K, G', D] float32, Σ_j e^(m_j − m) o_j / Σ_j e^(m_j − m) l_j (0 for a row with
-  no allowed slot)."""
+  no allowed slot); with `sinks` [K, G'] float32, + e^(z − m) in the denominator and z
+  in the max."""
   m_all = jnp.max(m, axis=2)
+  if sinks is not None:
+    m_all = jnp.maximum(m_all, sinks[None])
   # As in jax's decode_attention: keeps the GPU compiler from fusing the max into a NaN.
   m_all = lax.optimization_barrier(m_all)
   weight = jnp.exp(m - m_all[:, :, None])
   total = jnp.sum(weight * l, axis=2)
+  if sinks is not None:
+    total = total + jnp.exp(sinks[None] - m_all)
   out = jnp.sum(weight[..., None] * o, axis=2)
   return jnp.where(total[..., None] > 0, out / jnp.maximum(total, 1e-30)[..., None], 0.0)
 
@@ -119,8 +129,8 @@ def lengths_from_mask(valid: jax.Array) -> jax.Array:
 def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, valid: jax.Array,
                      lengths: jax.Array | None = None, *, block_size: int = 128,
                      num_splits: int | None = None, interpret: bool | None = None,
-                     scale: float | None = None, softcap: float | None = None
-                     ) -> jax.Array:
+                     scale: float | None = None, softcap: float | None = None,
+                     sinks: jax.Array | None = None) -> jax.Array:
   """softmax(cap(a·q·Kᵀ) + mask)·V for one decode step, each row reading only its used
   slots (a = 1/√d unless `scale`; cap(s) = c·tanh(s/c) with `softcap` c, else s).
 
@@ -144,6 +154,7 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, valid: ja
       backend is a GPU.
     scale: the factor a of the scores (None: 1/√D; Gemma: query_pre_attn_scalar^−½).
     softcap: Gemma 2's attention soft-capping c (None: uncapped).
+    sinks: [N] attention-sink logits, one per query head (gpt-oss), or None.
   Returns:
     [B, N, D] in values' dtype (a row with no allowed slot gets zeros).
   """
@@ -170,12 +181,12 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, valid: ja
               jnp.clip(lengths.astype(jnp.int32), 0, slots), block=block,
               blocks_per_split=blocks_per_split, num_splits=num_splits,
               interpret=bool(interpret), scale=1.0 / math.sqrt(dim) if scale is None else scale,
-              softcap=softcap)
+              softcap=softcap, sinks=sinks)
   return out.reshape(batch, heads, dim).astype(values.dtype)
 
 
 def _call(q, keys, values, valid, lengths, *, block, blocks_per_split, num_splits,
-          interpret, scale, softcap):
+          interpret, scale, softcap, sinks=None):
   """Groups and pads the query heads, runs the kernel over [B, K, splits], combines.
   Returns [B, K, G, D] float32."""
   batch, heads, dim = q.shape
@@ -215,4 +226,7 @@ def _call(q, keys, values, valid, lengths, *, block, blocks_per_split, num_split
       interpret=interpret,
       name="ragged_decode_attention",
   )(lengths, q, keys, values, valid)
-  return _combine(o, m, l)[:, :, :group]
+  if sinks is not None:  # [N] → [K, G'] (the pad rows' sinks are dropped with them)
+    sinks = jnp.pad(sinks.astype(jnp.float32).reshape(num_kv_heads, group),
+                    ((0, 0), (0, padded - group)))
+  return _combine(o, m, l, sinks)[:, :, :group]

@@ -18,10 +18,18 @@ before the call and the output after, so nothing of them reaches dQ/dK/dV.
 The kernel has no grouped-query attention: K and V are repeated ×G (autodiff sums
 the repeats back). It has no soft-capping and no sliding window: asked for them,
 `check_options` refuses with the option's name.
+
+Attention sinks (gpt-oss: a logit z per query head in the softmax's denominator only)
+rescale the kernel's output: with its per-row log-sum-exp λ, O_sink = w·O where
+w = e^λ / (e^λ + e^z) = σ(λ − z). The backward is the kernel's own, handed w·dO as the
+output gradient and O_sink as the output: its dS = P∘(dP − rowsum(dO∘O)) is then the
+sink softmax's (dS = w·P∘(dP_sink − rowsum(dO_sink∘O_sink))); dz = −Σ_rows (1 − w)·
+rowsum(dO_sink∘O_sink).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -90,7 +98,8 @@ def _pad_time(x: jax.Array, extra: int) -> jax.Array:
 def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                      token_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
                      window=None, scale: float | None = None, softcap: float | None = None,
-                     interpret: bool | None = None) -> jax.Array:
+                     interpret: bool | None = None, sinks: jax.Array | None = None
+                     ) -> jax.Array:
   """Causal grouped-query attention by the Pallas/Triton flash kernel (FlashAttention,
   Dao et al. 2022/2023), the result of `grouped_query_attention` on real tokens.
 
@@ -106,6 +115,7 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     interpret: run the kernel in Pallas' interpret mode (None: off a GPU only).
       On a GPU, float32 products are Triton's default (TF32); in interpret mode
       they are the backend's.
+    sinks: [N] attention-sink logits, one per query head (gpt-oss), or None.
   Returns:
     [B, T, N, D] in q's dtype, 0 on padding queries.
   """
@@ -123,8 +133,46 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   v = jnp.repeat(v, group, axis=2) if group > 1 else v
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
-  out = pallas_mha.mha(_pad_time(q, extra), _pad_time(k, extra), _pad_time(v, extra),
-                       _pad_time(segments, extra),
-                       sm_scale=1.0 / math.sqrt(dim) if scale is None else float(scale),
-                       causal=True, block_sizes=sizes, interpret=interpret)
+  options = (1.0 / math.sqrt(dim) if scale is None else float(scale), sizes, bool(interpret))
+  padded_inputs = (_pad_time(q, extra), _pad_time(k, extra), _pad_time(v, extra),
+                   _pad_time(segments, extra))
+  if sinks is None:
+    out = pallas_mha.mha(*padded_inputs, sm_scale=options[0], causal=True,
+                         block_sizes=sizes, interpret=options[2])
+  else:
+    out = _mha_with_sinks(options, *padded_inputs, sinks)
   return jnp.where(keep, out[:, :time], jnp.zeros((), out.dtype))
+
+
+def _mha_sink_forward(options, q, k, v, segments, sinks):
+  scale, sizes, interpret = options
+  out, lse = pallas_mha.mha(q, k, v, segments, sm_scale=scale, causal=True,
+                            block_sizes=sizes, interpret=interpret, return_residuals=True)
+  # The kernel's log-sum-exp is base 2 ([B, N, T]); w = σ(λ − z) per (row, head).
+  weight = jax.nn.sigmoid(lse * math.log(2.0) - sinks.astype(jnp.float32)[None, :, None])
+  weight = weight.transpose(0, 2, 1)[..., None]  # [B, T, N, 1]
+  sunk = (out.astype(jnp.float32) * weight).astype(out.dtype)
+  return sunk, (q, k, v, segments, sunk, lse, weight, sinks)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _mha_with_sinks(options, q, k, v, segments, sinks):
+  """The Pallas kernel's causal attention with a sink logit per head [N] (module
+  docstring); options = (scale, block sizes, interpret)."""
+  return _mha_sink_forward(options, q, k, v, segments, sinks)[0]
+
+
+def _mha_sink_backward(options, residuals, d_out):
+  scale, sizes, interpret = options
+  q, k, v, segments, sunk, lse, weight, sinks = residuals
+  d_kernel_out = (d_out.astype(jnp.float32) * weight).astype(d_out.dtype)
+  # pylint: disable-next=protected-access  (the kernel's own backward, given O_sink)
+  d_q, d_k, d_v, _ = pallas_mha._mha_backward(
+      scale, True, sizes, "triton", None, 2, None, interpret, False, False,
+      (q, k, v, segments, sunk, lse), d_kernel_out)
+  row = jnp.sum(d_out.astype(jnp.float32) * sunk.astype(jnp.float32), axis=-1)  # [B, T, N]
+  d_sinks = -jnp.sum((1.0 - weight[..., 0]) * row, axis=(0, 1)).astype(sinks.dtype)
+  return d_q, d_k, d_v, None, d_sinks
+
+
+_mha_with_sinks.defvjp(_mha_sink_forward, _mha_sink_backward)

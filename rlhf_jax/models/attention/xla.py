@@ -5,7 +5,11 @@
                dQ = dS·K/√d,  dK = dSᵀ·Q/√d
 
 With a scale a in place of 1/√d (Gemma's query_pre_attn_scalar), a replaces it
-throughout. With soft-capping (Gemma 2), S = c·tanh(R/c) of the raw scores
+throughout. With attention sinks (gpt-oss: a learned logit z_h per query head that joins
+each row's softmax denominator and attends to nothing), P = e^S / (Σ e^S + e^z): the
+rows no longer sum to one, dS keeps its form (the sink's value is 0, so it adds nothing
+to dP or to rowsum(dO∘O)), and dz_h = −Σ_rows p_sink · rowsum(dO∘O) over the head's rows,
+p_sink = e^z / (Σ e^S + e^z). With soft-capping (Gemma 2), S = c·tanh(R/c) of the raw scores
 R = a·Q·Kᵀ, and dR = dS ∘ (1 − tanh²(R/c)); the backward recomputes R (one more
 GEMM) rather than keep a second [B, heads, T, S] array from the forward.
 
@@ -55,7 +59,28 @@ def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
   return x if cap is None else jnp.tanh(x / cap) * cap
 
 
-def _forward(precision, scale, softcap, q, k, v, mask):
+def grouped_sinks(sinks: jax.Array, num_kv_heads: int, time: int) -> jax.Array:
+  """Per-query-head sink logits [N] → [K, G·T] float32, the rows of `_group_queries`."""
+  group = sinks.shape[0] // num_kv_heads
+  return jnp.repeat(sinks.astype(jnp.float32).reshape(num_kv_heads, group), time, axis=1)
+
+
+def softmax_with_sink(scores: jax.Array, allowed: jax.Array, sinks: jax.Array | None
+                      ) -> tuple[jax.Array, jax.Array | None]:
+  """softmax over the last axis of float32 `scores` where `allowed`, with a sink logit per
+  row (`sinks` broadcast to scores[..., 0], or None: a plain softmax) joining the
+  denominator only: (probs, the sink's share of each row or None)."""
+  masked = jnp.where(allowed, scores, -1e30)
+  if sinks is None:
+    return jax.nn.softmax(masked, axis=-1), None
+  top = jnp.maximum(jnp.max(masked, axis=-1), sinks)
+  exp = jnp.exp(masked - top[..., None])
+  sink = jnp.exp(sinks - top)
+  total = jnp.sum(exp, axis=-1) + sink
+  return exp / total[..., None], sink / total
+
+
+def _forward(precision, scale, softcap, q, k, v, mask, sinks=None):
   batch, time, heads, dim = q.shape
   num_kv_heads = k.shape[2]
   scale = 1.0 / math.sqrt(dim) if scale is None else scale
@@ -66,17 +91,20 @@ def _forward(precision, scale, softcap, q, k, v, mask):
                                preferred_element_type=jnp.float32, precision=precision),
                     softcap)
   allowed = jnp.tile(mask[:, None], (1, 1, heads // num_kv_heads, 1))  # [B, 1, G·T, S]
-  probs = jax.nn.softmax(jnp.where(allowed, scores, -1e30), axis=-1).astype(v.dtype)
+  row_sinks = None if sinks is None else grouped_sinks(sinks, num_kv_heads, time)[None]
+  probs, sink_share = softmax_with_sink(scores, allowed, row_sinks)
+  probs = probs.astype(v.dtype)
   out = jnp.einsum("bkqs,bksd->bkqd", probs, v_heads, precision=precision)
-  return _ungroup_queries(out, time), (q_grouped, k_heads, v_heads, probs, out, scale)
+  residuals = (q_grouped, k_heads, v_heads, probs, out, scale, sink_share, sinks)
+  return _ungroup_queries(out, time), residuals
 
 
 def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
                             precision: jax.lax.Precision | None = None,
                             scale: float | None = None, softcap: float | None = None,
                             impl: str = "xla", token_mask: jax.Array | None = None,
-                            segment_ids: jax.Array | None = None, window: int | None = None
-                            ) -> jax.Array:
+                            segment_ids: jax.Array | None = None, window: int | None = None,
+                            sinks: jax.Array | None = None) -> jax.Array:
   """softmax(cap(a·Q·Kᵀ) + mask)·V with K/V shared by groups of query heads.
 
   Args:
@@ -100,30 +128,36 @@ def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
       segment), for the fused kernels, which never see the dense mask.
     segment_ids: [B, S] int, packed rows (None: one row per batch entry).
     window: sliding-window width (None: full causal attention).
+    sinks: [N] attention-sink logits, one per query head (gpt-oss), or None. The
+      "pallas" kernel takes them; cuDNN's cannot and refuses.
   Returns:
     [B, T, N, D] in v's dtype.
   """
   if impl == "auto":
     impl = kernel_choice.training_attention(impl, dtype=q.dtype, head_dim=q.shape[-1],
-                                            time=q.shape[1], softcap=softcap, window=window)
+                                            time=q.shape[1], softcap=softcap, window=window,
+                                            sinks=sinks is not None)
   layout = dict(token_mask=token_mask, segment_ids=segment_ids, window=window, scale=scale,
                 softcap=softcap)
   if impl == "xla":
-    return _attention(precision, scale, softcap, q, k, v, mask)
+    return _attention(precision, scale, softcap, q, k, v, mask, sinks)
   if impl == "pallas":
-    return pallas_attention(q, k, v, **layout).astype(v.dtype)
+    return pallas_attention(q, k, v, sinks=sinks, **layout).astype(v.dtype)
   if impl == "cudnn":
+    if sinks is not None:
+      raise ValueError("attention_impl='cudnn' cannot compute attention sinks (gpt-oss); "
+                       "use attention_impl='pallas' or 'xla'.")
     return cudnn_attention(q, k, v, **layout).astype(v.dtype)
   raise ValueError(f"attention_impl={impl!r}; allowed: 'auto', 'xla', 'cudnn', 'pallas'.")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _attention(precision, scale, softcap, q, k, v, mask):
-  return _forward(precision, scale, softcap, q, k, v, mask)[0]
+def _attention(precision, scale, softcap, q, k, v, mask, sinks):
+  return _forward(precision, scale, softcap, q, k, v, mask, sinks)[0]
 
 
 def _backward(precision, _, softcap, residuals, d_out):
-  q_grouped, k_heads, v_heads, probs, out, scale = residuals
+  q_grouped, k_heads, v_heads, probs, out, scale, sink_share, sinks = residuals
   time = d_out.shape[1]
   d_out_grouped = _group_queries(d_out, k_heads.shape[1])
   d_v = jnp.einsum("bkqs,bkqd->bksd", probs, d_out_grouped, precision=precision)
@@ -132,6 +166,12 @@ def _backward(precision, _, softcap, residuals, d_out):
   row_term = jnp.sum(d_out_grouped.astype(jnp.float32) * out.astype(jnp.float32), axis=-1,
                      keepdims=True)
   d_scores = probs.astype(jnp.float32) * (d_probs - row_term)
+  d_sinks = None
+  if sink_share is not None:  # [B, K, G·T] → per query head [K·G]
+    num_kv_heads = k_heads.shape[1]
+    d_rows = -jnp.sum(sink_share * row_term[..., 0], axis=0)
+    d_sinks = d_rows.reshape(num_kv_heads, -1, time).sum(axis=-1).reshape(-1).astype(
+        sinks.dtype)
   if softcap is not None:  # through c·tanh(r/c): the raw scores recomputed
     raw = jnp.einsum("bkqd,bksd->bkqs", q_grouped, k_heads,
                      preferred_element_type=jnp.float32, precision=precision)
@@ -142,7 +182,7 @@ def _backward(precision, _, softcap, residuals, d_out):
   # q_grouped already carries 1/√d.
   d_k = jnp.einsum("bkqs,bkqd->bksd", d_scores, q_grouped, precision=precision)
   return (_ungroup_queries(d_q, time), d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3),
-          None)
+          None, d_sinks)
 
 
 _attention.defvjp(_forward, _backward)
