@@ -34,7 +34,7 @@ CORRECTION_MODES = ("auto",) + tuple(kernels.ROLLOUT_CORRECTION_MODES)
 PROCESS_SHAPINGS = ("none", "clip", "delta", "clip_delta")
 # How decoupled PPO bounds a stale token's behaviour weight (kernels.rollout_correction).
 STALENESS_MODES = ("tis", "mis_token")
-ROUTING_REPLAYS = ("off", "R3")
+ROUTING_REPLAYS = ("off", "R2", "R3")
 # Estimators and policy losses are records (algorithms/estimators.py, algorithms/losses.py):
 # validation reads their capabilities, never their names.
 
@@ -120,9 +120,16 @@ def algorithm_config() -> ml_collections.ConfigDict:
   a.process_reward.coef = 1.0  # Weight of the step rewards beside the outcome score.
 
   a.moe = ml_collections.ConfigDict()  # a mixture-of-experts policy (docs/moe.md)
-  # 'off', or 'R3': the sampler records each sampled token's experts and the policy's
-  # forwards (π_old, the updates) replay them, so trainer and sampler route alike.
+  # 'off'; 'R2': the updates replay the experts the π_old forward chose; 'R3': the sampler
+  # records each sampled token's experts and the π_old and update forwards replay them.
   a.moe.routing_replay = "off"
+  # Under 'off' and 'R2', the in-process sampler records routes anyway, to log the
+  # sampler–trainer route flip rate (`moe/route_flip_rate`; R3 always logs it).
+  a.moe.measure_route_flips = False
+  # Weight of the load-balancing loss (Switch Transformer) of the router; 0 in RL recipes.
+  a.moe.aux_loss_coef = 0.0
+  # Weight of the router z-loss (ST-MoE): mean logsumexp(router logits)².
+  a.moe.z_loss_coef = 0.0
   return a
 
 
@@ -200,6 +207,8 @@ def validate_algorithm_config(a, *, group_size: int, response_length: int) -> No
   check_range("algorithm.correction.threshold", a.correction.threshold, low=1, low_open=True)
   _validate_staleness(a.staleness)
   one_of("algorithm.moe.routing_replay", a.moe.routing_replay, ROUTING_REPLAYS)
+  check_range("algorithm.moe.aux_loss_coef", a.moe.aux_loss_coef, low=0)
+  check_range("algorithm.moe.z_loss_coef", a.moe.z_loss_coef, low=0)
   one_of("algorithm.process_reward.shaping", a.process_reward.shaping, PROCESS_SHAPINGS)
   check_range("algorithm.process_reward.coef", a.process_reward.coef, low=0)
 

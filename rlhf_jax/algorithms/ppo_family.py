@@ -36,6 +36,7 @@ class Normalizers(NamedTuple):
   """Global counts of a whole mini-batch, so a micro-batch's loss sums to the unsplit one."""
   agg: jax.Array  # `kernels.aggregation_normalizer` of the loss mask
   positive: jax.Array  # positive-sample tokens (VAPO's NLL term)
+  tokens: jax.Array  # real tokens of the rows, prompts included (a MoE router's losses)
 
 
 def shape_rewards(algorithm, batch: RolloutBatch) -> RolloutBatch:
@@ -257,14 +258,16 @@ def normalizers(algorithm, batch: TrainBatch) -> Normalizers:
   mask = batch.policy_mask()
   positive = mask * (batch.scores > algorithm.policy_loss.positive_threshold)[:, None]
   return Normalizers(agg=kernels.aggregation_normalizer(mask, mode=algorithm.policy_loss.agg),
-                     positive=jnp.sum(positive))
+                     positive=jnp.sum(positive),
+                     tokens=jnp.sum(batch.attention_mask, dtype=jnp.float32))
 
 
 def critic_normalizers(algorithm, batch: TrainBatch) -> Normalizers:
   """The critic's global counts over a whole mini-batch."""
   mask = batch.value_mask()
   return Normalizers(agg=kernels.aggregation_normalizer(mask, mode=algorithm.policy_loss.agg),
-                     positive=jnp.sum(mask))
+                     positive=jnp.sum(mask),
+                     tokens=jnp.sum(batch.attention_mask, dtype=jnp.float32))
 
 
 def actor_loss(algorithm, logprobs: jax.Array, entropy: jax.Array, batch: TrainBatch,

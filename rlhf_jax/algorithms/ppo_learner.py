@@ -28,6 +28,8 @@ from rlhf_jax.algorithms.learner import rl_optimizers
 from rlhf_jax.algorithms.learner import role_options
 from rlhf_jax.algorithms.learner import with_adapters
 from rlhf_jax.algorithms.row_packer import RowPacker
+from rlhf_jax.config_errors import invalid
+from rlhf_jax.models import moe
 from rlhf_jax.optim import FrozenRole
 from rlhf_jax.optim import TrainedRole
 from rlhf_jax.optim.roles import on_mesh
@@ -36,16 +38,38 @@ from rlhf_jax.optim.roles import on_mesh
 def actor_role(model, params, optimizer, mesh, algorithm, train) -> TrainedRole:
   """The policy as a TrainedRole: PPO-family actor loss (`ppo_family.actor_loss`)."""
 
+  moe = bool(model.config.num_experts)
+
   def loss_fn(params, batch, norm, packed=None):
     if packed is not None:
       batch = batch_lib.only_packed_rows(batch, packed)
-    logprobs, entropy = batch_lib.response_logprobs(model, params, batch, with_entropy=True,
-                                                    packed=packed)
-    return ppo_family.actor_loss(algorithm, logprobs, entropy, batch, norm)
+    out = batch_lib.response_logprobs(model, params, batch, with_entropy=True, packed=packed,
+                                      with_router=moe)
+    loss, metrics = ppo_family.actor_loss(algorithm, *out[:2], batch, norm)
+    if moe:
+      aux, aux_metrics = router_loss(algorithm.moe, out[2], model.config, norm)
+      loss, metrics = loss + aux, {**metrics, **aux_metrics}
+    return loss, metrics
 
   return TrainedRole(model, params, optimizer, mesh, loss_fn=loss_fn,
                      normalizer_fn=lambda b: ppo_family.normalizers(algorithm, b),
                      has_target=lambda b: jnp.sum(b.policy_mask()) > 0, **role_options(train))
+
+
+def router_loss(moe_config, record, decoder_config, norm):
+  """The auxiliary router losses of one (micro-)batch's forward (`moe.record_losses`),
+  weighted by `algorithm.moe.aux_loss_coef` and `z_loss_coef`, as the micro-batch's share
+  of the mini-batch's (its tokens over `norm.tokens`), so micro-batches sum to the whole;
+  and their metrics: the two losses' shares and the most uneven layer's max/mean tokens
+  per expert (`moe/load_imbalance_max`)."""
+  sparse = jnp.asarray([decoder_config.sparse_layer(i)
+                        for i in range(decoder_config.num_layers)])
+  losses = moe.record_losses(record, sparse)
+  share = jnp.max(record.tokens) / jnp.maximum(norm.tokens, 1.0)
+  balance, z = share * losses["load_balancing"], share * losses["z"]
+  loss = moe_config.aux_loss_coef * balance + moe_config.z_loss_coef * z
+  return loss, {"moe/load_balancing_loss": balance, "moe/z_loss": z,
+                "moe/load_imbalance_max": jnp.max(losses["load_imbalance"])}
 
 
 def critic_role(model, params, optimizer, mesh, algorithm, train) -> TrainedRole:
@@ -79,6 +103,39 @@ def validate_run(c, *, fixed_data: bool) -> None:
   the teacher of `algorithm.distill` (`distillation.validate_distill`)."""
   del fixed_data  # the registry's validation rules out offline data for this learner
   distillation.validate_distill(c)
+
+
+def _check_moe_options(moe_config, decoder_config) -> None:
+  """Refuses `algorithm.moe` options that a dense policy cannot honour, naming the field."""
+  if decoder_config.num_experts:
+    return
+  for field, unset in (("routing_replay", "off"), ("measure_route_flips", False),
+                       ("aux_loss_coef", 0.0), ("z_loss_coef", 0.0)):
+    if moe_config[field] != unset:
+      invalid(f"algorithm.moe.{field}", moe_config[field],
+              f"needs a mixture-of-experts policy; architecture="
+              f"{decoder_config.architecture!r} has no experts")
+
+
+def _unrecorded(shapes):
+  """A `moe.RouterRecord` of `shapes` (from `jax.eval_shape`) that recorded nothing."""
+  return jax.tree.map(lambda s: jnp.full(s.shape, moe.NOT_RECORDED if jnp.issubdtype(
+      s.dtype, jnp.integer) else 0, s.dtype), shapes)
+
+
+def route_flip_metrics(sampler_routes, trainer_routes, decoder_config, skipped):
+  """`moe/route_flip_rate`: over the sparse layers, the mean fraction of response tokens
+  whose experts differ between the sampler's routes and the trainer's live router's
+  ([B, P+R, L, k] each; `moe.route_flip_rate`), and `_max` the worst layer's; NaN when
+  the trainer's forward was `skipped` (π_old reused from the sampler)."""
+  sparse = jnp.asarray([decoder_config.sparse_layer(i)
+                        for i in range(decoder_config.num_layers)])
+  rates = moe.route_flip_rate(sampler_routes, trainer_routes)
+  mean = jnp.sum(jnp.where(sparse, rates, 0.0)) / jnp.maximum(jnp.sum(sparse), 1)
+  worst = jnp.max(jnp.where(sparse, rates, 0.0))
+  nan = jnp.float32(jnp.nan)
+  return {"moe/route_flip_rate": jnp.where(skipped, nan, mean),
+          "moe/route_flip_rate_max": jnp.where(skipped, nan, worst)}
 
 
 class PPOLearner(LearnerBase):
@@ -117,6 +174,7 @@ class PPOLearner(LearnerBase):
     """The learner of config `c` for the policy (`model`, `params` on `mesh`): a critic
     with estimator 'gae' (or a value head), a reference with a KL term."""
     a = c.algorithm
+    _check_moe_options(a.moe, model.config)
     actor_optimizer, critic_optimizer = rl_optimizers(c)
     # The reference first: FrozenRole copies, and the actor's update donates its tree. With
     # rollout.reference_logprobs='sampler' the servers hold it and the batch brings log π_ref.
@@ -144,15 +202,33 @@ class PPOLearner(LearnerBase):
   def _prepare_fn(self, actor_params, ref_params, critic_params, kl_coef, version, batch,
                   packed):
     # The current weights' log-probs: π_old of fresh tokens, π_prox of stale ones.
-    forward = lambda: batch_lib.response_logprobs(self.actor.model, actor_params, batch,
-                                                  packed=packed)
+    # `batch.routes` are the sampler's (or None); the π_old forward replays them under R3.
+    replay = self.algorithm.moe.routing_replay
+    moe_policy = bool(self.actor.model.config.num_experts)
+    sampler_routes = batch.routes
+    policy_rows = batch if replay == "R3" else batch.replace(routes=None)
+    forward = lambda: batch_lib.response_logprobs(self.actor.model, actor_params, policy_rows,
+                                                  packed=packed, with_router=moe_policy)
     reused = jnp.zeros((), bool)
     if self.reuse_sampler_logprobs:  # the taken branch alone runs
       stale = batch.stale_mask(version) > 0  # the one rule (RolloutBatch.stale_mask)
       reused = ~jnp.any(stale)
-      old = jax.lax.cond(reused, lambda: batch.sampler_logprobs * batch.response_mask, forward)
+      sampler_old = batch.sampler_logprobs * batch.response_mask
+      # Without a forward there is no router record: routes NOT_RECORDED (R2's updates
+      # then route live, which is π_old's routing while the weights have not moved).
+      skipped = ((lambda: (sampler_old, _unrecorded(jax.eval_shape(forward)[1])))
+                 if moe_policy else lambda: sampler_old)
+      old = jax.lax.cond(reused, skipped, forward)
     else:
       old = forward()
+    moe_metrics = {}
+    if moe_policy:
+      old, record = old
+      batch = batch.replace(routes={"off": None, "R2": record.routes,
+                                    "R3": sampler_routes}[replay])
+      if sampler_routes is not None:
+        moe_metrics = route_flip_metrics(sampler_routes, record.live,
+                                         self.actor.model.config, reused)
     ref = (None if self.reference is None else
            batch_lib.response_logprobs(self.reference.model, ref_params, batch, packed=packed,
                                        replay=False))  # the reference routes on its own
@@ -163,14 +239,18 @@ class PPOLearner(LearnerBase):
         self.algorithm, batch, old_logprobs=old, ref_logprobs=ref, values=values,
         kl_coef=kl_coef, correction=self.correction,
         group_size=self.group_size, version=version)
-    return batch, kl_coef, dict(metrics, scores=batch.scores,
+    return batch, kl_coef, dict(metrics, **moe_metrics, scores=batch.scores,
                                 reused_sampler_logprobs=reused.astype(jnp.float32))
 
   def _routes_to_replay(self, batch):
-    """The batch with the routes the policy's forwards replay: the sampler's under
-    `algorithm.moe.routing_replay='R3'` (a batch without them is refused), none otherwise."""
-    if self.algorithm.moe.routing_replay != "R3":
+    """The batch as `prepare` takes it: the sampler's routes kept for a mixture-of-experts
+    policy (replayed under `algorithm.moe.routing_replay='R3'`, compared with the
+    trainer's under every mode: `moe/route_flip_rate`); a batch without them under R3 is
+    refused."""
+    if not self.actor.model.config.num_experts:
       return batch if batch.routes is None else batch.replace(routes=None)
+    if self.algorithm.moe.routing_replay != "R3":
+      return batch
     if batch.routes is None:
       raise ValueError("algorithm.moe.routing_replay='R3': the rollout brought no routes "
                        "(a mixture-of-experts policy's sampler records them; sampling servers "

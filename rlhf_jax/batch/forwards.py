@@ -12,7 +12,8 @@ from rlhf_jax.models.packing import PackedRows
 
 
 def response_logprobs(model, params, batch: RolloutBatch, *, with_entropy: bool = False,
-                      packed: PackedRows | None = None, replay: bool = True):
+                      packed: PackedRows | None = None, replay: bool = True,
+                      with_router: bool = False):
   """log π(y_t | x, y_<t) of the response tokens, and optionally the entropy, with the
   LM head chunked by `model.config.logprob_chunk` (`rlhf_jax.models.lm_head`), from
   the padded rows or, with `packed`, from the rows packed into buffers. A batch that
@@ -21,11 +22,13 @@ def response_logprobs(model, params, batch: RolloutBatch, *, with_entropy: bool 
 
   Returns:
     logprobs [B, R] (and entropy [B, R] when `with_entropy`), float32, 0 where
-    the response mask is 0.
+    the response mask is 0; with `with_router`, the forward's `moe.RouterRecord` last
+    (routes [B, P+R, L, k]).
   """
   return lm_head.rows_logprobs(model, params, batch.tokens, batch.attention_mask,
                                batch.response_mask, with_entropy=with_entropy, packed=packed,
-                               replay_routes=batch.routes if replay else None)
+                               replay_routes=batch.routes if replay else None,
+                               with_router=with_router)
 
 
 def response_values(critic, params, batch: RolloutBatch, *,

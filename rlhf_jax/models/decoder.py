@@ -38,6 +38,7 @@ from rlhf_jax.models.layer_scan import scan_blocks
 from rlhf_jax.models.layer_scan import stack_blocks
 from rlhf_jax.models.layer_scan import write_rows
 from rlhf_jax.models.moe import NOT_RECORDED
+from rlhf_jax.models.moe import RouterRecord
 from rlhf_jax.models.moe import route_dtype
 from rlhf_jax.models.rope import rope_tables
 
@@ -131,7 +132,7 @@ class DecoderLM(nnx.Module):
                num_last: int | None = None, head_positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None, with_hidden: bool = False,
                apply_head: bool = True, replay_routes: jax.Array | None = None,
-               with_routes: bool = False):
+               with_routes: bool = False, with_router: bool = False):
     """Runs the model.
 
     Args:
@@ -162,21 +163,25 @@ class DecoderLM(nnx.Module):
         of NOT_RECORDED (-1) in a layer is routed live there. Dense layers ignore theirs.
       with_routes: also return the experts each token was routed to, [B, T, L, k] in
         `moe.route_dtype` (NOT_RECORDED in dense layers).
+      with_router: also return the whole `moe.RouterRecord` (routes, the live router's
+        own choice, per-layer load and router sums for the auxiliary losses), in place of
+        the routes.
     Returns:
       (outputs, cache): logits [B, T', V] (LM head, float32 whatever the compute
       dtype: `lm_logits`) or values [B, T'] (scalar head, float32), and the extended cache (None without one). With
       `head_positions`, logits [B, V] or values [B]. With `with_hidden`:
-      (outputs, cache, hidden). With `with_routes`, the routes come last:
-      (outputs, cache[, hidden], routes).
+      (outputs, cache, hidden). With `with_routes` (or `with_router`), the routes (or the
+      record) come last: (outputs, cache[, hidden], routes).
     """
     if num_last is not None and head_positions is not None:
       raise ValueError("Pass at most one of num_last and head_positions.")
     if segment_ids is not None and (cache is not None or positions is None):
       raise ValueError("segment_ids (packed rows) need explicit positions and no cache.")
-    if (with_routes or replay_routes is not None) and not self.config.num_experts:
-      raise ValueError("with_routes / replay_routes need a mixture-of-experts model; "
-                       f"architecture={self.config.architecture!r} has no experts.")
-    x, cache, routes = self._backbone(tokens, positions, attention_mask, cache, segment_ids,
+    routed = with_routes or with_router or replay_routes is not None
+    if routed and not self.config.num_experts:
+      raise ValueError("with_routes / with_router / replay_routes need a mixture-of-experts "
+                       f"model; architecture={self.config.architecture!r} has no experts.")
+    x, cache, record = self._backbone(tokens, positions, attention_mask, cache, segment_ids,
                                       replay_routes)
     time = tokens.shape[1]
     if num_last is not None:
@@ -184,7 +189,7 @@ class DecoderLM(nnx.Module):
     if head_positions is not None:
       x = jnp.take_along_axis(x, head_positions.astype(jnp.int32)[:, None, None], axis=1)[:, 0]
     x = self.final_norm(x)
-    extra = (routes,) if with_routes else ()
+    extra = (record,) if with_router else (record.routes,) if with_routes else ()
     if not apply_head:
       return (x, cache) + extra
     out = self.project(x)
@@ -193,7 +198,8 @@ class DecoderLM(nnx.Module):
   def _backbone(self, tokens, positions, attention_mask, cache, segment_ids,
                 replay_routes=None):
     """Embedding and every layer: the residual stream [B, T, E] (before the final norm),
-    the extended cache, and the routes [B, T, L, k] (None without experts)."""
+    the extended cache, and the `moe.RouterRecord` (routes [B, T, L, k]; None without
+    experts)."""
     config = self.config
     batch, time = tokens.shape
     token_mask = (jnp.ones((batch, time), bool) if attention_mask is None
@@ -213,16 +219,18 @@ class DecoderLM(nnx.Module):
     block_args = (rope, token_mask, segment_ids)
     if config.scan_layers:
       replay = None if replay_routes is None else jnp.moveaxis(replay_routes, 2, 0)
-      x, kv, routes = scan_blocks(self.layers, x, block_args, config, layers_cache,
+      x, kv, record = scan_blocks(self.layers, x, block_args, config, layers_cache,
                                   kinds=stacked_layer_kinds(config) or layer_kinds(config)[0],
                                   replay=replay)
-      routes = None if routes is None else jnp.moveaxis(routes, 0, 2)
+      if record is not None:  # [L, B, T, k] → [B, T, L, k]
+        record = record._replace(routes=jnp.moveaxis(record.routes, 0, 2),
+                                 live=jnp.moveaxis(record.live, 0, 2))
     else:
-      x, kv, routes = self._loop_layers(x, block_args, layers_cache, replay_routes)
+      x, kv, record = self._loop_layers(x, block_args, layers_cache, replay_routes)
     if cache is not None:
       cache = KVCache(keys=kv[0], values=kv[1], valid=valid, end=cache.end + time,
                       length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32))
-    return x, cache, routes
+    return x, cache, record
 
   def embed_tokens(self, tokens: jax.Array) -> jax.Array:
     """The input embeddings [B, T, E] of `tokens` [B, T] in the compute dtype; Gemma's
@@ -234,8 +242,9 @@ class DecoderLM(nnx.Module):
 
   def _loop_layers(self, x, block_args, cache, replay_routes=None):
     """The per-layer (unscanned) layers as a Python loop; arguments and result as
-    `layer_scan.scan_blocks`, with per-layer tuples of cache keys / values; the routes
-    [B, T, L, k] (NOT_RECORDED in dense layers), or None without experts."""
+    `layer_scan.scan_blocks`, with per-layer tuples of cache keys / values; the
+    `moe.RouterRecord` (NOT_RECORDED routes and zero sums in dense layers), or None
+    without experts."""
     config = self.config
     rope, token_mask, segment_ids = block_args
     new_keys, new_values, routes = [], [], []
@@ -253,11 +262,18 @@ class DecoderLM(nnx.Module):
         new_keys.append(kv[0])
         new_values.append(kv[1])
       if config.num_experts:
-        routes.append(experts if experts is not None else jnp.full(
-            x.shape[:2] + (config.experts_per_token,), NOT_RECORDED,
-            route_dtype(config.num_experts)))
+        routes.append(experts if experts is not None else _dense_layer_record(
+            config, x.shape[:2]))
     kv = None if cache is None else (tuple(new_keys), tuple(new_values))
-    return x, kv, (jnp.stack(routes, axis=2) if routes else None)
+    if not routes:
+      return x, kv, None
+    per_token = lambda *xs: jnp.stack(xs, axis=2)  # [B, T, k] each → [B, T, L, k]
+    per_layer = lambda *xs: jnp.stack(xs)
+    record = RouterRecord(*(
+        (per_token if field in ("routes", "live") else per_layer)(*(getattr(r, field)
+                                                                    for r in routes))
+        for field in RouterRecord._fields))
+    return x, kv, record
 
   def project(self, hidden: jax.Array) -> jax.Array:
     """The head on final-normed hidden states [..., E]: logits [..., V] (LM head) or
@@ -285,6 +301,15 @@ def embedding_scale(config: DecoderConfig) -> jax.Array:
   is its activations'), and vLLM: 1152 → 33.941 in float32, 34.0 in bfloat16 (a 0.17 %
   larger residual stream than an unrounded scale, up to 0.24 % at other widths)."""
   return jnp.asarray(config.hidden_size ** 0.5, config.jnp_dtype)
+
+
+def _dense_layer_record(config: DecoderConfig, shape: tuple[int, int]) -> RouterRecord:
+  """A dense layer's place in a MoE model's `moe.RouterRecord`: no routes, zero sums."""
+  unrouted = jnp.full(shape + (config.experts_per_token,), NOT_RECORDED,
+                      route_dtype(config.num_experts))
+  zeros = jnp.zeros((config.num_experts,), jnp.float32)
+  return RouterRecord(routes=unrouted, live=unrouted, load=zeros, prob_sums=zeros,
+                      z_sums=jnp.float32(0), tokens=jnp.float32(0))
 
 
 def _with_kind(kind):

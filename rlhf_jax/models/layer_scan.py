@@ -73,7 +73,8 @@ def scan_blocks(layers: nnx.Module, x: jax.Array, block_args: tuple, config: Dec
 
   Args:
     layers: the stacked block; its call is block(x, rope, token_mask, layer_cache,
-      segment_ids, kind, replay) → (x, (keys, values) or None, experts or None).
+      segment_ids, kind, replay) → (x, (keys, values) or None, a `moe.RouterRecord` or
+      None).
     x: [B, T, E] residual stream.
     block_args: (rope, token_mask, segment_ids), the same for every layer.
     config: the DecoderConfig.
@@ -83,8 +84,8 @@ def scan_blocks(layers: nnx.Module, x: jax.Array, block_args: tuple, config: Dec
       arrays scanned with the layers (Gemma's interleaved sliding and global layers).
     replay: [L, B, T, k] experts each (sparse) layer replays, or None.
   Returns:
-    (x [B, T, E], (keys, values) updated or None without a cache, the experts [L, B, T, k]
-    of sparse layers or None).
+    (x [B, T, E], (keys, values) updated or None without a cache, the layers' stacked
+    `moe.RouterRecord` (routes [L, B, T, k]) of sparse layers or None).
   """
   rope, token_mask, segment_ids = block_args
   graphdef, state = nnx.split(layers)

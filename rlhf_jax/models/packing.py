@@ -262,24 +262,43 @@ def unpack_responses(hidden: jax.Array, packed: PackedRows) -> jax.Array:
   return jnp.where(present, picked, jnp.zeros((), hidden.dtype))
 
 
+def unpack_rows(values: jax.Array, packed: PackedRows, rows: int, width: int,
+                fill=0) -> jax.Array:
+  """[K, C, ...] per-buffer-token values → [b, W, ...] at their rows' columns (`fill`
+  where no buffer token lands: past a row's length, rows not in these buffers); the
+  inverse of `pack_inputs` on real tokens."""
+  flat = values.reshape(-1, *values.shape[2:])
+  target = jnp.where(packed.source >= 0, packed.source, rows * width).reshape(-1)
+  out = jnp.full((rows * width,) + values.shape[2:], fill, values.dtype)
+  return out.at[target].set(flat, mode="drop").reshape(rows, width, *values.shape[2:])
+
+
 def response_hidden(module, tokens: jax.Array, *, num_last: int,
-                    packed: PackedRows | None = None, **forward) -> jax.Array:
+                    packed: PackedRows | None = None, with_router: bool = False,
+                    **forward):
   """A `DecoderLM`'s final-normed hidden states that predict the last `num_last`
   tokens of the rows `tokens` [b, W] (W = P + R, R = num_last): columns
   [W − R − 1, W − 1), [b, R, E]. The forward runs on all W tokens (an even, aligned
   length; the last token is causally after every state read). From the padded rows
   (`forward` holds their attention_mask [b, W]), or from their packed buffers when
   `packed` is given (then `forward` may hold only arguments that do not describe the
-  rows' layout)."""
+  rows' layout). With `with_router` (a mixture-of-experts model), (hidden, the forward's
+  `moe.RouterRecord` with its routes [b, W, L, k] at the rows' columns)."""
   if packed is None:
-    hidden, _ = module(tokens, num_last=num_last + 1, apply_head=False, **forward)
-    return hidden[:, :-1]
+    out = module(tokens, num_last=num_last + 1, apply_head=False, with_router=with_router,
+                 **forward)
+    return (out[0][:, :-1], out[2]) if with_router else out[0][:, :-1]
   if forward.get("replay_routes") is not None:  # [b, W, L, k] rows → their buffers
     forward["replay_routes"] = pack_inputs(forward["replay_routes"], packed, fill=NOT_RECORDED)
-  hidden, _ = module(pack_inputs(tokens, packed), positions=packed.positions,
-                     segment_ids=packed.segments, attention_mask=packed.segments > 0,
-                     apply_head=False, **forward)
-  return unpack_responses(hidden, packed)
+  out = module(pack_inputs(tokens, packed), positions=packed.positions,
+               segment_ids=packed.segments, attention_mask=packed.segments > 0,
+               apply_head=False, with_router=with_router, **forward)
+  hidden = unpack_responses(out[0], packed)
+  if not with_router:
+    return hidden
+  record = out[2]
+  rows = lambda routes: unpack_rows(routes, packed, *tokens.shape, fill=NOT_RECORDED)
+  return hidden, record._replace(routes=rows(record.routes), live=rows(record.live))
 
 
 def padding_fraction(real_tokens: int, total_tokens: int) -> float:

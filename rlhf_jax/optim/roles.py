@@ -178,6 +178,8 @@ class TrainedRole:
     self.model = model
     self.mesh = mesh
     self.state = new_train_state(optimizer, params, mesh)
+    # Kept for a notebook or a test that evaluates the role's loss on a batch.
+    self.loss_fn, self.normalizer_fn = loss_fn, normalizer_fn
     step = minibatch_update(loss_fn, normalizer_fn, has_target, optimizer, micro_batches)
     self._update = self._build(step, epochs, minibatches)
 

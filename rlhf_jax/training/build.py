@@ -198,13 +198,17 @@ def _sampler(c, policy: Policy, mesh):
   return sampler_config_lib.build_scheduler(
       c.sampler, policy.model, generation_params(c, policy, policy.params, mesh),
       tokenizer=policy.tokenizer, seed=c.seed,
-      requests=rollout_config_lib.sampling_params(c.rollout, ()), record_routes=records_routes(c))
+      requests=rollout_config_lib.sampling_params(c.rollout, ()),
+      record_routes=records_routes(c, policy.model.config))
 
 
-def records_routes(c) -> bool:
-  """Whether the run's in-process sampler records each token's experts: for routing
-  replay R3 (`algorithm.moe.routing_replay`), the one switch of it in a trainer."""
-  return c.algorithm.moe.routing_replay == "R3"
+def records_routes(c, model_config) -> bool:
+  """Whether the run's in-process sampler records each token's experts (a mixture-of-
+  experts policy): for routing replay R3 (`algorithm.moe.routing_replay`), or to measure
+  the route flip rate (`algorithm.moe.measure_route_flips`)."""
+  m = c.algorithm.moe
+  return bool(model_config.num_experts) and (m.routing_replay == "R3"
+                                              or m.measure_route_flips)
 
 
 def process_sharded_sampler(c, policy: Policy, mesh):
@@ -221,7 +225,8 @@ def process_sharded_sampler(c, policy: Policy, mesh):
   params = to_local(parallel.fully_replicated_host_value(policy.params, mesh))
   local = sampler_config_lib.build_scheduler(c.sampler, policy.model, params,
                                              tokenizer=policy.tokenizer, seed=c.seed,
-                                             record_routes=records_routes(c))
+                                             record_routes=records_routes(
+                                                 c, policy.model.config))
   return ProcessShardedSampler(local, mesh, to_local)
 
 

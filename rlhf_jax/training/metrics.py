@@ -34,7 +34,7 @@ from rlhf_jax.rollout import modes as rollout_modes
 
 # Per-mini-batch metrics reduced by their extreme, not their mean.
 _EXTREMES = {"is_ratio_max": np.max, "is_ratio_min": np.min, "logprob_mismatch_max": np.max,
-             "update_logprob_gap_max": np.max}
+             "update_logprob_gap_max": np.max, "moe/load_imbalance_max": np.max}
 
 
 # Metrics every role's update reports; a role's prefix tells them apart.

@@ -69,19 +69,31 @@ def test_the_forwards_replay_the_routes_padded_and_packed_alike():
   packed = jax.tree.map(np.asarray, plan)
   np.testing.assert_allclose(forward(batch, packed), replayed, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(forward(live, packed), unreplayed, rtol=1e-5, atol=1e-5)
+  # The record of a packed forward puts each token's routes back at its row's column.
+  record = lambda packed=None: batch_lib.response_logprobs(model, params, live, packed=packed,
+                                                           with_router=True)[1]
+  real = np.asarray(live.attention_mask, bool)
+  padded_routes, packed_routes = np.asarray(record().routes), np.asarray(record(packed).routes)
+  np.testing.assert_array_equal(packed_routes[real], padded_routes[real])
+  assert (packed_routes[~real] == moe.NOT_RECORDED).all()
 
 
-def test_the_learner_replays_routes_only_under_r3_and_refuses_r3_without_them():
+def test_the_learner_keeps_a_moe_policys_routes_and_refuses_r3_without_them():
   import types  # pylint: disable=import-outside-toplevel
   from rlhf_jax.algorithms.ppo_learner import PPOLearner  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(4)
   batch = _batch([_forced(rng, 4), _forced(rng, 2)])
 
-  def learner(replay):
-    return types.SimpleNamespace(algorithm=types.SimpleNamespace(
-        moe=types.SimpleNamespace(routing_replay=replay)))
+  def learner(replay, experts=6):
+    return types.SimpleNamespace(
+        algorithm=types.SimpleNamespace(moe=types.SimpleNamespace(routing_replay=replay)),
+        actor=types.SimpleNamespace(model=types.SimpleNamespace(
+            config=types.SimpleNamespace(num_experts=experts))))
 
-  assert PPOLearner._routes_to_replay(learner("off"), batch).routes is None
+  # A MoE policy's prepare takes the sampler's routes under every mode (the flip rate);
+  # a dense policy's never.
+  assert PPOLearner._routes_to_replay(learner("off"), batch).routes is batch.routes
+  assert PPOLearner._routes_to_replay(learner("off", experts=0), batch).routes is None
   assert PPOLearner._routes_to_replay(learner("R3"), batch).routes is batch.routes
   with pytest.raises(ValueError, match="routing_replay='R3': the rollout brought no routes"):
     PPOLearner._routes_to_replay(learner("R3"), batch.replace(routes=None))
@@ -95,6 +107,10 @@ def test_a_trainers_config_takes_routing_replay_not_the_servers_switch():
   with pytest.raises(ConfigError, match="sampler.record_routes.*routing_replay='R3'"):
     validate_config(config)
   config = base_config("arith")
-  config.algorithm.moe.routing_replay = "R2"
+  config.algorithm.moe.routing_replay = "R1"
   with pytest.raises(ConfigError, match="algorithm.moe.routing_replay"):
+    validate_config(config)
+  config = base_config("arith")
+  config.algorithm.moe.aux_loss_coef = -0.1
+  with pytest.raises(ConfigError, match="algorithm.moe.aux_loss_coef"):
     validate_config(config)

@@ -10,13 +10,17 @@
 from rlhf_jax.models.moe.experts import EXPERT_KERNELS
 from rlhf_jax.models.moe.experts import expert_mlp
 from rlhf_jax.models.moe.routing import NOT_RECORDED
+from rlhf_jax.models.moe.routing import RouterRecord
 from rlhf_jax.models.moe.routing import Routes
 from rlhf_jax.models.moe.routing import expert_load
+from rlhf_jax.models.moe.routing import layer_record
 from rlhf_jax.models.moe.routing import load_balancing_loss
+from rlhf_jax.models.moe.routing import record_losses
 from rlhf_jax.models.moe.routing import route
 from rlhf_jax.models.moe.routing import route_dtype
 from rlhf_jax.models.moe.routing import route_flip_rate
 from rlhf_jax.models.moe.routing import router_z_loss
 
-__all__ = ["EXPERT_KERNELS", "NOT_RECORDED", "Routes", "expert_load", "expert_mlp",
-           "load_balancing_loss", "route", "route_dtype", "route_flip_rate", "router_z_loss"]
+__all__ = ["EXPERT_KERNELS", "NOT_RECORDED", "RouterRecord", "Routes", "expert_load",
+           "expert_mlp", "layer_record", "load_balancing_loss", "record_losses", "route",
+           "route_dtype", "route_flip_rate", "router_z_loss"]

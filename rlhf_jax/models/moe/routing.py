@@ -71,6 +71,64 @@ def route(logits: jax.Array, top_k: int, *, normalize: bool,
   return Routes(experts.astype(jnp.int32), weights.astype(logits.dtype))
 
 
+class RouterRecord(NamedTuple):
+  """What the routers of a forward did, per layer (L layers; dense ones hold
+  NOT_RECORDED routes and zero sums). A `DecoderLM` returns it with `with_router=True`.
+
+  Attributes:
+    routes: [..., L, k] the experts each token was sent to (replayed ones under replay),
+      in `route_dtype`.
+    live: [..., L, k] the experts the live router's top-k picks (equal to `routes`
+      without replay): compared with a sampler's routes, the route flip rate.
+    load: [L, X] float32 tokens sent to each expert (counting each of a token's k),
+      over the forward's real tokens.
+    prob_sums: [L, X] float32 Σ over real tokens of the router's probabilities.
+    z_sums: [L] float32 Σ over real tokens of logsumexp(router logits)².
+    tokens: [L] float32 the real tokens each layer routed.
+  """
+  routes: jax.Array
+  live: jax.Array
+  load: jax.Array
+  prob_sums: jax.Array
+  z_sums: jax.Array
+  tokens: jax.Array
+
+
+def layer_record(logits: jax.Array, routes: Routes, top_k: int, valid: jax.Array,
+                 dtype) -> RouterRecord:
+  """One layer's `RouterRecord` (without the layer axis) from its router logits [N, X],
+  the routes it used, and `valid` [N] (1 on real tokens): the sums the auxiliary losses
+  (`record_losses`) and the load figures read."""
+  num_experts = logits.shape[-1]
+  mask = valid.astype(jnp.float32)
+  logits = logits.astype(jnp.float32)
+  _, live = jax.lax.top_k(logits, top_k)  # softmax is monotone: the top-k of p
+  return RouterRecord(
+      routes=routes.experts.astype(dtype), live=live.astype(dtype),
+      load=expert_load(routes.experts, num_experts, mask),
+      prob_sums=(jax.nn.softmax(logits, axis=-1) * mask[:, None]).sum(axis=0),
+      z_sums=(jax.nn.logsumexp(logits, axis=-1) ** 2 * mask).sum(), tokens=mask.sum())
+
+
+def record_losses(record: RouterRecord, sparse: jax.Array) -> dict[str, jax.Array]:
+  """The auxiliary router losses of a forward, each the mean over its sparse layers
+  (`sparse` [L] bool) of the layer's loss over its real tokens:
+  - "load_balancing": Switch Transformer's X · Σ_x f_x · P_x (as `load_balancing_loss`),
+    f_x the fraction of (token, slot) pairs sent to x, P_x x's mean router probability;
+  - "z": ST-MoE's mean logsumexp(logits)² (as `router_z_loss`).
+  And the load figures: "load_imbalance" [L] max/mean tokens per expert (1 when even; 0
+  in dense layers)."""
+  num_experts, top_k = record.load.shape[-1], record.routes.shape[-1]
+  tokens = jnp.maximum(record.tokens, 1.0)  # [L]
+  fraction = record.load / (tokens * top_k)[:, None]
+  mean_prob = record.prob_sums / tokens[:, None]
+  weights = sparse.astype(jnp.float32) / jnp.maximum(jnp.sum(sparse), 1)
+  mean_load = jnp.maximum(record.load.mean(axis=-1), 1e-9)
+  return {"load_balancing": jnp.sum(weights * num_experts * jnp.sum(fraction * mean_prob, -1)),
+          "z": jnp.sum(weights * record.z_sums / tokens),
+          "load_imbalance": jnp.where(sparse, record.load.max(axis=-1) / mean_load, 0.0)}
+
+
 def route_flip_rate(routes: jax.Array, other: jax.Array, valid: jax.Array | None = None
                     ) -> jax.Array:
   """Per layer, the fraction of tokens whose set of experts differs between two routings

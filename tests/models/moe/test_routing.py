@@ -122,3 +122,34 @@ def test_route_flip_rate_counts_tokens_whose_expert_set_differs_per_layer():
   only_first_two = routing.route_flip_rate(jnp.asarray(a), jnp.asarray(b),
                                            jnp.asarray([1, 1, 0, 0]))
   np.testing.assert_allclose(only_first_two, [0.0, 1 / 2], rtol=1e-6)
+
+
+def test_a_forwards_record_gives_each_layers_losses_and_load_as_the_formulas():
+  """`layer_record` sums per layer, `record_losses` turns them into the Switch loss, the
+  z-loss and max/mean load, averaged over the sparse layers (a NumPy loop over layers)."""
+  rng = np.random.default_rng(7)
+  layers, n, x, k = 3, 12, 5, 2
+  logits = rng.normal(size=(layers, n, x)).astype(np.float32) * 2
+  valid = rng.random(n) < 0.75
+  sparse = np.array([True, False, True])
+  records = []
+  for layer in range(layers):
+    routes = routing.route(jnp.asarray(logits[layer]), k, normalize=True)
+    records.append(routing.layer_record(jnp.asarray(logits[layer]), routes, k,
+                                        jnp.asarray(valid), jnp.int8))
+  stacked = routing.RouterRecord(*(jnp.stack(field) for field in zip(*records)))
+  got = routing.record_losses(stacked, jnp.asarray(sparse))
+  balance, z, imbalance = [], [], []
+  for layer in np.flatnonzero(sparse):
+    p = _softmax(logits[layer])[valid]
+    top = np.argsort(-p, axis=-1)[:, :k]
+    counts = np.bincount(top.ravel(), minlength=x).astype(np.float64)
+    balance.append(x * np.sum(counts / (valid.sum() * k) * p.mean(axis=0)))
+    lse = np.log(np.exp(logits[layer][valid]).sum(-1))
+    z.append(np.mean(lse ** 2))
+    imbalance.append(counts.max() / counts.mean())
+  np.testing.assert_allclose(got["load_balancing"], np.mean(balance), rtol=1e-5)
+  np.testing.assert_allclose(got["z"], np.mean(z), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(got["load_imbalance"])[sparse], imbalance, rtol=1e-5)
+  assert np.asarray(got["load_imbalance"])[1] == 0
+  np.testing.assert_array_equal(np.asarray(stacked.live), np.asarray(stacked.routes))
