@@ -383,7 +383,8 @@ pytest_args() {  # what the GPU image cannot run: the docs build (mkdocs), noteb
   if ! "$PY" -c "import rlhf_jax.sampling.serve.protos.sampler_pb2_grpc" 2>/dev/null; then
     echo "grpcio too old for rlhf_jax/sampling/serve/protos: gRPC tests and modules skipped"
     # the two rooms that import grpc: the server and its clients
-    PYTEST_ARGS+=(--ignore=tests/sampling/test_server.py --ignore=rlhf_jax/sampling/serve
+    PYTEST_ARGS+=(--ignore=tests/sampling/serve --ignore=tests/sampling/remote
+                  --ignore=rlhf_jax/sampling/serve
                   --ignore=rlhf_jax/sampling/remote -k "not sampling_server and not grpc")
   fi
 }

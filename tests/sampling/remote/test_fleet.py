@@ -158,21 +158,6 @@ def test_a_fleet_waits_for_a_server_to_come_back(fleet):
   assert metrics["fleet/reconnect_waits"] == 1 and metrics["fleet/server_joins"] >= 4
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"addresses": ("localhost",)}, "every entry must be 'host:port'"),
-    ({"addresses": ("a:1", "a:1")}, "has an address twice"),
-    ({"addresses": ("a:1",), "address": "b:2"}, "not both"),
-])
-def test_bad_fleet_addresses_are_named(fields, message):
-  from rlhf_jax.config_errors import ConfigError
-  from rlhf_jax.sampling.config import sampler_config
-  from rlhf_jax.sampling.config import validate_sampler_config
-  config = sampler_config()
-  config.update(fields)
-  with pytest.raises(ConfigError, match=f"config.sampler.addresses.*{message}"):
-    validate_sampler_config(config)
-
-
 def test_a_continuation_goes_to_the_server_that_kept_its_cache():
   """Turn 2 of each conversation lands on the server that parked turn 1's cache: the fleet
   reuses as many tokens as one scheduler serving both turns, and draws the same tokens."""
@@ -207,20 +192,6 @@ def test_a_continuation_goes_to_the_server_that_kept_its_cache():
     for server, _, service in servers:
       server.stop(grace=None)
       service.stop()
-
-
-def test_cache_affinity_finds_the_longest_kept_prefix_and_forgets_a_lost_server():
-  from rlhf_jax.sampling.remote.affinity import CacheAffinity
-  affinity = CacheAffinity(capacity=2)
-  affinity.record([1, 2, 3], "a")
-  affinity.record([1, 2, 3, 4, 5], "b")
-  assert affinity.owner([1, 2, 3, 4, 5, 9]) == "b"
-  assert affinity.owner([1, 2, 3, 4]) == "a" and affinity.owner([1, 2, 3]) == "a"
-  assert affinity.owner([1, 2]) is None and affinity.owner([7, 1, 2, 3]) is None
-  affinity.record([8], "a")  # over capacity: the oldest, [1, 2, 3], is forgotten
-  assert affinity.owner([1, 2, 3, 4]) is None
-  affinity.forget("b")
-  assert affinity.owner([1, 2, 3, 4, 5, 9]) is None and affinity.owner([8, 0]) == "a"
 
 
 def test_a_server_back_from_a_blip_takes_the_fleets_older_pinned_weights(fleet):

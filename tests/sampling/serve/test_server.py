@@ -1,7 +1,6 @@
 """The gRPC sampling server on localhost: results equal the in-process scheduler's,
 JetStream's wire shape, errors, disconnects, failures, weight updates."""
 
-import re
 import time
 
 import grpc
@@ -14,7 +13,6 @@ from rlhf_jax import sampling
 from rlhf_jax.sampling.remote.client import SamplerClient
 from rlhf_jax.sampling.remote.client import TokenEvent
 from rlhf_jax.sampling.scheduler.scheduler import Scheduler
-from rlhf_jax.sampling.serve import config as serve_config_lib
 from rlhf_jax.sampling.serve import server as server_lib
 from rlhf_jax.sampling.serve import wire
 from rlhf_jax.sampling.serve.protos import jetstream_pb2
@@ -246,38 +244,6 @@ def test_weight_update_with_a_wrong_tensor_is_rejected(served):
   assert client.health().weights_version == 0
 
 
-def serve_config(variant="tiny"):
-  import importlib.util
-  import pathlib
-  path = pathlib.Path(__file__).resolve().parents[2] / "configs" / "serve.py"
-  spec = importlib.util.spec_from_file_location("serve_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(variant)
-
-
-@pytest.mark.parametrize("field,value,match", [
-    ("sampler.prompt_buckets", (16, 200), "config.sampler.prompt_buckets"),
-    ("sampler.update_policy", "later", "config.sampler.update_policy"),
-    ("sampler.num_slots", 0, "config.sampler.num_slots"),
-    ("sampler.address", "nowhere", "config.sampler.address"),
-    ("server.port", 70000, "config.server.port"),
-    ("model.hidden_size", 60, "config.model.hidden_size"),
-    ("tokenizer", "/nonexistent", "config.tokenizer"),
-])
-def test_serve_config_errors_name_the_field(field, value, match):
-  config = serve_config()
-  section, _, name = field.rpartition(".")
-  (config[section] if section else config)[name] = value
-  with pytest.raises(ValueError, match=match.replace(".", r"\.")):
-    serve_config_lib.validate_serve_config(config)
-
-
-def test_serve_config_hf_needs_a_checkpoint():
-  with pytest.raises(ValueError, match=r"config\.model\.checkpoint"):
-    serve_config_lib.validate_serve_config(serve_config("hf"))
-
-
 @pytest.mark.slow
 def test_launch_serve_runs_and_stops_cleanly():
   import json
@@ -286,7 +252,7 @@ def test_launch_serve_runs_and_stops_cleanly():
   import signal
   import subprocess
   import sys
-  root = pathlib.Path(__file__).resolve().parents[2]
+  root = pathlib.Path(__file__).resolve().parents[3]
   process = subprocess.Popen(
       [sys.executable, str(root / "launch" / "serve.py"), "--config=configs/serve.py:tiny",
        "--config.server.port=0", "--config.sampler.num_slots=2"],
@@ -315,17 +281,21 @@ def test_generated_protocol_modules_are_up_to_date(tmp_path):
   protoc = pytest.importorskip("grpc_tools.protoc")
   import pathlib
   import shutil
-  root = pathlib.Path(__file__).resolve().parents[2]
-  protos = root / "rlhf_jax" / "sampling" / "protos"
-  copy = tmp_path / "rlhf_jax" / "sampling" / "protos"
+  root = pathlib.Path(__file__).resolve().parents[3]
+  protos = root / "rlhf_jax" / "sampling" / "serve" / "protos"
+  copy = tmp_path / "rlhf_jax" / "sampling" / "serve" / "protos"
   copy.mkdir(parents=True)
-  for proto in protos.glob("*.proto"):
+  sources = sorted(protos.glob("*.proto"))
+  assert [p.name for p in sources] == ["jetstream.proto", "sampler.proto"], sources
+  for proto in sources:
     shutil.copy(proto, copy)
     relative = proto.relative_to(root)
     assert protoc.main(["protoc", f"-I{tmp_path}", f"--python_out={tmp_path}",
                         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}",
                         str(relative)]) == 0
-  for generated in copy.glob("*_pb2*.py*"):
+  generated_files = sorted(copy.glob("*_pb2*.py*"))
+  assert len(generated_files) == 6, generated_files  # _pb2.py, _pb2.pyi, _pb2_grpc.py each
+  for generated in generated_files:
     assert generated.read_text() == (protos / generated.name).read_text(), (
         f"{generated.name} is stale: run python scripts/gen_protos.py")
 
@@ -346,55 +316,6 @@ def test_candidate_logprobs_are_the_first_position_softmax_in_process_and_served
   assert plain[0].candidate_logprobs == []
   with pytest.raises(ValueError, match="candidate_token_ids"):
     sampling.SamplingParams(candidate_token_ids=(-1,))
-
-
-def weight_chunks(params, version, chunk_bytes):
-  """WeightChunk messages of `params`, cut here (not by the client) at `chunk_bytes`."""
-  for name, leaf in wire.param_names(params):
-    data = np.ascontiguousarray(np.asarray(leaf)).tobytes()
-    for offset in range(0, len(data), chunk_bytes):
-      yield sampler_pb2.WeightChunk(version=version, name=name, dtype=str(leaf.dtype),
-                                    shape=leaf.shape, offset=offset,
-                                    data=data[offset:offset + chunk_bytes])
-
-
-def test_params_from_chunks_reassembles_any_order_and_names_the_bad_tensor():
-  _, new_params = models.init_model(CONFIG, seed=3)
-  chunks = list(weight_chunks(new_params, 5, chunk_bytes=700))
-  rebuilt, version, tensors = wire.params_from_chunks(chunks[::-1], PARAMS)
-  names = wire.param_names(new_params)
-  assert version == 5 and tensors == len(names)
-  for (name, expected), (rebuilt_name, leaf) in zip(names, wire.param_names(rebuilt)):
-    assert name == rebuilt_name
-    np.testing.assert_array_equal(np.asarray(leaf), np.asarray(expected))
-  first = chunks[0]
-  overrun = sampler_pb2.WeightChunk()
-  overrun.CopyFrom(first)
-  overrun.offset = 10**9
-  cases = {
-      "version changed": [first, sampler_pb2.WeightChunk(
-          version=6, name=first.name, dtype=first.dtype, shape=first.shape)],
-      f"{first.name!r}: chunk at offset": [overrun],
-      "missing tensors": chunks[:1],
-      "unexpected tensor 'nowhere'": [sampler_pb2.WeightChunk(version=5, name="nowhere")],
-  }
-  for message, stream in cases.items():
-    with pytest.raises(ValueError, match=re.escape(message)):
-      wire.params_from_chunks(stream, PARAMS)
-
-
-@pytest.mark.slow
-def test_tiny_serve_model_has_the_configured_shape():
-  config = serve_config()
-  config.model.hidden_size, config.model.vocab_size, config.model.num_layers = 24, 40, 1
-  serve_config_lib.validate_serve_config(config)
-  model, params, tokenizer = serve_config_lib.load_served_model(config)
-  assert tokenizer is None
-  assert (model.config.hidden_size, model.config.vocab_size, model.config.num_layers,
-          model.config.num_heads, model.config.num_kv_heads, model.config.head_dim) == (
-              24, 40, 1, 4, 2, 6)
-  logits, _ = model.apply(params, np.asarray([[1, 2, 3]], np.int32))
-  assert logits.shape == (1, 3, 40)
 
 
 def test_the_sampling_core_imports_without_grpc():

@@ -20,6 +20,7 @@ from rlhf_jax.rollout.generation import Rollouts
 from rlhf_jax.sampling.remote.client import SamplerClient
 from rlhf_jax.sampling.remote.fleet import SamplerFleet
 from rlhf_jax.sampling.scheduler.scheduler import Scheduler
+from rlhf_jax.sampling.serve import reference as serve_reference
 from rlhf_jax.sampling.serve import server as server_lib
 
 CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
@@ -217,3 +218,25 @@ def test_a_server_in_another_dtype_is_refused_when_the_reference_is_sent():
 
   with pytest.raises(ConfigError, match="a server computes in 'bfloat16'"):
     reference_lib.send_reference(Sampler(), REFERENCE, "float32")
+
+
+def test_reference_rows_are_capped_and_bucketed():
+  policy = serve_reference.ReferencePolicy(MODEL, max_length=32)
+  policy.load(SERVED)
+
+  def rows(batch, prompt, response, seed):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, 64, (batch, prompt + response)).astype(np.int32)
+    mask = np.ones_like(tokens)
+    mask[0, :2] = 0  # a left-padded prompt
+    return tokens, mask, np.ones((batch, response), np.float32)
+
+  with pytest.raises(ValueError, match="at most 32"):
+    policy.logprobs(*rows(1, 30, 3, 0))
+  first = policy.logprobs(*rows(3, 6, 4, 1))
+  second = policy.logprobs(*rows(4, 7, 3, 2))
+  assert first.shape == (3, 4) and second.shape == (4, 3)
+  assert policy._forward._cache_size() == 1  # both: 4 rows, prompt 8, response 4
+  tokens, mask, response = rows(3, 6, 4, 1)
+  unpadded = serve_reference.ReferencePolicy(MODEL)._forward(SERVED, tokens, mask, response)
+  np.testing.assert_allclose(first, np.asarray(unpadded), atol=1e-5)
