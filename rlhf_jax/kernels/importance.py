@@ -52,7 +52,8 @@ def rollout_correction(old_logprobs: chex.Array, sampler_logprobs: chex.Array,
     (weights, keep, metrics): weights [B, T] float32 (0 off the mask), keep
     [B, T] float32 (the mask minus dropped tokens), both constants (no
     gradient); metrics over the masked tokens: logprob_mismatch_max / _mean
-    (|log π_trainer − log π_sampler|), is_ratio_min / _max (r_t; 1 when the
+    (|log π_trainer − log π_sampler|), logprob_mismatch_k3 (the mean k3 estimate of
+    KL(π_sampler ‖ π_trainer), r − 1 − log r), is_ratio_min / _max (r_t; 1 when the
     mask is empty), is_ratio_mean, correction_clipped_frac (tis: r_t > C),
     correction_masked_frac (mis: 1 − Σkeep / Σmask); float32 scalars, 0 when
     the mask is empty unless stated.
@@ -87,6 +88,8 @@ def rollout_correction(old_logprobs: chex.Array, sampler_logprobs: chex.Array,
   metrics = {
       "logprob_mismatch_max": jnp.max(jnp.abs(diff)),
       "logprob_mismatch_mean": statistics.masked_mean(jnp.abs(diff), mask),
+      # k3 (Schulman's estimator) of KL(sampler ‖ trainer) at the sampled tokens: r − 1 − log r.
+      "logprob_mismatch_k3": statistics.masked_mean(ratio - 1.0 - jnp.log(ratio), mask),
       "is_ratio_min": jnp.where(count > 0, jnp.min(jnp.where(on_mask, ratio, jnp.inf)), 1.0),
       "is_ratio_max": jnp.where(count > 0, jnp.max(jnp.where(on_mask, ratio, -jnp.inf)), 1.0),
       "is_ratio_mean": statistics.masked_mean(ratio, mask),

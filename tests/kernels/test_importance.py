@@ -12,7 +12,8 @@ from absl.testing import parameterized
 from rlhf_jax import kernels
 from tests.kernels.batches import ragged_mask
 
-METRICS = ("logprob_mismatch_max", "logprob_mismatch_mean", "is_ratio_min", "is_ratio_max",
+METRICS = ("logprob_mismatch_max", "logprob_mismatch_mean", "logprob_mismatch_k3",
+           "is_ratio_min", "is_ratio_max",
            "is_ratio_mean", "correction_clipped_frac", "correction_masked_frac")
 
 
@@ -21,7 +22,7 @@ def correction_reference(old, sampler, mask, mode, threshold):
   old, sampler = old.astype(np.float64), sampler.astype(np.float64)
   batch, time = old.shape
   weights, keep = np.zeros((batch, time)), np.zeros((batch, time))
-  ratios, mismatches, clipped = [], [], 0
+  ratios, mismatches, k3, clipped = [], [], [], 0
   for i in range(batch):
     log_sequence_ratio = sum(old[i, t] - sampler[i, t] for t in range(time) if mask[i, t])
     sequence_ratio = np.exp(min(max(log_sequence_ratio, -20.0), 20.0))
@@ -32,6 +33,7 @@ def correction_reference(old, sampler, mask, mode, threshold):
       ratio = np.exp(min(max(delta, -20.0), 20.0))
       ratios.append(ratio)
       mismatches.append(abs(delta))
+      k3.append(ratio - 1.0 - np.log(ratio))
       if mode == "none":
         weights[i, t], keep[i, t] = 1.0, 1.0
       elif mode == "tis":
@@ -47,6 +49,7 @@ def correction_reference(old, sampler, mask, mode, threshold):
   metrics = {
       "logprob_mismatch_max": max(mismatches, default=0.0),
       "logprob_mismatch_mean": float(np.mean(mismatches)) if n else 0.0,
+      "logprob_mismatch_k3": float(np.mean(k3)) if n else 0.0,
       "is_ratio_min": min(ratios, default=1.0),
       "is_ratio_max": max(ratios, default=1.0),
       "is_ratio_mean": float(np.mean(ratios)) if n else 0.0,
