@@ -20,9 +20,9 @@ from rlhf_jax.models.attention.cached import cached_attention
 from rlhf_jax.models.attention.xla import grouped_query_attention
 from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.layer_scan import write_cache
-from rlhf_jax.models.moe import expert_mlp
 from rlhf_jax.models.moe import route
 from rlhf_jax.models.moe import route_dtype
+from rlhf_jax.models.moe.parallel import experts_on_mesh
 from rlhf_jax.models.rope import apply_rope
 from rlhf_jax.models.rope import layer_rope
 
@@ -282,7 +282,8 @@ class MLP(nnx.Module):
 class SparseMoE(nnx.Module):
   """A mixture-of-experts MLP (Qwen3-MoE's sparse block): each token goes to its k experts
   by the router (`moe.route`: softmax, top-k, optionally renormalised), and their gated
-  MLPs are summed with the gate weights (`moe.expert_mlp`, dropless)."""
+  MLPs are summed with the gate weights (`moe.expert_mlp`, dropless; expert-parallel
+  under a mesh with an expert axis: `moe.parallel`)."""
 
   def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
     e, f, x = config.hidden_size, config.expert_intermediate_size, config.num_experts
@@ -302,9 +303,10 @@ class SparseMoE(nnx.Module):
     routes = route(_dense(tokens, self.router[...].astype(dtype), c.precision), k,
                    normalize=c.normalize_expert_weights,
                    replay=None if replay is None else replay.reshape(-1, k))
-    out = expert_mlp(tokens, routes, self.gate_proj[...].astype(dtype),
-                     self.up_proj[...].astype(dtype), self.down_proj[...].astype(dtype),
-                     kernel=c.expert_kernel, activation=c.activation, precision=c.precision)
+    out = experts_on_mesh(tokens, routes, self.gate_proj[...].astype(dtype),
+                          self.up_proj[...].astype(dtype), self.down_proj[...].astype(dtype),
+                          kernel=c.expert_kernel, activation=c.activation,
+                          precision=c.precision)
     experts = routes.experts.astype(route_dtype(c.num_experts)).reshape(*x.shape[:-1], k)
     return out.reshape(x.shape), experts
 

@@ -18,6 +18,7 @@ the update writes them in place instead of holding two copies at the peak.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import flax.struct
@@ -177,9 +178,9 @@ class TrainedRole:
                epochs: int, minibatches: int, micro_batches: int = 1):
     self.model = model
     self.mesh = mesh
-    self.state = new_train_state(optimizer, params, mesh)
     # Kept for a notebook or a test that evaluates the role's loss on a batch.
     self.loss_fn, self.normalizer_fn = loss_fn, normalizer_fn
+    self.state = new_train_state(optimizer, params, mesh)
     step = minibatch_update(loss_fn, normalizer_fn, has_target, optimizer, micro_batches)
     self._update = self._build(step, epochs, minibatches)
 
@@ -189,8 +190,8 @@ class TrainedRole:
     return self.state.params
 
   def _build(self, step, epochs: int, minibatches: int):
-    shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    # Mini-batch rows stay split over (data, fsdp) after the shuffle when they divide.
+    shards = math.prod(self.mesh.shape[axis] for axis in BATCH_AXES)
+    # Mini-batch rows stay split over the batch axes after the shuffle when they divide.
     spread = jax.sharding.NamedSharding(
         self.mesh, jax.sharding.PartitionSpec(None, BATCH_AXES))
 

@@ -1,8 +1,10 @@
-"""rlhf_jax.parallel: meshes (data, fsdp, tensor), sharding rules, resharding, multi-host."""
+"""rlhf_jax.parallel: meshes (data, fsdp, expert, tensor), sharding rules, resharding,
+multi-host."""
 
 from rlhf_jax.parallel.chunks import run_in_chunks
 from rlhf_jax.parallel.mesh import MESH_AXES
 from rlhf_jax.parallel.mesh import describe
+from rlhf_jax.parallel.mesh import expert_parallel_context
 from rlhf_jax.parallel.distributed import HostExchange
 from rlhf_jax.parallel.distributed import all_processes
 from rlhf_jax.parallel.distributed import barrier
@@ -27,8 +29,9 @@ from rlhf_jax.parallel.sharding import shard_params
 
 __all__ = [
     "GENERATE_RULES", "HostExchange", "MESH_AXES", "TRAIN_RULES", "all_processes", "barrier",
-    "batch_sharding", "describe", "distributed_config", "fully_replicated_host_value",
-    "host_values", "initialize", "is_main_process", "largest_across_processes", "local_devices",
-    "logical_to_spec", "make_mesh", "param_shardings", "process_share", "reshard",
-    "resolve_axis_sizes", "run_in_chunks", "shard_params", "validate_distributed_config",
+    "batch_sharding", "describe", "distributed_config", "expert_parallel_context",
+    "fully_replicated_host_value", "host_values", "initialize", "is_main_process",
+    "largest_across_processes", "local_devices", "logical_to_spec", "make_mesh",
+    "param_shardings", "process_share", "reshard", "resolve_axis_sizes", "run_in_chunks",
+    "shard_params", "validate_distributed_config",
 ]

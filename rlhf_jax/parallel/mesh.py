@@ -1,15 +1,18 @@
-"""Device meshes with the named axes `data`, `fsdp` and `tensor` (multi-host start-up:
-parallel/distributed.py)."""
+"""Device meshes with the named axes `data`, `fsdp`, `expert` and `tensor` (multi-host
+start-up: parallel/distributed.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Sequence
 
 import jax
 import numpy as np
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# `expert` splits a mixture of experts' expert weights (expert parallelism,
+# models/moe/parallel.py) and, like data and fsdp, the batch rows.
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 
 def resolve_axis_sizes(sizes: dict[str, int], num_devices: int) -> dict[str, int]:
@@ -46,30 +49,44 @@ def resolve_axis_sizes(sizes: dict[str, int], num_devices: int) -> dict[str, int
   return sizes
 
 
-def make_mesh(*, data: int = -1, fsdp: int = 1, tensor: int = 1,
+def make_mesh(*, data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1,
               devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-  """A `jax.sharding.Mesh` over (data, fsdp, tensor) with Auto axis types.
+  """A `jax.sharding.Mesh` over (data, fsdp, expert, tensor) with Auto axis types.
 
   The tensor axis is innermost so that tensor-parallel collectives stay on the
-  fastest links (within a host / ICI ring).
+  fastest links (within a host / ICI ring), and the expert axis next to it: its token
+  exchange runs once per sparse layer.
 
   Args:
-    data: size of the data axis; one of the three sizes may be −1 (the rest of the devices).
+    data: size of the data axis; one of the sizes may be −1 (the rest of the devices).
     fsdp: size of the fsdp axis.
     tensor: size of the tensor axis.
+    expert: size of the expert axis (expert parallelism; 1: experts are not split).
     devices: devices to use (default: all, across hosts).
   Returns:
     The mesh.
   """
   devices = list(jax.devices() if devices is None else devices)
-  sizes = resolve_axis_sizes({"data": data, "fsdp": fsdp, "tensor": tensor}, len(devices))
+  sizes = resolve_axis_sizes({"data": data, "fsdp": fsdp, "expert": expert,
+                              "tensor": tensor}, len(devices))
   shape = tuple(sizes[axis] for axis in MESH_AXES)
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
+  return jax.make_mesh(shape, MESH_AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
                        devices=devices)
 
 
+def expert_parallel_context(mesh: jax.sharding.Mesh):
+  """`jax.set_mesh(mesh)` when the mesh splits experts (an expert axis > 1), else no
+  context. A sparse layer traced under it exchanges its tokens between the expert shards
+  (models/moe/parallel.py reads the traced mesh); every other layer is laid out by its
+  arguments' shardings and needs no context mesh."""
+  if dict(mesh.shape).get("expert", 1) == 1:
+    return contextlib.nullcontext()
+  return jax.set_mesh(mesh)
+
+
 def describe(mesh: jax.sharding.Mesh) -> str:
-  """'data=2 fsdp=2 tensor=2 on 8 cpu devices'."""
+  """'data=2 fsdp=2 expert=1 tensor=2 on 8 cpu devices'."""
   sizes = " ".join(f"{name}={size}" for name, size in mesh.shape.items())
   platform = np.asarray(mesh.devices).flat[0].platform
   return f"{sizes} on {mesh.devices.size} {platform} devices"

@@ -12,6 +12,11 @@ batch shard. Both leave the leading "layers" axis of stacked layers
 (`DecoderConfig.scan_layers`) unsplit: each scan step reads one whole layer
 slice. `reshard` moves a parameter tree between the two on device
 (ReaLHF's parameter reallocation), never through the host.
+
+Both split a mixture of experts' [X, ...] expert weights over the `expert` mesh axis
+(expert parallelism: `models/moe/parallel.py` exchanges the tokens), their other
+dimensions as a dense MLP's. The batch rows are split over `expert` too, as over data and
+fsdp: outside the experts' layers the expert axis is one more data-parallel axis.
 """
 
 from __future__ import annotations
@@ -27,14 +32,14 @@ Rules = Mapping[str, Any]
 TRAIN_RULES: Rules = {
     "vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor",
     "head_dim": None, "mlp": "tensor", "norm": None, "layers": None,
-    "lora_rank": None, "expert": None,
+    "lora_rank": None, "expert": "expert",
 }
 GENERATE_RULES: Rules = {
     "vocab": "tensor", "embed": None, "heads": "tensor", "kv_heads": "tensor",
     "head_dim": None, "mlp": "tensor", "norm": None, "layers": None,
-    "lora_rank": None, "expert": None,
+    "lora_rank": None, "expert": "expert",
 }
-BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
+BATCH_AXES = ("data", "fsdp", "expert")  # the batch dimension is split over all three
 
 
 def logical_to_spec(axes: tuple, rules: Rules) -> PartitionSpec:
@@ -91,7 +96,8 @@ def param_shardings(abstract_params, logical_axes, mesh: jax.sharding.Mesh,
 
 
 def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
-  """Sharding for a [batch, ...] array: batch over (data, fsdp), the rest replicated."""
+  """Sharding for a [batch, ...] array: batch over (data, fsdp, expert), the rest
+  replicated."""
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
 
 

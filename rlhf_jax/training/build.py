@@ -61,15 +61,31 @@ def prompt_format(c, tokenizer, prefix) -> PromptFormat:
 
 
 def trainer_mesh(c) -> jax.sharding.Mesh:
-  """The (data, fsdp, tensor) mesh of `config.mesh` over the first devices it needs
-  (−1 takes the rest); the default 1×1×1 is one device. A job of several processes is
-  checked first (`check_job`)."""
-  sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "tensor": c.mesh.tensor}
+  """The (data, fsdp, expert, tensor) mesh of `config.mesh` over the first devices it
+  needs (−1 takes the rest); the default 1×1×1×1 is one device. A job of several processes
+  is checked first (`check_job`)."""
+  sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "expert": c.mesh.expert,
+           "tensor": c.mesh.tensor}
   if -1 in sizes.values():
     sizes = parallel.resolve_axis_sizes(sizes, jax.device_count())
   check_job(c, sizes)
-  count = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+  count = sizes["data"] * sizes["fsdp"] * sizes["expert"] * sizes["tensor"]
   return parallel.make_mesh(**sizes, devices=jax.devices()[:count])
+
+
+def check_expert_axis(mesh, model_config) -> None:
+  """`mesh.expert` against the policy (ConfigError naming the field): it splits the
+  experts of a mixture of experts, so it divides num_experts; a dense model has none to
+  split and needs 1 (`mesh.data` splits the rows the same way)."""
+  shards = mesh.shape["expert"]
+  if shards == 1:
+    return
+  if not model_config.num_experts:
+    invalid("mesh.expert", shards, "must be 1 for a dense model (expert parallelism splits "
+            "a mixture of experts' experts; use mesh.data to split the rows)")
+  if model_config.num_experts % shards:
+    invalid("mesh.expert", shards, f"must divide the model's {model_config.num_experts} "
+            "experts (num_experts)")
 
 
 def check_job(c, sizes: dict[str, int]) -> None:
@@ -80,7 +96,7 @@ def check_job(c, sizes: dict[str, int]) -> None:
   processes = jax.process_count()
   if processes == 1:
     return
-  count = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+  count = sizes["data"] * sizes["fsdp"] * sizes["expert"] * sizes["tensor"]
   if count != jax.device_count():
     invalid("mesh", sizes, f"a job of {processes} processes needs a mesh over all "
             f"{jax.device_count()} devices (set one axis to -1)")
@@ -124,6 +140,7 @@ def load_policy(c, workdir: str, mesh) -> Policy:
   if not os.path.exists(os.path.join(directory, "config.json")):
     unfit("model.checkpoint", f"no policy checkpoint in {directory!r} (run launch/sft.py, "
           "or for a built-in task's run launch/train.py, which trains the warm start first)")
+  check_expert_axis(mesh, models.read_hf_config(directory))
   model, params = models.load_hf_checkpoint(directory, **model_layout(c.model))
   model = models.with_numerics(model, **model_numerics(c.model))
   params = parallel.shard_params(params, parallel.param_shardings(

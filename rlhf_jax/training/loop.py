@@ -1,7 +1,7 @@
 """The RL loop: prompts → sampler → scorer → prepare → updates → new weights to the sampler.
 
     rollouts = rollout.collect()              host: sample (any Sampler), score (any Scorer)
-    batch    = on_mesh(rollouts.batch)        rows split over (data, fsdp)
+    batch    = on_mesh(rollouts.batch)        rows split over (data, fsdp, expert)
     out      = learner.learn(batch, step)     device: one jitted prepare, donated updates
     sampler.update_params(policy)             the next rollout samples the new policy
     metrics  = device_get(out)                the step's only host sync
@@ -152,7 +152,8 @@ class Trainer:
     batch = jax.tree.map(
         lambda x: jax.device_put(x, parallel.batch_sharding(self.mesh, np.ndim(x))),
         rollouts.batch)
-    out = self.learner.learn(batch, self.step)
+    with parallel.expert_parallel_context(self.mesh):  # MoE layers: expert parallelism
+      out = self.learner.learn(batch, self.step)
     self.step += 1
     self.rollout_log.write(self.step, rollouts)
     self.push_weights()

@@ -88,6 +88,9 @@ def mesh_fields() -> ml_collections.ConfigDict:
   mesh.data = 1  # Mesh axis sizes (product ≤ devices; -1 takes the rest).
   mesh.fsdp = 1
   mesh.tensor = 1
+  # Expert parallelism: a mixture of experts' experts split over this axis (it divides
+  # the model's num_experts; a dense model needs 1), the batch rows too.
+  mesh.expert = 1
   return mesh
 
 
@@ -324,8 +327,10 @@ def validate_train(c, *, rows: int) -> None:
 
 
 def validate_mesh(c, num_devices: int | None, *, rows: int) -> None:
-  """`mesh.*`: axis sizes; with `num_devices`, that they fit and split the batch evenly."""
-  sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "tensor": c.mesh.tensor}
+  """`mesh.*`: axis sizes; with `num_devices`, that they fit and split the batch evenly
+  (the expert axis against the model's experts: `training.build.check_expert_axis`)."""
+  sizes = {"data": c.mesh.data, "fsdp": c.mesh.fsdp, "expert": c.mesh.expert,
+           "tensor": c.mesh.tensor}
   for axis, size in sizes.items():
     if size < 1 and size != -1:
       invalid(f"mesh.{axis}", size, "must be >= 1, or -1 (the devices left)")
@@ -333,20 +338,20 @@ def validate_mesh(c, num_devices: int | None, *, rows: int) -> None:
     invalid("mesh", sizes, "at most one axis may be -1")
   if num_devices is None:
     return
-  product = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+  product = math.prod(sizes.values())
   if -1 not in sizes.values() and product > num_devices:
-    invalid("mesh", sizes, f"data×fsdp×tensor = {product} must be <= the {num_devices} "
-            "available devices")
+    invalid("mesh", sizes, f"data×fsdp×expert×tensor = {product} must be <= the "
+            f"{num_devices} available devices")
   try:
     resolved = parallel.resolve_axis_sizes(sizes, num_devices if -1 in sizes.values()
                                            else product)
   except ValueError as error:
     invalid("mesh", sizes, str(error).rstrip("."))
-  batch_shards = resolved["data"] * resolved["fsdp"]
+  batch_shards = resolved["data"] * resolved["fsdp"] * resolved["expert"]
   if rows % batch_shards:
     invalid("rollout.prompts_per_step", c.rollout.prompts_per_step, f"the {rows} rollouts "
             f"per step (× rollout.group_size={c.rollout.group_size}) must split evenly over "
-            f"mesh data×fsdp = {batch_shards}")
+            f"mesh data×fsdp×expert = {batch_shards}")
 
 
 def _check_dropping_unscored(c, mode) -> None:

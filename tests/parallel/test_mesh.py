@@ -7,8 +7,10 @@ from rlhf_jax import parallel
 
 def test_minus_one_takes_the_rest():
   assert parallel.resolve_axis_sizes({"data": -1, "fsdp": 2, "tensor": 2}, 16) == {
-      "data": 4, "fsdp": 2, "tensor": 2}
-  assert parallel.resolve_axis_sizes({"fsdp": -1}, 8) == {"data": 1, "fsdp": 8, "tensor": 1}
+      "data": 4, "fsdp": 2, "expert": 1, "tensor": 2}
+  assert parallel.resolve_axis_sizes({"fsdp": -1}, 8) == {"data": 1, "fsdp": 8, "expert": 1,
+                                                          "tensor": 1}
+  assert parallel.resolve_axis_sizes({"data": 2, "expert": -1}, 8)["expert"] == 4
 
 
 @pytest.mark.parametrize("sizes,devices,message", [
@@ -25,5 +27,5 @@ def test_bad_sizes_are_named(sizes, devices, message):
 
 def test_single_device_mesh():
   mesh = parallel.make_mesh()
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
   assert "data=1" in parallel.describe(mesh)

@@ -342,8 +342,8 @@ def test_presets_validate(name):
      "one of float32"),
     ("model.matmul_precision", "tf32", r"config\.model\.matmul_precision: invalid value "
      "'tf32': must be one of auto"),
-    ("mesh.data", 4, r"config\.mesh: invalid value .*: data×fsdp×tensor = 4 must be <= the "
-     "1 available devices"),
+    ("mesh.data", 4, r"config\.mesh: invalid value .*: data×fsdp×expert×tensor = 4 must be "
+     "<= the 1 available devices"),
     ("algorithm.kl.reference_ema", 0.1, r"config\.algorithm\.kl\.reference_ema: invalid "
      "value 0.1: must be 0 without a KL term"),
     ("algorithm.kl.placement", "loss", r"config\.algorithm\.kl\.coef: invalid value 0\.0: "
@@ -381,7 +381,8 @@ def test_mesh_validation_names_the_field():
   validate_config(config, num_devices=8)
   config.rollout.prompts_per_step, config.train.minibatches = 3, 1  # 24 rollouts
   with pytest.raises(ValueError, match=r"config\.rollout\.prompts_per_step: invalid value 3: "
-                     r"the 24 rollouts per step .* must split evenly over mesh data×fsdp = 16"):
+                     r"the 24 rollouts per step .* must split evenly over mesh "
+                     r"data×fsdp×expert = 16"):
     validate_config(config, num_devices=16)
   config.mesh.data, config.mesh.fsdp = -1, 5
   with pytest.raises(ValueError, match=r"config\.mesh: invalid value .*cannot cover 8 devices"):

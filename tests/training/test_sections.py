@@ -46,21 +46,23 @@ def test_the_train_sections_batch_splits(train, message):
     sections.validate_train(train_config(**train), rows=16)
 
 
-def mesh_config(data, fsdp=1, tensor=1, prompts=4, group=4):
+def mesh_config(data, fsdp=1, tensor=1, prompts=4, group=4, expert=1):
   return ml_collections.ConfigDict({
-      "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor},
+      "mesh": {"data": data, "fsdp": fsdp, "expert": expert, "tensor": tensor},
       "rollout": {"prompts_per_step": prompts, "group_size": group}})
 
 
 @pytest.mark.parametrize("mesh, devices, message", [
     (mesh_config(0), None, r"^config\.mesh\.data: invalid value 0: must be >= 1, or -1"),
     (mesh_config(-1, -1), None, r"^config\.mesh: invalid value .*at most one axis may be -1"),
-    (mesh_config(4, 2), 4, r"^config\.mesh: invalid value .*data×fsdp×tensor = 8 must be <= "
-                           r"the 4 available devices"),
+    (mesh_config(4, 2), 4, r"^config\.mesh: invalid value .*data×fsdp×expert×tensor = 8 "
+                           r"must be <= the 4 available devices"),
     (mesh_config(-1, 3), 8, r"^config\.mesh: invalid value .*not a multiple of 3"),
     (mesh_config(-1, prompts=3, group=2), 4, r"^config\.rollout\.prompts_per_step: invalid "
                                              r"value 3: the 6 rollouts per step .* must split "
-                                             r"evenly over mesh data×fsdp = 4"),
+                                             r"evenly over mesh data×fsdp×expert = 4"),
+    (mesh_config(2, expert=-1, prompts=3, group=2), 8,
+     r"^config\.rollout\.prompts_per_step: invalid value 3: .* data×fsdp×expert = 8"),
 ])
 def test_the_mesh_against_the_devices_and_the_rows(mesh, devices, message):
   rows = mesh.rollout.prompts_per_step * mesh.rollout.group_size

@@ -41,7 +41,7 @@ def test_a_run_says_what_it_is_and_that_its_first_step_compiles(tmp_path, capsys
   assert lines[0] == (f"policy: qwen2, {params / 1e6:.2f}M parameters, float32 parameters, "
                       "float32 compute")
   assert lines[1].startswith(f"devices: {jax.device_count()} x cpu")
-  assert "mesh data 1 x fsdp 1 x tensor 1" in lines[1]
+  assert "mesh data 1 x fsdp 1 x expert 1 x tensor 1" in lines[1]
   assert lines[2] == (f"data: {config.data.num_train} train rows from generated arith "
                       f"problems; {config.data.num_eval} eval rows from generated arith problems")
   rows = config.rollout.prompts_per_step * config.rollout.group_size

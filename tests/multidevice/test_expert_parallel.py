@@ -1,0 +1,180 @@
+"""Expert parallelism (models/moe/parallel.py): the experts split over the `expert` mesh axis,
+the tokens exchanged under shard_map. The exchange against a NumPy loop written from the
+formula; a tiny Qwen3-MoE's forward and gradient on 2 (data) × 4 (expert) and
+2 (fsdp) × 2 (expert) × 2 (tensor) against one device; `mesh.expert` checked against the
+model; a GRPO step of a Qwen3-MoE checkpoint on 2 × 4 against one device."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax import kernels
+from rlhf_jax import models
+from rlhf_jax import parallel
+from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.models import moe
+from rlhf_jax.models.moe import parallel as moe_parallel
+from rlhf_jax.models.moe.parallel import expert_parallel_mlp
+from rlhf_jax.training import build
+from rlhf_jax.training import loop
+from tests.launch.byo_files import MESSAGES
+from tests.launch.byo_files import TINY
+from tests.launch.byo_files import family_checkpoint
+from tests.launch.byo_files import trl_file
+from tests.training.runs import parse
+from tests.training.runs import records
+
+# Every kernel but "pallas" (interpret mode on CPU: minutes under shard_map); the tiled one
+# compiles ~15 s.
+KERNELS = [pytest.param(kernel, marks=[pytest.mark.slow] if kernel == "tiled" else [])
+           for kernel in ("ragged_dot", "dense", "tiled") if kernel in moe.EXPERT_KERNELS]
+MESHES = {"data2_expert4": dict(data=2, expert=4),
+          "fsdp2_expert2_tensor2": dict(data=1, fsdp=2, expert=2, tensor=2)}
+
+
+def numpy_experts(x, experts, weights, gate, up, down):
+  """out[n] = Σ_j w[n, j] · down_e (silu(x[n] @ gate_e) · (x[n] @ up_e)), e = experts[n, j]."""
+  out = np.zeros_like(x, dtype=np.float64)
+  for n in range(x.shape[0]):
+    for e, w in zip(experts[n], weights[n]):
+      g, u = x[n] @ gate[e], x[n] @ up[e]
+      out[n] += w * ((g / (1 + np.exp(-g)) * u) @ down[e])
+  return out
+
+
+def random_layer(rng, tokens, num_experts=8, top_k=3, hidden=8, width=6):
+  x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+  experts = np.stack([rng.choice(num_experts, top_k, replace=False) for _ in range(tokens)])
+  experts[:5] = experts[0]  # several tokens on the same experts; others left empty below
+  experts[experts == 6] = 7
+  weights = rng.uniform(0.1, 1, (tokens, top_k)).astype(np.float32)
+  gate, up = (rng.standard_normal((num_experts, hidden, width)).astype(np.float32) * 0.5
+              for _ in range(2))
+  down = rng.standard_normal((num_experts, width, hidden)).astype(np.float32) * 0.5
+  return x, experts.astype(np.int32), weights, gate, up, down
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("layout", list(MESHES))
+def test_exchange_matches_the_formula_and_one_device_gradients(layout, kernel):
+  # 36 tokens: not a multiple of the 8 token shards of data2_expert4 (padded rows).
+  x, experts, weights, gate, up, down = random_layer(np.random.default_rng(0), 36)
+  mesh = parallel.make_mesh(**MESHES[layout])
+
+  def sharded(x, weights, gate, up, down):
+    routes = moe.Routes(jnp.asarray(experts), weights)
+    return expert_parallel_mlp(x, routes, gate, up, down, mesh=mesh, kernel=kernel,
+                               precision=jax.lax.Precision.HIGHEST)
+
+  def single(x, weights, gate, up, down):
+    return moe.expert_mlp(x, moe.Routes(jnp.asarray(experts), weights), gate, up, down,
+                          kernel=kernel, precision=jax.lax.Precision.HIGHEST)
+
+  got = jax.jit(sharded)(x, weights, gate, up, down)
+  np.testing.assert_allclose(got, numpy_experts(x, experts, weights, gate, up, down),
+                             atol=1e-5)
+  probe = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+  grad = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) * probe), argnums=range(5)))
+  for a, b in zip(grad(sharded)(x, weights, gate, up, down),
+                  grad(single)(x, weights, gate, up, down)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+CONFIG = models.DecoderConfig(
+    vocab_size=64, hidden_size=16, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
+    intermediate_size=24, architecture="qwen3_moe", qk_norm="head", qkv_bias=False,
+    num_experts=8, experts_per_token=2, expert_intermediate_size=8,
+    normalize_expert_weights=True, dense_layers=(1,), tie_embeddings=False,
+    expert_kernel="ragged_dot")  # the kernels are compared in the exchange test
+
+
+def nll(model, params, tokens):
+  """Mean next-token NLL."""
+  logits, _ = model.apply(params, tokens)
+  return -jnp.mean(kernels.token_logprobs(logits[:, :-1], tokens[:, 1:]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(MESHES))
+def test_qwen3_moe_forward_and_gradient_match_one_device(layout):
+  model, params = models.init_model(CONFIG, seed=0)
+  for layer in (0, 2):  # distinct router probabilities: no near-ties between experts
+    params["layers"][layer]["mlp"]["router"] = params["layers"][layer]["mlp"]["router"] * 50
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (8, 10)), jnp.int32)
+  forward = jax.jit(lambda p, t: model.apply(p, t)[0])
+  grad = jax.jit(jax.value_and_grad(functools.partial(nll, model)))
+  expected_logits = forward(params, tokens)
+  expected_loss, expected_grads = grad(params, tokens)
+
+  mesh = parallel.make_mesh(**MESHES[layout])
+  shardings = parallel.param_shardings(params, model.logical_axes(), mesh)
+  assert shardings["layers"][0]["mlp"]["gate_proj"].spec[0] == "expert"
+  sharded = parallel.shard_params(params, shardings)
+  batch = jax.device_put(tokens, parallel.batch_sharding(mesh))
+  with jax.set_mesh(mesh):
+    program = str(jax.make_jaxpr(grad)(sharded, batch))
+    logits = forward(sharded, batch)
+    loss, grads = grad(sharded, batch)
+  assert "shard_map" in program and "reduce_scatter" in program  # the exchange ran
+  np.testing.assert_allclose(logits, expected_logits, atol=1e-5)
+  np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads,
+               expected_grads)
+
+
+def test_the_expert_axis_is_checked_against_the_model():
+  mesh = parallel.make_mesh(data=2, expert=4)
+  build.check_expert_axis(mesh, CONFIG)  # 8 experts: 2 per shard
+  with pytest.raises(ConfigError, match=r"^config\.mesh\.expert: invalid value 4: must divide "
+                     r"the model's 6 experts \(num_experts\)$"):
+    build.check_expert_axis(mesh, dataclasses.replace(CONFIG, num_experts=6))
+  with pytest.raises(ConfigError, match=r"^config\.mesh\.expert: invalid value 4: must be 1 "
+                     r"for a dense model"):
+    build.check_expert_axis(mesh, dataclasses.replace(CONFIG, num_experts=0, experts_per_token=0,
+                                                      expert_intermediate_size=0,
+                                                      dense_layers=()))
+  build.check_expert_axis(parallel.make_mesh(data=8), dataclasses.replace(CONFIG, num_experts=0))
+
+
+def moe_run(tmp_path, checkpoint, name, mesh):
+  """One GRPO step of the tiny Qwen3-MoE checkpoint on `mesh` (data, expert)."""
+  data = trl_file(tmp_path / "colours.jsonl",
+                  [{"prompt": MESSAGES, "solution": colour} for colour in ("red", "blue")])
+  config = parse("configs/grpo.py:hf", f"--config.model.checkpoint={checkpoint}",
+                 f"--config.data.train_file={data}", "--config.data.columns=answer=solution",
+                 "--config.data.default_task=colours",
+                 "--config.reward.function=tests.rewards.reward_fns:solution_match", *TINY,
+                 "--config.rollout.group_size=4", "--config.train.steps=1",
+                 "--config.train.eval_every=0", "--config.train.log_rollouts=0",
+                 f"--config.mesh.data={mesh[0]}", f"--config.mesh.expert={mesh[1]}")
+  trainer = loop.Trainer(config, str(tmp_path / name), log=lambda line: None)
+  trainer.run()
+  return trainer, records(tmp_path / name)
+
+
+@pytest.mark.slow
+def test_a_qwen3_moe_train_step_on_data2_expert4_matches_one_device(tmp_path, monkeypatch):
+  checkpoint = family_checkpoint(tmp_path / "qwen3_moe", "qwen3_moe")
+  single, expected = moe_run(tmp_path, checkpoint, "one", (1, 1))
+  traced = []  # the sparse layers the trainer traced expert-parallel
+  exchange = moe_parallel.expert_parallel_mlp
+  monkeypatch.setattr(moe_parallel, "expert_parallel_mlp",
+                      lambda *a, **k: traced.append(k["mesh"]) or exchange(*a, **k))
+  sharded, got = moe_run(tmp_path, checkpoint, "mesh", (2, 4))
+  assert traced and all(dict(mesh.shape)["expert"] == 4 for mesh in traced)
+  assert dict(sharded.mesh.shape) == {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1}
+  gate = sharded.learner.actor.params["layers"][0]["mlp"]["gate_proj"]
+  assert gate.sharding.spec[0] == "expert"
+  assert [r.get("reward_mean") for r in got] == [r.get("reward_mean") for r in expected]
+  for key in ("loss", "pg_loss", "entropy", "grad_norm"):
+    np.testing.assert_allclose([r[key] for r in got], [r[key] for r in expected],
+                               rtol=1e-5, atol=1e-6, err_msg=key)
+  for a, b in zip(jax.tree.leaves(sharded.learner.actor.params),
+                  jax.tree.leaves(single.learner.actor.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
