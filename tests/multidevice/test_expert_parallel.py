@@ -86,6 +86,29 @@ def test_exchange_matches_the_formula_and_one_device_gradients(layout, kernel):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+def test_biased_experts_with_the_width_over_tensor_match_one_device():
+  """gpt-oss's experts: biases on each projection and the clamped SwiGLU; the down bias is
+  added once per token although each tensor shard computes a slice of the width."""
+  rng = np.random.default_rng(2)
+  x, experts, weights, gate, up, down = random_layer(rng, 24)
+  biases = tuple(rng.standard_normal(shape).astype(np.float32)
+                 for shape in ((8, 6), (8, 6), (8, 8)))
+  mesh = parallel.make_mesh(**MESHES["fsdp2_expert2_tensor2"])
+  options = dict(activation="clamped_swiglu", swiglu_limit=1.5, kernel="ragged_dot",
+                 precision=jax.lax.Precision.HIGHEST)
+
+  def loss(run, x, gate, biases):
+    return jnp.sum(run(x, moe.Routes(jnp.asarray(experts), jnp.asarray(weights)), gate, up, down,
+                       biases=biases, **options) ** 2)
+
+  sharded = functools.partial(expert_parallel_mlp, mesh=mesh)
+  for a, b in zip(jax.jit(jax.value_and_grad(functools.partial(loss, sharded), (0, 1, 2)))(
+                      x, gate, biases),
+                  jax.jit(jax.value_and_grad(functools.partial(loss, moe.expert_mlp), (0, 1, 2)))(
+                      x, gate, biases)):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), a, b)
+
+
 CONFIG = models.DecoderConfig(
     vocab_size=64, hidden_size=16, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
     intermediate_size=24, architecture="qwen3_moe", qk_norm="head", qkv_bias=False,
