@@ -29,7 +29,8 @@
 #   summary.json  every step's status, seconds, and the headline figures against targets
 #   env.txt       nvidia-smi, jax / torch devices, package versions
 #   pytest.txt    the test runs' output (fast, then slow)     junit.xml  the fast run
-#   bench.jsonl   benchmarks/gpu.py's JSON lines (+ the mismatch summary, timeouts)
+#   bench.jsonl   benchmarks/gpu.py's JSON lines (+ the mismatch summary, timeouts, and
+#                 benchmarks/moe_layer.py's line: "workload": "moe_layer")
 #   arith_metrics.jsonl, arith_bf16_metrics.jsonl   the two arith runs' metrics
 #   logs.tgz      every step's log
 # and, after `run env ab` / `ab2` (then pytest.txt, junit.xml, the arith files are not written):
@@ -237,6 +238,7 @@ PLAN=(
   "g2_torch_compile 0 45 90 bench"
   "g1_torch 0 25 60 bench"
   "g2_torch 0 30 70 bench"
+  "moe_layer 0 30 90 bench"
   "arith 50 50 110 arith"
   "mismatch 35 35 80 mismatch"
   "w3_ours 35 35 90 w3"
@@ -428,6 +430,9 @@ do_step() {  # the body of one step (runs under `timeout`, in its own bash)
     g3_ours) bench g3 ours ;;
     g1_torch|g1_torch_compile) bench g1 "${name#g1_}" ;;
     g2_torch|g2_torch_compile) bench g2 "${name#g2_}" --reps 1 ;;
+    moe_layer)  # one MoE layer's forward + backward: our expert kernels vs transformers
+      "$PY" "$ROOT/benchmarks/moe_layer.py" --device gpu --kernels ragged_dot,tiled,pallas \
+        --repeats 5 >> "$OUT/bench.jsonl" ;;
     arith)
       rm -rf "$WORK/arith"
       "$PY" launch/train.py --config=configs/dapo.py:arith --workdir="$WORK/arith" \

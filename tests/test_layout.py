@@ -289,7 +289,8 @@ def test_the_trainer_and_rewards_ask_the_task_table_not_the_tasks():
 
 
 # A third-party library → the rooms that may import it.
-LIBRARY_ROOMS = {"safetensors": "models/hf/", "jax.experimental.pallas": "models/attention/",
+LIBRARY_ROOMS = {"safetensors": "models/hf/",
+                 "jax.experimental.pallas": ("models/attention/", "models/moe/"),
                  "jax._src.cudnn": "models/attention/",
                  "grpc": ("sampling/serve/", "sampling/remote/")}
 
@@ -297,7 +298,8 @@ LIBRARY_ROOMS = {"safetensors": "models/hf/", "jax.experimental.pallas": "models
 def test_the_rooms_hold_their_libraries():
   """The Hugging Face files are read and written in models/hf (the only importer of
   safetensors), the fused attention kernels live in models/attention (the only importer
-  of Pallas and of cuDNN's fused attention), and gRPC (the `serve` extra) is imported
+  of cuDNN's fused attention and, with the experts' grouped GEMM in models/moe, of
+  Pallas), and gRPC (the `serve` extra) is imported
   only by the sampling server (sampling/serve/) and its clients (sampling/remote/)."""
   bad = []
   for path in sorted(modules().values()):

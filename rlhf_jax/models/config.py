@@ -14,6 +14,7 @@ from rlhf_jax.models.decoder_config import ATTENTION_IMPLS
 from rlhf_jax.models.decoder_config import DECODE_ATTENTION
 from rlhf_jax.models.decoder_config import DTYPES
 from rlhf_jax.models.decoder_config import DecoderConfig
+from rlhf_jax.models.decoder_config import EXPERT_KERNELS
 from rlhf_jax.models.decoder_config import MATMUL_PRECISIONS
 from rlhf_jax.models.lora import PROJECTIONS
 from rlhf_jax.registry import Checking
@@ -37,6 +38,10 @@ def model_config() -> ml_collections.ConfigDict:
   # one-token decode step ('auto': the Pallas ragged kernel on a GPU; 'xla', 'pallas').
   m.attention_impl = "auto"
   m.decode_attention = "auto"
+  # A mixture-of-experts model's experts (models/moe/experts.py): 'auto' (pallas on a GPU,
+  # ragged_dot on a TPU, tiled elsewhere), 'ragged_dot', 'tiled', 'pallas' (GPU only),
+  # 'dense'.
+  m.expert_kernel = "auto"
   # Rematerialise each layer in the backward (less activation memory, ~1/3 more compute)
   # and what it keeps: a jax.checkpoint_policies name (nothing_saveable, dots_saveable, ...).
   m.remat = False
@@ -62,6 +67,11 @@ def validate_model_config(m: ml_collections.ConfigDict, *, from_scratch: bool) -
   one_of("model.matmul_precision", m.matmul_precision, MATMUL_PRECISIONS)
   one_of("model.attention_impl", m.attention_impl, ATTENTION_IMPLS)
   one_of("model.decode_attention", m.decode_attention, DECODE_ATTENTION)
+  one_of("model.expert_kernel", m.expert_kernel, EXPERT_KERNELS)
+  if m.expert_kernel == "pallas" and jax.default_backend() != "gpu":
+    # Off a GPU the Pallas kernel runs in interpret mode: correct, and far too slow to train.
+    invalid("model.expert_kernel", m.expert_kernel, "the Pallas grouped GEMM needs a GPU "
+            f"(this run's backend is {jax.default_backend()}); use auto or tiled")
   at_least(m, "model", ("hidden_size", "num_layers", "num_heads"))
   check_range("model.logprob_chunk", m.logprob_chunk, low=0)
   if not callable(getattr(jax.checkpoint_policies, m.remat_policy, None)):
@@ -99,7 +109,8 @@ def model_numerics(m: ml_collections.ConfigDict) -> dict:
   """The trainer's runtime numerics from the `model` section (`with_numerics` fields)."""
   return dict(dtype=m.dtype, matmul_precision=m.matmul_precision,
               logprob_chunk=m.logprob_chunk, remat=m.remat, remat_policy=m.remat_policy,
-              attention_impl=m.attention_impl, decode_attention=m.decode_attention)
+              attention_impl=m.attention_impl, decode_attention=m.decode_attention,
+              expert_kernel=m.expert_kernel)
 
 
 def check_model_section(c: ml_collections.ConfigDict, checking: Checking) -> None:

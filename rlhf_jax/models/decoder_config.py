@@ -22,7 +22,7 @@ QK_NORMS = ("none", "head", "projection")
 NORM_PLACEMENTS = ("pre", "post", "sandwich")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-EXPERT_KERNELS = ("auto", "ragged_dot", "dense")  # models/moe/experts.py
+EXPERT_KERNELS = ("auto", "ragged_dot", "tiled", "pallas", "dense")  # models/moe/experts.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,9 +167,12 @@ class DecoderConfig:
       (HF `norm_topk_prob`).
     dense_layers: the layers whose MLP is dense among sparse ones (HF `mlp_only_layers`,
       and the layers `decoder_sparse_step` skips); every other layer's MLP is sparse.
-    expert_kernel: how the experts run (`models.moe.experts`): "auto" (= "ragged_dot"),
-      "ragged_dot" (dropless grouped GEMMs over tokens sorted by expert), "dense" (every
-      expert on every token; the reference). Not part of HF `config.json`.
+    expert_kernel: how the experts run (`models.moe.experts`): dropless grouped GEMMs
+      over tokens sorted by expert, by "ragged_dot" (`jax.lax.ragged_dot`), "tiled" (ours
+      in XLA, every backend) or "pallas" (our Pallas kernel: Triton on a GPU, interpret
+      mode elsewhere, for tests); "dense" (every expert on every token; the reference);
+      "auto" (`moe.experts.resolve_kernel`: "pallas" on a GPU, "ragged_dot" on a TPU,
+      "tiled" elsewhere). Not part of HF `config.json`.
   """
   vocab_size: int
   hidden_size: int

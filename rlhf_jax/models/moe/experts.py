@@ -7,14 +7,19 @@ with glu(g, u) = act(g) · u (SwiGLU: act = silu), or gpt-oss's clamped SwiGLU,
 glu(g, u) = min(g, l) · σ(α · min(g, l)) · (clip(u, -l, l) + 1) with α = 1.702, l = 7
 (transformers' `GptOssExperts`); gpt-oss's experts also carry biases on each projection.
 
-Kernels (`EXPERT_KERNELS`):
-- "ragged_dot": dropless grouped GEMMs. The N·k (token, slot) pairs are sorted by expert,
-  each expert's contiguous rows multiply its own weights in one `jax.lax.ragged_dot` (no
-  capacity factor, no dropped tokens, no padding per expert), and the rows are scattered
-  back and summed with their weights. Work is N·k rows, whatever the balance.
+Kernels (`EXPERT_KERNELS`): all but "dense" are dropless grouped GEMMs. The N·k (token,
+slot) pairs are sorted by expert, each expert's contiguous rows multiply its own weights
+(no capacity factor, no dropped tokens), and the rows are scattered back and summed with
+their weights; the grouped matmul (`jax.lax.ragged_dot`'s contract) is
+- "ragged_dot": `jax.lax.ragged_dot` (no padding per expert; work N·k rows whatever the
+  balance);
+- "tiled": ours in XLA (`grouped.grouped_matmul`): each expert's rows padded to a tile of
+  64, one batched matmul per chunk of tiles; every backend;
+- "pallas": ours as a Pallas kernel (`pallas_grouped.grouped_matmul`, megablox-style
+  tiles; Triton on a GPU, interpret mode elsewhere: correct and slow, for tests);
 - "dense": every expert on every token, masked by the gate weights: X/k times the work of
-  "ragged_dot", one einsum each; the reference for tiny models and tests.
-"auto" is "ragged_dot".
+  the others, one einsum each; the reference for tiny models and tests.
+"auto" is resolved by `resolve_kernel`, the one place that picks per backend.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.models.moe import grouped
+from rlhf_jax.models.moe import pallas_grouped
 from rlhf_jax.models.moe.routing import Routes
 
-EXPERT_KERNELS = ("auto", "ragged_dot", "dense")
+EXPERT_KERNELS = ("auto", "ragged_dot", "tiled", "pallas", "dense")
 ACTIVATIONS = {"silu": jax.nn.silu,
                "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 GLUS = tuple(ACTIVATIONS) + ("clamped_swiglu",)
@@ -42,6 +49,24 @@ def _glu(activation: str, swiglu_alpha: float, swiglu_limit: float):
     return lambda g, u: clamped_swiglu(g, u, alpha=swiglu_alpha, limit=swiglu_limit)
   act = ACTIVATIONS[activation]
   return lambda g, u: act(g) * u
+
+
+def resolve_kernel(kernel: str) -> str:
+  """The experts' kernel for `kernel`, "auto" turned into one for the backend the program
+  is traced for (`jax.default_backend()`); the others are taken as given.
+
+  "auto": on a GPU "pallas" (upstream `ragged_dot` falls back to a dense computation on
+  NVIDIA GPUs, issue 43); on a TPU "ragged_dot" (XLA:TPU lowers it to a grouped matmul of
+  its own, and the Pallas kernel here is Triton's); elsewhere (CPU) "tiled" (XLA:CPU's
+  `ragged_dot` is about 100× slower than the same work as a batched matmul; docs/moe.md
+  has the measured layer).
+  """
+  if kernel != "auto":
+    return kernel
+  backend = jax.default_backend()
+  if backend == "gpu":
+    return "pallas"
+  return "ragged_dot" if backend == "tpu" else "tiled"
 
 
 def expert_mlp(x: jax.Array, routes: Routes, gate: jax.Array, up: jax.Array, down: jax.Array,
@@ -72,12 +97,18 @@ def expert_mlp(x: jax.Array, routes: Routes, gate: jax.Array, up: jax.Array, dow
   if activation not in GLUS:
     raise ValueError(f"expert activation {activation!r}; allowed: {', '.join(GLUS)}")
   glu = _glu(activation, swiglu_alpha, swiglu_limit)
+  kernel = resolve_kernel(kernel)
   if kernel == "dense":
     return _dense(x, routes, gate, up, down, glu, precision, biases)
-  return _ragged(x, routes, gate, up, down, glu, precision, biases)
+  matmul = {"ragged_dot": jax.lax.ragged_dot, "tiled": grouped.grouped_matmul,
+            "pallas": pallas_grouped.grouped_matmul}[kernel]
+  return _sorted(x, routes, gate, up, down, glu, biases,
+                 lambda rows, weights, sizes: matmul(rows, weights, sizes, precision=precision))
 
 
-def _ragged(x, routes, gate, up, down, glu, precision, biases):
+def _sorted(x, routes, gate, up, down, glu, biases, matmul):
+  """The grouped-GEMM kernels: pairs sorted by expert, `matmul(rows, weights, sizes)` per
+  projection (`jax.lax.ragged_dot`'s contract), scattered back with their gate weights."""
   n, k = routes.experts.shape
   num_experts = gate.shape[0]
   flat = routes.experts.reshape(-1)  # [N·k], pair p = token p // k, slot p % k
@@ -85,12 +116,12 @@ def _ragged(x, routes, gate, up, down, glu, precision, biases):
   tokens = order // k
   sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
   rows = x[tokens]  # [N·k, E]
-  g = jax.lax.ragged_dot(rows, gate, sizes, precision=precision)
-  u = jax.lax.ragged_dot(rows, up, sizes, precision=precision)
+  g = matmul(rows, gate, sizes)
+  u = matmul(rows, up, sizes)
   if biases is not None:
     expert = flat[order]  # the expert of each sorted row
     g, u = g + biases[0][expert].astype(g.dtype), u + biases[1][expert].astype(u.dtype)
-  out = jax.lax.ragged_dot(glu(g, u).astype(x.dtype), down, sizes, precision=precision)
+  out = matmul(glu(g, u).astype(x.dtype), down, sizes)
   if biases is not None:
     out = out + biases[2][expert].astype(out.dtype)
   weights = routes.weights.reshape(-1)[order].astype(out.dtype)
