@@ -93,13 +93,12 @@ FAMILIES = {
 }
 
 
-def save_family_model(directory, family: str, seed: int = 0, **changes):
-  """A 2-layer random transformers model of `family` with every tensor drawn from
-  N(0, 0.2²) (norm weights and biases too), saved as safetensors; returns the model."""
-  import torch
+def family_hf_config(family: str, **changes):
+  """The transformers config of a 2-layer model of `family` (FAMILIES' options, then
+  `changes`)."""
   import transformers
 
-  config_name, model_name, options = FAMILIES[family]
+  config_name, _, options = FAMILIES[family]
   fields = dict(vocab_size=FAMILY_VOCAB, hidden_size=48, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                 intermediate_size=80, rms_norm_eps=1e-6, max_position_embeddings=256,
@@ -107,9 +106,18 @@ def save_family_model(directory, family: str, seed: int = 0, **changes):
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
   fields.update(options)
   fields.update(changes)
-  config = getattr(transformers, config_name)(**fields)
+  return getattr(transformers, config_name)(**fields)
+
+
+def save_family_model(directory, family: str, seed: int = 0, **changes):
+  """A 2-layer random transformers model of `family` with every tensor drawn from
+  N(0, 0.2²) (norm weights and biases too), saved as safetensors; returns the model."""
+  import torch
+  import transformers
+
+  config = family_hf_config(family, **changes)
   torch.manual_seed(seed)
-  model = getattr(transformers, model_name)(config).to(torch.float32).eval()
+  model = getattr(transformers, FAMILIES[family][1])(config).to(torch.float32).eval()
   with torch.no_grad():
     for parameter in model.parameters():
       torch.nn.init.normal_(parameter, std=0.2)

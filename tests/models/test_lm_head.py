@@ -107,7 +107,7 @@ def test_chunking_shrinks_the_compiled_temporaries():
   """XLA's memory analysis of the loss's gradient: with a 4k vocabulary the [B, R, V]
   float32 logits and their cotangent dominate the unchunked program's temporaries."""
   config = CONFIG.replace(vocab_size=4096)
-  model, params = models.init_model(config, seed=0)
+  model, params = models.init_model(config, abstract=True)  # compiled, never run
   batch = rollout_batch(np.random.default_rng(2), rows=8, prompt=8, response=64)
 
   def temp_bytes(m):
@@ -183,7 +183,7 @@ def test_the_forwards_run_on_whole_rows(monkeypatch):
   monkeypatch.setattr(models.DecoderLM, "__call__", recording)
   batch = rollout_batch(np.random.default_rng(0), rows=2, prompt=5, response=7)
   for head in ("lm", "scalar"):
-    model, params = models.init_model(CONFIG, seed=0, head=head)
+    model, params = models.init_model(CONFIG, head=head, abstract=True)
     # Traced, not run: the shapes are what is asked (run op by op it took 3-10 s).
     jax.eval_shape(lambda p, m=model, h=head: new_forward(m, p, batch, head=h), params)
   assert seen == [(2, 12), (2, 12)]

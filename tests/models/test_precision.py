@@ -1,5 +1,8 @@
 """DecoderConfig.matmul_precision reaches every dot_general of the model: forward,
-autodiff backward (incl. the hand-written attention VJP), remat, and the cached path."""
+autodiff backward (incl. the hand-written attention VJP), remat, and the cached path.
+(The field's values and its `precision` property: test_decoder_config.py.)"""
+
+from __future__ import annotations
 
 import jax
 from jax.extend import core as jex_core
@@ -9,8 +12,6 @@ import pytest
 
 from rlhf_jax.models import DecoderConfig
 from rlhf_jax.models import KVCache
-from rlhf_jax.models import config_from_hf
-from rlhf_jax.models import config_to_hf
 from rlhf_jax.models import init_model
 from rlhf_jax.models.attention.xla import grouped_query_attention
 
@@ -65,14 +66,15 @@ def tokens_and_mask(batch=2, time=16):
 
 
 def forward_jaxpr(config, head="lm"):
-  model, params = init_model(config, head=head)
+  # The jaxprs are traced from abstract parameters: nothing is initialised or run.
+  model, params = init_model(config, head=head, abstract=True)
   tokens, mask = tokens_and_mask()
   return jax.make_jaxpr(
       lambda p: model.apply(p, tokens, attention_mask=mask)[0])(params)
 
 
 def grad_jaxpr(config, head="lm"):
-  model, params = init_model(config, head=head)
+  model, params = init_model(config, head=head, abstract=True)
   tokens, mask = tokens_and_mask()
 
   def loss(p):
@@ -84,7 +86,7 @@ def grad_jaxpr(config, head="lm"):
 
 def cached_jaxpr(config):
   """A sampler-style prefill into a KVCache (as sampling/engine/engine.py does), then a decode step."""
-  model, params = init_model(config)
+  model, params = init_model(config, abstract=True)
   tokens, mask = tokens_and_mask()
   true_length = jnp.sum(mask, axis=1, dtype=jnp.int32)
 
@@ -112,34 +114,6 @@ def attention_dots(jaxpr) -> list:
   every projection and head is a 2-D GEMM without any."""
   return [eqn for _, eqn in dot_generals(jaxpr)
           if eqn.params["dimension_numbers"][1][0]]
-
-
-# ----------------------------------------------------------------------------- config
-
-
-def test_precision_property():
-  assert tiny_config().matmul_precision == "auto"
-  assert tiny_config().precision == jax.lax.Precision.HIGHEST
-  assert tiny_config(dtype="bfloat16").precision is None
-  assert tiny_config(dtype="float16").precision is None
-  assert tiny_config(matmul_precision="default").precision is None
-  assert tiny_config(matmul_precision="high").precision == jax.lax.Precision.HIGH
-  assert tiny_config(dtype="bfloat16", matmul_precision="highest").precision == (
-      jax.lax.Precision.HIGHEST)
-
-
-@pytest.mark.parametrize("bad", ["tf32", "HIGHEST", "", None])
-def test_bad_matmul_precision_names_the_field(bad):
-  with pytest.raises(ValueError, match=r"DecoderConfig\.matmul_precision.*auto.*highest"):
-    tiny_config(matmul_precision=bad)
-
-
-def test_matmul_precision_is_not_in_hf_config():
-  config = tiny_config(matmul_precision="highest")
-  hf = config_to_hf(config)
-  assert not any("precision" in key for key in hf)
-  assert config_from_hf(hf).matmul_precision == "auto"
-  assert config_from_hf(hf, matmul_precision="highest") == config
 
 
 # ----------------------------------------------------------------------------- jaxprs

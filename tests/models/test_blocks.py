@@ -1,8 +1,11 @@
-"""q/k/v as one GEMM and gate/up as one (`blocks.Attention.qkv`, `blocks.MLP.gate_up`):
-the model's forward and gradients equal those of the unfused model, written here with
-one einsum per projection, for every attention variant (biases, Qwen3 / OLMo 2 q/k
-norms, post-norm, scanned layers, LoRA), and the lowered program holds 3 fewer dots a
-layer."""
+"""models/blocks.py: q/k/v as one GEMM and gate/up as one (`Attention.qkv`,
+`MLP.gate_up`): the model's forward and gradients equal those of the unfused model,
+written here with one einsum per projection, for every attention variant (biases, Qwen3 /
+OLMo 2 q/k norms, post-norm, scanned layers, LoRA), and the lowered program holds 3 fewer
+dots a layer. The attention mask against a loop over query and key written from its
+definition, and RMSNorm against NumPy."""
+
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
@@ -56,11 +59,11 @@ def unfused(monkeypatch):
 
 
 def perturbed(params, seed):
-  """Every parameter moved off its initial value (biases off 0, norms off 1)."""
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(tree, [leaf + 0.05 * jax.random.normal(key, leaf.shape)
-                                   for leaf, key in zip(leaves, keys)])
+  """Every parameter moved off its initial value (biases off 0, norms off 1); drawn with
+  NumPy (jax.random op by op compiled a program per parameter shape)."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda leaf: jnp.asarray(
+      leaf + 0.05 * rng.standard_normal(leaf.shape), leaf.dtype), params)
 
 
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 9)), jnp.int32)
@@ -161,3 +164,58 @@ def test_fused_kernels_split_like_their_parts(shards):
     np.testing.assert_array_equal(block(blocks.interleave_columns(gate, up), j, 1),
                                   blocks.interleave_columns(block(gate, j, 1),
                                                             block(up, j, 1)))
+
+
+def reference_mask(query_slots, key_valid, segment_ids, window):
+  """[B, T, S] from the definition, one (query, key) pair at a time: a real key at or
+  before the query's slot, of its segment, with fewer than `window` real tokens after it
+  up to the query's slot; and a query always sees its own slot."""
+  batch, time = query_slots.shape
+  slots = key_valid.shape[1]
+  out = np.zeros((batch, time, slots), bool)
+  for b in range(batch):
+    for t in range(time):
+      q = query_slots[b, t]
+      for s in range(slots):
+        allowed = key_valid[b, s] and s <= q
+        if segment_ids is not None:
+          allowed = allowed and segment_ids[b, t] == segment_ids[b, s]
+        if window is not None:
+          allowed = allowed and sum(key_valid[b, s + 1:q + 1]) < window
+        out[b, t, s] = allowed or s == q
+  return out
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+@pytest.mark.parametrize("packed", [False, True])
+def test_attention_mask_follows_its_definition(window, packed):
+  rng = np.random.default_rng(3 + (window or 0))
+  batch, slots = 3, 12
+  key_valid = rng.random((batch, slots)) < 0.7
+  key_valid[1, :4] = False  # a left-padded row
+  segment_ids = np.cumsum(rng.random((batch, slots)) < 0.25, axis=1) if packed else None
+  query_slots = np.broadcast_to(np.arange(slots), (batch, slots))  # a full forward
+  got = blocks.attention_mask(jnp.asarray(query_slots), jnp.asarray(key_valid),
+                              None if segment_ids is None else jnp.asarray(segment_ids),
+                              window)
+  np.testing.assert_array_equal(got, reference_mask(query_slots, key_valid, segment_ids,
+                                                    window))
+  decode = np.asarray([[11], [7], [0]])  # one query each, as a decode step reads the cache
+  got = blocks.attention_mask(jnp.asarray(decode), jnp.asarray(key_valid), None, window)
+  np.testing.assert_array_equal(got, reference_mask(decode, key_valid, None, window))
+
+
+@pytest.mark.parametrize("offset, shape", [(0.0, None), (1.0, None), (0.0, (4, 8))])
+def test_rms_norm_against_numpy(offset, shape):
+  """y = x / √(mean(x²) + eps) · (offset + w) over w's axes: [hidden] by default, or
+  [heads, head_dim] for OLMo 2's norm of a whole projection."""
+  config = CONFIG.replace(norm_offset=offset, rms_norm_eps=1e-5)
+  norm = blocks.RMSNorm(config, shape)
+  rng = np.random.default_rng(0)
+  weight = rng.standard_normal(norm.weight.shape).astype(np.float32)
+  norm.weight[...] = jnp.asarray(weight)
+  x = rng.standard_normal((2, 5) + norm.weight.shape).astype(np.float32)
+  axes = tuple(range(2, x.ndim))
+  x64 = x.astype(np.float64)
+  want = x64 / np.sqrt(np.mean(x64 ** 2, axis=axes, keepdims=True) + 1e-5) * (offset + weight)
+  np.testing.assert_allclose(norm(jnp.asarray(x)), want, rtol=1e-5, atol=1e-6)

@@ -1,6 +1,7 @@
 """The Pallas flash kernel (interpret mode on CPU) against the XLA attention: outputs and
 dq/dk/dv on real tokens for causal, left/right-padded, packed and hypothesis-drawn
-layouts with G > 1; the options it refuses; the dispatch in grouped_query_attention."""
+layouts with G > 1; the options it refuses; the whole decoder through it (layer scan,
+remat). Which kernel "auto" picks is tested in test_choice.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlhf_jax.models.attention import choice as kernel_choice
 from rlhf_jax.models.attention.pallas_flash import padded_length
 from rlhf_jax.models.attention.pallas_flash import pallas_attention
 from rlhf_jax.models.attention.xla import grouped_query_attention
@@ -135,36 +135,6 @@ def test_a_window_wider_than_the_sequence_is_no_window():
   q, k, v, _ = _inputs(3)
   np.testing.assert_array_equal(pallas_attention(q, k, v, window=T),
                                 pallas_attention(q, k, v))
-
-
-def test_unknown_impl_is_one_line_error():
-  q, k, v, _ = _inputs()
-  with pytest.raises(ValueError, match="attention_impl='flash'"):
-    grouped_query_attention(q, k, v, jnp.ones((B, T, T), bool), impl="flash")
-
-
-def test_auto_is_xla_on_cpu():
-  assert kernel_choice.training_attention("auto") == "xla"
-  assert kernel_choice.training_attention("pallas") == "pallas"
-
-
-@pytest.mark.parametrize("dtype, time, options, hopper, want", [
-    (jnp.bfloat16, 1024, {}, True, "cudnn"),
-    (jnp.bfloat16, 1024, {}, False, "pallas"),     # packed cuDNN needs Hopper
-    (jnp.float32, 1024, {}, True, "xla"),          # cuDNN: bf16/fp16; Triton: TF32
-    (jnp.bfloat16, 1023, {}, True, "pallas"),      # cuDNN: even lengths only
-    (jnp.float16, 1024, {}, False, "pallas"),
-    (jnp.bfloat16, 1024, dict(softcap=30.0), True, "xla"),
-    (jnp.bfloat16, 1024, dict(window=512), True, "xla"),
-    (jnp.bfloat16, 1024, dict(window=4096), True, "cudnn"),
-])
-def test_auto_on_a_gpu(monkeypatch, dtype, time, options, hopper, want):
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  monkeypatch.setattr(kernel_choice, "_cudnn_hopper", lambda: hopper)
-  monkeypatch.setattr(kernel_choice, "_on_nvidia_gpu", lambda: True)
-  assert kernel_choice.training_attention("auto") == "auto"  # decided with the arrays
-  assert kernel_choice.training_attention("auto", dtype=dtype, head_dim=64, time=time,
-                                          **options) == want
 
 
 def test_decoder_log_probs_and_gradients_match_xla_under_scan_and_remat():

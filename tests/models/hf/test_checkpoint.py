@@ -1,4 +1,7 @@
-"""Our decoder against transformers: logits, padding, KV cache, round trips, bad checkpoints."""
+"""models/hf/checkpoint.py: a checkpoint transformers saved, loaded as our decoder with its
+logits (padded or not, KV cache), saved back bit for bit (one file or shards) for
+transformers to load, a scalar head from a policy's checkpoint, and bad checkpoints named
+in one line."""
 
 import json
 import os
@@ -16,6 +19,7 @@ from rlhf_jax import models
 from tests.models.hf_fixtures import VOCAB
 from tests.models.hf_fixtures import assert_cached_decode_matches
 from tests.models.hf_fixtures import hf_logits
+from tests.models.hf_fixtures import save_family_model
 from tests.models.hf_fixtures import save_tiny_hf_model
 
 pytest.importorskip("torch")
@@ -23,7 +27,7 @@ pytest.importorskip("transformers")
 
 ARCHITECTURES = ("qwen2", "llama")
 TOLERANCE = 1e-4
-BENCH_DIR = pathlib.Path(__file__).resolve().parents[3] / "shared" / "bench"
+BENCH_DIR = pathlib.Path(__file__).resolve().parents[4] / "shared" / "bench"
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
@@ -172,6 +176,15 @@ def test_unexpected_tensor_is_named(qwen_copy):
       {"model.layers.2.mlp.up_proj.weight": np.zeros((2, 2), np.float32)}))
   with pytest.raises(ValueError, match=r"unexpected tensors \['model\.layers\.2\.mlp"):
     models.load_hf_checkpoint(str(qwen_copy))
+
+
+def test_a_fused_tensor_of_the_wrong_size_is_named(tmp_path):
+  save_family_model(tmp_path, "phi3")
+  name = "model.layers.1.self_attn.qkv_proj.weight"
+  _rewrite_tensors(tmp_path, lambda t: t.update({name: np.concatenate([t[name], t[name][:2]])}))
+  with pytest.raises(ValueError, match=rf"fused tensor '{name}' has shape \(98, 48\); "
+                     "expected 96 rows"):
+    models.load_hf_checkpoint(str(tmp_path))
 
 
 def test_unknown_architecture_and_missing_files(qwen_copy):
