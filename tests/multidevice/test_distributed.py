@@ -44,8 +44,8 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_job(workdir, name: str, steps: int, processes: int = 2, staleness: int = 0
-              ) -> list[subprocess.Popen]:
+def start_job(workdir, name: str, steps: int, processes: int = 2, staleness: int = 0,
+              mesh=MESH) -> list[subprocess.Popen]:
   """`processes` workers on loopback, each with 8 / processes CPU devices."""
   port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -53,7 +53,7 @@ def start_job(workdir, name: str, steps: int, processes: int = 2, staleness: int
       "--xla_force_host_platform_device_count=8", "")  # the job sets its own count
   workers = []
   for process_id in range(processes):
-    job = {"preset": name, "workdir": str(workdir), "steps": steps, "mesh": MESH,
+    job = {"preset": name, "workdir": str(workdir), "steps": steps, "mesh": mesh,
            "staleness": staleness,
            "port": port, "process_id": process_id, "num_processes": processes,
            "local_devices": 8 // processes}

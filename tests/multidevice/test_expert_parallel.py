@@ -110,7 +110,7 @@ def test_biased_experts_with_the_width_over_tensor_match_one_device():
 
 
 CONFIG = models.DecoderConfig(
-    vocab_size=64, hidden_size=16, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
+    vocab_size=64, hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
     intermediate_size=24, architecture="qwen3_moe", qk_norm="head", qkv_bias=False,
     num_experts=8, experts_per_token=2, expert_intermediate_size=8,
     normalize_expert_weights=True, dense_layers=(1,), tie_embeddings=False,
@@ -123,13 +123,48 @@ def nll(model, params, tokens):
   return -jnp.mean(kernels.token_logprobs(logits[:, :-1], tokens[:, 1:]))
 
 
+def tiny_moe():
+  """CONFIG's model (a sparse layer, then a dense one), its host parameters, and tokens
+  [8, 10]."""
+  model, params = models.init_model(CONFIG, seed=0)
+  params = jax.tree.map(np.asarray, params)
+  # Larger router weights than the init's 0.02: distinct probabilities, no near-ties.
+  params["layers"][0]["mlp"]["router"] = params["layers"][0]["mlp"]["router"] * 50
+  return model, params, np.random.default_rng(0).integers(0, 64, (8, 10)).astype(np.int32)
+
+
+def moe_gradients(mesh) -> dict[str, np.ndarray]:
+  """The tiny Qwen3-MoE's loss and gradients on `mesh`, parameters and tokens laid out by
+  the rules (host values: every process of a job gets them whole), by parameter path."""
+  model, params, tokens = tiny_moe()
+  sharded = jax.device_put(params, parallel.param_shardings(params, model.logical_axes(), mesh))
+  batch = jax.device_put(tokens, parallel.batch_sharding(mesh))
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  with jax.set_mesh(mesh):
+    loss, grads = jax.jit(jax.value_and_grad(functools.partial(nll, model)),
+                          out_shardings=whole)(sharded, batch)
+  flat = jax.tree_util.tree_flatten_with_path(grads)[0]
+  return {"loss": np.asarray(loss), **{jax.tree_util.keystr(path): np.asarray(leaf)
+                                       for path, leaf in flat}}
+
+
+@pytest.mark.slow
+def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
+  """An expert axis of 8 over 2 processes × 4 devices (gloo on loopback): the tokens'
+  all-gather and the outputs' reduce-scatter cross the processes."""
+  from tests.multidevice.test_distributed import start_job, wait
+  expected = moe_gradients(parallel.make_mesh(data=1, expert=8))
+  wait(start_job(tmp_path, "moe_gradients", steps=0, mesh=(1, 8)), tmp_path)
+  got = np.load(tmp_path / "gradients.npz")
+  assert sorted(got.files) == sorted(expected)
+  for name, value in expected.items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(MESHES))
 def test_qwen3_moe_forward_and_gradient_match_one_device(layout):
-  model, params = models.init_model(CONFIG, seed=0)
-  for layer in (0, 2):  # distinct router probabilities: no near-ties between experts
-    params["layers"][layer]["mlp"]["router"] = params["layers"][layer]["mlp"]["router"] * 50
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (8, 10)), jnp.int32)
+  model, params, tokens = tiny_moe()
   forward = jax.jit(lambda p, t: model.apply(p, t)[0])
   grad = jax.jit(jax.value_and_grad(functools.partial(nll, model)))
   expected_logits = forward(params, tokens)
