@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import jax
 import numpy as np
 
 from rlhf_jax.parallel.distributed import host_values
+from rlhf_jax.parallel.sharding import BATCH_AXES
 from rlhf_jax.parallel.sharding import batch_sharding
 
 
@@ -16,9 +18,10 @@ def run_in_chunks(fn: Callable, arrays: Sequence, chunk: int,
   """`fn(*arrays)` over rows in chunks of exactly `chunk` rows (the last one padded by
   repeating row 0, so `fn` compiles once), concatenated on the host. Each argument is
   an array or a pytree of arrays (e.g. a RolloutBatch) with rows on the leading axis.
-  With a mesh, each chunk's rows are split over (data, fsdp) when they divide evenly."""
+  With a mesh, each chunk's rows are split over (data, fsdp, expert) when they divide
+  evenly."""
   rows = jax.tree.leaves(arrays)[0].shape[0]
-  shards = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+  shards = 1 if mesh is None else math.prod(mesh.shape[axis] for axis in BATCH_AXES)
   outputs = []
   for start in range(0, rows, chunk):
     part = jax.tree.map(lambda a: np.asarray(a)[start:start + chunk], list(arrays))

@@ -98,7 +98,7 @@ class RewardModelScorer(ScorerBase):
     correct_threshold: a response counts as correct when its score exceeds this
       (the reward's own verdict, for accuracy metrics and dynamic sampling).
     failure_score: the reward of a response that cannot be scored (too long).
-    mesh: the trainer mesh (rows are split over data × fsdp), or None.
+    mesh: the trainer mesh (rows are split over data × fsdp × expert), or None.
   """
 
   def __init__(self, role, layout: ScoringLayout, *, batch_size: int = 64,
