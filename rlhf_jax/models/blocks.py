@@ -133,7 +133,8 @@ class RMSNorm(nnx.Module):
 class Attention(nnx.Module):
   """Grouped-query causal self-attention: q/k RMSNorm (`DecoderConfig.qk_norm`), then RoPE
   (on all or the first `rotary_dim` dims of each head), an optional sliding window
-  (`attention_mask`), Gemma's score scale and soft-capping, and an optional KV cache."""
+  (`attention_mask`), Gemma's score scale and soft-capping, gpt-oss's attention sinks and
+  output bias, and an optional KV cache."""
 
   def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
     e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
@@ -146,6 +147,10 @@ class Attention(nnx.Module):
       self.q_bias = param(None, (h, d), ("heads", "head_dim"), config, init="zeros")
       self.k_bias = param(None, (k, d), ("kv_heads", "head_dim"), config, init="zeros")
       self.v_bias = param(None, (k, d), ("kv_heads", "head_dim"), config, init="zeros")
+    if config.attention_out_bias:
+      self.o_bias = param(None, (e,), ("embed",), config, init="zeros")
+    if config.attention_sinks:  # gpt-oss: one logit per query head (HF inits N(0, 0.02²))
+      self.sinks = param(rngs, (h,), ("heads",), config)
     if config.qk_norm == "head":  # Qwen3: each head's vector, one [D] weight for all heads
       self.q_norm = RMSNorm(config, (d,), ("head_dim",))
       self.k_norm = RMSNorm(config, (d,), ("head_dim",))
@@ -205,7 +210,8 @@ class Attention(nnx.Module):
       query_slots = end[:, None] + jnp.arange(time)[None, :]
     allowed = attention_mask(query_slots, key_valid, segment_ids, kind.window)
     scores = dict(precision=self.config.precision, scale=self.config.attention_scale,
-                  softcap=self.config.attn_logit_softcapping)
+                  softcap=self.config.attn_logit_softcapping,
+                  sinks=self.sinks[...] if self.config.attention_sinks else None)
     if layer_cache is None:
       # The fused kernels take the layout (padding, segments, window), not the dense mask.
       out = grouped_query_attention(
@@ -221,7 +227,10 @@ class Attention(nnx.Module):
     dtype = self.config.jnp_dtype
     batch, time, heads, dim = out.shape
     o_proj = self.o_proj[...].reshape(heads * dim, -1).astype(dtype)
-    return _dense(out.reshape(batch, time, heads * dim), o_proj, self.config.precision), new_cache
+    out = _dense(out.reshape(batch, time, heads * dim), o_proj, self.config.precision)
+    if self.config.attention_out_bias:
+      out = out + self.o_bias[...].astype(dtype).reshape(1, 1, -1)
+    return out, new_cache
 
 
 def attention_mask(query_slots: jax.Array, key_valid: jax.Array, segment_ids: jax.Array | None,
@@ -292,6 +301,11 @@ class SparseMoE(nnx.Module):
     self.gate_proj = param(rngs, (x, e, f), ("expert", "embed", "mlp"), config)
     self.up_proj = param(rngs, (x, e, f), ("expert", "embed", "mlp"), config)
     self.down_proj = param(rngs, (x, f, e), ("expert", "mlp", "embed"), config)
+    if config.expert_biases:  # gpt-oss: the router's logits and each expert projection
+      self.router_bias = param(None, (x,), ("expert",), config, init="zeros")
+      self.gate_bias = param(None, (x, f), ("expert", "mlp"), config, init="zeros")
+      self.up_bias = param(None, (x, f), ("expert", "mlp"), config, init="zeros")
+      self.down_bias = param(None, (x, e), ("expert", "embed"), config, init="zeros")
 
   def __call__(self, x, replay=None):
     """x [..., E] → (out [..., E], experts [..., k]: each token's experts, in
@@ -300,13 +314,18 @@ class SparseMoE(nnx.Module):
     c = self.config
     dtype, tokens = c.jnp_dtype, x.reshape(-1, x.shape[-1])
     k = c.experts_per_token
-    routes = route(_dense(tokens, self.router[...].astype(dtype), c.precision), k,
-                   normalize=c.normalize_expert_weights,
+    logits = _dense(tokens, self.router[...].astype(dtype), c.precision)
+    biases = None
+    if c.expert_biases:
+      logits = logits + self.router_bias[...].astype(dtype)[None]
+      biases = tuple(getattr(self, name)[...].astype(dtype)
+                     for name in ("gate_bias", "up_bias", "down_bias"))
+    routes = route(logits, k, normalize=c.normalize_expert_weights,
                    replay=None if replay is None else replay.reshape(-1, k))
     out = experts_on_mesh(tokens, routes, self.gate_proj[...].astype(dtype),
                           self.up_proj[...].astype(dtype), self.down_proj[...].astype(dtype),
                           kernel=c.expert_kernel, activation=c.activation,
-                          precision=c.precision)
+                          precision=c.precision, biases=biases, swiglu_limit=c.swiglu_limit)
     experts = routes.experts.astype(route_dtype(c.num_experts)).reshape(*x.shape[:-1], k)
     return out.reshape(x.shape), experts
 

@@ -13,14 +13,14 @@ ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "mistral": "MistralForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM"}
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")
 DECODE_ATTENTION = ("auto", "xla", "pallas")
 QK_NORMS = ("none", "head", "projection")
 NORM_PLACEMENTS = ("pre", "post", "sandwich")
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "clamped_swiglu")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 EXPERT_KERNELS = ("auto", "ragged_dot", "tiled", "pallas", "dense")  # models/moe/experts.py
 
@@ -59,7 +59,7 @@ class DecoderConfig:
       checkpoint, split here), "mistral" (sliding window), "gemma2" (sandwich norms,
       soft-capping, alternating sliding layers), "gemma3_text" (Gemma 3's text model:
       q/k norms, a RoPE base per layer type), "qwen3_moe" (Qwen3 with mixture-of-experts
-      MLPs); see ARCHITECTURES.
+      MLPs), "gpt_oss" (gpt-oss: sinks, biases, clamped experts); see ARCHITECTURES.
     vocab_size: tokens in the vocabulary.
     hidden_size: the residual width.
     num_layers: decoder layers.
@@ -68,7 +68,8 @@ class DecoderConfig:
     head_dim: width of one head.
     intermediate_size: the gated MLP's hidden width.
     activation: the gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU
-      with the tanh approximation, Gemma).
+      with the tanh approximation, Gemma), or "clamped_swiglu" (gpt-oss, experts only:
+      g·σ(1.702·g)·(clip(u, ±l) + 1), g = min(gate, l), l = swiglu_limit).
     rms_norm_eps: RMSNorm epsilon.
     rope_theta: RoPE base.
     rope_scaling: Llama 3 (RopeScaling) or YaRN (YarnScaling) frequency scaling, or
@@ -87,6 +88,8 @@ class DecoderConfig:
       alike (sliding_window, when set, in all).
     max_position_embeddings: longest supported position.
     qkv_bias: bias on the q/k/v projections (Qwen2: True).
+    attention_out_bias: bias on the attention's output projection (gpt-oss).
+    attention_sinks: a learned per-head logit in each softmax's denominator (gpt-oss `sinks`).
     qk_norm: RMSNorm of queries and keys before RoPE: "none"; "head" (Qwen3:
       each head's [head_dim] vector, one weight of [head_dim] for q and one for k);
       "projection" (OLMo 2: the whole projected q [num_heads·head_dim] and k
@@ -167,6 +170,7 @@ class DecoderConfig:
       (HF `norm_topk_prob`).
     dense_layers: the layers whose MLP is dense among sparse ones (HF `mlp_only_layers`,
       and the layers `decoder_sparse_step` skips); every other layer's MLP is sparse.
+    expert_biases: biases on the router's logits and every expert projection (gpt-oss).
     expert_kernel: how the experts run (`models.moe.experts`): dropless grouped GEMMs
       over tokens sorted by expert, by "ragged_dot" (`jax.lax.ragged_dot`), "tiled" (ours
       in XLA, every backend) or "pallas" (our Pallas kernel: Triton on a GPU, interpret
@@ -182,7 +186,7 @@ class DecoderConfig:
   head_dim: int
   intermediate_size: int
   architecture: Literal["qwen2", "llama", "qwen3", "olmo2", "phi3", "mistral", "gemma2",
-                        "gemma3_text", "qwen3_moe"] = "qwen2"
+                        "gemma3_text", "qwen3_moe", "gpt_oss"] = "qwen2"
   activation: str = "silu"
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
@@ -193,6 +197,8 @@ class DecoderConfig:
   rope_local_theta: float | None = None
   max_position_embeddings: int = 2048
   qkv_bias: bool = True
+  attention_out_bias: bool = False
+  attention_sinks: bool = False
   qk_norm: str = "none"
   norm_placement: str = "pre"
   norm_offset: float = 0.0
@@ -215,6 +221,8 @@ class DecoderConfig:
   expert_intermediate_size: int = 0
   normalize_expert_weights: bool = False
   dense_layers: tuple[int, ...] = ()
+  expert_biases: bool = False
+  swiglu_limit: float = 7.0
   expert_kernel: str = "auto"
 
   def __post_init__(self):
@@ -266,6 +274,8 @@ class DecoderConfig:
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"DecoderConfig.attention_impl={self.attention_impl!r}; allowed: "
                        f"{', '.join(ATTENTION_IMPLS)}.")
+    if self.attention_sinks and self.attention_impl == "cudnn":  # cuDNN's call has none
+      raise ValueError("DecoderConfig.attention_impl='cudnn' cannot compute attention_sinks.")
     if self.decode_attention not in DECODE_ATTENTION:
       raise ValueError(f"DecoderConfig.decode_attention={self.decode_attention!r}; allowed: "
                        f"{', '.join(DECODE_ATTENTION)}.")
@@ -279,6 +289,11 @@ class DecoderConfig:
     if self.expert_kernel not in EXPERT_KERNELS:
       raise ValueError(f"DecoderConfig.expert_kernel={self.expert_kernel!r}; allowed: "
                        f"{', '.join(EXPERT_KERNELS)}.")
+    if not self.swiglu_limit > 0:  # NaN fails too
+      raise ValueError(f"DecoderConfig.swiglu_limit={self.swiglu_limit!r} must be > 0.")
+    if self.activation == "clamped_swiglu" and (not self.num_experts or self.dense_layers):
+      raise ValueError(f"DecoderConfig.activation='clamped_swiglu' is for experts only; "
+                       f"num_experts={self.num_experts}, dense_layers={self.dense_layers}.")
     if not self.num_experts:
       return
     if not 1 <= self.experts_per_token <= self.num_experts:
@@ -372,12 +387,14 @@ class DecoderConfig:
     attention = e * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
     if self.qkv_bias:
       attention += self.head_dim * (self.num_heads + 2 * self.num_kv_heads)
+    attention += e * self.attention_out_bias + self.num_heads * self.attention_sinks
     if self.qk_norm == "head":
       attention += 2 * self.head_dim
     elif self.qk_norm == "projection":
       attention += self.head_dim * (self.num_heads + self.num_kv_heads)
     norms = 4 if self.norm_placement == "sandwich" else 2
     experts = self.num_experts * 3 * e * self.expert_intermediate_size + e * self.num_experts
+    experts += self.expert_biases * self.num_experts * (1 + 2 * self.expert_intermediate_size + e)
     mlps = sum(experts if self.sparse_layer(i) else 3 * e * f for i in range(self.num_layers))
     head = 0 if self.tie_embeddings else e * v
     return v * e + self.num_layers * (attention + norms * e) + mlps + e + head

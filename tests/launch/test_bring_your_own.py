@@ -78,7 +78,8 @@ def test_a_family_that_cannot_load_is_refused_by_validate_only(tmp_path, checkpo
   assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
   assert result.stderr.strip().splitlines() == [
       f"error: config.model.checkpoint: {moe}: config.json: MixtralForCausalLM is a "
-      "mixture-of-experts model we do not have; supported: Qwen3MoeForCausalLM."]
+      "mixture-of-experts model we do not have; supported: Qwen3MoeForCausalLM, "
+      "GptOssForCausalLM."]
 
 
 @pytest.mark.slow

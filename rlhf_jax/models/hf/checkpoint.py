@@ -27,7 +27,9 @@ from rlhf_jax.models.functional import Params
 from rlhf_jax.models.functional import init_model
 from rlhf_jax.models.hf import config as hf_config
 from rlhf_jax.models.hf import metadata as hf_metadata
+from rlhf_jax.models.hf.mxfp4 import dequantize_mxfp4
 from rlhf_jax.models.hf.tensors import TensorMapping
+from rlhf_jax.models.hf.tensors import interleave_parts
 from rlhf_jax.models.hf.tensors import tensor_mappings
 from rlhf_jax.models.layer_scan import is_stacked
 
@@ -35,6 +37,8 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Tensors some checkpoints carry that hold nothing we need.
 _IGNORABLE = (re.compile(r".*\.rotary_emb\.inv_freq$"),)
+# An MXFP4 tensor `name` is stored as `name_blocks` and `name_scales` (gpt-oss's experts).
+MXFP4_PARTS = ("_blocks", "_scales")
 
 
 def _get(tree, path):
@@ -156,6 +160,8 @@ def _read_tensor(files: _CheckpointFiles, available: set[str], mapping: TensorMa
   if mapping.hf_name not in available:
     if mapping.path == ("scalar_head",) and missing_head == "zeros":
       return np.zeros(shape, np.float32)
+    if all(mapping.hf_name + part in available for part in MXFP4_PARTS):
+      return _read_mxfp4(files, mapping, shape, directory)
     raise ValueError(f"{directory}: tensor {mapping.hf_name!r} is missing from the "
                      "checkpoint.")
   if mapping.rows is not None and files.shape(mapping.hf_name)[:1] != mapping.rows[2:]:
@@ -173,12 +179,28 @@ def _read_tensor(files: _CheckpointFiles, available: set[str], mapping: TensorMa
   return array
 
 
+def _read_mxfp4(files: _CheckpointFiles, mapping: TensorMapping, shape: tuple,
+                directory: str) -> np.ndarray:
+  """An MXFP4 tensor (blocks [X, out, G, 16], scales [X, out, G]) dequantised to float32,
+  [X, out, in] turned into the [X, in, out] of its bf16 form, in our layout."""
+  blocks, scales = (files.read(mapping.hf_name + part) for part in MXFP4_PARTS)
+  try:
+    array = mapping.to_ours(np.swapaxes(dequantize_mxfp4(blocks, scales), -1, -2))
+  except ValueError as error:
+    raise ValueError(f"{directory}: MXFP4 tensor {mapping.hf_name!r} (blocks "
+                     f"{blocks.shape}, scales {scales.shape}): {error}") from None
+  if array.shape != shape:
+    raise ValueError(f"{directory}: MXFP4 tensor {mapping.hf_name!r} has blocks "
+                     f"{blocks.shape}; expected ones that map to {shape}.")
+  return array
+
+
 def _check_unexpected(directory: str, available: set[str], mappings: list[TensorMapping],
                       extra_head: bool) -> None:
   """Raises ValueError naming the checkpoint's tensors that no mapping reads.
   `extra_head`: an `lm_head.weight` is tolerated (tied embeddings: some exporters
   store the head anyway; a scalar head: a critic drops the LM head)."""
-  used = {m.hf_name for m in mappings} | {"score.bias"}
+  used = {m.hf_name + part for m in mappings for part in ("",) + MXFP4_PARTS} | {"score.bias"}
   if extra_head:
     used.add("lm_head.weight")
   unexpected = sorted(n for n in available - used
@@ -266,6 +288,12 @@ def iter_hf_tensors(model: FunctionalModel, params: Params) -> Iterator[tuple[st
     array = _get(params, path)
     array = array[index] if index else array
     array = mapping.to_hf(np.asarray(jax.device_get(array)))
+    if mapping.interleave is not None:  # gpt-oss's gate_up: the parts' columns interleaved
+      parts.append(array)
+      if mapping.interleave[0] == mapping.interleave[1] - 1:
+        yield mapping.hf_name, interleave_parts(parts)
+        parts = []
+      continue
     if mapping.rows is None:
       yield mapping.hf_name, array
       continue

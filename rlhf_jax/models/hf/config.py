@@ -16,17 +16,23 @@ from typing import Any
 
 from rlhf_jax.models.decoder_config import ARCHITECTURES
 from rlhf_jax.models.decoder_config import DecoderConfig
+from rlhf_jax.models.decoder_config import LAYER_TYPES
 from rlhf_jax.models.decoder_config import RopeScaling
 from rlhf_jax.models.decoder_config import YarnScaling
 from rlhf_jax.models.hf.gemma import GEMMA
 from rlhf_jax.models.hf.gemma import gemma_fields_from_hf
 from rlhf_jax.models.hf.gemma import gemma_to_hf
+from rlhf_jax.models.hf.gpt_oss import gpt_oss_defaults
+from rlhf_jax.models.hf.gpt_oss import gpt_oss_fields_from_hf
+from rlhf_jax.models.hf.gpt_oss import gpt_oss_to_hf
 
 # What each family fixes that config.json does not spell out (DecoderConfig fields).
 FAMILY_OPTIONS = {
     "qwen2": dict(qkv_bias=True), "llama": {},
     "qwen3": dict(qk_norm="head", qkv_bias=False),
     "qwen3_moe": dict(qk_norm="head", qkv_bias=False),
+    "gpt_oss": dict(attention_sinks=True, expert_biases=True, activation="clamped_swiglu",
+                    normalize_expert_weights=True),
     "olmo2": dict(qk_norm="projection", norm_placement="post", qkv_bias=False),
     "phi3": dict(qkv_bias=False), "mistral": dict(qkv_bias=False),
     "gemma2": dict(norm_placement="sandwich", norm_offset=1.0, scale_embeddings=True,
@@ -45,7 +51,7 @@ PARTIAL_ROTARY = ("phi3",)
 # family with experts is refused too). Ours: `MOE_FAMILIES`.
 MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM",
                      "DeepseekV2ForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
-MOE_FAMILIES = ("qwen3_moe",)
+MOE_FAMILIES = ("qwen3_moe", "gpt_oss")
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 # Integer keys of config.json with their sane range (from 1; from 0 for the two window
 # keys, whose 0 transformers writes for "none"): 8× past the largest published dense
@@ -191,6 +197,8 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
     raise ValueError(f"config.json: attention_bias=true (q/k/v/o biases) is not supported "
                      f"for {cls}.")
   hidden_act = hf.get("hidden_act", "silu")
+  if architecture == "gpt_oss":
+    hf = gpt_oss_defaults(hf)
   if hidden_act != "silu" and architecture not in GEMMA:
     raise ValueError(f"config.json: hidden_act={hidden_act!r} is not supported; only 'silu'.")
   theta, scaling = (None, None) if architecture == "gemma3_text" else _rope_from_hf(hf)
@@ -213,15 +221,18 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> DecoderConfig:
       rope_theta=theta,
       rope_scaling=scaling,
       partial_rotary_factor=partial,
-      sliding_window=None if architecture in GEMMA else _sliding_window_from_hf(hf, architecture),
       max_position_embeddings=hf.get("max_position_embeddings", 2048),
       qkv_bias=bool(hf.get("attention_bias", False)),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
   )
   if architecture in GEMMA:
     fields.update(gemma_fields_from_hf(hf, architecture, _rope_from_hf))
-  if architecture in MOE_FAMILIES:
+  else:
+    fields.update(_windows_from_hf(hf, architecture))
+  if architecture == "qwen3_moe":
     fields.update(_experts_from_hf(hf))
+  if architecture == "gpt_oss":
+    fields.update(gpt_oss_fields_from_hf(hf))
   fields.update(FAMILY_OPTIONS[architecture])
   fields.update(overrides)
   return DecoderConfig(**fields)
@@ -244,28 +255,42 @@ def _experts_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
               dense_layers=tuple(dense) if experts else ())
 
 
-def _sliding_window_from_hf(hf: dict[str, Any], architecture: str) -> int | None:
-  """The window every layer uses, or None; ValueError when only some layers slide."""
+def _layer_types_from_hf(hf: dict[str, Any]) -> list[str]:
+  """config.json's `layer_types`, checked: one of LAYER_TYPES per layer."""
+  types = hf["layer_types"]
+  if (not isinstance(types, list) or len(types) != hf["num_hidden_layers"]
+      or any(kind not in LAYER_TYPES for kind in types)):
+    raise ValueError(f"config.json: layer_types={types!r} must list num_hidden_layers="
+                     f"{hf['num_hidden_layers']} of {', '.join(LAYER_TYPES)}.")
+  return types
+
+
+def _windows_from_hf(hf: dict[str, Any], architecture: str) -> dict[str, Any]:
+  """sliding_window and layer_types (None: every layer alike) as the family's HF code
+  reads them: Qwen2/Qwen3 per layer (`layer_types`, else transformers 4's layers from
+  `max_window_layers` on) and only with `use_sliding_window`; gpt-oss per layer; Qwen3-MoE
+  in every layer with `use_sliding_window`; Phi-3 and Mistral in every layer whenever
+  set; the other families' HF code ignores the key."""
   window = hf.get("sliding_window")
-  if architecture in MOE_FAMILIES:  # Qwen3-MoE: every layer, when use_sliding_window
-    return window if hf.get("use_sliding_window") else None
-  if architecture in WINDOW_EVERY_LAYER or window is None:
-    return window
-  if architecture not in WINDOW_BY_LAYER_TYPE:
-    return None
-  types = hf.get("layer_types")
-  if types is None:  # transformers 4: layers from max_window_layers on slide
-    if not hf.get("use_sliding_window"):
-      return None
+  if architecture == "qwen3_moe":
+    return dict(sliding_window=window if hf.get("use_sliding_window") else None)
+  if architecture in WINDOW_EVERY_LAYER:
+    return dict(sliding_window=window)
+  if architecture not in WINDOW_BY_LAYER_TYPE + ("gpt_oss",):
+    return dict(sliding_window=None)
+  if architecture in WINDOW_BY_LAYER_TYPE and not hf.get("use_sliding_window"):
+    window = None  # transformers 5 drops the window (every layer full) without the flag
+  if hf.get("layer_types") is not None:
+    types = _layer_types_from_hf(hf)
+  else:  # transformers 4: the layers from max_window_layers on slide
     first = hf.get("max_window_layers", 28)
     types = ["sliding_attention" if i >= first else "full_attention"
              for i in range(hf["num_hidden_layers"])]
-  if set(types) <= {"full_attention"}:
-    return None
+  if window is None or set(types) == {"full_attention"}:
+    return dict(sliding_window=None)
   if set(types) == {"sliding_attention"}:
-    return int(window)
-  raise ValueError("config.json: layer_types mixes sliding and full attention layers; a "
-                   "sliding window in only some layers is not supported yet.")
+    return dict(sliding_window=int(window))
+  return dict(sliding_window=int(window), layer_types=tuple(types))
 
 
 def _check_family(config: DecoderConfig) -> None:
@@ -277,8 +302,16 @@ def _check_family(config: DecoderConfig) -> None:
   fixed.setdefault("norm_offset", 0.0)
   fixed.setdefault("scale_embeddings", False)
   if config.architecture not in GEMMA:
-    fixed.update(activation="silu", query_pre_attn_scalar=None, final_logit_softcapping=None,
-                 layer_types=None)
+    fixed.setdefault("activation", "silu")  # gpt-oss's experts: its own (FAMILY_OPTIONS)
+    fixed.update(query_pre_attn_scalar=None, final_logit_softcapping=None)
+  if config.architecture not in GEMMA + WINDOW_BY_LAYER_TYPE + ("gpt_oss",):
+    fixed["layer_types"] = None
+  if config.architecture != "gpt_oss":
+    fixed.update(attention_sinks=False, attention_out_bias=False, expert_biases=False)
+  elif config.attention_out_bias != config.qkv_bias:  # one `attention_bias` for all four
+    raise ValueError(f"{cls} checkpoints have attention_out_bias=qkv_bias "
+                     f"(attention_bias); got {config.attention_out_bias} and "
+                     f"{config.qkv_bias}.")
   if config.architecture != "gemma2":
     fixed["attn_logit_softcapping"] = None
   if config.architecture != "gemma3_text":
@@ -339,16 +372,21 @@ def config_to_hf(config: DecoderConfig) -> dict[str, Any]:
     hf["attention_bias"] = config.qkv_bias
     hf["mlp_bias"] = False
   window = config.sliding_window
+  types = list(config.layer_types or ["full_attention" if window is None else
+                                      "sliding_attention"] * config.num_layers)
   if config.architecture in WINDOW_BY_LAYER_TYPE:
-    # transformers 4 slides the layers from max_window_layers on: none, or all of them.
+    # transformers 4 slides the layers from max_window_layers on (exact when the sliding
+    # layers are the last ones); transformers 5 reads layer_types.
+    first = types.index("sliding_attention") if window is not None else config.num_layers
     hf.update(use_sliding_window=window is not None, sliding_window=window,
-              max_window_layers=config.num_layers if window is None else 0, layer_types=[
-                  "full_attention" if window is None else "sliding_attention"] * config.num_layers)
+              max_window_layers=first, layer_types=types)
   elif config.architecture in WINDOW_EVERY_LAYER:
     hf["sliding_window"] = window
   elif config.architecture in GEMMA:
     hf.update(gemma_to_hf(config, rope))
-  if config.architecture in MOE_FAMILIES:
+  if config.architecture == "gpt_oss":
+    hf.update(gpt_oss_to_hf(config, types))
+  if config.architecture == "qwen3_moe":
     hf.update(num_experts=config.num_experts, num_experts_per_tok=config.experts_per_token,
               moe_intermediate_size=config.expert_intermediate_size,
               norm_topk_prob=config.normalize_expert_weights, decoder_sparse_step=1,

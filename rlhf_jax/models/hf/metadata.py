@@ -114,6 +114,9 @@ def export_config(model, dtype: str, token_ids: Mapping[str, Any] | None = None
     if source is None:
       written.update({key: (token_ids or {}).get(key) for key in TOKEN_KEYS})
     written["dtype"] = written["torch_dtype"] = dtype
+  # Tensors are written bf16/float32, never MXFP4 (gpt-oss's published experts): the
+  # source's quantisation no longer describes them.
+  written.pop("quantization_config", None)
   if model.head == "scalar":  # transformers rebuilds the labels from num_labels
     written.pop("id2label", None)
     written.pop("label2id", None)

@@ -26,6 +26,19 @@ class TensorMapping:
   # ours is [expert] of the array at `path`: one expert's tensor of a stacked [X, ...]
   # parameter (HF checkpoints store `mlp.experts.<j>.*` one expert at a time).
   expert: int | None = None
+  # (part, parts): ours is columns part::parts of the HF tensor's last axis (gpt-oss's
+  # `gate_up_proj`: gate in the even columns, up in the odd); the parts are listed in order.
+  interleave: tuple[int, int] | None = None
+
+
+def interleaved_part(part: int, parts: int) -> Callable[[np.ndarray], np.ndarray]:
+  """HF → ours for one part of a tensor interleaved on its last axis."""
+  return lambda w: np.ascontiguousarray(w[..., part::parts])
+
+
+def interleave_parts(arrays: list[np.ndarray]) -> np.ndarray:
+  """Ours → HF: the parts [..., F] joined as [..., parts·F], column c from part c % parts."""
+  return np.stack(arrays, axis=-1).reshape(*arrays[0].shape[:-1], -1)
 
 
 # Families whose checkpoints fuse q/k/v into `qkv_proj` and gate/up into `gate_up_proj`.
@@ -47,7 +60,9 @@ def tensor_mappings(config: DecoderConfig, head: str) -> list[TensorMapping]:
               TensorMapping(("final_norm", "weight"), "model.norm.weight", _same, _same)]
   for i in range(config.num_layers):
     mappings += _layer_mappings(config, f"model.layers.{i}.", ("layers", i))
-    if config.sparse_layer(i):
+    if config.sparse_layer(i) and config.architecture == "gpt_oss":
+      mappings += _gpt_oss_expert_mappings(f"model.layers.{i}.mlp.", ("layers", i, "mlp"))
+    elif config.sparse_layer(i):
       mappings += _expert_mappings(config, f"model.layers.{i}.mlp.", ("layers", i, "mlp"))
   if head == "lm" and not config.tie_embeddings:
     mappings.append(TensorMapping(("lm_head",), "lm_head.weight", _transpose, _transpose))
@@ -104,6 +119,12 @@ def _layer_mappings(config: DecoderConfig, hf: str, ours: tuple
   mappings.append(TensorMapping(ours + ("attention", "o_proj"), hf + "self_attn.o_proj.weight",
                                 lambda w: np.ascontiguousarray(w.T.reshape(h, d, e)),
                                 lambda w: np.ascontiguousarray(w.reshape(h * d, e).T)))
+  if config.attention_out_bias:
+    mappings.append(TensorMapping(ours + ("attention", "o_bias"), hf + "self_attn.o_proj.bias",
+                                  _same, _same))
+  if config.attention_sinks:
+    mappings.append(TensorMapping(ours + ("attention", "sinks"), hf + "self_attn.sinks",
+                                  _same, _same))
   if config.sparse_layer(ours[1]):
     return mappings
   for j, name in enumerate(("gate", "up")):
@@ -124,6 +145,23 @@ def _expert_mappings(config: DecoderConfig, hf: str, ours: tuple) -> list[Tensor
     mappings += [TensorMapping(ours + (f"{name}_proj",), hf + f"experts.{j}.{name}_proj.weight",
                                _transpose, _transpose, expert=j)
                  for j in range(config.num_experts)]
+  return mappings
+
+
+def _gpt_oss_expert_mappings(hf: str, ours: tuple) -> list[TensorMapping]:
+  """gpt-oss's MoE tensors, all experts in one tensor each: the router `router.weight`
+  [X, E] ↔ ours [E, X] and its bias; `experts.gate_up_proj` [X, E, 2F] with gate in the
+  even columns and up in the odd ↔ ours gate_proj and up_proj [X, E, F] (its bias [X, 2F]
+  likewise); `experts.down_proj` [X, F, E] and its bias [X, E] as they are. Checkpoints
+  storing them MXFP4 (`*_blocks` / `*_scales`) are dequantised on load (`hf.checkpoint`)."""
+  mappings = [TensorMapping(ours + ("router",), hf + "router.weight", _transpose, _transpose),
+              TensorMapping(ours + ("router_bias",), hf + "router.bias", _same, _same)]
+  for suffix, kind in (("", "proj"), ("_bias", "bias")):
+    mappings += [TensorMapping(ours + (f"{name}_{kind}",), hf + f"experts.gate_up_proj{suffix}",
+                               interleaved_part(j, 2), _same, interleave=(j, 2))
+                 for j, name in enumerate(("gate", "up"))]
+    mappings.append(TensorMapping(ours + (f"down_{kind}",), hf + f"experts.down_proj{suffix}",
+                                  _same, _same))
   return mappings
 
 
