@@ -26,18 +26,26 @@ PROMPTS = [[3 + i, 9, 11 + i % 5, 4] for i in range(12)]
 SAMPLING = sampling.SamplingParams(n=2, max_new_tokens=24, seed=7)
 
 
-def scheduler(params=PARAMS, version=0):
-  engine = sampling.Engine(MODEL, num_slots=4, cache_length=32)
+# One engine per server of the fleet and one for the expected samples, for the whole file:
+# a new engine traces and compiles every program again. A server that comes back takes the
+# engine of the one it replaces (stopped by then: an engine serves one scheduler at a time).
+ENGINES = [sampling.Engine(MODEL, num_slots=4, cache_length=32) for _ in range(3)]
+EXPECTED_ENGINE = sampling.Engine(MODEL, num_slots=4, cache_length=32)
+
+
+def scheduler(params=PARAMS, version=0, engine=EXPECTED_ENGINE):
   return Scheduler(engine, params, prompt_buckets=BUCKETS, steps_per_sync=1,
                    weights_version=version)
 
 
 class Server:
-  """One server on `port` (0: any); `kill` stops it at once, dropping its calls."""
+  """One server on `port` (0: any) over `engine`; `kill` stops it at once, dropping its
+  calls."""
 
-  def __init__(self, port=0):
-    self.server, self.port, self.service = server_lib.start_server(scheduler(), port=port,
-                                                                   max_workers=16)
+  def __init__(self, engine, port=0):
+    self.engine = engine
+    self.server, self.port, self.service = server_lib.start_server(
+        scheduler(engine=engine), port=port, max_workers=16)
 
   def kill(self):
     self.server.stop(grace=None)
@@ -46,7 +54,7 @@ class Server:
 
 @pytest.fixture()
 def fleet():
-  servers = [Server() for _ in range(3)]
+  servers = [Server(engine) for engine in ENGINES]
   logs = []
   fleet = SamplerFleet([f"localhost:{s.port}" for s in servers], timeout_s=60,
                        max_in_flight=2, probe_interval_s=0.0, log=logs.append,
@@ -102,7 +110,7 @@ def test_a_server_killed_mid_step_loses_nothing_and_a_returning_one_gets_the_wei
   assert any(f"localhost:{victim.port} lost" in line for line in logs), logs
   assert len(fleet.live) == 2
   # It comes back (fresh, with the starting weights): it joins with version 3 first.
-  back = Server(port=victim.port)
+  back = Server(victim.engine, port=victim.port)
   servers.append(back)
   fleet.probe(force=True)
   assert len(fleet.live) == 3
@@ -117,7 +125,7 @@ def test_a_server_restarted_between_two_calls_samples_with_the_fleet_weights(fle
   fleet.update_params(NEW_PARAMS, version=4)
   victim = servers[0]
   victim.kill()
-  servers.append(Server(port=victim.port))  # fresh: version 0, until the fleet notices
+  servers.append(Server(victim.engine, port=victim.port))  # fresh: version 0, until noticed
   assert tokens(fleet.generate(PROMPTS, SAMPLING)) == expected(NEW_PARAMS, 4)
   assert any("sending them again" in line or "joined" in line for line in logs), logs
 
@@ -144,7 +152,7 @@ def test_a_fleet_waits_for_a_server_to_come_back(fleet):
   def log(line):
     logs.append(line)
     if "waiting up to" in line:  # the fleet knows every server is gone: one comes back
-      back.append(Server(port=servers[0].port))
+      back.append(Server(servers[0].engine, port=servers[0].port))
 
   fleet.log = log
   try:
