@@ -8,6 +8,7 @@ algorithms/registry.py the learner).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable
 
@@ -69,23 +70,23 @@ def trainer_mesh(c) -> jax.sharding.Mesh:
   if -1 in sizes.values():
     sizes = parallel.resolve_axis_sizes(sizes, jax.device_count())
   check_job(c, sizes)
-  count = sizes["data"] * sizes["fsdp"] * sizes["expert"] * sizes["tensor"]
+  count = math.prod(sizes.values())
   return parallel.make_mesh(**sizes, devices=jax.devices()[:count])
 
 
-def check_expert_axis(mesh, model_config) -> None:
-  """`mesh.expert` against the policy (ConfigError naming the field): it splits the
-  experts of a mixture of experts, so it divides num_experts; a dense model has none to
-  split and needs 1 (`mesh.data` splits the rows the same way)."""
-  shards = mesh.shape["expert"]
-  if shards == 1:
+def check_expert_axis(shards: int, num_experts: int) -> None:
+  """`mesh.expert` (`shards`; -1 is checked once resolved) against the policy's
+  `num_experts` (ConfigError naming the field): it splits the experts of a mixture of
+  experts, so it divides num_experts; a dense model (0) has none to split and needs 1
+  (`mesh.data` splits the rows the same way)."""
+  if shards in (1, -1):
     return
-  if not model_config.num_experts:
+  if not num_experts:
     invalid("mesh.expert", shards, "must be 1 for a dense model (expert parallelism splits "
             "a mixture of experts' experts; use mesh.data to split the rows)")
-  if model_config.num_experts % shards:
-    invalid("mesh.expert", shards, f"must divide the model's {model_config.num_experts} "
-            "experts (num_experts)")
+  if num_experts % shards:
+    invalid("mesh.expert", shards, f"must divide the model's {num_experts} experts "
+            "(num_experts)")
 
 
 def check_job(c, sizes: dict[str, int]) -> None:
@@ -96,7 +97,7 @@ def check_job(c, sizes: dict[str, int]) -> None:
   processes = jax.process_count()
   if processes == 1:
     return
-  count = sizes["data"] * sizes["fsdp"] * sizes["expert"] * sizes["tensor"]
+  count = math.prod(sizes.values())
   if count != jax.device_count():
     invalid("mesh", sizes, f"a job of {processes} processes needs a mesh over all "
             f"{jax.device_count()} devices (set one axis to -1)")
@@ -140,7 +141,7 @@ def load_policy(c, workdir: str, mesh) -> Policy:
   if not os.path.exists(os.path.join(directory, "config.json")):
     unfit("model.checkpoint", f"no policy checkpoint in {directory!r} (run launch/sft.py, "
           "or for a built-in task's run launch/train.py, which trains the warm start first)")
-  check_expert_axis(mesh, models.read_hf_config(directory))
+  check_expert_axis(mesh.shape["expert"], models.read_hf_config(directory).num_experts)
   model, params = models.load_hf_checkpoint(directory, **model_layout(c.model))
   model = models.with_numerics(model, **model_numerics(c.model))
   params = parallel.shard_params(params, parallel.param_shardings(

@@ -30,6 +30,7 @@ from rlhf_jax.rewards import config as reward_config_lib
 from rlhf_jax.rollout import modes as rollout_modes
 from rlhf_jax.tasks import registry as task_registry
 from rlhf_jax.training import run_control
+from rlhf_jax.training.build import check_expert_axis
 from rlhf_jax.training.build import policy_checkpoint_dir
 from rlhf_jax.training.build import prompt_format
 
@@ -138,13 +139,13 @@ def check_checkpoint_family(directory: str) -> None:
 def check_data(c, workdir: str, *, read_offline: bool = True,
                scorer: Scorer | None = None) -> None:
   """Everything a run reads, before any work (`--validate_only` stops here): the workdir
-  (no file in its place); the policy checkpoint's files (`check_checkpoint_dir`)
-  and the reward models'; every row of the data files (`load_examples`: JSON, schema, task,
-  encodability, length) with the policy's tokenizer — for a built-in task's run
-  (`data.task`) before its warm start, the task's own, which the warm start saves; with
-  rollout.mode 'offline' the labelled groups of `data.offline_file`, unless `read_offline`
-  is False (a labelling run's output; `scorer`: as in `load_examples`). Nothing loads;
-  ConfigErrors name field, file, row."""
+  (no file in its place); the policy checkpoint's files (`check_checkpoint_dir`), its
+  experts against `mesh.expert`, and the reward models'; every row of the data files
+  (`load_examples`: JSON, schema, task, encodability, length) with the policy's tokenizer —
+  for a built-in task's run (`data.task`) before its warm start, the task's own, which the
+  warm start saves; with rollout.mode 'offline' the labelled groups of
+  `data.offline_file`, unless `read_offline` is False (a labelling run's output; `scorer`:
+  as in `load_examples`). Nothing loads; ConfigErrors name field, file, row."""
   if workdir:
     run_control.check_workdir(workdir)
   directory = policy_checkpoint_dir(c, workdir)
@@ -154,13 +155,15 @@ def check_data(c, workdir: str, *, read_offline: bool = True,
   if os.path.exists(os.path.join(directory, "config.json")) or builtin is None:
     check_checkpoint_dir(directory, field if c.model.checkpoint else f"{field} (<workdir>/sft)")
     check_checkpoint_family(directory)
+    check_expert_axis(c.mesh.expert, models.read_hf_config(directory).num_experts)
     try:
       tokenizer = models.Tokenizer.from_directory(directory)
       prefix = models.load_prompt_prefix(directory, tokenizer)
     except (OSError, ValueError) as error:
       unfit("model.checkpoint", f"{directory}: the tokenizer does not load: {error}")
     distillation.check_teacher(c, directory)  # its tokenizer is the policy's
-  else:
+  else:  # the warm start is a dense model from scratch
+    check_expert_axis(c.mesh.expert, 0)
     tokenizer = builtin.tokenizer()
     prefix = [tokenizer.backend.token_to_id(t) for t in builtin.prompt_prefix]
   check_reward_checkpoints(c)

@@ -1,12 +1,12 @@
 """Expert parallelism (models/moe/parallel.py): the experts split over the `expert` mesh axis,
 the tokens exchanged under shard_map. The exchange against a NumPy loop written from the
 formula; a tiny Qwen3-MoE's forward and gradient on 2 (data) × 4 (expert) and
-2 (fsdp) × 2 (expert) × 2 (tensor) against one device; `mesh.expert` checked against the
-model; a GRPO step of a Qwen3-MoE checkpoint on 2 × 4 against one device."""
+2 (fsdp) × 2 (expert) × 2 (tensor) against one device, and across 2 processes; a GRPO step
+of a Qwen3-MoE checkpoint on 2 × 4 against one device. (`mesh.expert` against the model:
+tests/training/test_build.py, test_inputs.py.)"""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -17,11 +17,9 @@ import pytest
 from rlhf_jax import kernels
 from rlhf_jax import models
 from rlhf_jax import parallel
-from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.models import moe
 from rlhf_jax.models.moe import parallel as moe_parallel
 from rlhf_jax.models.moe.parallel import expert_parallel_mlp
-from rlhf_jax.training import build
 from rlhf_jax.training import loop
 from tests.launch.byo_files import MESSAGES
 from tests.launch.byo_files import TINY
@@ -184,20 +182,6 @@ def test_qwen3_moe_forward_and_gradient_match_one_device(layout):
   np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads,
                expected_grads)
-
-
-def test_the_expert_axis_is_checked_against_the_model():
-  mesh = parallel.make_mesh(data=2, expert=4)
-  build.check_expert_axis(mesh, CONFIG)  # 8 experts: 2 per shard
-  with pytest.raises(ConfigError, match=r"^config\.mesh\.expert: invalid value 4: must divide "
-                     r"the model's 6 experts \(num_experts\)$"):
-    build.check_expert_axis(mesh, dataclasses.replace(CONFIG, num_experts=6))
-  with pytest.raises(ConfigError, match=r"^config\.mesh\.expert: invalid value 4: must be 1 "
-                     r"for a dense model"):
-    build.check_expert_axis(mesh, dataclasses.replace(CONFIG, num_experts=0, experts_per_token=0,
-                                                      expert_intermediate_size=0,
-                                                      dense_layers=()))
-  build.check_expert_axis(parallel.make_mesh(data=8), dataclasses.replace(CONFIG, num_experts=0))
 
 
 def moe_run(tmp_path, checkpoint, name, mesh):

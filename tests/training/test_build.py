@@ -1,5 +1,6 @@
 """What `training/build.py` refuses before any work: the rules of a job of several
-processes (`check_job`), each one line naming its field."""
+processes (`check_job`), the expert axis against the policy's experts
+(`check_expert_axis`), each one line naming its field."""
 
 from __future__ import annotations
 
@@ -36,3 +37,15 @@ def test_partial_rollouts_are_refused_in_a_job_of_several_processes(
   assert error.value.field == "rollout.partial_rollouts"
   assert "\n" not in str(error.value)
   assert "must be False in a job of 2 processes" in str(error.value)
+
+
+def test_the_expert_axis_divides_the_experts_and_a_dense_model_has_none():
+  for shards, experts in ((1, 0), (-1, 0), (4, 8), (2, 4), (1, 6)):
+    build.check_expert_axis(shards, experts)  # -1: checked once the mesh resolves it
+  with pytest.raises(ConfigError, match=r"^config\.mesh\.expert: invalid value 4: must divide "
+                     r"the model's 6 experts \(num_experts\)$") as error:
+    build.check_expert_axis(4, 6)
+  assert error.value.field == "mesh.expert"
+  with pytest.raises(ConfigError, match=r"^config\.mesh\.expert: invalid value 2: must be 1 "
+                     r"for a dense model \(expert parallelism splits"):
+    build.check_expert_axis(2, 0)

@@ -1,7 +1,8 @@
 """The run's inputs checked before any work (training/inputs.py): generated problems of a
 built-in task, a data file's rows each with a task some scorer scores (the config's reward,
-or a scorer handed to the trainer), a checkpoint's config.json of a family that loads; each
-error one line naming the field and the row. (Other libraries' layouts: tests/data/test_layouts.py.)"""
+or a scorer handed to the trainer), a checkpoint's config.json of a family that loads, the
+expert mesh axis against its experts; each error one line naming the field and the row.
+(Other libraries' layouts: tests/data/test_layouts.py.)"""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 
 import pytest
 
+from rlhf_jax import models
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.training import inputs
 from rlhf_jax.training.config import base_config
@@ -65,3 +67,23 @@ def test_a_checkpoint_family_is_checked_from_its_config_json(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_family"}))
   with pytest.raises(ConfigError, match=rf"^config\.model\.checkpoint: {tmp_path}: "):
     inputs.check_checkpoint_family(str(tmp_path))
+
+
+def test_the_expert_axis_is_checked_against_the_policy_before_any_work(tmp_path):
+  c = base_config("arith")  # a built-in task: its warm start is a dense model
+  c.mesh.expert = 2
+  with pytest.raises(ConfigError, match=r"^config\.mesh\.expert: invalid value 2: must be 1 "
+                                        r"for a dense model"):
+    inputs.check_data(c, str(tmp_path / "run"))
+  c = base_config("hf")  # a Qwen3-MoE checkpoint of 4 experts
+  model, params = models.init_model(models.DecoderConfig(
+      vocab_size=32, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
+      intermediate_size=8, architecture="qwen3_moe", qk_norm="head", qkv_bias=False,
+      num_experts=4, experts_per_token=2, expert_intermediate_size=4), seed=0)
+  models.save_hf_checkpoint(str(tmp_path / "moe"), model, params)
+  models.build_character_tokenizer("abc").save(str(tmp_path / "moe"))
+  c.model.checkpoint = str(tmp_path / "moe")
+  c.mesh.expert = 3
+  with pytest.raises(ConfigError, match=r"^config\.mesh\.expert: invalid value 3: must divide "
+                                        r"the model's 4 experts"):
+    inputs.check_data(c, str(tmp_path / "run"))
