@@ -101,9 +101,12 @@ def test_a_gemma3_checkpoint_trains_from_the_launcher(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_qwen3_moe_checkpoint_trains_from_the_launcher_with_routing_replay(tmp_path):
-  """R3: the sampler records routes, the batch carries them, the packed forwards replay."""
-  checkpoint = family_checkpoint(tmp_path / "qwen3_moe", "qwen3_moe")
+@pytest.mark.parametrize("family, cls", [("qwen3_moe", "Qwen3MoeForCausalLM"),
+                                         ("gpt_oss", "GptOssForCausalLM")])
+def test_a_moe_checkpoint_trains_from_the_launcher_with_routing_replay(tmp_path, family, cls):
+  """R3: the sampler records routes, the batch carries them, the packed forwards replay;
+  the exported policy loads and generates in transformers."""
+  checkpoint = family_checkpoint(tmp_path / family, family)
   data = trl_file(tmp_path / "colours.jsonl",
                   [{"prompt": MESSAGES, "solution": colour} for colour in ("red", "blue")])
   result = run("train.py", "--config=configs/grpo.py:hf", f"--workdir={tmp_path / 'run'}",
@@ -118,8 +121,12 @@ def test_a_qwen3_moe_checkpoint_trains_from_the_launcher_with_routing_replay(tmp
   assert summary["steps"] == 1
   transformers = pytest.importorskip("transformers")
   exported = transformers.AutoModelForCausalLM.from_pretrained(summary["policy"])
-  assert type(exported).__name__ == "Qwen3MoeForCausalLM"
+  assert type(exported).__name__ == cls
   assert exported.config.num_experts == 4
+  prompt = transformers.AutoTokenizer.from_pretrained(summary["policy"])(
+      "Name a colour.", return_tensors="pt")
+  generated = exported.generate(**prompt, max_new_tokens=3, do_sample=False)
+  assert generated.shape[1] == prompt["input_ids"].shape[1] + 3
 
 
 @pytest.mark.slow

@@ -92,13 +92,28 @@ FAMILIES = {
                        decoder_sparse_step=1, mlp_only_layers=[])),
 }
 
+# Families whose parity tests sit in a file of their own (tests/models/hf/test_<family>.py)
+# rather than in the FAMILIES-parametrised suites; built here alike.
+OWN_FILE_FAMILIES = {
+    # Sliding (window 4) then full layers, YaRN untruncated as gpt-oss has it, 4 experts of
+    # width 24, 2 per token, and a SwiGLU clamp of 0.3 that the std-0.2 weights cross.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+                     sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                     swiglu_limit=0.3, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                      "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False,
+                                      "original_max_position_embeddings": 32})),
+}
+
 
 def family_hf_config(family: str, **changes):
   """The transformers config of a 2-layer model of `family` (FAMILIES' options, then
   `changes`)."""
   import transformers
 
-  config_name, _, options = FAMILIES[family]
+  config_name, _, options = {**FAMILIES, **OWN_FILE_FAMILIES}[family]
   fields = dict(vocab_size=FAMILY_VOCAB, hidden_size=48, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                 intermediate_size=80, rms_norm_eps=1e-6, max_position_embeddings=256,
@@ -117,7 +132,8 @@ def save_family_model(directory, family: str, seed: int = 0, **changes):
 
   config = family_hf_config(family, **changes)
   torch.manual_seed(seed)
-  model = getattr(transformers, FAMILIES[family][1])(config).to(torch.float32).eval()
+  model_name = {**FAMILIES, **OWN_FILE_FAMILIES}[family][1]
+  model = getattr(transformers, model_name)(config).to(torch.float32).eval()
   with torch.no_grad():
     for parameter in model.parameters():
       torch.nn.init.normal_(parameter, std=0.2)

@@ -16,36 +16,21 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax.models import layer_scan
+from tests.models.hf_fixtures import FAMILY_VOCAB as VOCAB
 from tests.models.hf_fixtures import assert_cached_decode_matches
 from tests.models.hf_fixtures import hf_logits
+from tests.models.hf_fixtures import save_family_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-VOCAB, TOLERANCE = 100, 1e-4
-# Sliding (window 4 < the rows' 9-14 tokens) then full layers; YaRN without truncation as
-# gpt-oss has it; a SwiGLU clamp of 0.3 that the std-0.2 weights' activations cross.
-CONFIG = dict(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, intermediate_size=24, num_local_experts=4,
-              num_experts_per_tok=2, sliding_window=4, max_position_embeddings=256,
-              swiglu_limit=0.3, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=0,
-              pad_token_id=0, layer_types=["sliding_attention", "full_attention"],
-              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
-                               "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                               "original_max_position_embeddings": 32})
+TOLERANCE = 1e-4
 
 
-def save_gpt_oss(directory, seed: int = 0, **changes):
-  """A random transformers GptOssForCausalLM, every tensor from N(0, 0.2²), saved."""
-  config = transformers.GptOssConfig(**{**CONFIG, **changes})
-  config._attn_implementation = "eager"  # pylint: disable=protected-access
-  torch.manual_seed(seed)
-  model = transformers.GptOssForCausalLM(config).to(torch.float32).eval()
-  with torch.no_grad():
-    for parameter in model.parameters():
-      torch.nn.init.normal_(parameter, std=0.2)
-  model.save_pretrained(str(directory), safe_serialization=True)
-  return model
+def save_gpt_oss(directory, **changes):
+  """hf_fixtures' tiny gpt-oss (sliding window 4 < the rows' 9-14 tokens, then a full
+  layer; YaRN; a SwiGLU clamp that bites), every tensor from N(0, 0.2²), saved."""
+  return save_family_model(directory, "gpt_oss", **changes)
 
 
 def left_padded(seed, lengths, width):
