@@ -211,3 +211,24 @@ def test_config_json_defaults_and_refusals():
   with pytest.raises(ValueError, match="^DecoderConfig.attention_impl='cudnn' cannot compute "
                      "attention_sinks"):
     models.config_from_hf(hf, attention_impl="cudnn")
+
+
+def test_mxfp4_experts_that_do_not_fit_are_named(gpt_oss, tmp_path):
+  from safetensors.numpy import load_file
+  from safetensors.numpy import save_file
+
+  directory = tmp_path / "mxfp4"
+  shutil.copytree(gpt_oss[0], directory)
+  tensors = load_file(str(directory / "model.safetensors"))
+  name = "model.layers.1.mlp.experts.down_proj"
+  del tensors[name]  # [X, F, E] = [4, 24, 48]; 2 blocks of 32 give rows of 64, not 24
+  tensors[name + "_blocks"] = np.zeros((4, 48, 2, 16), np.uint8)
+  tensors[name + "_scales"] = np.full((4, 48, 2), 127, np.uint8)
+  save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+  with pytest.raises(ValueError, match=f"^{directory}: MXFP4 tensor '{name}' has blocks "
+                     r"\(4, 48, 2, 16\); expected ones that map to \(4, 24, 48\).$"):
+    models.load_hf_checkpoint(str(directory))
+  del tensors[name + "_scales"]
+  save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+  with pytest.raises(ValueError, match=f"tensor '{name}' is missing"):
+    models.load_hf_checkpoint(str(directory))
