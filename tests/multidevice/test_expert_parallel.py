@@ -25,6 +25,8 @@ from tests.launch.byo_files import MESSAGES
 from tests.launch.byo_files import TINY
 from tests.launch.byo_files import family_checkpoint
 from tests.launch.byo_files import trl_file
+from tests.multidevice.jobs import start_job
+from tests.multidevice.jobs import wait
 from tests.training.runs import parse
 from tests.training.runs import records
 
@@ -150,7 +152,6 @@ def moe_gradients(mesh) -> dict[str, np.ndarray]:
 def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
   """An expert axis of 8 over 2 processes × 4 devices (gloo on loopback): the tokens'
   all-gather and the outputs' reduce-scatter cross the processes."""
-  from tests.multidevice.test_distributed import start_job, wait
   expected = moe_gradients(parallel.make_mesh(data=1, expert=8))
   wait(start_job(tmp_path, "moe_gradients", steps=0, mesh=(1, 8)), tmp_path)
   got = np.load(tmp_path / "gradients.npz")
