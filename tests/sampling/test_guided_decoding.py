@@ -16,6 +16,7 @@ from rlhf_jax.sampling import GuidedParams
 from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 from tests.sampling.tiny_engine import BUCKETS
 from tests.sampling.tiny_engine import CONFIG
+from tests.sampling.tiny_engine import ENGINE
 from tests.sampling.tiny_engine import prompts
 
 MODEL, PARAMS = models.init_model(CONFIG, seed=5)
@@ -63,8 +64,7 @@ def test_the_logits_hook_samples_the_guided_distribution(eta=0.5, top_k=5):
 def test_a_zero_guide_is_the_reference_restricted_to_its_top_k():
   hook = functools.partial(qsharp.guided_logits, values=VALUES, eta=0.2, top_k=CONFIG.vocab_size)
   guide = qsharp.init_guide(CONFIG.hidden_size, CONFIG.vocab_size, 3)
-  plain = Scheduler(sampling.Engine(MODEL, num_slots=2, cache_length=40), PARAMS,
-                    prompt_buckets=BUCKETS)
+  plain = Scheduler(ENGINE, PARAMS, prompt_buckets=BUCKETS)  # the shared, compiled engine
   guided = Scheduler(sampling.Engine(MODEL, num_slots=2, cache_length=40, logits_hook=hook),
                      GuidedParams(PARAMS, guide), prompt_buckets=BUCKETS)
   request = sampling.SamplingParams(n=2, max_new_tokens=8, seed=4)
