@@ -3,6 +3,7 @@ it (`embed_scale.to(weight.dtype)`): the scalar against torch's own rounding, an
 Gemma 3 of width 1152 (√1152 = 33.94 → 34.0 in bfloat16) embedding tokens bit for bit as
 transformers does in bfloat16, from float32 parameters (the trainer's layout)."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -34,7 +35,8 @@ def test_a_bfloat16_gemma3_embeds_as_transformers_does(tmp_path):
   model, params = models.load_hf_checkpoint(str(tmp_path), dtype="bfloat16")
   assert model.config.param_dtype == "float32"  # the trainer keeps float32 weights
   tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 7))
-  ours = model.apply(params, tokens, method=lambda module, t: module.embed_tokens(t))
+  embed = jax.jit(lambda p: model.apply(p, tokens, method=lambda m, t: m.embed_tokens(t)))
+  ours = embed(params)  # one program (op by op, each parameter's cast compiled alone)
   with torch.no_grad():
     theirs = hf_model.model.embed_tokens(torch.as_tensor(tokens)).float().numpy()
   assert str(ours.dtype) == "bfloat16"

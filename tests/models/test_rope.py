@@ -4,6 +4,7 @@ transformers end to end (left-padded logits, the export round trip)."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -54,7 +55,7 @@ def test_a_yarn_scaled_qwen3_equals_transformers_and_exports_back(tmp_path):
   positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
   valid = mask == 1
   expected = hf_logits(hf_model, tokens, attention_mask=mask, position_ids=positions)[valid]
-  ours = np.asarray(model.apply(params, tokens, attention_mask=mask)[0])[valid]
+  ours = np.asarray(jax.jit(model.apply)(params, tokens, attention_mask=mask)[0])[valid]
   np.testing.assert_allclose(ours, expected, atol=1e-4)
   models.save_hf_checkpoint(str(tmp_path / "out"), model, params)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()

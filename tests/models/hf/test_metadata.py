@@ -162,3 +162,31 @@ def test_export_writes_the_source_config_json_back_key_for_key(tmp_path):
   assert json.loads(read(tmp_path / "bf16" / "config.json")) == dict(config, dtype="bfloat16")
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
   assert reloaded.config.max_window_layers == 28
+
+
+def test_the_source_is_read_as_the_directory_holds_it(tmp_path):
+  """config.json as parsed, generation_config.json when there is one, and the tensors'
+  dtype by its safetensors name (one that is not ours, FP8, reads as None)."""
+  config = {"architectures": ["Qwen2ForCausalLM"], "lab_note": {"seeds": [1, 2]}}
+  generation = {"eos_token_id": [3, 4], "temperature": 0.6}
+  (tmp_path / hf_metadata.GENERATION_CONFIG_FILE).write_text(json.dumps(generation))
+  source = hf_metadata.read_source(str(tmp_path), config, "BF16")
+  assert (source.config, source.generation_config, source.dtype) == (
+      config, generation, "bfloat16")
+  os.remove(tmp_path / hf_metadata.GENERATION_CONFIG_FILE)
+  source = hf_metadata.read_source(str(tmp_path), config, "F8_E4M3")
+  assert (source.generation_config, source.dtype) == (None, None)
+  assert hf_metadata.read_json(str(tmp_path / "nowhere.json")) is None
+
+
+def test_a_source_describes_the_model_of_its_own_shape_only():
+  config = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                                num_kv_heads=2, head_dim=8, intermediate_size=48)
+  written = models.config_to_hf(config)
+  source = hf_metadata.CheckpointSource(config=dict(written, dtype="bfloat16",
+                                                    torch_dtype="bfloat16"),
+                                        generation_config=None, dtype="bfloat16")
+  assert hf_metadata.describes(source, config)  # the dtype keys aside
+  assert hf_metadata.describes(source, config.replace(remat=True))  # numerics aside
+  assert not hf_metadata.describes(source, config.replace(intermediate_size=64))
+  assert not hf_metadata.describes(source, config.replace(rope_theta=1e6))
