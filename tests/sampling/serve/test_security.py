@@ -25,11 +25,10 @@ from rlhf_jax.sampling.serve.protos import jetstream_pb2_grpc
 from rlhf_jax.sampling.serve.security import ClientSecurity
 from rlhf_jax.sampling.serve.security import ServerSecurity
 from tests.sampling.serve_configs import serve_config
+from tests.sampling.server_engine import CONFIG
+from tests.sampling.server_engine import ENGINE
+from tests.sampling.server_engine import PARAMS
 
-CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
-                              num_kv_heads=2, head_dim=8, intermediate_size=48)
-MODEL, PARAMS = models.init_model(CONFIG, seed=0)
-ENGINE = sampling.Engine(MODEL, num_slots=4, cache_length=32)
 TOKEN = b"s3cret-token-for-tests"
 PROMPT = [5, 9, 11]
 SHORT = sampling.SamplingParams(max_new_tokens=3, seed=0)

@@ -9,7 +9,6 @@ import time
 import grpc
 import pytest
 
-from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.config_errors import ConfigError
 from rlhf_jax.sampling.remote.client import SamplerClient
@@ -24,11 +23,9 @@ from tests.sampling.holds import Hold
 from tests.sampling.holds import StepCount
 from tests.sampling.holds import cancel_arrived
 from tests.sampling.serve_configs import serve_config
+from tests.sampling.server_engine import ENGINE
+from tests.sampling.server_engine import PARAMS
 
-CONFIG = models.DecoderConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
-                              num_kv_heads=2, head_dim=8, intermediate_size=48)
-MODEL, PARAMS = models.init_model(CONFIG, seed=0)
-ENGINE = sampling.Engine(MODEL, num_slots=4, cache_length=32)
 PROMPT = [5, 9, 11]
 MAX_SAMPLES = 16
 
