@@ -14,7 +14,7 @@ Prints one JSON line: per mode and seed the per-step values, and per mode the me
 steps and seeds.
 
   python benchmarks/moe_grpo.py [--seeds 3] [--steps 6]
-  python benchmarks/moe_grpo.py --tiny   (one seed, two steps)
+  python benchmarks/moe_grpo.py --tiny   (one seed, one step: CI)
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--steps", type=int, default=6)
-  parser.add_argument("--tiny", action="store_true", help="one seed, two steps (CI)")
+  parser.add_argument("--tiny", action="store_true", help="one seed, one step (CI)")
   args = parser.parse_args()
-  seeds, steps = (1, 2) if args.tiny else (args.seeds, args.steps)
+  seeds, steps = (1, 1) if args.tiny else (args.seeds, args.steps)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax
   import rlhf_jax

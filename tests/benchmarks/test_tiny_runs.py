@@ -26,6 +26,7 @@ TINY = {
     "kernels.py": ["--tiny"],
     "lora_memory.py": ["--models", "qwen2.5-0.5b", "--ranks", "16", "--markdown"],
     "memory_analysis.py": ["--tiny", "--markdown"],
+    "moe_grpo.py": ["--tiny"],
     "moe_layer.py": ["--tiny"],
     "moe_replay.py": ["--tiny"],
     "packing.py": ["--tiny"],
