@@ -167,6 +167,7 @@ def main() -> int:
       continue
     outs[kernel] = measured.pop("out")
     result.update({f"ours_{kernel}_{k}": v for k, v in measured.items()})
+    print(f"ours {kernel}: {measured['s']:.3f} s per step", file=sys.stderr, flush=True)
     first = next(iter(outs))
     np.testing.assert_allclose(outs[kernel], outs[first], rtol=1e-4, atol=1e-4,
                                err_msg=f"{kernel} against {first}")
@@ -189,6 +190,8 @@ def main() -> int:
       result["versions"].update(torch=measured.pop("torch"),
                                 transformers=measured.pop("transformers"))
       result.update({f"peer_{implementation}_{k}": v for k, v in measured.items()})
+      print(f"peer {implementation}: {measured['s']:.3f} s per step", file=sys.stderr,
+            flush=True)
       for kernel in timed_kernels:
         result[f"ratio_peer_{implementation}_over_{kernel}"] = (
             result[f"peer_{implementation}_s"] / result[f"ours_{kernel}_s"])

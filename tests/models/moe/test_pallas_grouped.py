@@ -49,13 +49,14 @@ def test_tiles_that_are_not_powers_of_two_are_refused_by_name():
                                   jnp.asarray(sizes), block_k=8, interpret=False)
 
 
-def test_auto_is_tiled_on_cpu_and_the_others_are_taken_as_given():
-  assert jax.default_backend() == "cpu"
-  assert resolve_kernel("auto") == "tiled"
+def test_auto_is_per_backend_and_the_others_are_taken_as_given():
+  want = {"gpu": "pallas", "tpu": "ragged_dot", "cpu": "tiled"}[jax.default_backend()]
+  assert resolve_kernel("auto") == want
   for kernel in ("ragged_dot", "tiled", "pallas", "dense"):
     assert resolve_kernel(kernel) == kernel
 
 
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="a GPU run may choose pallas")
 def test_a_cpu_only_run_choosing_pallas_is_refused_naming_the_field():
   m = model_section.model_config()
   m.expert_kernel = "pallas"
@@ -66,3 +67,11 @@ def test_a_cpu_only_run_choosing_pallas_is_refused_naming_the_field():
   assert "\n" not in str(error.value)
   m.expert_kernel = "tiled"
   model_section.validate_model_config(m, from_scratch=False)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the Triton lowering needs a GPU")
+@pytest.mark.parametrize("case", CASES)
+def test_the_triton_kernel_matches_the_loop_on_a_gpu(case):
+  """The default tiles (64 × 64, K steps of 32), compiled by Triton; float32 at HIGHEST."""
+  check(functools.partial(pallas_grouped.grouped_matmul, interpret=False, precision=HIGHEST),
+        CASES[case])
