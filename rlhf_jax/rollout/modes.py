@@ -139,6 +139,9 @@ class RolloutMode:
     drops_unscored: its rows come from scored groups of whole responses
       (`generation.pack_groups`), so a sample no reward function scored can leave
       training (`reward.unscored = "drop"`).
+    carries_routes: its rows bring the sampler's recorded experts of a mixture-of-experts
+      policy (`RolloutBatch.routes`), which routing replay R3 and the route flip rate read
+      (`algorithm.moe`).
     learners: learners that train from it besides those whose registry spec lists it.
     evaluator: `(c, parts, held_out, scorer) -> evaluate(samples=, temperature=, seed=)`.
     check_data: `(c, prompts, *, pairs) -> None`: the files it reads, checked before any
@@ -154,6 +157,7 @@ class RolloutMode:
   fixed_data: bool = False
   filters_groups: bool = False
   drops_unscored: bool = False
+  carries_routes: bool = False
   learners: tuple[str, ...] = ()
   evaluator: Callable[..., Evaluate] = per_sample_evaluator
   check_data: Callable[..., None] | None = None
@@ -294,9 +298,11 @@ def _check_offline_file(c, prompts, *, pairs: bool) -> None:
     unfit("data.offline_file", str(error))
 
 
-register_rollout_mode(RolloutMode(name="groups", build=_groups, drops_unscored=True))
+register_rollout_mode(RolloutMode(name="groups", build=_groups, drops_unscored=True,
+                                  carries_routes=True))
 register_rollout_mode(RolloutMode(name="dynamic", build=_dynamic, validate=_validate_dynamic,
-                                  filters_groups=True, drops_unscored=True))
+                                  filters_groups=True, drops_unscored=True,
+                                  carries_routes=True))
 register_rollout_mode(RolloutMode(name="windows", build=_windows, allows_staleness=False,
                                   needs_critic=True, validate=_validate_windows))
 register_rollout_mode(RolloutMode(

@@ -174,6 +174,13 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
     invalid("sampler.update_policy", c.sampler.update_policy, "must be 'swap_now' with "
             "rollout.partial_rollouts=True (samples in flight take the new weights)")
   mode = rollout_modes.rollout_mode(c)
+  moe = c.algorithm.moe
+  if not supervised and not mode.carries_routes and (moe.routing_replay == "R3"
+                                                     or moe.measure_route_flips):
+    field = ("routing_replay" if moe.routing_replay == "R3" else "measure_route_flips")
+    invalid(f"algorithm.moe.{field}", moe[field], f"rollout.mode={mode.name!r} does not "
+            "carry the sampler's routes (the 'groups' and 'dynamic' modes do); R2 replays "
+            "the trainer's own routes in every mode")
   if not supervised and mode.filters_groups and distillation.is_pure_distillation(c.algorithm):
     # The teacher's per-token term is nonzero in every group: "keep the groups whose
     # reward varies" filters on a reward that trains nothing.

@@ -57,11 +57,12 @@ def test_the_forwards_replay_the_routes_padded_and_packed_alike():
   rng = np.random.default_rng(3)
   batch = batch_lib.as_device(_batch([_forced(rng, 4), _forced(rng, 2)]))
   live = batch.replace(routes=None)
-  forward = jax.jit(lambda b, packed=None: batch_lib.response_logprobs(model, params, b,
-                                                                      packed=packed))
+  # Every forward jitted: op by op, a MoE model's forward takes seconds on a CPU.
+  forward = jax.jit(lambda b, packed=None, replay=True: batch_lib.response_logprobs(
+      model, params, b, packed=packed, replay=replay), static_argnames="replay")
   replayed, unreplayed = np.asarray(forward(batch)), np.asarray(forward(live))
   assert np.abs(replayed - unreplayed).max() > 1e-3  # forced experts change the log-probs
-  skipped = batch_lib.response_logprobs(model, params, batch, replay=False)
+  skipped = forward(batch, replay=False)
   np.testing.assert_allclose(skipped, unreplayed, rtol=1e-6, atol=1e-6)
   prompt_lengths = np.asarray(batch.attention_mask[:, :P].sum(1))
   plan = packing.batch_plan(prompt_lengths, np.asarray(batch.lengths), prompt_width=P,
@@ -70,10 +71,10 @@ def test_the_forwards_replay_the_routes_padded_and_packed_alike():
   np.testing.assert_allclose(forward(batch, packed), replayed, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(forward(live, packed), unreplayed, rtol=1e-5, atol=1e-5)
   # The record of a packed forward puts each token's routes back at its row's column.
-  record = lambda packed=None: batch_lib.response_logprobs(model, params, live, packed=packed,
-                                                           with_router=True)[1]
+  record = jax.jit(lambda packed=None: batch_lib.response_logprobs(
+      model, params, live, packed=packed, with_router=True)[1].routes)
   real = np.asarray(live.attention_mask, bool)
-  padded_routes, packed_routes = np.asarray(record().routes), np.asarray(record(packed).routes)
+  padded_routes, packed_routes = np.asarray(record()), np.asarray(record(packed))
   np.testing.assert_array_equal(packed_routes[real], padded_routes[real])
   assert (packed_routes[~real] == moe.NOT_RECORDED).all()
 
@@ -113,4 +114,20 @@ def test_a_trainers_config_takes_routing_replay_not_the_servers_switch():
   config = base_config("arith")
   config.algorithm.moe.aux_loss_coef = -0.1
   with pytest.raises(ConfigError, match="algorithm.moe.aux_loss_coef"):
+    validate_config(config)
+
+
+def test_a_rollout_mode_without_the_samplers_routes_refuses_r3_and_takes_r2():
+  from rlhf_jax.config_errors import ConfigError  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.training.config import validate_config  # pylint: disable=import-outside-toplevel
+  from tests.training.runs import preset  # pylint: disable=import-outside-toplevel
+  config = preset("tppo")  # rollout.mode='windows': responses continued across steps
+  config.algorithm.moe.routing_replay = "R3"
+  with pytest.raises(ConfigError, match=r"algorithm.moe.routing_replay: .*'R3': "
+                     r"rollout.mode='windows' does not carry the sampler's routes"):
+    validate_config(config)
+  config.algorithm.moe.routing_replay = "R2"
+  validate_config(config)
+  config.algorithm.moe.measure_route_flips = True
+  with pytest.raises(ConfigError, match="algorithm.moe.measure_route_flips"):
     validate_config(config)
