@@ -107,12 +107,14 @@ class RMSNorm(nnx.Module):
   """y = x / sqrt(mean(x²) + eps) · w over x's trailing axes of w's shape, computed in
   float32 (Zhang & Sennrich 2019). Default w: [hidden_size]; a q/k norm passes its own
   shape ([head_dim], or [heads, head_dim] to normalise a whole projection). With
-  `config.norm_offset` (Gemma) y = x / sqrt(...) · (offset + w), all in float32."""
+  `config.norm_offset` (Gemma) y = x / sqrt(...) · (offset + w), all in float32; gpt-oss
+  also multiplies by w in float32 before the cast (transformers' GptOssRMSNorm)."""
 
   def __init__(self, config: DecoderConfig, shape: tuple[int, ...] | None = None,
                axes: tuple[str, ...] = ("norm",)):
     self.eps = config.rms_norm_eps
     self.offset = config.norm_offset
+    self.multiply_in_float32 = bool(self.offset) or config.architecture == "gpt_oss"
     shape = (config.hidden_size,) if shape is None else shape
     self.weight = param(None, shape, axes, config, init="zeros" if self.offset else "ones")
 
@@ -122,7 +124,7 @@ class RMSNorm(nnx.Module):
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=reduced, keepdims=True) + self.eps)
     broadcast = (1,) * (x.ndim - len(shape)) + shape
-    if self.offset:  # Gemma multiplies in float32, then casts
+    if self.multiply_in_float32:  # Gemma and gpt-oss multiply in float32, then cast
       weight = self.offset + self.weight[...].astype(jnp.float32).reshape(broadcast)
       return (normed * weight).astype(x.dtype)
     # HF casts back to the input dtype before the weight multiply.

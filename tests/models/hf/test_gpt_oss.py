@@ -232,3 +232,24 @@ def test_mxfp4_experts_that_do_not_fit_are_named(gpt_oss, tmp_path):
   save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
   with pytest.raises(ValueError, match=f"tensor '{name}' is missing"):
     models.load_hf_checkpoint(str(directory))
+
+
+
+def test_bfloat16_rmsnorm_multiplies_by_its_weight_in_float32_as_transformers(gpt_oss):
+  """transformers' GptOssRMSNorm casts after the weight multiply (Llama's before): in bf16
+  the two differ by a rounding, which flipped a route and moved a logit by 0.12."""
+  from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
+  from rlhf_jax.models.blocks import RMSNorm
+
+  config = gpt_oss[2].config.replace(dtype="bfloat16", param_dtype="bfloat16")
+  rng = np.random.default_rng(8)
+  x = torch.from_numpy(rng.standard_normal((16, 48)).astype(np.float32)).to(torch.bfloat16)
+  weight = torch.from_numpy(rng.standard_normal(48).astype(np.float32)).to(torch.bfloat16)
+  theirs = GptOssRMSNorm(48, eps=config.rms_norm_eps)
+  with torch.no_grad():
+    theirs.weight.copy_(weight)
+    expected = theirs(x).float().numpy()
+  ours = RMSNorm(config)
+  ours.weight[...] = jnp.asarray(weight.float().numpy(), jnp.bfloat16)
+  got = np.asarray(ours(jnp.asarray(x.float().numpy(), jnp.bfloat16)).astype(jnp.float32))
+  np.testing.assert_array_equal(got, expected)
