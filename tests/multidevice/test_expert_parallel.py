@@ -7,6 +7,7 @@ tests/training/test_build.py, test_inputs.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -123,13 +124,17 @@ def nll(model, params, tokens):
   return -jnp.mean(kernels.token_logprobs(logits[:, :-1], tokens[:, 1:]))
 
 
-def tiny_moe():
-  """CONFIG's model (a sparse layer, then a dense one), its host parameters, and tokens
-  [8, 10]."""
-  model, params = models.init_model(CONFIG, seed=0)
+def tiny_moe(config=CONFIG):
+  """`config`'s model (CONFIG: a sparse layer, then a dense one), its host parameters, and
+  tokens [8, 10]."""
+  model, params = models.init_model(config, seed=0)
   params = jax.tree.map(np.asarray, params)
   # Larger router weights than the init's 0.02: distinct probabilities, no near-ties.
-  params["layers"][0]["mlp"]["router"] = params["layers"][0]["mlp"]["router"] * 50
+  layers = params["layers"]
+  if config.scan_layers:  # stacked: [L, E, X]
+    layers["mlp"]["router"] = layers["mlp"]["router"] * 50
+  else:
+    layers[0]["mlp"]["router"] = layers[0]["mlp"]["router"] * 50
   return model, params, np.random.default_rng(0).integers(0, 64, (8, 10)).astype(np.int32)
 
 
@@ -161,9 +166,14 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", list(MESHES))
-def test_qwen3_moe_forward_and_gradient_match_one_device(layout):
-  model, params, tokens = tiny_moe()
+@pytest.mark.parametrize("layout, scan", [("data2_expert4", False),
+                                          ("fsdp2_expert2_tensor2", True)])
+def test_qwen3_moe_forward_and_gradient_match_one_device(layout, scan):
+  """The layers one by one, or stacked in a layer scan with remat (the exchange inside the
+  scan's body and its rematerialised backward)."""
+  config = (dataclasses.replace(CONFIG, dense_layers=(), scan_layers=True, remat=True)
+            if scan else CONFIG)
+  model, params, tokens = tiny_moe(config)
   forward = jax.jit(lambda p, t: model.apply(p, t)[0])
   grad = jax.jit(jax.value_and_grad(functools.partial(nll, model)))
   expected_logits = forward(params, tokens)
@@ -171,7 +181,9 @@ def test_qwen3_moe_forward_and_gradient_match_one_device(layout):
 
   mesh = parallel.make_mesh(**MESHES[layout])
   shardings = parallel.param_shardings(params, model.logical_axes(), mesh)
-  assert shardings["layers"][0]["mlp"]["gate_proj"].spec[0] == "expert"
+  layers = shardings["layers"]
+  gate = layers["mlp"]["gate_proj"] if scan else layers[0]["mlp"]["gate_proj"]
+  assert gate.spec[1 if scan else 0] == "expert"  # [L, X, E, F] when stacked
   sharded = parallel.shard_params(params, shardings)
   batch = jax.device_put(tokens, parallel.batch_sharding(mesh))
   with jax.set_mesh(mesh):
