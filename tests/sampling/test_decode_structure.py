@@ -4,10 +4,11 @@ conditional thunk that copies its predicate to the host and waits for the stream
 drain, and it cuts CUDA-graph capture; a while loop with a known trip count does not.
 
 The Qwen2.5-0.5B-shaped `generate[16]` program (128 slots × 640 cache, bf16, abstract
-parameters: nothing allocated; 2 of its 24 layers, which lower alike) is lowered for CUDA on CPU with the backend reported as a
-GPU while tracing (the kernel choices and the Pallas decode kernel's Triton lowering
-read it). Before this test: 25 conditionals with decode_attention="xla" (one
-`lax.switch` per layer, one `lax.cond` in sampling), 1 with "pallas".
+parameters: nothing allocated; 2 of its 24 layers, which lower alike) is lowered for CUDA
+on CPU with the backend reported as a GPU while tracing (the kernel choices and the Pallas
+decode kernel's Triton lowering read it). Before this test, at 24 layers: 25 conditionals
+with decode_attention="xla" (one `lax.switch` per layer, one `lax.cond` in sampling), 1
+with "pallas".
 """
 
 import re

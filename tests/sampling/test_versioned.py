@@ -63,6 +63,7 @@ class Server(Recording):
 
 
 def params(value):
+  """Weights {"w": float32[2]} filled with `value`."""
   return {"w": jnp.full((2,), value, jnp.float32)}
 
 

@@ -70,7 +70,8 @@ def test_weights_go_in_chunks_that_the_server_reassembles():
   params = {"embed": np.arange(40, dtype=np.float32).reshape(10, 4),
             "layers": {"0": {"scale": np.full((3,), 2.0, np.float32)},
                        "1": {"empty": np.zeros((0, 2), np.float32)}}}
-  chunks = list(client_lib._weight_chunks(params, 9, chunk_bytes=48))  # pylint: disable=protected-access
+  weight_chunks = client_lib._weight_chunks  # pylint: disable=protected-access
+  chunks = list(weight_chunks(params, 9, chunk_bytes=48))
   per_tensor = {}
   for chunk in chunks:
     per_tensor.setdefault(chunk.name, []).append(chunk.offset)

@@ -13,6 +13,7 @@ from rlhf_jax.sampling.scheduler import requests
 
 
 def request(request_id="r", waiting=(0, 1, 2), **fields):
+  """A RequestState whose samples `waiting` wait for a slot."""
   return requests.RequestState(
       request_id=request_id, prompt_ids=[5, 6], sampling=SamplingParams(), seed=9, bucket=8,
       on_token=None, waiting=collections.deque(waiting), outstanding=len(waiting), **fields)

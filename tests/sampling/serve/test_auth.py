@@ -45,6 +45,7 @@ class Context:
 
 
 def call(method, metadata=()):
+  """The handler_call_details of a call of `method` carrying `metadata`."""
   return types.SimpleNamespace(method=method, invocation_metadata=tuple(metadata))
 
 
@@ -128,7 +129,8 @@ def test_calls_beyond_max_concurrent_are_refused_until_one_ends():
 
 def test_the_client_sends_the_token_with_every_kind_of_call():
   metadata = auth._Metadata(TOKEN)  # pylint: disable=protected-access
-  details = auth._CallDetails("/m", 5.0, [("x", "1")], None, None, None)  # pylint: disable=protected-access
+  call_details = auth._CallDetails  # pylint: disable=protected-access
+  details = call_details("/m", 5.0, [("x", "1")], None, None, None)
   sent = []
   continuation = lambda details, request: sent.append((details.method, details.timeout,
                                                        list(details.metadata)))

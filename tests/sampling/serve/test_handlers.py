@@ -81,11 +81,13 @@ class Service:
 
 
 def completion(index, tokens, reason="length", error=""):
+  """A finished sample `index` of request "r" that drew `tokens`."""
   return Completion("r", index, [5], list(tokens), [-0.5] * len(tokens),
                     [-0.25] * len(tokens), reason, 3, (0, 0), error=error)
 
 
 def aborted(call):
+  """The (code, details) `call` aborted with (a generator's: while it is read)."""
   with pytest.raises(Aborted) as error:
     result = call()
     if isinstance(result, types.GeneratorType):
@@ -94,6 +96,7 @@ def aborted(call):
 
 
 def request(**fields):
+  """A GenerateRequest of PROMPT for 4 new tokens, with these sampling fields."""
   return sampler_pb2.GenerateRequest(
       prompt_ids=fields.pop("prompt_ids", PROMPT),
       sampling=sampler_pb2.SamplingParams(max_new_tokens=4, **fields))
@@ -169,6 +172,7 @@ def test_a_client_gone_ends_the_wait_and_releases_its_request():
 
 
 def chunks(*versions):
+  """One WeightChunk per version given, in that order."""
   return [sampler_pb2.WeightChunk(version=v, name=f"t{i}") for i, v in enumerate(versions)]
 
 

@@ -33,6 +33,7 @@ def events_until_done(events, samples):
 
 @pytest.fixture()
 def service():
+  """A running SamplerService over the tiny engine that takes at most 3 samples a request."""
   running = SamplerService(scheduler(steps_per_sync=2), max_samples_per_request=3)
   running.start()
   yield running
