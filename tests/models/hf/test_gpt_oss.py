@@ -253,3 +253,29 @@ def test_bfloat16_rmsnorm_multiplies_by_its_weight_in_float32_as_transformers(gp
   ours.weight[...] = jnp.asarray(weight.float().numpy(), jnp.bfloat16)
   got = np.asarray(ours(jnp.asarray(x.float().numpy(), jnp.bfloat16)).astype(jnp.float32))
   np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.slow
+def test_the_published_gpt_oss_20b_config_reads_as_transformers_builds_it():
+  """openai/gpt-oss-20b's config.json (MXFP4 experts): our parameter count is that of the
+  model transformers builds from it (on the meta device), 20.9B."""
+  hf = dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", attention_bias=True,
+            head_dim=64, hidden_act="silu", hidden_size=2880, intermediate_size=2880,
+            layer_types=["sliding_attention", "full_attention"] * 12,
+            max_position_embeddings=131072, num_attention_heads=64, num_experts_per_tok=4,
+            num_hidden_layers=24, num_key_value_heads=8, num_local_experts=32,
+            rms_norm_eps=1e-05, rope_theta=150000, sliding_window=128, swiglu_limit=7.0,
+            tie_word_embeddings=False, vocab_size=201088, eos_token_id=200002,
+            pad_token_id=199999,
+            quantization_config={"quant_method": "mxfp4",
+                                 "modules_to_not_convert": ["model.layers.*.self_attn"]},
+            rope_scaling={"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                          "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                          "truncate": False})
+  config = models.config_from_hf(hf)
+  reference = transformers.GptOssConfig(**{k: v for k, v in hf.items() if k not in (
+      "architectures", "model_type", "quantization_config")})
+  with torch.device("meta"):
+    built = transformers.GptOssForCausalLM(reference)
+  assert config.num_params() == sum(p.numel() for p in built.parameters())
+  assert (config.rope_scaling.factor, config.rope_scaling.truncate) == (32.0, False)
