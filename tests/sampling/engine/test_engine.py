@@ -3,7 +3,6 @@ rows, FIRE, and the decode state's programs (the scheduler's own tests:
 tests/sampling/scheduler/test_scheduler.py)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -19,10 +18,18 @@ from tests.sampling.tiny_engine import scheduler
 from tests.sampling.tiny_engine import prompts
 
 
+def uncached_logits(sequence):
+  """[len(sequence), V] logits of one uncached forward over `sequence`, right-padded to
+  the cache length so that every call runs one compiled program (the model is causal:
+  tokens after a position do not change its logits)."""
+  padded = np.zeros((1, ENGINE.cache_length), np.int32)
+  padded[0, :len(sequence)] = sequence
+  return np.asarray(FORWARD(PARAMS, padded))[0, :len(sequence)]
+
+
 def full_logprobs(prompt, tokens, temperature=1.0):
   """log_softmax(logits / T) of every generated token, from an uncached forward pass."""
-  sequence = jnp.asarray([prompt + tokens], jnp.int32)
-  logits = np.asarray(FORWARD(PARAMS, sequence))[0, len(prompt) - 1:-1] / temperature
+  logits = uncached_logits(prompt + tokens)[len(prompt) - 1:-1] / temperature
   logits = logits - logits.max(-1, keepdims=True)
   table = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   return table[np.arange(len(tokens)), tokens], table
@@ -35,8 +42,7 @@ def test_greedy_equals_an_uncached_argmax_loop():
   for prompt, (completion,) in zip(batch, out):
     sequence = list(prompt)
     for _ in range(10):
-      logits = FORWARD(PARAMS, jnp.asarray([sequence], jnp.int32))
-      sequence.append(int(jnp.argmax(logits[0, -1])))
+      sequence.append(int(np.argmax(uncached_logits(sequence)[-1])))
     assert completion.token_ids == sequence[len(prompt):]
     assert completion.finish_reason == "length"
 
@@ -148,7 +154,7 @@ def test_fire_every_line_heats_after_each_newline_token():
   for completion in Scheduler(engine, PARAMS, prompt_buckets=BUCKETS).generate(
       [prompt], params)[0]:
     tokens = completion.token_ids
-    logits = np.asarray(FORWARD(PARAMS, jnp.asarray([prompt + tokens])))[0, len(prompt) - 1:-1]
+    logits = uncached_logits(prompt + tokens)[len(prompt) - 1:-1]
     _, regular = full_logprobs(prompt, tokens, temperature=0.5)
     for step, token in enumerate(tokens):
       hot = step == 0 or tokens[step - 1] in newline
