@@ -97,3 +97,31 @@ def test_window_keys_are_read_as_transformers_reads_them():
   with pytest.raises(ValueError, match=r"^config.json: layer_types=\['sliding'\] must list "
                      "num_hidden_layers=4 of full_attention, sliding_attention.$"):
     models.config_from_hf({**base, "use_sliding_window": True, "layer_types": ["sliding"]})
+
+
+@pytest.mark.slow
+def test_mixed_layers_decode_scan_and_pack_as_the_full_forward(tmp_path):
+  """Qwen3 with mixed layers: the KV-cache decode (per-layer and stacked caches), the layer
+  scan over the two kinds (a traced window per layer) and packed rows, each equal to the
+  padded full forward."""
+  from rlhf_jax.models import layer_scan
+  from tests.models.hf_fixtures import assert_cached_decode_matches
+
+  save_model(tmp_path, "qwen3")
+  model, params = models.load_hf_checkpoint(str(tmp_path))
+  tokens, mask, _ = left_padded([14, 12, 9], 14, seed=2)
+  full = np.asarray(jax.jit(lambda p: model.apply(p, tokens, attention_mask=mask)[0])(params))
+  for scan in (False, True):
+    cached = models.init_model(model.config.replace(scan_layers=scan), abstract=True)[0]
+    layout = layer_scan.stack_layer_params(params) if scan else params
+    assert_cached_decode_matches(cached, layout, tokens, mask, 6, full, 1e-4)
+  lengths = mask.sum(axis=1)[:2]
+  packed, segments, positions = (np.zeros((1, 28), np.int32) for _ in range(3))
+  packed[0, :26] = np.concatenate([tokens[r][mask[r] == 1] for r in range(2)])
+  segments[0, :26] = np.repeat([1, 2], lengths)
+  positions[0, :26] = np.concatenate([np.arange(n) for n in lengths])
+  logits = np.asarray(jax.jit(lambda p: model.apply(
+      p, packed, positions=positions, segment_ids=segments, attention_mask=segments > 0)[0])(
+          params))[0]
+  np.testing.assert_allclose(logits[:14], full[0][mask[0] == 1], atol=1e-5)
+  np.testing.assert_allclose(logits[14:26], full[1][mask[1] == 1], atol=1e-5)
