@@ -44,6 +44,22 @@ def _in_own_pid_namespace() -> bool:
   return os.stat("/proc/self/ns/pid").st_ino != outer
 
 
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_ignore_collect(collection_path, config):
+  """Skips the helper modules of tests/ (not test_*.py): `--doctest-modules` is for the
+  library, tests/ holds no doctests, and collecting a helper imports it in every xdist
+  worker (rewards/slow_import_verifier.py sleeps 2 s on purpose)."""
+  del config
+  name = collection_path.name
+  if (collection_path.suffix == ".py" and not name.startswith("test_")
+      and name not in ("conftest.py", "__init__.py")
+      and str(collection_path).startswith(_TESTS + os.sep)):
+    return True
+  return None
+
+
 def pytest_collection_modifyitems(config, items):
   """Keeps the items of the selected suite (an unmarked item belongs to 'main')."""
   suite = config.getoption("--suite")
