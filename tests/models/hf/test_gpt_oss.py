@@ -279,3 +279,22 @@ def test_the_published_gpt_oss_20b_config_reads_as_transformers_builds_it():
     built = transformers.GptOssForCausalLM(reference)
   assert config.num_params() == sum(p.numel() for p in built.parameters())
   assert (config.rope_scaling.factor, config.rope_scaling.truncate) == (32.0, False)
+
+
+@pytest.mark.slow
+def test_a_model_without_a_source_exports_a_config_transformers_builds_alike(gpt_oss, tmp_path):
+  """No source checkpoint: config.json is all ours (`config_to_hf`: layer types, YaRN, the
+  SwiGLU clamp, the experts' keys), and transformers' forward equals ours."""
+  params = gpt_oss[3]  # the loaded weights, under a model built from a config alone
+  model = models.init_model(gpt_oss[2].config.replace(swiglu_limit=5.0), abstract=True)[0]
+  models.save_hf_checkpoint(str(tmp_path), model, params)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+  assert (reloaded.config.swiglu_limit, reloaded.config.layer_types) == (
+      5.0, ["sliding_attention", "full_attention"])
+  tokens, mask, positions = left_padded(9, [12, 7], 12)
+  valid = mask == 1
+  np.testing.assert_allclose(
+      np.asarray(jax.jit(lambda p: model.apply(p, tokens, attention_mask=mask)[0])(
+          params))[valid],
+      hf_logits(reloaded, tokens, attention_mask=mask, position_ids=positions)[valid],
+      atol=TOLERANCE)
