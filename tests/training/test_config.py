@@ -260,9 +260,12 @@ def run(script: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
   return result, time.monotonic() - start
 
 
+# A fresh train.py process apiece (~2 s of CPU): the quick subset runs the unknown field,
+# the suite both (validate_config's messages are tested in process above).
 @pytest.mark.parametrize("override, line", [
-    ("--config.rollout.temperature=-1",
-     "error: config.rollout.temperature: invalid value -1.0: must be >= 0 (0: greedy)"),
+    pytest.param("--config.rollout.temperature=-1",
+                 "error: config.rollout.temperature: invalid value -1.0: must be >= 0 "
+                 "(0: greedy)", marks=pytest.mark.slow),
     ("--config.rollout.temprature=1",
      "error: config.rollout.temprature: unknown field; did you mean 'temperature' or "
      "'fire_temperature'?"),
@@ -276,6 +279,7 @@ def test_train_fails_in_one_line_before_the_warm_start(override, line, tmp_path)
   assert seconds < 60 and not workdir.exists()  # no warm start, nothing written
 
 
+@pytest.mark.slow  # tests/launch/test_launch.py runs demo.py's one-line refusal quickly
 def test_the_kernel_demo_rejects_a_bad_value_in_one_line():
   result, _ = run("demo.py", "--config=configs/kernel_demo.py", "--config.gamma=2")
   assert result.returncode == 2, result.stderr[-2000:]
