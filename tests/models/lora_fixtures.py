@@ -38,5 +38,6 @@ def random_adapters(rank=4, seed=1, targets=tuple(SIZES)):
 
 
 def leaves_equal(x, y):
+  """Whether two trees hold bitwise equal leaves, in order."""
   return all(np.array_equal(np.asarray(a), np.asarray(b))
              for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y), strict=True))

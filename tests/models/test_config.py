@@ -15,6 +15,7 @@ from rlhf_jax.models.functional import RUNTIME_FIELDS
 
 
 def section(**changes) -> ml_collections.ConfigDict:
+  """The `model` section's defaults with `changes`."""
   m = model_section.model_config()
   m.update(changes)
   return m

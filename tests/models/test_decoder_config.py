@@ -17,6 +17,7 @@ MOE = dict(num_experts=4, experts_per_token=2, expert_intermediate_size=16)
 
 
 def tiny_config(**changes) -> DecoderConfig:
+  """A one-layer config with `changes` (validated as it is built)."""
   return DecoderConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
                        num_kv_heads=2, head_dim=8, intermediate_size=48,
                        max_position_embeddings=256).replace(**changes)

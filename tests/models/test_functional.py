@@ -26,6 +26,7 @@ GEMM_OPERANDS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_bias", "k_bias", "v_
 
 
 def loss(model, params, tokens):
+  """The mean next-token log-prob of `tokens` (a scalar to differentiate)."""
   logits, _ = model.apply(params, tokens)
   return jnp.mean(kernels.token_logprobs(logits[:, :-1], tokens[:, 1:]))
 
