@@ -56,10 +56,10 @@ def resolve_kernel(kernel: str) -> str:
   is traced for (`jax.default_backend()`); the others are taken as given.
 
   "auto": on a GPU "pallas" (upstream `ragged_dot` falls back to a dense computation on
-  NVIDIA GPUs, issue 43); on a TPU "ragged_dot" (XLA:TPU lowers it to a grouped matmul of
+  NVIDIA GPUs, about 23 TF/s on a B200 in marin #7012); on a TPU "ragged_dot" (XLA:TPU lowers it to a grouped matmul of
   its own, and the Pallas kernel here is Triton's); elsewhere (CPU) "tiled" (XLA:CPU's
-  `ragged_dot` is about 100× slower than the same work as a batched matmul; docs/moe.md
-  has the measured layer).
+  `ragged_dot` took 5.4 s for a forward that a batched matmul does in 0.036 s, and 10-20 GB;
+  the tiled layer's forward and backward was 13.6× faster than "dense", docs/moe.md).
   """
   if kernel != "auto":
     return kernel
