@@ -20,6 +20,7 @@ from rlhf_jax.models.attention.cached import cached_attention
 from rlhf_jax.models.attention.xla import grouped_query_attention
 from rlhf_jax.models.decoder_config import DecoderConfig
 from rlhf_jax.models.layer_scan import write_cache
+from rlhf_jax.models.moe import layer_record
 from rlhf_jax.models.moe import route
 from rlhf_jax.models.moe import route_dtype
 from rlhf_jax.models.moe.parallel import experts_on_mesh
@@ -309,10 +310,12 @@ class SparseMoE(nnx.Module):
       self.up_bias = param(None, (x, f), ("expert", "mlp"), config, init="zeros")
       self.down_bias = param(None, (x, e), ("expert", "embed"), config, init="zeros")
 
-  def __call__(self, x, replay=None):
-    """x [..., E] → (out [..., E], experts [..., k]: each token's experts, in
-    `moe.route_dtype`). `replay` [..., k]: experts to route to instead of the router's
-    top-k (routing replay; a row holding NOT_RECORDED is routed live)."""
+  def __call__(self, x, replay=None, token_mask=None):
+    """x [..., E] → (out [..., E], the layer's `moe.RouterRecord` without the layer axis:
+    routes and live routes [..., k] in `moe.route_dtype`, load and router sums over the
+    tokens of `token_mask` [...] (all when None)). `replay` [..., k]: experts to route to
+    instead of the router's top-k (routing replay; a row holding NOT_RECORDED is routed
+    live)."""
     c = self.config
     dtype, tokens = c.jnp_dtype, x.reshape(-1, x.shape[-1])
     k = c.experts_per_token
@@ -328,8 +331,12 @@ class SparseMoE(nnx.Module):
                           self.up_proj[...].astype(dtype), self.down_proj[...].astype(dtype),
                           kernel=c.expert_kernel, activation=c.activation,
                           precision=c.precision, biases=biases, swiglu_limit=c.swiglu_limit)
-    experts = routes.experts.astype(route_dtype(c.num_experts)).reshape(*x.shape[:-1], k)
-    return out.reshape(x.shape), experts
+    valid = (jnp.ones(tokens.shape[:1], bool) if token_mask is None
+             else token_mask.reshape(-1))
+    record = layer_record(logits, routes, k, valid, route_dtype(c.num_experts))
+    record = record._replace(routes=record.routes.reshape(*x.shape[:-1], k),
+                             live=record.live.reshape(*x.shape[:-1], k))
+    return out.reshape(x.shape), record
 
 
 class Block(nnx.Module):
@@ -354,9 +361,9 @@ class Block(nnx.Module):
 
   def __call__(self, x, rope, token_mask, layer_cache, segment_ids, kind: LayerKind,
                replay=None):
-    """x [B,T,E] → (x [B,T,E], the layer's new (keys, values) or None, the experts
-    [B,T,k] a sparse MLP routed each token to (None for a dense one)); `replay` [B,T,k]:
-    the experts a sparse MLP replays (`SparseMoE`); the other arguments as `Attention`'s."""
+    """x [B,T,E] → (x [B,T,E], the layer's new (keys, values) or None, a sparse MLP's
+    `moe.RouterRecord` (routes [B,T,k]; None for a dense MLP)); `replay` [B,T,k]: the
+    experts a sparse MLP replays (`SparseMoE`); the other arguments as `Attention`'s."""
     inner = x if self.placement == "post" else self.input_norm(x)
     attended, new_cache = self.attention(inner, rope, token_mask, layer_cache, segment_ids,
                                          kind)
@@ -366,7 +373,7 @@ class Block(nnx.Module):
     inner = {"pre": lambda: self.post_attention_norm(x), "post": lambda: x,
              "sandwich": lambda: self.mlp_in_norm(x)}[self.placement]()
     if isinstance(self.mlp, SparseMoE):
-      out, experts = self.mlp(inner, replay)
+      out, experts = self.mlp(inner, replay, token_mask)
     else:
       out, experts = self.mlp(inner), None
     if self.placement != "pre":
