@@ -98,9 +98,11 @@ def test_deeply_nested_config_json_is_one_line(copy):
 def test_the_config_must_fit_the_tensors(copy):
   edit_config(copy, hidden_size=32, head_dim=16)
   refused(copy, "config.json does not fit tensor 'model.embed_tokens.weight' of shape")
-  edit_config(copy, hidden_size=16, head_dim=8, num_hidden_layers=3)
+  # config.json lists a type per layer (layer_types): it says 3 layers throughout.
+  edit_config(copy, hidden_size=16, head_dim=8, num_hidden_layers=3,
+              layer_types=["full_attention"] * 3)
   refused(copy, r"num_hidden_layers=3, but the safetensors hold layers 0..0 \(1 of them\)")
-  edit_config(copy, num_hidden_layers=1, intermediate_size=50)
+  edit_config(copy, num_hidden_layers=1, layer_types=["full_attention"], intermediate_size=50)
   refused(copy, "config.json does not fit tensor 'model.layers.0.mlp.gate_proj.weight'")
 
 
