@@ -5,6 +5,7 @@ model's tokens; the sampler's log-probs of those tokens are a full forward's ove
 rewards go where `env.reward_placement` says; a raising or hanging environment ends only
 its own episode."""
 
+import functools
 import logging
 
 import jax
@@ -48,10 +49,15 @@ class ListStream:
     return self.examples[:n]
 
 
+@functools.cache
+def engine() -> sampling.Engine:
+  """One engine under every test's new Scheduler: its programs compile once per module."""
+  return sampling.Engine(MODEL, num_slots=4, cache_length=64)
+
+
 def rollout(prompts, *, placement="sum", factory="Echo", timeout_s=5.0, turn_end_id=None,
             max_tokens=MAX_TOKENS):
-  scheduler = Scheduler(sampling.Engine(MODEL, num_slots=4, cache_length=64), PARAMS,
-                        prompt_buckets=(16, 32, 63))
+  scheduler = Scheduler(engine(), PARAMS, prompt_buckets=(16, 32, 63))
   generator = GroupGenerator(
       scheduler, length_scorer(), PromptFormat(TOKENIZER, prompt_length=PROMPT_LENGTH),
       sampling=sampling.SamplingParams(temperature=1.0, max_new_tokens=TURN_CAP, n=G),
