@@ -50,7 +50,7 @@ _TESTS = os.path.dirname(os.path.abspath(__file__))
 def pytest_ignore_collect(collection_path, config):
   """Skips the helper modules of tests/ (not test_*.py): `--doctest-modules` is for the
   library, tests/ holds no doctests, and collecting a helper imports it in every xdist
-  worker (rewards/slow_import_verifier.py sleeps 2 s on purpose)."""
+  worker (tests/rewards/slow_import_verifier.py sleeps 2 s on purpose)."""
   del config
   name = collection_path.name
   if (collection_path.suffix == ".py" and not name.startswith("test_")

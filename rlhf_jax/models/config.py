@@ -38,9 +38,9 @@ def model_config() -> ml_collections.ConfigDict:
   # one-token decode step ('auto': the Pallas ragged kernel on a GPU; 'xla', 'pallas').
   m.attention_impl = "auto"
   m.decode_attention = "auto"
-  # A mixture-of-experts model's experts (models/moe/experts.py): 'auto' (pallas on a GPU,
-  # ragged_dot on a TPU, tiled elsewhere), 'ragged_dot', 'tiled', 'pallas' (GPU only),
-  # 'dense'.
+  # A mixture-of-experts model's experts (models/moe/experts.py): 'auto' (ragged_dot on a
+  # TPU, tiled elsewhere), 'ragged_dot', 'tiled', 'pallas' (GPU only; not yet measured on
+  # one), 'dense'.
   m.expert_kernel = "auto"
   # Rematerialise each layer in the backward (less activation memory, ~1/3 more compute)
   # and what it keeps: a jax.checkpoint_policies name (nothing_saveable, dots_saveable, ...).

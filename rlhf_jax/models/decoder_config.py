@@ -175,8 +175,8 @@ class DecoderConfig:
       over tokens sorted by expert, by "ragged_dot" (`jax.lax.ragged_dot`), "tiled" (ours
       in XLA, every backend) or "pallas" (our Pallas kernel: Triton on a GPU, interpret
       mode elsewhere, for tests); "dense" (every expert on every token; the reference);
-      "auto" (`moe.experts.resolve_kernel`: "pallas" on a GPU, "ragged_dot" on a TPU,
-      "tiled" elsewhere). Not part of HF `config.json`.
+      "auto" (`moe.experts.resolve_kernel`: "ragged_dot" on a TPU, "tiled" elsewhere).
+      Not part of HF `config.json`.
   """
   vocab_size: int
   hidden_size: int

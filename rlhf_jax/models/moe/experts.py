@@ -55,18 +55,17 @@ def resolve_kernel(kernel: str) -> str:
   """The experts' kernel for `kernel`, "auto" turned into one for the backend the program
   is traced for (`jax.default_backend()`); the others are taken as given.
 
-  "auto": on a GPU "pallas" (upstream `ragged_dot` falls back to a dense computation on
-  NVIDIA GPUs, about 23 TF/s on a B200 in marin #7012); on a TPU "ragged_dot" (XLA:TPU lowers it to a grouped matmul of
-  its own, and the Pallas kernel here is Triton's); elsewhere (CPU) "tiled" (XLA:CPU's
-  `ragged_dot` took 5.4 s for a forward that a batched matmul does in 0.036 s, and 10-20 GB;
-  the tiled layer's forward and backward was 13.6× faster than "dense", docs/moe.md).
+  "auto": on a TPU "ragged_dot" (XLA:TPU lowers it to a grouped matmul of its own, and the
+  Pallas kernel here is Triton's); elsewhere "tiled": on a CPU, XLA:CPU's `ragged_dot` took
+  5.4 s for a forward that a batched matmul does in 0.036 s, and 10-20 GB, and the tiled
+  layer's forward and backward was 13.6× faster than "dense" (docs/moe.md); on a GPU,
+  upstream `ragged_dot` falls back to a dense computation (about 23 TF/s on a B200 in
+  marin #7012), and "pallas" has run only in interpret mode so far: it becomes the GPU's
+  "auto" once `scripts/gpu_check.sh run env moe_layer` has measured it on a GPU.
   """
   if kernel != "auto":
     return kernel
-  backend = jax.default_backend()
-  if backend == "gpu":
-    return "pallas"
-  return "ragged_dot" if backend == "tpu" else "tiled"
+  return "ragged_dot" if jax.default_backend() == "tpu" else "tiled"
 
 
 def expert_mlp(x: jax.Array, routes: Routes, gate: jax.Array, up: jax.Array, down: jax.Array,
