@@ -59,9 +59,9 @@ def resolve_kernel(kernel: str) -> str:
   Pallas kernel here is Triton's); elsewhere "tiled": on a CPU, XLA:CPU's `ragged_dot` took
   5.4 s for a forward that a batched matmul does in 0.036 s, and 10-20 GB, and the tiled
   layer's forward and backward was 13.6× faster than "dense" (docs/moe.md); on a GPU,
-  upstream `ragged_dot` falls back to a dense computation (about 23 TF/s on a B200 in
-  marin #7012), and "pallas" has run only in interpret mode so far: it becomes the GPU's
-  "auto" once `scripts/gpu_check.sh run env moe_layer` has measured it on a GPU.
+  upstream `ragged_dot` falls back to a dense computation (about 23 TF/s on a B200, as the
+  marin project measured it), and "pallas" has run only in interpret mode so far: it
+  becomes the GPU's "auto" once `scripts/gpu_check.sh run env moe_layer` has measured it.
   """
   if kernel != "auto":
     return kernel
