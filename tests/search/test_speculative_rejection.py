@@ -4,6 +4,7 @@ bottom α of them (by those partial scores) are cancelled, they generate nothing
 the best finished response is returned."""
 
 import collections
+import functools
 import hashlib
 import math
 
@@ -21,6 +22,12 @@ from tests.sampling.tiny_engine import CONFIG
 from tests.sampling.tiny_engine import prompts
 
 MODEL, PARAMS = models.init_model(CONFIG, seed=2)  # near-uniform: samples differ
+
+
+@functools.cache
+def engine(slots: int) -> sampling.Engine:
+  """One engine per slot count under every test's new Scheduler: its programs compile once."""
+  return sampling.Engine(MODEL, num_slots=slots, cache_length=40)
 
 
 class Tokens:
@@ -76,8 +83,7 @@ class RecordingScheduler(Scheduler):
 
 def run_search(rate, slots, steps_per_sync, max_new_tokens=12, decision_tokens=(3, 7)):
   """Speculative rejection of 2 prompts × 8 samples with recording scheduler and scorer."""
-  engine = sampling.Engine(MODEL, num_slots=slots, cache_length=40)
-  sched = RecordingScheduler(engine, PARAMS, prompt_buckets=BUCKETS,
+  sched = RecordingScheduler(engine(slots), PARAMS, prompt_buckets=BUCKETS,
                              steps_per_sync=steps_per_sync)
   scorer = HashScorer(sched)
   search = SpeculativeRejection(sched, scorer, Tokens(), n_init=8,
@@ -89,8 +95,7 @@ def run_search(rate, slots, steps_per_sync, max_new_tokens=12, decision_tokens=(
 
 
 def test_per_sample_cancel_frees_its_slot_for_a_waiting_sample():
-  engine = sampling.Engine(MODEL, num_slots=2, cache_length=40)
-  sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS, steps_per_sync=2)
+  sched = Scheduler(engine(2), PARAMS, prompt_buckets=BUCKETS, steps_per_sync=2)
   request = sched.submit(prompts(1)[0], sampling.SamplingParams(n=4, max_new_tokens=20, seed=1))
   sched.cancel(request, 3)  # still waiting: never runs, completes "cancelled" with no tokens
   completions = sched.step()
@@ -196,8 +201,7 @@ def test_each_decision_scores_exactly_the_first_tau_tokens(rate, slots, steps_pe
 
 
 def test_plain_best_of_n_scores_every_sample_once_and_returns_the_best():
-  engine = sampling.Engine(MODEL, num_slots=8, cache_length=40)
-  sched = Scheduler(engine, PARAMS, prompt_buckets=BUCKETS)
+  sched = Scheduler(engine(8), PARAMS, prompt_buckets=BUCKETS)
   scorer = HashScorer()
   search = SpeculativeRejection(sched, scorer, Tokens(), n_init=4)
   result = search.run([Example("a", "", "t"), Example("b", "", "t")], prompts(2, seed=5),
@@ -211,8 +215,7 @@ def test_plain_best_of_n_scores_every_sample_once_and_returns_the_best():
 
 
 def test_bad_arguments_are_named():
-  sched = Scheduler(sampling.Engine(MODEL, num_slots=2, cache_length=40), PARAMS,
-                    prompt_buckets=BUCKETS)
+  sched = Scheduler(engine(2), PARAMS, prompt_buckets=BUCKETS)
   with pytest.raises(ValueError, match="rejection_rate=1.0"):
     SpeculativeRejection(sched, HashScorer(), Tokens(), n_init=4, rejection_rate=1.0)
   with pytest.raises(ValueError, match=r"decision_tokens=\(8, 4\)"):
