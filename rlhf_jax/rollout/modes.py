@@ -308,7 +308,7 @@ register_rollout_mode(RolloutMode(name="windows", build=_windows, allows_stalene
 register_rollout_mode(RolloutMode(
     name="multi_turn", build=lambda c, parts: _episodes(c, parts, parts.stream(c)),
     response_length=lambda c: c.env.max_tokens, needs_environment=True,
-    evaluator=_episode_evaluator))
+    evaluator=_episode_evaluator, carries_routes=True))
 register_rollout_mode(RolloutMode(name="offline", build=_offline, allows_staleness=False,
                                   fixed_data=True, check_data=_check_offline_file))
 for _mode in tuple(MODES.values()):  # the five above: the library's own, never replaced

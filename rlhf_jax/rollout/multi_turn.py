@@ -28,10 +28,13 @@ import dataclasses
 import time
 from typing import Any, Sequence
 
+import numpy as np
+
 from rlhf_jax.batch import build_rollout_batch
 from rlhf_jax.data import Example
 from rlhf_jax.envs import EnvironmentRunner
 from rlhf_jax.envs import observations
+from rlhf_jax.models.moe import NOT_RECORDED
 from rlhf_jax.rewards import Scorer
 from rlhf_jax.rewards.scorer import Completion
 from rlhf_jax.rollout.base import StreamRollout
@@ -57,6 +60,9 @@ class Episode:
   versions: list[int] = dataclasses.field(default_factory=list)
   # In order: {"role": "assistant" | "environment", "text": ..., "token_ids": [...]}.
   turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+  # Per turn, the experts a mixture-of-experts sampler routed its tokens to ([n, L, k]),
+  # or None (observations, and a sampler that records none).
+  routes: list[Any] = dataclasses.field(default_factory=list)
   # Per environment step: (column of the model turn's last token, its reward).
   step_rewards: list[tuple[int, float]] = dataclasses.field(default_factory=list)
   failure: str = ""
@@ -68,14 +74,29 @@ class Episode:
   escaped: int = 0  # control texts escaped in its observations
 
   def append(self, role: str, ids: Sequence[int], text: str, logprobs: Sequence[float],
-             versions: Sequence[int]) -> None:
-    """Appends one turn's tokens (trained on when the role is the assistant's)."""
+             versions: Sequence[int], routes: Any = None) -> None:
+    """Appends one turn's tokens (trained on when the role is the assistant's), with the
+    sampler's routes of a model turn ([n, L, k], or None)."""
     ids = [int(t) for t in ids]
+    self.routes.append(routes)
     self.tokens += ids
     self.loss_mask += [int(role == "assistant")] * len(ids)
     self.logprobs += [float(x) for x in logprobs]
     self.versions += [int(v) for v in versions]
     self.turns.append({"role": role, "text": text, "token_ids": ids})
+
+  def route_rows(self) -> np.ndarray | None:
+    """The episode's routes, one [L, k] row per token ([len(tokens), L, k]): the sampler's
+    on model turns, NOT_RECORDED on observations (the trainer's forward routes those
+    live, as its prefill of them did); None when no turn has routes."""
+    recorded = [np.asarray(r) for r in self.routes if r is not None]
+    if not recorded:
+      return None
+    shape, dtype = recorded[0].shape[1:], recorded[0].dtype
+    rows = [np.asarray(r, dtype) if r is not None
+            else np.full((len(t["token_ids"]),) + shape, NOT_RECORDED, dtype)
+            for r, t in zip(self.routes, self.turns)]
+    return np.concatenate(rows) if rows else None
 
   def last_action(self) -> list[int]:
     """The token ids of the last model turn ([] before the first: an episode that ended
@@ -185,7 +206,7 @@ class MultiTurnRollout(StreamRollout):
     for episode, (completion,) in zip(live, out):
       ids = list(completion.token_ids)
       episode.append("assistant", ids, tokenizer.decode(ids), completion.model_logprobs,
-                     token_versions(completion))
+                     token_versions(completion), routes=completion.routes)
       if completion.finish_reason not in ("stop", "length"):
         episode.end(f"sampler: {completion.finish_reason} {completion.error}".strip(),
                     f"sampler/{completion.finish_reason}")
@@ -340,7 +361,8 @@ def pack_episodes(episodes: Sequence[Episode], scores: Sequence[float], *, promp
       response_length=response_length, pad_id=pad_id,
       step_rewards=[e.step_rewards for e in episodes] if turn_rewards else None,
       token_versions=[e.versions for e in episodes],
-      loss_masks=[e.loss_mask for e in episodes])
+      loss_masks=[e.loss_mask for e in episodes],
+      routes=[e.route_rows() for e in episodes])
   return Rollouts(batch=batch, correct=[], failures=[], metrics={},
                   transcripts=[e.turns for e in episodes])
 

@@ -179,7 +179,8 @@ def _validate_across_sections(c, *, supervised: bool) -> None:
                                                      or moe.measure_route_flips):
     field = ("routing_replay" if moe.routing_replay == "R3" else "measure_route_flips")
     invalid(f"algorithm.moe.{field}", moe[field], f"rollout.mode={mode.name!r} does not "
-            "carry the sampler's routes (the 'groups' and 'dynamic' modes do); R2 replays "
+            "carry the sampler's routes (the 'groups', 'dynamic' and 'multi_turn' modes do); "
+            "R2 replays "
             "the trainer's own routes in every mode")
   if not supervised and mode.filters_groups and distillation.is_pure_distillation(c.algorithm):
     # The teacher's per-token term is nonzero in every group: "keep the groups whose
