@@ -98,7 +98,10 @@ class EnvironmentRunner:
     load_factory(factory_path)
     self.factory_path = factory_path
     self.memory_mb = memory_mb
-    self.pool = GroupPool(workers, timeout_s, memory_mb=memory_mb)
+    # Each worker imports the factory's module as it starts: a slow import is start-up,
+    # never the first reset's time (`timeout_s` bounds the calls only).
+    self.pool = GroupPool(workers, timeout_s, memory_mb=memory_mb,
+                          initializer=(load_factory, (factory_path,)))
 
   @classmethod
   def from_config(cls, e) -> "EnvironmentRunner":

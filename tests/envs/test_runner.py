@@ -65,6 +65,18 @@ def test_a_failing_environment_ends_only_its_episode(name, reason, kind):
     healthy.close()
 
 
+def test_an_environment_slow_to_import_is_imported_at_start_up_not_in_a_resets_time():
+  """The workers import the factory's module as they start: its 2 s are not the first
+  reset's, whose limit is 1 s."""
+  runner = EnvironmentRunner("tests.envs.slow_import_environment:SlowToImport", workers=1,
+                             timeout_s=1.0)
+  try:
+    (started,) = runner.start(["a"])
+    assert (started.failure, started.result) == ("", "count to 3 (a)")
+  finally:
+    runner.close()
+
+
 @pytest.mark.parametrize("path, match", [
     ("no_colon", "must be 'package.module:callable'"),
     ("tests.envs.missing_module:X", "its module does not import: ModuleNotFoundError"),
