@@ -217,10 +217,12 @@ def test_a_teacher_with_a_larger_padded_vocabulary_scores_over_the_shared_one(tm
   learner = ppo_learner.PPOLearner.from_config(c, student_model, student_params, mesh)
   assert learner.reference.model.config.vocab_size == shared
   batch = batch_lib.as_device(random_rows(rows=8, seed=3))
-  held = np.asarray(batch_lib.response_logprobs(learner.reference.model,
-                                                learner.reference.params, batch))
-  logits, _ = teacher_model.apply(teacher_params, batch.tokens,
-                                  attention_mask=batch.attention_mask)
+  # Both forwards jitted: op by op they took most of the test's time.
+  held = np.asarray(jax.jit(lambda params, b: batch_lib.response_logprobs(
+      learner.reference.model, params, b))(learner.reference.params, batch))
+  logits = jax.jit(lambda params, tokens, mask: teacher_model.apply(
+      params, tokens, attention_mask=mask)[0])(teacher_params, batch.tokens,
+                                               batch.attention_mask)
   prompt, response = batch.tokens.shape[1] - batch.response_length, batch.response_length
   logits = np.asarray(logits)[:, prompt - 1:prompt + response - 1]
   targets = np.asarray(batch.tokens)[:, prompt:]
