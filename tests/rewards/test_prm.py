@@ -80,7 +80,8 @@ def test_prm_step_scores_sit_at_step_ends_and_the_scorer_adds_them():
   steps, failures = prm.step_scores([prompt, prompt], [response, "x" * 30])
   assert failures[0] == "" and failures[1].startswith("too long") and steps[1] == []
   ids = TOKENIZER.encode(prompt) + TOKENIZER.encode(response)
-  values, _ = role.model.apply(role.params, np.asarray([ids], np.int32))
+  values = jax.jit(lambda p, t: role.model.apply(p, t)[0])(role.params,
+                                                          np.asarray([ids], np.int32))
   offset = len(TOKENIZER.encode(prompt))
   ends = prm_lib.step_end_positions(TOKENIZER.encode(response), newline, TOKENIZER.eos_id)
   np.testing.assert_allclose(steps[0], np.asarray(values[0])[[offset + e for e in ends]],
@@ -113,7 +114,8 @@ def test_critic_initialised_from_a_prm_gives_its_step_values(tmp_path):
   batch = encode_pairs(TOKENIZER, [prompt], [response], prompt_prefix=(),
                        prompt_length=LAYOUT.prompt_length,
                        response_length=LAYOUT.response_length)
-  values = np.asarray(response_values(critic, critic_params, batch))[0]
+  values = np.asarray(jax.jit(lambda p, b: response_values(critic, p, b))(critic_params,
+                                                                        batch))[0]
   ends = prm_lib.step_end_positions(TOKENIZER.encode(response), newline, TOKENIZER.eos_id)
   # The critic's value before token t+1 is the PRM's score after token t.
   np.testing.assert_allclose(values[[e + 1 for e in ends]], steps[0], atol=1e-5)
