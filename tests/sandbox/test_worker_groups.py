@@ -10,9 +10,13 @@ import time
 
 from rlhf_jax.sandbox import worker_groups
 
-# A group leader that starts a child in its group, prints both pids, then waits.
+# A group leader that starts a child in its group, prints the child's pid once the child
+# has started (its interpreter's memory no longer growing while the test reads it), then
+# waits.
 LEADER = ("import subprocess, sys, time\n"
-          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+          "child = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True);"
+          " time.sleep(60)'], stdout=subprocess.PIPE)\n"
+          "child.stdout.readline()\n"
           "print(child.pid, flush=True)\n"
           "time.sleep(60)\n")
 
