@@ -74,8 +74,23 @@ def keep_host_memory_resident(arguments: list[str] | None = None) -> bool:
 DEFAULT_COMPILE_CACHE = "~/.cache/rlhf_jax/xla"
 
 
+def compile_cache_directory(directory: str, xla_flags: str | None = None) -> str:
+  """The absolute cache directory for `directory` in a process started with `xla_flags`
+  (default: $XLA_FLAGS): a sub-directory `host-devices-N` when the flags force N CPU host
+  devices. JAX leaves `--xla_force_host_platform_device_count` out of its cache key, so
+  without this a one-device process loads executables an N-device process compiled for
+  the same program; XLA:CPU crashed (SIGSEGV) deserialising one of them in a test run
+  that shared its cache with emulated-mesh runs."""
+  path = os.path.abspath(os.path.expanduser(directory))
+  flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+  forced = [f.split("=", 1)[1] for f in flags.split()
+            if f.startswith("--xla_force_host_platform_device_count=")]
+  return os.path.join(path, f"host-devices-{forced[-1]}") if forced else path
+
+
 def enable_compile_cache(directory: str, min_compile_s: float = 1.0) -> str | None:
-  """Turns on JAX's persistent compilation cache in `directory` ('' = leave it off).
+  """Turns on JAX's persistent compilation cache in `directory` ('' = leave it off; a
+  sub-directory per forced host-device count: `compile_cache_directory`).
 
   A second run of the same programs (same shapes, flags, jax version) loads the
   compiled executables instead of compiling them again: on GPU the first generate
@@ -89,7 +104,7 @@ def enable_compile_cache(directory: str, min_compile_s: float = 1.0) -> str | No
   if not directory:
     return None
   import jax  # pylint: disable=import-outside-toplevel
-  path = os.path.abspath(os.path.expanduser(directory))
+  path = compile_cache_directory(directory)
   os.makedirs(path, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)

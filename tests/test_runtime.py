@@ -110,3 +110,17 @@ def test_xla_flags_refused_once_a_backend_runs():
   jax.numpy.zeros(1).block_until_ready()
   with pytest.raises(RuntimeError, match="already running"):
     runtime.set_xla_flags(["--xla_gpu_autotune_level=0"])
+
+
+def test_a_forced_host_device_count_gets_a_cache_directory_of_its_own(tmp_path):
+  """JAX leaves the forced CPU device count out of its cache key: one-device and emulated
+  mesh processes must not share executables."""
+  from rlhf_jax.runtime import compile_cache_directory  # pylint: disable=import-outside-toplevel
+  base = str(tmp_path / "cache")
+  assert compile_cache_directory(base, "") == base
+  assert compile_cache_directory(base, "--xla_cpu_enable_fast_math=false") == base
+  eight = compile_cache_directory(
+      base, "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8")
+  assert eight == os.path.join(base, "host-devices-8")
+  assert compile_cache_directory(base, "--xla_force_host_platform_device_count=2") != eight
+  assert compile_cache_directory("~/c", "").startswith(os.path.expanduser("~"))
