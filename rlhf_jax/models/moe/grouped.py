@@ -44,6 +44,14 @@ class TileLayout(NamedTuple):
   used: jax.Array
 
 
+def check_shapes(rows, weights, group_sizes) -> None:
+  """ValueError naming the shapes unless rows [M, K], weights [G, K, N], group_sizes [G]."""
+  if rows.ndim != 2 or weights.ndim != 3 or group_sizes.shape != (weights.shape[0],) or (
+      rows.shape[1] != weights.shape[1]):
+    raise ValueError(f"grouped_matmul: rows {rows.shape}, weights {weights.shape}, "
+                     f"group_sizes {group_sizes.shape} do not match [M, K], [G, K, N], [G].")
+
+
 def num_tiles(num_rows: int, num_groups: int, tile: int) -> int:
   """The static bound on the tiles of M rows in G groups: ceil(M / T) + G."""
   return -(-num_rows // tile) + num_groups
@@ -196,8 +204,5 @@ def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, 
   Returns:
     [M, N] in rows' dtype.
   """
-  if rows.ndim != 2 or weights.ndim != 3 or group_sizes.shape != (weights.shape[0],) or (
-      rows.shape[1] != weights.shape[1]):
-    raise ValueError(f"grouped_matmul: rows {rows.shape}, weights {weights.shape}, "
-                     f"group_sizes {group_sizes.shape} do not match [M, K], [G, K, N], [G].")
+  check_shapes(rows, weights, group_sizes)
   return _grouped(rows, weights, group_sizes, tile, chunk, precision).astype(rows.dtype)

@@ -166,10 +166,7 @@ def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, 
   Returns:
     [M, N] in rows' dtype.
   """
-  if rows.ndim != 2 or weights.ndim != 3 or group_sizes.shape != (weights.shape[0],) or (
-      rows.shape[1] != weights.shape[1]):
-    raise ValueError(f"grouped_matmul: rows {rows.shape}, weights {weights.shape}, "
-                     f"group_sizes {group_sizes.shape} do not match [M, K], [G, K, N], [G].")
+  grouped.check_shapes(rows, weights, group_sizes)
   interpret = jax.default_backend() != "gpu" if interpret is None else bool(interpret)
   _check_blocks(block_m, block_n, block_k, interpret)
   return _grouped(rows, weights, group_sizes, block_m, block_n, block_k, interpret,
