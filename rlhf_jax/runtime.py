@@ -78,9 +78,8 @@ def compile_cache_directory(directory: str, xla_flags: str | None = None) -> str
   """The absolute cache directory for `directory` in a process started with `xla_flags`
   (default: $XLA_FLAGS): a sub-directory `host-devices-N` when the flags force N CPU host
   devices. JAX leaves `--xla_force_host_platform_device_count` out of its cache key, so
-  without this a one-device process loads executables an N-device process compiled for
-  the same program; XLA:CPU crashed (SIGSEGV) deserialising one of them in a test run
-  that shared its cache with emulated-mesh runs."""
+  without this a one-device process would load the executables an N-device process
+  compiled for the same program."""
   path = os.path.abspath(os.path.expanduser(directory))
   flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
   forced = [f.split("=", 1)[1] for f in flags.split()

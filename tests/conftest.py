@@ -86,3 +86,25 @@ from rlhf_jax.runtime import enable_compile_cache  # noqa: E402
 
 enable_compile_cache(os.environ.get("RLHF_JAX_TEST_COMPILE_CACHE",
                                     "~/.cache/rlhf_jax/xla-tests"), min_compile_s=0.2)
+
+
+# XLA:CPU keeps three memory maps per live executable; a process that compiles the whole
+# suite crosses vm.max_map_count and dies with SIGSEGV (tests/memory_maps.py). After each
+# test, past half the limit, JAX's caches are cleared (shared engines recompile from the
+# persistent cache above); the run stops with the count when clearing cannot help.
+from tests import memory_maps  # noqa: E402
+
+_MAX_MAP_COUNT = memory_maps.max_map_count()
+
+
+def pytest_runtest_teardown(item, nextitem):
+  del nextitem
+  try:
+    cleared = memory_maps.relieve(_MAX_MAP_COUNT)
+  except RuntimeError as error:
+    pytest.exit(str(error), returncode=3)
+  reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+  if cleared and reporter is not None:
+    reporter.write_line(f"\n[memory maps] {cleared[0]} of vm.max_map_count="
+                        f"{_MAX_MAP_COUNT} after {item.nodeid}: cleared JAX's caches, "
+                        f"{cleared[1]} left")
