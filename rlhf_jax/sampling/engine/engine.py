@@ -97,6 +97,9 @@ class Engine:
     self._generate = jax.jit(self._generate_impl, static_argnums=(2, 3), donate_argnums=(1,))
     self._park = jax.jit(self._park_impl, donate_argnums=(0,))
     self._resume = jax.jit(self._resume_impl, donate_argnums=(2,))
+    # The schedulers' compiled init_decode_state, per params mesh (programs.state_program):
+    # compiled once per engine, not once per Scheduler built on it.
+    self.state_programs: dict = {}
     # Host side, per slot: its draws may need truncation, for at most this many more steps.
     self._truncating, self._steps_left = np.zeros((self.num_slots,), bool), np.zeros(
         (self.num_slots,), np.int64)

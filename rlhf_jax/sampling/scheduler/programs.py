@@ -69,8 +69,12 @@ def state_program(engine: Engine, params: Params):
   the first insert compiles once more for a state not yet committed to the mesh."""
   mesh = getattr(getattr(jax.tree.leaves(params)[0], "sharding", None), "mesh", None)
   replicated = mesh is not None and mesh.size == 1
-  return jax.jit(engine.init_decode_state,
-                 out_shardings=NamedSharding(mesh, PartitionSpec()) if replicated else None)
+  key = mesh if replicated else None
+  if key not in engine.state_programs:  # kept on the engine: a new jit would compile again
+    engine.state_programs[key] = jax.jit(
+        engine.init_decode_state,
+        out_shardings=NamedSharding(mesh, PartitionSpec()) if replicated else None)
+  return engine.state_programs[key]
 
 
 def warmup(engine: Engine, params: Params, prompt_buckets: Sequence[int], *,

@@ -157,3 +157,16 @@ def test_warmup_compiles_the_swap_refill_and_a_first_swap_compiles_nothing():
   assert warm == {"_prefill_impl": 2 + lengths, "_insert_impl": 1, "_generate_impl": 2,
                   "_refill_rows": lengths, "refill": 0}
   assert served == warm
+
+
+def test_schedulers_built_on_one_engine_share_one_compiled_empty_state():
+  """The empty decode state is one program per engine (and params mesh): a second
+  Scheduler on the engine compiles nothing, and each still gets a state of its own."""
+  engine = sampling.Engine(MODEL, num_slots=2, cache_length=16)  # no state program yet
+  with compile_log() as log:
+    first = Scheduler(engine, PARAMS, prompt_buckets=(8,))
+    second = Scheduler(engine, PARAMS, prompt_buckets=(8,))
+  assert log.count("init_decode_state") == 1
+  assert first._state is not second._state  # pylint: disable=protected-access
+  done = first.generate([[5, 6]], sampling.SamplingParams(max_new_tokens=3, seed=1))
+  assert second.generate([[5, 6]], sampling.SamplingParams(max_new_tokens=3, seed=1)) == done
