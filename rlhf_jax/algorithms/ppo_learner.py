@@ -62,8 +62,7 @@ def router_loss(moe_config, record, decoder_config, norm):
   of the mini-batch's (its tokens over `norm.tokens`), so micro-batches sum to the whole;
   and their metrics: the two losses' shares and the most uneven layer's max/mean tokens
   per expert (`moe/load_imbalance_max`)."""
-  sparse = jnp.asarray([decoder_config.sparse_layer(i)
-                        for i in range(decoder_config.num_layers)])
+  sparse = jnp.asarray(decoder_config.sparse_layers)
   losses = moe.record_losses(record, sparse)
   share = jnp.max(record.tokens) / jnp.maximum(norm.tokens, 1.0)
   balance, z = share * losses["load_balancing"], share * losses["z"]
@@ -128,8 +127,7 @@ def route_flip_metrics(sampler_routes, trainer_routes, decoder_config, skipped):
   whose experts differ between the sampler's routes and the trainer's live router's
   ([B, P+R, L, k] each; `moe.route_flip_rate`), and `_max` the worst layer's; NaN when
   the trainer's forward was `skipped` (π_old reused from the sampler)."""
-  sparse = jnp.asarray([decoder_config.sparse_layer(i)
-                        for i in range(decoder_config.num_layers)])
+  sparse = jnp.asarray(decoder_config.sparse_layers)
   rates = moe.route_flip_rate(sampler_routes, trainer_routes)
   mean = jnp.sum(jnp.where(sparse, rates, 0.0)) / jnp.maximum(jnp.sum(sparse), 1)
   worst = jnp.max(jnp.where(sparse, rates, 0.0))
