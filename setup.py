@@ -7,7 +7,8 @@ The core install is JAX-only: it pulls neither TensorFlow nor torch. Extras:
   docs     mkdocs, mkdocs-material, mkdocstrings[python]: the documentation site (mkdocs.yml)
   hf       safetensors, tokenizers, jinja2 (HF checkpoints, tokenizers, chat templates)
   tfds     tensorflow-datasets with array_record / grain data loading (no TensorFlow)
-  serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client
+  serve    grpcio + protobuf: the sampling server (launch/serve.py) and its client;
+           aiohttp: its OpenAI-compatible HTTP face (server.http_port)
   plot     matplotlib: launch/plot.py
   tensorboard  tensorboardX: TensorBoard event files from the trainer (train.loggers)
   wandb    wandb: the trainer's metrics, config and samples in Weights & Biases (train.loggers)
@@ -65,6 +66,9 @@ EXTRAS = {
         "grpcio>=1.85.1",
         "protobuf>=7.35",
         "grpcio-tools>=1.85.1",
+        # The server's OpenAI-compatible HTTP face, and the official client its tests use.
+        "aiohttp>=3.9",
+        "openai>=1.50",
         # The trainer's loggers (train.loggers): tests/training/test_loggers.py.
         "tensorboardX>=2.6",
         *WANDB,
@@ -77,7 +81,7 @@ EXTRAS = {
     "docs": DOCS,
     "math": ["math-verify[antlr4_13_2]>=0.9"],
     "parquet": ["pyarrow>=18"],
-    "serve": ["grpcio>=1.85.1", "protobuf>=7.35"],
+    "serve": ["grpcio>=1.85.1", "protobuf>=7.35", "aiohttp>=3.9"],
     "plot": ["matplotlib>=3.8"],
     "tensorboard": ["tensorboardX>=2.6"],
     "wandb": WANDB,

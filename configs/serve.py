@@ -38,6 +38,11 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
   # Interface to listen on ("0.0.0.0": all; beyond loopback needs server.token_file).
   config.server.host = "localhost"
   config.server.port = 50051  # TCP port; 0 picks a free one (printed at start).
+  # Port of the OpenAI-compatible HTTP face (http://HOST:PORT/v1, same host, token and
+  # limits as gRPC; needs aiohttp: the `serve` extra); -1 = off, 0 picks a free one.
+  config.server.http_port = -1
+  # The model id the HTTP face lists and answers to ('' = model.checkpoint, or 'tiny').
+  config.server.served_model_name = ""
   config.server.max_workers = 16  # RPC threads = most concurrent RPCs; beyond: RESOURCE_EXHAUSTED.
   config.server.jetstream_temperature = 1.0  # Temperature of JetStream Decode requests.
   # Most samples one request may ask for (`n`, JetStream `num_samples`).

@@ -9,7 +9,9 @@ the model is built: a port in use is one line, exit status 2. Beyond loopback it
 --config.server.token_file (docs/sampling.md, "Who may call a server"). Services:
 rlhf_jax.sampling.Sampler (rlhf_jax/sampling/serve/protos/sampler.proto) and
 JetStream's jetstream_proto.Orchestrator (Decode, HealthCheck). Clients:
-rlhf_jax.sampling.remote.client.SamplerClient, or any JetStream client.
+rlhf_jax.sampling.remote.client.SamplerClient, or any JetStream client. With
+--config.server.http_port=PORT it also speaks the OpenAI API over HTTP (its base URL
+`http://127.0.0.1:PORT/v1` is printed as "openai_base_url"; docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -40,8 +42,18 @@ def main(argv) -> None:
   if _VALIDATE_ONLY.value:
     print("config ok", flush=True)
     return
+  server_lib.check_http_port(config)  # before the model loads, as the gRPC port
   server, port, service = server_lib.serve_from_config(config)
+  http = None
+  if config.server.http_port >= 0:
+    try:
+      http = server_lib.serve_http_from_config(config, service)
+    except BaseException:
+      server.stop(None)
+      service.stop()
+      raise
   print(json.dumps({"event": "serving", "address": f"{config.server.host}:{port}",
+                    **({"openai_base_url": http.url} if http else {}),
                     "num_slots": config.sampler.num_slots,
                     "cache_length": config.sampler.cache_length,
                     "token": bool(config.server.token_file), "auth": config.server.auth,
@@ -51,6 +63,8 @@ def main(argv) -> None:
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, lambda *_: stop.set())
   stop.wait()
+  if http is not None:
+    http.stop()
   server.stop(grace=5).wait()
   service.stop()
   print(json.dumps({"event": "stopped", **service.metrics()}), flush=True)

@@ -50,6 +50,10 @@ def validate_serve_config(config: ml_collections.ConfigDict) -> None:
   if config.tokenizer:
     config_lib.check_directory("tokenizer", config.tokenizer, ("tokenizer.json",))
   check_range("server.port", config.server.port, low=0, high=65535)
+  check_range("server.http_port", config.server.http_port, low=-1, high=65535)
+  if config.server.http_port > 0 and config.server.http_port == config.server.port:
+    invalid("server.http_port", config.server.http_port, "must differ from server.port "
+            "(gRPC listens there)")
   check_range("server.max_workers", config.server.max_workers, low=1)
   check_range("server.jetstream_temperature", config.server.jetstream_temperature, low=0,
               high=MAX_TEMPERATURE)

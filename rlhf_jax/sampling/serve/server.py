@@ -157,3 +157,40 @@ def serve_from_config(config: ml_collections.ConfigDict
       scheduler, tokenizer=tokenizer, listening=listening,
       max_samples_per_request=server.max_samples_per_request,
       jetstream_sampling=SamplingParams(temperature=server.jetstream_temperature))
+
+
+def check_http_port(config: ml_collections.ConfigDict) -> None:
+  """ConfigError naming config.server.http_port when it is set and taken (checked before
+  the model loads, as the gRPC port is bound then)."""
+  server = config.server
+  if server.http_port > 0:
+    try:
+      _check_free(server.host, server.http_port)
+    except OSError as error:
+      raise ConfigError(f"config.server.http_port: {server.http_port}: {error}",
+                        field="server.http_port") from None
+
+
+def serve_http_from_config(config: ml_collections.ConfigDict, service: SamplerService):
+  """The OpenAI-compatible HTTP face (serve/openai_http.py) of a running server, on
+  config.server.http_port (>= 0; 0: a free port), with the gRPC server's host, token,
+  TLS files and limits. Returns the `openai_http.HttpServer` (its `url`, `stop()`)."""
+  import ssl  # pylint: disable=import-outside-toplevel
+  from rlhf_jax.sampling.serve import openai_http  # pylint: disable=import-outside-toplevel
+  server = config.server
+  context = None
+  if server.tls_cert:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(server.tls_cert, server.tls_key)
+    if server.tls_ca:  # mutual TLS, as gRPC requires it
+      context.load_verify_locations(server.tls_ca)
+      context.verify_mode = ssl.CERT_REQUIRED
+  name = server.served_model_name or config.model.checkpoint or config.model.kind
+  try:
+    return openai_http.start_http(
+        service, host=server.host, port=server.http_port, model_name=name,
+        security=security_lib.server_security(server), ssl_context=context,
+        max_concurrent=server.max_workers)
+  except OSError as error:
+    raise ConfigError(f"config.server.http_port: {server.http_port}: {error}",
+                      field="server.http_port") from None

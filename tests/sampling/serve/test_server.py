@@ -255,7 +255,8 @@ def test_launch_serve_runs_and_stops_cleanly():
   root = pathlib.Path(__file__).resolve().parents[3]
   process = subprocess.Popen(
       [sys.executable, str(root / "launch" / "serve.py"), "--config=configs/serve.py:tiny",
-       "--config.server.port=0", "--config.sampler.num_slots=2"],
+       "--config.server.port=0", "--config.sampler.num_slots=2",
+       "--config.server.http_port=0"],
       cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
       env={**os.environ, "JAX_PLATFORMS": "cpu"})
   try:
@@ -268,10 +269,14 @@ def test_launch_serve_runs_and_stops_cleanly():
       with grpc.insecure_channel(started["address"]) as channel:
         stub = jetstream_pb2_grpc.OrchestratorStub(channel)
         assert stub.HealthCheck(jetstream_pb2.HealthCheckRequest(), timeout=30).is_live
+    openai = pytest.importorskip("openai")  # the HTTP face beside gRPC, same scheduler
+    http = openai.OpenAI(base_url=started["openai_base_url"], api_key="none", max_retries=0)
+    assert http.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=4,
+                                   temperature=0).usage.completion_tokens == 4
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
     stopped = json.loads(process.stdout.readline())
-    assert stopped["event"] == "stopped" and stopped["generated_tokens"] == 4
+    assert stopped["event"] == "stopped" and stopped["generated_tokens"] == 8
   finally:
     if process.poll() is None:
       process.kill()
