@@ -5,7 +5,8 @@ the same SamplerService (scheduler, weights, versions). Endpoints:
 
   GET  /v1/models
   POST /v1/completions            text or token ids (`prompt`, vLLM's `prompt_token_ids`)
-  POST /v1/chat/completions       messages rendered with the tokenizer's chat template
+  POST /v1/chat/completions       messages (and tools) rendered with the chat template,
+                                  tool calls parsed back (serve/openai_tools.py)
   POST /tokenize, /detokenize     vLLM's shapes
   POST /inference/v1/generate     tokens in, tokens out ({token_ids, sampling_params})
 
@@ -41,6 +42,7 @@ from rlhf_jax.sampling.serve.loop import SamplerService
 from rlhf_jax.sampling.serve.openai_prompts import chat_prompt
 from rlhf_jax.sampling.serve.openai_prompts import completion_prompt
 from rlhf_jax.sampling.serve.openai_prompts import read_body
+from rlhf_jax.sampling.serve.openai_prompts import tool_calls_format
 from rlhf_jax.sampling.serve.security import ServerSecurity
 from rlhf_jax.sampling.serve.wire import MAX_MESSAGE_BYTES
 
@@ -269,8 +271,10 @@ class OpenAIFace:
     body = await self._body(request, ow.CHAT_FIELDS)
     prompt_ids = await self._off_loop(chat_prompt, self.service, body)
     sampling = self._sampling(body, prompt_ids, chat=True)
+    tools = tool_calls_format(self.service.tokenizer, body)
     return await self._run(request, prompt_ids, sampling, "chat.completion",
-                           ow.ChatShape(self.service.tokenizer), chat=True, body=body)
+                           ow.ChatShape(self.service.tokenizer, tools), chat=True,
+                           body=body)
 
   def _sampling(self, body, prompt_ids, *, chat: bool):
     most = self.service.max_samples_per_request

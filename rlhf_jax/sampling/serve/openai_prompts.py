@@ -1,5 +1,5 @@
 """The prompt of an OpenAI request: its body read, and its token ids from text, ids or
-messages (the tokenizer's chat template with `add_generation_prompt`).
+messages (the tokenizer's chat template with `add_generation_prompt` and `tools`).
 
 Prompts are encoded as given (no special tokens added: a template writes its own BOS),
 one prompt per request. Each refusal is a `WireError` naming the field.
@@ -13,6 +13,8 @@ from typing import Any
 from aiohttp import web
 
 from rlhf_jax.sampling.serve.loop import SamplerService
+from rlhf_jax.sampling.serve.openai_tools import template_messages
+from rlhf_jax.sampling.serve.openai_tools import tool_format
 from rlhf_jax.sampling.serve.openai_wire import WireError
 from rlhf_jax.sampling.serve.openai_wire import bad
 from rlhf_jax.sampling.serve.openai_wire import token_ids
@@ -83,17 +85,38 @@ def _content(message: Any, index: int) -> dict[str, Any]:
   return {**message, "content": content}
 
 
+def tool_calls_format(tokenizer, body: dict[str, Any]) -> str | None:
+  """The format (openai_tools.HERMES, LLAMA3_JSON) in which the request's `tools` are
+  rendered and its samples' calls parsed; None without tools or with tool_choice 'none'."""
+  tools, choice = body.get("tools"), body.get("tool_choice")
+  if choice not in (None, "auto", "none"):
+    raise bad("tool_choice", "must be 'auto', 'none' or absent: the sampler cannot force "
+              "a call")
+  if tools is None or choice == "none":
+    return None
+  if not isinstance(tools, list) or not all(
+      isinstance(t, dict) and t.get("type") == "function" and isinstance(
+          t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+      for t in tools):
+    raise bad("tools", "must be a list of {'type': 'function', 'function': {'name': ...}}")
+  template = None if tokenizer is None else (tokenizer.chat_templates.get("tool_use") or
+                                             tokenizer.chat_template)
+  fmt = tool_format(template)
+  if fmt is None:
+    raise bad("tools", "this server's chat template renders no tools (it writes neither "
+              "<tool_call> nor Llama 3.1's JSON calls)")
+  return fmt
+
+
 def chat_prompt(service: SamplerService, body: dict[str, Any]) -> list[int]:
   """Token ids of `messages` rendered with the tokenizer's chat template (ChatML without
-  one), `add_generation_prompt` (default true) and `chat_template_kwargs`."""
-  if body.get("tools"):
-    raise bad("tools", "tool calls are not served yet")
-  if body.get("tool_choice") not in (None, "none"):
-    raise bad("tool_choice", "must be 'none' or absent: tool calls are not served yet")
+  one), `add_generation_prompt` (default true), `chat_template_kwargs` and `tools`
+  (unless tool_choice is 'none')."""
+  tools = body["tools"] if tool_calls_format(service.tokenizer, body) else None
   messages = body.get("messages")
   if not isinstance(messages, list) or not messages:
     raise bad("messages", "must be a non-empty list of messages")
-  messages = [_content(m, i) for i, m in enumerate(messages)]
+  messages = template_messages([_content(m, i) for i, m in enumerate(messages)])
   add_generation_prompt = body.get("add_generation_prompt", True)
   if not isinstance(add_generation_prompt, bool):
     raise bad("add_generation_prompt", f"must be true or false; got "
@@ -108,7 +131,7 @@ def chat_prompt(service: SamplerService, body: dict[str, Any]) -> list[int]:
   try:
     text = tokenizer.apply_chat_template(messages,
                                          add_generation_prompt=add_generation_prompt,
-                                         **kwargs)
+                                         tools=tools, **kwargs)
   except Exception as error:  # pylint: disable=broad-except  # the template's own errors
     raise bad("messages", f"the chat template refused them: {error}") from None
   return _encode(service, text, "messages")

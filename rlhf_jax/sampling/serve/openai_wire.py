@@ -7,7 +7,7 @@ OpenAI's error body {"error": {"message", "type", "param", "code"}}.
 
 Fields we do not serve are refused, never ignored: an unknown field, a `top_logprobs`
 (the engine reports the log-probability of the sampled token only), a penalty other than
-0, tools (a later step). Log-probabilities are the model's at temperature 1 (vLLM's raw
+0, a forced tool_choice. Log-probabilities are the model's at temperature 1 (vLLM's raw
 log-probs; PPO's π_old), `Completion.model_logprobs`.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.protocol import Completion
+from rlhf_jax.sampling.serve.openai_tools import parse_tool_calls
 
 # Completions default to 16 new tokens, as OpenAI's and vLLM's do; chat to the room left.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -273,26 +274,52 @@ class CompletionShape:
 
 
 class ChatShape(CompletionShape):
-  """The choices of /v1/chat/completions (`message`, streamed `delta`)."""
+  """The choices of /v1/chat/completions (`message`, streamed `delta`). With a
+  `tool_format` (openai_tools) the calls in a sample's text become `tool_calls` (and its
+  finish_reason "tool_calls"); a stream then sends a sample's text and calls whole in its
+  last chunk, since a call is known only once it is closed."""
+
+  def __init__(self, tokenizer, tool_format: str | None = None):
+    super().__init__(tokenizer)
+    self.tool_format = tool_format
+
+  def _message(self, completion: Completion) -> tuple[dict[str, Any], str]:
+    text = self._text(completion.token_ids)
+    reason = finish_reason(completion)
+    if self.tool_format is None:
+      return {"content": text}, reason
+    content, calls = parse_tool_calls(text, self.tool_format)
+    if not calls:
+      return {"content": text}, reason
+    return {"content": content, "tool_calls": calls}, (
+        "tool_calls" if reason == "stop" else reason)
 
   def __call__(self, completion: Completion, body) -> dict[str, Any]:
     """A finished sample as a choice."""
-    message = {"role": "assistant", "content": self._text(completion.token_ids)}
-    return {"index": completion.sample_index, "message": message,
+    message, reason = self._message(completion)
+    return {"index": completion.sample_index, "message": {"role": "assistant", **message},
             **self._extras(completion.token_ids, completion.model_logprobs, body,
                            chat=True),
-            "finish_reason": finish_reason(completion), **versions([completion])}
+            "finish_reason": reason, **versions([completion])}
 
   def chunk(self, index: int, text: str, ids, logprobs, body) -> dict[str, Any]:
     """The new text (and ids, log-probs) of sample `index`."""
-    return {"index": index, "delta": {"content": text},
-            **self._extras(ids, logprobs, body, chat=True), "finish_reason": None}
+    delta = {} if self.tool_format else {"content": text}
+    return {"index": index, "delta": delta, **self._extras(ids, logprobs, body, chat=True),
+            "finish_reason": None}
 
   def finish(self, completion: Completion, body) -> dict[str, Any]:
-    """The last chunk of a sample: its finish_reason and versions."""
+    """The last chunk of a sample: its finish_reason and versions (and, with tools, its
+    text and calls)."""
     del body
-    return {"index": completion.sample_index, "delta": {}, "logprobs": None,
-            "finish_reason": finish_reason(completion), **versions([completion])}
+    delta, reason = {}, finish_reason(completion)
+    if self.tool_format:
+      message, reason = self._message(completion)
+      delta = dict(message)
+      if "tool_calls" in message:  # a stream's calls carry their index
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+    return {"index": completion.sample_index, "delta": delta, "logprobs": None,
+            "finish_reason": reason, **versions([completion])}
 
 
 class GenerateShape:

@@ -14,12 +14,14 @@ import pytest
 from rlhf_jax import models
 from rlhf_jax import sampling
 from rlhf_jax.config_errors import ConfigError
+from rlhf_jax.models.tokenizer import CHATML_JINJA
 from rlhf_jax.sampling.remote.client import SamplerClient
 from rlhf_jax.sampling.scheduler.scheduler import Scheduler
 from rlhf_jax.sampling.serve import config as serve_config_lib
 from rlhf_jax.sampling.serve import openai_http
 from rlhf_jax.sampling.serve import server as server_lib
 from rlhf_jax.sampling.serve.security import ServerSecurity
+from tests.fakes import ALPHABET
 from tests.fakes import fake_tokenizer
 from tests.sampling.holds import Hold
 from tests.sampling.holds import cancel_arrived
@@ -28,7 +30,17 @@ from tests.sampling.serve_configs import serve_config
 openai = pytest.importorskip("openai")
 
 TOKEN = "s3cret-token"
-TOKENIZER = fake_tokenizer()
+TOKENIZER = fake_tokenizer(ALPHABET + '<>/_{}":,')
+# Hermes' tool format in few characters (the published templates' round trip is in
+# test_openai_tools.py): the template the tokenizer renders when a request has tools.
+TOKENIZER.chat_templates["default"] = CHATML_JINJA
+TOKENIZER.chat_templates["tool_use"] = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{%- endfor %}{%- if tools %}<|im_start|>system\n{%- for t in tools %}<t>"
+    "{{ t.function.name }}</t>{%- endfor %}<|im_end|>\n{%- endif %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    "{#- a call: <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> #}")
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 CONFIG = models.DecoderConfig(vocab_size=TOKENIZER.vocab_size, hidden_size=32, num_layers=1,
                               num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48)
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2=?"}]
@@ -138,6 +150,21 @@ def test_streams_carry_what_the_whole_response_does(served):
   pieces = list(client.completions.create(prompt="1+1=", max_tokens=5, seed=2, model="tiny",
                                           stream=True))
   assert "".join(p.choices[0].text for p in pieces) == text.choices[0].text
+
+
+def test_tools_are_rendered_through_the_template(served):
+  client, _, _, _ = served
+  messages = [{"role": "user", "content": "1+1"}]
+  reply = client.chat.completions.create(model="tiny", messages=messages, tools=[TOOL],
+                                         max_tokens=4, extra_body={"return_token_ids": True})
+  rendered = TOKENIZER.apply_chat_template(messages, tools=[TOOL])
+  assert "<t>f</t>" in rendered  # the tool_use template, with the tool
+  assert reply.model_extra["prompt_token_ids"] == TOKENIZER.encode(rendered)
+  assert reply.choices[0].message.content == TOKENIZER.decode(
+      reply.choices[0].model_extra["token_ids"])  # no call in a random model's text
+  with pytest.raises(openai.BadRequestError, match="tool_choice"):
+    client.chat.completions.create(model="tiny", messages=messages, tools=[TOOL],
+                                   tool_choice="required")
 
 
 def test_tokenize_detokenize_and_generate(served):

@@ -58,6 +58,10 @@ def test_chat_prompts_are_the_rendered_template():
     ({"messages": [{"role": "user", "content": "a", "name": "x"}]}, "messages"),
     ({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]},
      "tools"),
+    ({"messages": [{"role": "user", "content": "a"}],  # ChatML renders no tools
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "a"}], "tool_choice": "required"},
+     "tool_choice"),
     ({"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": 1},
      "add_generation_prompt"),
 ])

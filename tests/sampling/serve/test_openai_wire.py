@@ -3,10 +3,13 @@ OpenAI / vLLM docs put it, every refusal naming its field (no HTTP here)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlhf_jax.sampling.protocol import Completion
 from rlhf_jax.sampling.serve import openai_wire as ow
+from tests.fakes import ALPHABET
 from tests.fakes import fake_tokenizer
 
 TOKENIZER = fake_tokenizer()
@@ -97,3 +100,17 @@ def test_logprob_blocks_in_both_shapes():
                                   {"return_token_ids": True})
   assert shape["message"] == {"role": "assistant", "content": "ab c"}
   assert shape["token_ids"] == ids + [TOKENIZER.eos_id] and shape["logprobs"] is None
+
+
+def test_a_sampled_hermes_call_is_a_tool_call_whole_and_streamed():
+  tokenizer = fake_tokenizer(ALPHABET + '<>/_{}":,')
+  ids = tokenizer.encode('ok<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
+  shape = ow.ChatShape(tokenizer, tool_format="hermes")
+  choice = shape(completion(ids + [tokenizer.eos_id]), {})
+  (call,) = choice["message"]["tool_calls"]
+  assert choice["message"]["content"] == "ok" and choice["finish_reason"] == "tool_calls"
+  assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (
+      "add", {"a": 1})
+  assert shape.chunk(0, "ok", ids[:2], [-1.0, -1.0], {})["delta"] == {}  # held to the end
+  last = shape.finish(completion(ids, reason="length"), {})
+  assert last["delta"]["tool_calls"][0]["index"] == 0 and last["finish_reason"] == "length"
