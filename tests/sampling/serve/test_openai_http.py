@@ -108,7 +108,9 @@ def test_chat_prompt_ids_are_the_rendered_template_and_samples_the_grpc_paths(se
         sample.model_logprobs, abs=1e-5)
     assert choice.finish_reason == sample.finish_reason  # "stop" or "length" alike
   assert reply.usage.prompt_tokens == len(extra["prompt_token_ids"])
-  assert extra["policy_version"] == 0 and extra["policy_versions"] == {"first": 0, "last": 0}
+  served_version = grpc_client.health().weights_version
+  assert extra["policy_version"] == served_version
+  assert extra["policy_versions"] == {"first": served_version, "last": served_version}
 
 
 def test_completions_take_text_and_token_ids(served):
@@ -241,6 +243,34 @@ def test_a_client_that_goes_away_mid_stream_frees_its_request(served, monkeypatc
   assert not scheduler.has_work()
   assert scheduler.metrics()["generated_tokens"] - drawn < 60
   assert service.metrics()["http_errors"] == 0
+
+
+def test_calls_beyond_max_concurrent_are_refused_busy(served):
+  _, _, service, _ = served
+  small = openai_http.start_http(service, model_name="tiny", max_concurrent=1,
+                                 security=ServerSecurity(token=TOKEN.encode()))
+  client = openai.OpenAI(base_url=small.url, api_key=TOKEN, max_retries=0, timeout=60)
+  try:
+    with Hold(service.scheduler) as hold:  # the first call runs until released
+      stream = client.completions.create(model="tiny", prompt="a", max_tokens=8,
+                                         stream=True)
+      hold.wait()
+      with pytest.raises(openai.RateLimitError, match="1 calls already running"):
+        client.models.list()
+      hold.release()
+      assert [c.choices[0].finish_reason for c in stream][-1] == "length"
+    assert client.models.list().data[0].id == "tiny"  # the slot is free again
+  finally:
+    small.stop()
+  assert service.counters["http_refused_busy"] == 1
+
+
+def test_responses_carry_the_version_that_sampled_them(served):
+  client, grpc_client, service, _ = served
+  service.update_params(service.scheduler.params, 3)  # the same weights, a new version
+  reply = client.completions.create(model="tiny", prompt="a", max_tokens=2)
+  assert reply.model_extra["policy_version"] == grpc_client.health().weights_version == 3
+  assert reply.choices[0].model_extra["policy_versions"] == {"first": 3, "last": 3}
 
 
 def test_http_port_is_validated():
