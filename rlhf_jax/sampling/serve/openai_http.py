@@ -200,10 +200,7 @@ class OpenAIFace:
     await response.prepare(request)
     chunk_kind = "chat.completion.chunk" if chat else kind
     head = ow.envelope(chunk_kind, request_id, self.model_name)
-    tokenizer = self.service.tokenizer
-    ids = [[] for _ in range(sampling.n)]
-    logprobs = [[] for _ in range(sampling.n)]
-    text = [""] * sampling.n
+    texts = [ow.TextDeltas(self.service.tokenizer) for _ in range(sampling.n)]
     finished = []
 
     async def send(payload):
@@ -218,25 +215,23 @@ class OpenAIFace:
                     **({"prompt_token_ids": list(prompt_ids)}
                        if body.get("return_token_ids") else {})})
       async for batch in self._events(request, events, sampling.n):
-        new = {}
+        new = {}  # per sample, its new (token, model log-prob) pairs
         for event in batch:
           if event[0] == "token":
-            _, index, token, _, model_logprob = event
-            ids[index].append(token)
-            logprobs[index].append(model_logprob)
-            new.setdefault(index, []).append(len(ids[index]) - 1)
+            new.setdefault(event[1], []).append((event[2], event[4]))
         choices = []
-        for index, positions in sorted(new.items()):
-          full = tokenizer.decode(ids[index]) if tokenizer else ""
-          delta = "" if full.endswith("\ufffd") else full[len(text[index]):]
-          text[index] = text[index] if full.endswith("\ufffd") else full
-          choices.append(shape.chunk(index, delta, [ids[index][p] for p in positions],
-                                     [logprobs[index][p] for p in positions], body))
+        for index, pairs in sorted(new.items()):
+          ids, logprobs = [p[0] for p in pairs], [p[1] for p in pairs]
+          choices.append(shape.chunk(index, texts[index].add(ids), ids, logprobs, body))
         if choices:
           await send({**head, "choices": choices})
         for event in batch:
           if event[0] == "done":
             finished.append(event[1])
+            rest = texts[event[1].sample_index].rest()
+            if rest:
+              await send({**head, "choices": [shape.chunk(event[1].sample_index, rest, [],
+                                                          [], body)]})
             await send({**head, "choices": [shape.finish(event[1], body)],
                         **ow.versions([event[1]])})
       if len(finished) == sampling.n:

@@ -226,6 +226,39 @@ def token_logprobs(tokenizer, ids: list[int], logprobs: list[float], *, chat: bo
           "top_logprobs": None, "text_offset": offsets}
 
 
+class TextDeltas:
+  """A sample's text, streamed: `add(ids)` returns the text the new ids add, decoding only
+  the ids since the last emitted piece (vLLM's prefix/read offsets) so a long stream costs
+  O(length), and holding back a piece that ends in a partial UTF-8 character ("\ufffd")
+  until its bytes are complete. The deltas join to `tokenizer.decode` of all the ids."""
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+    self.ids: list[int] = []
+    self._prefix = 0  # ids[_prefix:_read] decode to text already emitted: the context
+    self._read = 0
+
+  def add(self, ids) -> str:
+    """The text `ids` add (maybe "" while a character is incomplete)."""
+    self.ids.extend(ids)
+    if self.tokenizer is None:
+      return ""
+    emitted = self.tokenizer.decode(self.ids[self._prefix:self._read])
+    text = self.tokenizer.decode(self.ids[self._prefix:])
+    if len(text) <= len(emitted) or text.endswith("\ufffd"):
+      return ""
+    self._prefix, self._read = self._read, len(self.ids)
+    return text[len(emitted):]
+
+  def rest(self) -> str:
+    """The text held back, once the sample is over (an incomplete character included)."""
+    if self.tokenizer is None or self._read == len(self.ids):
+      return ""
+    emitted = self.tokenizer.decode(self.ids[self._prefix:self._read])
+    self._read = len(self.ids)
+    return self.tokenizer.decode(self.ids[self._prefix:])[len(emitted):]
+
+
 ID_PREFIXES = {"text_completion": "cmpl", "chat.completion": "chatcmpl",
                "chat.completion.chunk": "chatcmpl", "generate": "gen"}
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from rlhf_jax import models
 from rlhf_jax.sampling.protocol import Completion
 from rlhf_jax.sampling.serve import openai_wire as ow
 from tests.fakes import ALPHABET
@@ -114,3 +115,17 @@ def test_a_sampled_hermes_call_is_a_tool_call_whole_and_streamed():
   assert shape.chunk(0, "ok", ids[:2], [-1.0, -1.0], {})["delta"] == {}  # held to the end
   last = shape.finish(completion(ids, reason="length"), {})
   assert last["delta"]["tool_calls"][0]["index"] == 0 and last["finish_reason"] == "length"
+
+
+def test_streamed_text_deltas_join_to_the_tokenizers_decode():
+  corpus = ["héllo wörld ✓ naïve café", "streams of text 12 + 30 = 42"] * 4
+  tokenizer = models.train_bpe_tokenizer(corpus, vocab_size=300)
+  text = "naïve ✓ wörld 42 café ✓✓"
+  ids = tokenizer.encode(text)
+  deltas = ow.TextDeltas(tokenizer)
+  pieces = [deltas.add([t]) for t in ids]
+  assert "".join(pieces) + deltas.rest() == tokenizer.decode(ids) == text
+  assert not any("\ufffd" in p for p in pieces)  # a split character waits for its bytes
+  cut = ow.TextDeltas(tokenizer)  # a sample that ends mid-character keeps its last bytes
+  partial = [cut.add([t]) for t in ids[:-1]]
+  assert "".join(partial) + cut.rest() == tokenizer.decode(ids[:-1])
