@@ -93,7 +93,7 @@ class OpenAIFace:
     """Token, concurrency, and every refusal as OpenAI's error body."""
     counters = self.service.counters
     if self._expected is not None:
-      sent = request.headers.get("Authorization", "").encode()
+      sent = request.headers.get("Authorization", "").encode("utf-8", "replace")
       if not hmac.compare_digest(sent, self._expected):
         counters["http_unauthenticated"] += 1
         return _json(ow.WireError(401, "missing or wrong API key (Authorization: Bearer "
