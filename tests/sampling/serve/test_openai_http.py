@@ -194,7 +194,9 @@ def test_a_key_is_needed_and_checked(served):
     openai.OpenAI(base_url=http.url, api_key="wrong", max_retries=0).models.list()
   status, body = raw(http, "/v1/models", b"", token=None, method="GET")
   assert status == 401 and body["error"]["code"] == "invalid_api_key"
-  assert service.counters["http_unauthenticated"] == 2
+  undecodable = httpx.get(http.url + "/models", headers=[(b"Authorization", b"Bearer \xff")])
+  assert undecodable.status_code == 401
+  assert service.counters["http_unauthenticated"] == 3
 
 
 @pytest.mark.parametrize("body,status,param", [
