@@ -302,6 +302,8 @@ class OpenAIFace:
     body = await self._body(request, allowed)
     if "messages" in body:
       ids = await self._off_loop(chat_prompt, self.service, body)
+    elif not isinstance(body.get("prompt"), str):
+      raise ow.bad("prompt", "must be a string (or send messages)")
     else:
       ids = await self._off_loop(completion_prompt, self.service, body)
     return _json({"count": len(ids), "tokens": ids,
@@ -313,6 +315,9 @@ class OpenAIFace:
     ids = ow.token_ids(body.get("tokens"), "tokens")
     if self.service.tokenizer is None:
       raise ow.bad("tokens", "this server has no tokenizer (config tokenizer=...)")
+    if max(ids) >= self.service.tokenizer.vocab_size:
+      raise ow.bad("tokens", f"has ids outside the tokenizer's vocabulary (size "
+                   f"{self.service.tokenizer.vocab_size})")
     return _json({"prompt": await self._off_loop(self.service.detokenize, ids)})
 
 

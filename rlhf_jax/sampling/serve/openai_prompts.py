@@ -39,6 +39,9 @@ def _encode(service: SamplerService, text: str, field: str) -> list[int]:
     return service.tokenize(text)
   except ValueError as error:  # no tokenizer, or longer than the cache could hold
     raise bad(field, str(error)) from None
+  except Exception as error:  # pylint: disable=broad-except  # tokenizers' own refusals
+    # (a character outside a word-level vocabulary, a lone surrogate) are the text's fault
+    raise bad(field, f"the tokenizer cannot encode it ({error})") from None
 
 
 def completion_prompt(service: SamplerService, body: dict[str, Any]) -> list[int]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from rlhf_jax.sampling.params import SamplingParams
 from rlhf_jax.sampling.protocol import Completion
+from rlhf_jax.sampling.serve.config import MAX_TEMPERATURE
 from rlhf_jax.sampling.serve.openai_tools import parse_tool_calls
 
 # Completions default to 16 new tokens, as OpenAI's and vLLM's do; chat to the room left.
@@ -143,8 +144,10 @@ def sampling_params(body: dict[str, Any], *, chat: bool, prompt_length: int,
   """The SamplingParams of a checked request body; WireError naming the field."""
   for field in ("stream", "return_token_ids"):
     _bool(body, field)
-  if not isinstance(body.get("stream_options") or {}, dict):
+  options = body.get("stream_options") or {}
+  if not isinstance(options, dict) or set(options) - {"include_usage"}:
     raise bad("stream_options", "must be an object ({'include_usage': true})")
+  _bool(options, "include_usage")
   for field in ("frequency_penalty", "presence_penalty"):
     if _number(body, field, 0.0) != 0.0:
       raise bad(field, "is not served (only 0)")
@@ -173,6 +176,8 @@ def sampling_params(body: dict[str, Any], *, chat: bool, prompt_length: int,
   if not _bool(body, "ignore_eos"):
     stop += default_stop_ids(tokenizer, chat=chat)
   temperature = _number(body, "temperature", 1.0)
+  if temperature > MAX_TEMPERATURE:  # beyond float32's range it becomes inf: NaN logits
+    raise bad("temperature", f"{temperature} is above {MAX_TEMPERATURE}")
   top_p = _number(body, "top_p", 1.0)
   min_p = _number(body, "min_p", 0.0)
   top_k = body.get("top_k")

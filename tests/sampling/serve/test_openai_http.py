@@ -221,6 +221,30 @@ def test_refusals_are_openai_error_bodies_naming_the_field(served, body, status,
     assert reply["error"]["message"].startswith(param)
 
 
+HOSTILE = [b"", b"null", b"[]", b"1e999", b"[" * 50000 + b"]" * 50000, b'{"prompt": NaN}',
+           {"messages": [{"role": "user", "content": {"a": 1}}]}, {"messages": "hi"},
+           {"prompt": [10**30]}, {"prompt": [999]}, {"prompt": 5}, {"prompt": "\ud800"},
+           {"prompt": "\u03a9"}, {"prompt": "a", "n": 10**20}, {"prompt": "a", "seed": 2**40},
+           {"prompt": "a", "max_tokens": 10**20}, {"prompt": "a", "temperature": 1e300},
+           {"prompt": "a", "top_k": 10**9}, {"prompt": "a", "stop_token_ids": [10**9]},
+           {"prompt": "a", "stream_options": {"include_usage": "x"}},
+           {"messages": MESSAGES, "chat_template_kwargs": {"messages": 1}},
+           {"messages": MESSAGES, "tool_choice": {"type": "function"}},
+           {"token_ids": [1], "sampling_params": [1]}, {"tokens": [10**9]}, {"model": ["x"]}]
+
+
+def test_nothing_a_client_sends_stops_the_server(served):
+  client, _, service, http = served
+  for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
+               "/inference/v1/generate"):
+    for body in HOSTILE:
+      status, reply = raw(http, path, body)
+      assert 400 <= status < 500 and set(reply["error"]) == {"message", "type", "param",
+                                                             "code"}, (path, body, reply)
+  assert service.counters["http_errors"] == 0  # no 500 among them
+  assert client.completions.create(model="tiny", prompt="a", max_tokens=2).choices
+
+
 def test_the_client_errors_are_the_openai_exceptions(served):
   client, _, _, _ = served
   with pytest.raises(openai.BadRequestError, match="n: 5 is more"):
