@@ -9,6 +9,7 @@ is a multiple of 8 for even RoPE heads).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import ml_collections
@@ -54,6 +55,9 @@ def validate_serve_config(config: ml_collections.ConfigDict) -> None:
   if config.server.http_port > 0 and config.server.http_port == config.server.port:
     invalid("server.http_port", config.server.http_port, "must differ from server.port "
             "(gRPC listens there)")
+  if config.server.http_port >= 0 and importlib.util.find_spec("aiohttp") is None:
+    invalid("server.http_port", config.server.http_port, "needs aiohttp for the OpenAI "
+            "HTTP face (pip install 'rlhf-jax[serve]')")
   check_range("server.max_workers", config.server.max_workers, low=1)
   check_range("server.jetstream_temperature", config.server.jetstream_temperature, low=0,
               high=MAX_TEMPERATURE)

@@ -299,9 +299,17 @@ def test_responses_carry_the_version_that_sampled_them(served):
   assert reply.choices[0].model_extra["policy_versions"] == {"first": 3, "last": 3}
 
 
-def test_http_port_is_validated():
+def test_http_port_is_validated(monkeypatch):
   for value, message in ((-2, "server.http_port"), (50051, "must differ")):
     config = serve_config()
     config.server.http_port = value
     with pytest.raises(ConfigError, match=message):
       serve_config_lib.validate_serve_config(config)
+  config = serve_config()
+  config.server.http_port = 0
+  serve_config_lib.validate_serve_config(config)
+  find_spec = serve_config_lib.importlib.util.find_spec
+  monkeypatch.setattr(serve_config_lib.importlib.util, "find_spec",
+                      lambda name: None if name == "aiohttp" else find_spec(name))
+  with pytest.raises(ConfigError, match="needs aiohttp"):
+    serve_config_lib.validate_serve_config(config)
