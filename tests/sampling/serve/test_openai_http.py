@@ -313,3 +313,14 @@ def test_http_port_is_validated(monkeypatch):
                       lambda name: None if name == "aiohttp" else find_spec(name))
   with pytest.raises(ConfigError, match="needs aiohttp"):
     serve_config_lib.validate_serve_config(config)
+
+
+def test_a_taken_http_port_is_one_line_before_the_model_loads():
+  taken, port, _ = server_lib.listen("localhost", 0)
+  try:
+    config = serve_config()
+    config.server.http_port = port
+    with pytest.raises(ConfigError, match=f"^config.server.http_port: {port}: could not"):
+      server_lib.check_http_port(config)
+  finally:
+    taken.stop(None)
