@@ -4,7 +4,9 @@ This module wires the pieces of sampling/serve/ together:
   loop.py      SamplerService: the scheduler loop thread and per-request queues;
   handlers.py  the Sampler and JetStream Orchestrator services, on one port;
   wire.py      SamplingParams / samples / weights ⇄ protos (shared with the client);
-  config.py    configs/serve.py's validation and the model it names.
+  config.py    configs/serve.py's validation and the model it names;
+  openai_http.py  the OpenAI-compatible HTTP face on server.http_port, over the same
+               SamplerService (`serve_http_from_config`).
 
 Weight updates follow the scheduler's `update_policy`: "finish_old" (default)
 lets in-flight samples finish on the old weights while new ones wait for the
