@@ -56,13 +56,20 @@ def actor_role(model, params, optimizer, mesh, algorithm, train) -> TrainedRole:
                      has_target=lambda b: jnp.sum(b.policy_mask()) > 0, **role_options(train))
 
 
+def _sparse_layers(decoder_config) -> jax.Array:
+  """[L] bool: the layers whose MLP is a mixture of experts, the mask the router's
+  per-layer losses and flip rates average over."""
+  return jnp.asarray([decoder_config.sparse_layer(i)
+                      for i in range(decoder_config.num_layers)])
+
+
 def router_loss(moe_config, record, decoder_config, norm):
   """The auxiliary router losses of one (micro-)batch's forward (`moe.record_losses`),
   weighted by `algorithm.moe.aux_loss_coef` and `z_loss_coef`, as the micro-batch's share
   of the mini-batch's (its tokens over `norm.tokens`), so micro-batches sum to the whole;
   and their metrics: the two losses' shares and the most uneven layer's max/mean tokens
   per expert (`moe/load_imbalance_max`)."""
-  sparse = jnp.asarray(decoder_config.sparse_layers)
+  sparse = _sparse_layers(decoder_config)
   losses = moe.record_losses(record, sparse)
   share = jnp.max(record.tokens) / jnp.maximum(norm.tokens, 1.0)
   balance, z = share * losses["load_balancing"], share * losses["z"]
@@ -127,7 +134,7 @@ def route_flip_metrics(sampler_routes, trainer_routes, decoder_config, skipped):
   whose experts differ between the sampler's routes and the trainer's live router's
   ([B, P+R, L, k] each; `moe.route_flip_rate`), and `_max` the worst layer's; NaN when
   the trainer's forward was `skipped` (π_old reused from the sampler)."""
-  sparse = jnp.asarray(decoder_config.sparse_layers)
+  sparse = _sparse_layers(decoder_config)
   rates = moe.route_flip_rate(sampler_routes, trainer_routes)
   mean = jnp.sum(jnp.where(sparse, rates, 0.0)) / jnp.maximum(jnp.sum(sparse), 1)
   worst = jnp.max(jnp.where(sparse, rates, 0.0))

@@ -315,12 +315,6 @@ class DecoderConfig:
     """Whether layer `layer`'s MLP is a mixture of experts."""
     return self.num_experts > 0 and layer not in self.dense_layers
 
-  @property
-  def sparse_layers(self) -> tuple[bool, ...]:
-    """`sparse_layer` of every layer, in order ([L]): the mask the per-layer router
-    metrics and losses average over."""
-    return tuple(self.sparse_layer(i) for i in range(self.num_layers))
-
   def _check_gemma_fields(self) -> None:
     """The activation, per-layer types and the scalars of Gemma's options."""
     if self.activation not in ACTIVATIONS:

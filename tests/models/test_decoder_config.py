@@ -82,9 +82,7 @@ def test_per_layer_windows_local_rope_and_sparse_mlps():
   assert not any(everywhere.layer_local_rope(i) for i in range(2))
   moe = CONFIG.replace(num_layers=3, dense_layers=(1,), **MOE)
   assert [moe.sparse_layer(i) for i in range(3)] == [True, False, True]
-  assert moe.sparse_layers == (True, False, True)
   assert not any(CONFIG.sparse_layer(i) for i in range(2))
-  assert CONFIG.sparse_layers == (False,) * CONFIG.num_layers
 
 
 def test_rotary_dims_and_score_scale():
