@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 _PROBE = textwrap.dedent("""
     import json, jax, jax.numpy as jnp
     from tests import memory_maps
@@ -28,6 +30,7 @@ _PROBE = textwrap.dedent("""
     """)
 
 
+@pytest.mark.slow  # a JAX process of its own and 120 compiles: ~8 s
 def test_the_guard_clears_the_maps_each_shape_keeps_and_names_a_hopeless_count():
   out = json.loads(subprocess.run(
       [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,

@@ -4,6 +4,7 @@ and a cached decode step equal single-device ones, and the layer axis stays unsp
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rlhf_jax import kernels
 from rlhf_jax import models
@@ -28,6 +29,7 @@ def decode(model, params, tokens):
   return model.apply(params, step, cache=cache, num_last=1)[0][:, 0]
 
 
+@pytest.mark.slow  # ~11 s of compiles
 def test_sharded_scan_matches_single_device():
   model, params = models.init_model(CONFIG, seed=0)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (8, 12)), jnp.int32)

@@ -3,6 +3,7 @@ as on one device, with rows split over (data, fsdp)."""
 
 import jax
 import numpy as np
+import pytest
 
 from rlhf_jax import models
 from rlhf_jax import parallel
@@ -14,6 +15,7 @@ from rlhf_jax.tasks import arith
 from rlhf_jax.optim.roles import FrozenRole
 
 
+@pytest.mark.slow  # ~5 s of compiles
 def test_rm_and_prm_on_a_mesh_equal_one_device():
   tokenizer = arith.tokenizer()
   config = arith.model_config(vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=1,

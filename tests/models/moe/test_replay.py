@@ -121,7 +121,7 @@ def test_positions_without_records_are_routed_live(model):
   np.testing.assert_array_equal(routes[responses][:, [0, 2]], replay[responses][:, [0, 2]])
 
 
-@pytest.mark.parametrize("remat", [False, True])
+@pytest.mark.parametrize("remat", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_the_scanned_layers_record_and_replay_as_the_loop(remat):
   config = _config(dense_layers=(), remat=remat)
   loop, params = init_model(config, seed=4)
