@@ -2,6 +2,7 @@
 
 import os
 import time
+import warnings
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # On a GPU, exact-resume and equality tests need XLA's deterministic reductions
@@ -112,8 +113,15 @@ def pytest_runtest_teardown(item, nextitem):
     cleared = memory_maps.relieve(_MAX_MAP_COUNT)
   except RuntimeError as error:
     pytest.exit(str(error), returncode=3)
+  if not cleared:
+    return
+  message = (f"[memory maps] {cleared[0]} of vm.max_map_count={_MAX_MAP_COUNT} after "
+             f"{item.nodeid}: cleared JAX's caches, {cleared[1]} left")
   reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-  if cleared and reporter is not None:
-    reporter.write_line(f"\n[memory maps] {cleared[0]} of vm.max_map_count="
-                        f"{_MAX_MAP_COUNT} after {item.nodeid}: cleared JAX's caches, "
-                        f"{cleared[1]} left")
+  if reporter is None or hasattr(item.config, "workerinput"):
+    # an xdist worker's terminal is nobody's: its warnings reach the controller's summary
+    warnings.warn(message, pytest.PytestWarning)
+    return
+  # teardown output is captured (and dropped for a passing test): write past the capture
+  with item.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+    reporter.write_line("\n" + message)
