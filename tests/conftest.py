@@ -1,5 +1,6 @@
 """Test-wide settings: strict rank promotion, deterministic hypothesis runs."""
 
+import contextlib
 import os
 import time
 import warnings
@@ -123,5 +124,6 @@ def pytest_runtest_teardown(item, nextitem):
     warnings.warn(message, pytest.PytestWarning)
     return
   # teardown output is captured (and dropped for a passing test): write past the capture
-  with item.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+  capture = item.config.pluginmanager.get_plugin("capturemanager")  # None: -p no:capture
+  with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
     reporter.write_line("\n" + message)
